@@ -1,0 +1,529 @@
+//! Configuration: one TOML file, every key overridable from the environment.
+//!
+//! ```toml
+//! [geometry]
+//! preset = "llama3-8b"     # or layers / kv_heads / head_dim / latent_dim / dtype
+//! tokens_per_block = 16
+//!
+//! [memory]
+//! capacity = "1GiB"
+//! shm_name = "kvtier"
+//!
+//! [disk]
+//! dirs = ["/nvme0/kvtier", "/nvme1/kvtier"]
+//! capacity_per_dir = "64GiB"
+//! region_size = "64MiB"
+//! io_engine = "auto"       # auto | io_uring | psync
+//! ```
+//!
+//! An environment variable `KVTIER_<SECTION>__<KEY>` (double underscore
+//! between section and key) replaces `<key>` in `[<section>]`, e.g.
+//! `KVTIER_DISK__IO_ENGINE=psync` or `KVTIER_MEMORY__CAPACITY=8GiB`. The value
+//! is read as a TOML value when it parses as one (`32`, `true`,
+//! `["/a", "/b"]`), else as a string. Variables without `__` (such as
+//! `KVTIER_CONFIG` or `KVTIER_LOG`) are not overrides. Unknown sections and
+//! keys are errors, in the file and in the environment alike, so a typo never
+//! passes silently. Sizes are integers (bytes) or strings with a unit
+//! (`"64MiB"`, `"4G"`, `"512k"`).
+
+use serde::{Deserialize, Deserializer, Serialize};
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::{Attention, CoreError, Dtype, Geometry, ModelPreset, Result};
+
+/// Prefix of environment overrides.
+pub const ENV_PREFIX: &str = "KVTIER_";
+
+/// A size in bytes, written as an integer or a string with a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// The size in bytes.
+    pub const fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl FromStr for ByteSize {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self> {
+        let t = s.trim();
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let n: u64 = num.parse().map_err(|_| {
+            CoreError::InvalidConfig(format!("size {s:?} does not start with a number"))
+        })?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" | "kib" => 1 << 10,
+            "m" | "mb" | "mib" => 1 << 20,
+            "g" | "gb" | "gib" => 1 << 30,
+            "t" | "tb" | "tib" => 1 << 40,
+            other => {
+                return Err(CoreError::InvalidConfig(format!(
+                    "unknown size unit {other:?} in {s:?}"
+                )));
+            }
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| CoreError::InvalidConfig(format!("size {s:?} overflows")))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let units = [
+            (1u64 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        for (m, u) in units {
+            if self.0 >= m && self.0 % m == 0 {
+                return write!(f, "{}{u}", self.0 / m);
+            }
+        }
+        write!(f, "{}B", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Which I/O engine the disk tier uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IoEngineKind {
+    /// io_uring where `io_uring_setup` works, else the pread/pwrite pool.
+    #[default]
+    Auto,
+    /// io_uring only; fail if unavailable.
+    IoUring,
+    /// The pread/pwrite thread pool only.
+    Psync,
+}
+
+/// Eviction policy of the memory tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionPolicyKind {
+    /// Least recently used.
+    #[default]
+    Lru,
+}
+
+/// Which region the disk tier reclaims first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionEvictionKind {
+    /// The oldest written region.
+    #[default]
+    Fifo,
+    /// The region read least recently.
+    Lru,
+}
+
+/// `[geometry]`: a preset, optionally with fields overridden, or every field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GeometryConfig {
+    /// A [`ModelPreset`] name; `None` means every field below must be set.
+    pub preset: Option<String>,
+    /// Tokens per block.
+    pub tokens_per_block: u32,
+    /// Layers (overrides the preset).
+    pub layers: Option<u32>,
+    /// KV heads before TP sharding (MHA; overrides the preset).
+    pub kv_heads: Option<u32>,
+    /// Elements per head (MHA; overrides the preset).
+    pub head_dim: Option<u32>,
+    /// Latent elements per token (MLA; overrides the preset).
+    pub latent_dim: Option<u32>,
+    /// Element type name (overrides the preset).
+    pub dtype: Option<String>,
+    /// Tensor-parallel size.
+    pub tp_size: u32,
+    /// Tensor-parallel rank.
+    pub tp_rank: u32,
+}
+
+impl Default for GeometryConfig {
+    fn default() -> Self {
+        Self {
+            preset: Some(ModelPreset::Llama3_8B.name().into()),
+            tokens_per_block: 16,
+            layers: None,
+            kv_heads: None,
+            head_dim: None,
+            latent_dim: None,
+            dtype: None,
+            tp_size: 1,
+            tp_rank: 0,
+        }
+    }
+}
+
+impl GeometryConfig {
+    /// Resolves the section into a validated [`Geometry`].
+    pub fn resolve(&self) -> Result<Geometry> {
+        let mut g = match &self.preset {
+            Some(name) => name.parse::<ModelPreset>()?.geometry(self.tokens_per_block),
+            None => {
+                let layers = self.layers.ok_or_else(|| {
+                    CoreError::InvalidConfig("[geometry] needs a preset or layers".into())
+                })?;
+                let attention = match (self.kv_heads, self.head_dim, self.latent_dim) {
+                    (Some(kv_heads), Some(head_dim), None) => Attention::Mha { kv_heads, head_dim },
+                    (None, None, Some(latent_dim)) => Attention::Mla { latent_dim },
+                    _ => {
+                        return Err(CoreError::InvalidConfig(
+                            "[geometry] needs kv_heads and head_dim (MHA) or latent_dim (MLA)"
+                                .into(),
+                        ));
+                    }
+                };
+                Geometry {
+                    layers,
+                    attention,
+                    dtype: Dtype::Bf16,
+                    tokens_per_block: self.tokens_per_block,
+                    tp_size: 1,
+                    tp_rank: 0,
+                }
+            }
+        };
+        if let Some(l) = self.layers {
+            g.layers = l;
+        }
+        match (
+            &mut g.attention,
+            self.kv_heads,
+            self.head_dim,
+            self.latent_dim,
+        ) {
+            (Attention::Mha { kv_heads, head_dim }, k, h, None) => {
+                *kv_heads = k.unwrap_or(*kv_heads);
+                *head_dim = h.unwrap_or(*head_dim);
+            }
+            (Attention::Mla { latent_dim }, None, None, l) => {
+                *latent_dim = l.unwrap_or(*latent_dim)
+            }
+            _ => {
+                return Err(CoreError::InvalidConfig(
+                    "[geometry] mixes MHA fields (kv_heads, head_dim) with MLA (latent_dim)".into(),
+                ));
+            }
+        }
+        if let Some(d) = &self.dtype {
+            g.dtype = d.parse()?;
+        }
+        g.tp_size = self.tp_size;
+        g.tp_rank = self.tp_rank;
+        g.validate()?;
+        Ok(g)
+    }
+}
+
+/// `[memory]`: the shared-memory DRAM tier (G2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Bytes of block slots in the arena.
+    pub capacity: ByteSize,
+    /// Name of the shared-memory file (`/dev/shm/<name>`) other processes
+    /// map to read blocks.
+    pub shm_name: String,
+    /// Back the arena with huge pages (`MAP_HUGETLB`) when available.
+    pub hugepages: bool,
+    /// Eviction policy.
+    pub policy: EvictionPolicyKind,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            capacity: ByteSize(1 << 30),
+            shm_name: "kvtier".into(),
+            hugepages: false,
+            policy: EvictionPolicyKind::Lru,
+        }
+    }
+}
+
+/// `[disk]`: the log-structured region store on local disks (G3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Directories, one per device; regions are placed round-robin. Empty
+    /// means `<serve.data_dir>/disk`.
+    pub dirs: Vec<PathBuf>,
+    /// Bytes reserved in each directory.
+    pub capacity_per_dir: ByteSize,
+    /// Bytes per region (the unit of sequential writes and of eviction).
+    pub region_size: ByteSize,
+    /// I/O engine.
+    pub io_engine: IoEngineKind,
+    /// Operations in flight per device.
+    pub queue_depth: u32,
+    /// Threads of the pread/pwrite engine.
+    pub psync_threads: u32,
+    /// Register region and arena buffers with io_uring (needs memlock).
+    pub register_buffers: bool,
+    /// Region reclaim order.
+    pub eviction: RegionEvictionKind,
+    /// Re-insert blocks read since they were written when their region is
+    /// reclaimed (they get a second life in a new region).
+    pub reinsert_hot: bool,
+    /// Seconds between index checkpoints (0 disables periodic ones; clean
+    /// shutdown always writes one).
+    pub checkpoint_interval_secs: u64,
+    /// fdatasync after each region is sealed and before a checkpoint, so
+    /// data survives power loss, not just a process crash.
+    pub sync: bool,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            capacity_per_dir: ByteSize(4 << 30),
+            region_size: ByteSize(64 << 20),
+            io_engine: IoEngineKind::Auto,
+            queue_depth: 32,
+            psync_threads: 8,
+            register_buffers: true,
+            eviction: RegionEvictionKind::Fifo,
+            reinsert_hot: true,
+            checkpoint_interval_secs: 30,
+            sync: true,
+        }
+    }
+}
+
+/// `[serve]`: the `kvtier serve` process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Where persistent state lives (disk tier regions default to `disk/` here).
+    pub data_dir: PathBuf,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("kvtier-data"),
+        }
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[geometry]`.
+    pub geometry: GeometryConfig,
+    /// `[memory]`.
+    pub memory: MemoryConfig,
+    /// `[disk]`.
+    pub disk: DiskConfig,
+    /// `[serve]`.
+    pub serve: ServeConfig,
+}
+
+impl Config {
+    /// Parses `text` (TOML), then applies overrides from `env`
+    /// (`(name, value)` pairs; pass `std::env::vars()`).
+    pub fn from_toml_with_env<I>(text: &str, env: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let mut root: toml::Table =
+            toml::from_str(text).map_err(|e| CoreError::InvalidConfig(e.to_string()))?;
+        let mut overrides: Vec<(String, String)> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX) && k.contains("__"))
+            .collect();
+        // Apply in a fixed order so the result does not depend on the
+        // environment's iteration order.
+        overrides.sort();
+        for (var, value) in overrides {
+            apply_override(&mut root, &var, &value)?;
+        }
+        let cfg: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| CoreError::InvalidConfig(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The configuration as TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        self.geometry.resolve()?;
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        if self.memory.shm_name.is_empty() || self.memory.shm_name.contains('/') {
+            return bad("memory.shm_name must be a non-empty name without '/'");
+        }
+        if self.disk.region_size.0 < 1 << 20 {
+            return bad("disk.region_size must be at least 1MiB");
+        }
+        if self.disk.capacity_per_dir.0 < self.disk.region_size.0 * 2 {
+            return bad("disk.capacity_per_dir must hold at least two regions");
+        }
+        if self.disk.queue_depth == 0 || self.disk.queue_depth > 4096 {
+            return bad("disk.queue_depth must be in 1..=4096");
+        }
+        if self.disk.psync_threads == 0 {
+            return bad("disk.psync_threads must be positive");
+        }
+        Ok(())
+    }
+
+    /// The disk directories, defaulting to `<data_dir>/disk`.
+    pub fn disk_dirs(&self) -> Vec<PathBuf> {
+        if self.disk.dirs.is_empty() {
+            vec![self.serve.data_dir.join("disk")]
+        } else {
+            self.disk.dirs.clone()
+        }
+    }
+}
+
+fn apply_override(root: &mut toml::Table, var: &str, value: &str) -> Result<()> {
+    let err = |reason: String| CoreError::InvalidEnvOverride {
+        var: var.to_owned(),
+        reason,
+    };
+    let path = &var[ENV_PREFIX.len()..];
+    let (section, key) = path
+        .split_once("__")
+        .ok_or_else(|| err("expected KVTIER_<SECTION>__<KEY>".into()))?;
+    if section.is_empty() || key.is_empty() || key.contains("__") {
+        return Err(err("expected KVTIER_<SECTION>__<KEY>".into()));
+    }
+    let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let table = root
+        .entry(section.to_ascii_lowercase())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    match table {
+        toml::Value::Table(t) => {
+            t.insert(key.to_ascii_lowercase(), parsed);
+            Ok(())
+        }
+        _ => Err(err(format!("{section} is not a section"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = Config::from_toml_with_env("", env(&[])).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.geometry.resolve().unwrap().block_bytes(), 2 << 20);
+    }
+
+    #[test]
+    fn file_and_env_combine_env_wins() {
+        let text = r#"
+            [disk]
+            region_size = "16MiB"
+            io_engine = "io_uring"
+            [memory]
+            capacity = 1048576
+        "#;
+        let c = Config::from_toml_with_env(
+            text,
+            env(&[
+                ("KVTIER_DISK__IO_ENGINE", "psync"),
+                ("KVTIER_DISK__DIRS", r#"["/a", "/b"]"#),
+                ("KVTIER_MEMORY__SHM_NAME", "node7"),
+                ("KVTIER_CONFIG", "ignored.toml"),
+                ("OTHER__THING", "ignored"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.disk.region_size, ByteSize(16 << 20));
+        assert_eq!(c.disk.io_engine, IoEngineKind::Psync);
+        assert_eq!(c.disk.dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(c.memory.capacity, ByteSize(1 << 20));
+        assert_eq!(c.memory.shm_name, "node7");
+    }
+
+    #[test]
+    fn typos_are_errors() {
+        assert!(Config::from_toml_with_env("[disk]\nregion_sise = 1", env(&[])).is_err());
+        assert!(Config::from_toml_with_env("", env(&[("KVTIER_DISK__REGION_SISE", "1")])).is_err());
+        assert!(Config::from_toml_with_env("", env(&[("KVTIER_DISKS__X", "1")])).is_err());
+        let e = Config::from_toml_with_env("[disk]\nregion_size = \"12 parsecs\"", env(&[]));
+        assert!(e.unwrap_err().to_string().contains("parsecs"));
+    }
+
+    #[test]
+    fn explicit_geometry_and_mla() {
+        let c = Config::from_toml_with_env(
+            "[geometry]\npreset = \"deepseek-v3\"\ntokens_per_block = 64\ntp_size = 8\ntp_rank = 7",
+            env(&[]),
+        )
+        .unwrap();
+        let g = c.geometry.resolve().unwrap();
+        assert_eq!(g.parts_per_layer(), 1);
+        assert_eq!(g.object_bytes(), 64 * 576 * 2);
+        let text = "[geometry]\nlayers = 2\nkv_heads = 2\nhead_dim = 32\ndtype = \"f32\"\ntokens_per_block = 32";
+        let c =
+            Config::from_toml_with_env(&format!("{text}\npreset = \"tiny\""), env(&[])).unwrap();
+        assert_eq!(
+            c.geometry.resolve().unwrap(),
+            ModelPreset::Tiny.geometry(32)
+        );
+        let bad = Config::from_toml_with_env(
+            "[geometry]\npreset = \"llama3-8b\"\nlatent_dim = 5",
+            env(&[]),
+        );
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn byte_sizes_round_trip() {
+        for s in ["0", "512", "4KiB", "64MiB", "3GiB", "1TiB"] {
+            let b: ByteSize = s.parse().unwrap();
+            let again: ByteSize = b.to_string().parse().unwrap();
+            assert_eq!(b, again);
+        }
+        assert_eq!("4g".parse::<ByteSize>().unwrap(), ByteSize(4 << 30));
+        assert!("99999999999999999999T".parse::<ByteSize>().is_err());
+    }
+}

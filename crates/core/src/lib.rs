@@ -1,0 +1,52 @@
+//! # kvtier-core
+//!
+//! The vocabulary every other kvtier crate speaks. Nothing here performs I/O
+//! or needs an async runtime.
+//!
+//! - [`BlockHash`] is the 128-bit identity of a KV block. It is either a
+//!   *chained* hash built by [`HashChain`] from token ids and a [`Salt`], or an
+//!   opaque *external* id handed to us by an engine or a trace
+//!   ([`BlockHash::external`]). Both are first-class: every tier keys blocks by
+//!   `BlockHash` and never looks inside it.
+//! - [`Geometry`] turns a model's shape (layers, KV heads, head dim, dtype,
+//!   tokens per block, tensor-parallel rank) into bytes per *object* (one
+//!   layer's K or V of one block) and per block; [`ModelPreset`] names a few
+//!   real models.
+//! - [`Layout`] says how many blocks sit in one buffer (fully contiguous or
+//!   layer-separate) and computes object offsets.
+//! - [`checksum`] is the block checksum every tier stores and verifies.
+//! - [`Config`] is the TOML configuration with `KVTIER_*` environment
+//!   overrides.
+//!
+//! ```
+//! use kvtier_core::{HashChain, ModelPreset, Salt};
+//!
+//! let geometry = ModelPreset::Llama3_8B.geometry(16);
+//! assert_eq!(geometry.block_bytes(), 2 << 20); // 2 MiB per 16-token block
+//!
+//! let salt = Salt::for_geometry("meta-llama/Meta-Llama-3-8B", &geometry);
+//! let mut chain = HashChain::new(&salt, 16);
+//! let tokens: Vec<u32> = (0..40).collect();
+//! let hashes = chain.extend(&tokens);
+//! assert_eq!(hashes.len(), 2); // two full blocks; 8 tokens wait for more
+//! ```
+
+pub mod checksum;
+pub mod config;
+pub mod error;
+pub mod geometry;
+pub mod hash;
+pub mod layout;
+
+pub use checksum::{
+    BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
+    layer_checksums,
+};
+pub use config::{
+    ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind, MemoryConfig,
+    RegionEvictionKind, ServeConfig,
+};
+pub use error::{CoreError, Result};
+pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
+pub use hash::{BlockHash, HashChain, Salt};
+pub use layout::Layout;

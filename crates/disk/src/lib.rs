@@ -1,0 +1,1 @@
+//! kvtier-disk (being written).

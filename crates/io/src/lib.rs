@@ -1,0 +1,51 @@
+//! # kvtier-io
+//!
+//! Batched block I/O on files opened with `O_DIRECT`, behind one trait,
+//! [`IoEngine`], with one implementation per real mechanism:
+//!
+//! - [`UringEngine`]: io_uring, registered files and buffers, one
+//!   `io_uring_enter` per batch, so control cost grows with batches, not
+//!   operations;
+//! - [`PsyncEngine`]: a thread pool issuing `pread`/`pwrite`, for hosts where
+//!   `io_uring_setup` is refused (Docker's and Kubernetes' default seccomp
+//!   profiles);
+//! - [`FaultyEngine`]: wraps another engine and injects errors, short I/O
+//!   and bit flips, for tests.
+//!
+//! [`build_engine`] picks one from an [`IoEngineKind`](kvtier_core::IoEngineKind)
+//! (`auto` probes io_uring and falls back). [`AlignedBuf`] is an owned buffer
+//! aligned for direct I/O; [`open_direct`] opens and preallocates files and
+//! [`dio_alignment`] asks the file system what alignment it needs.
+//!
+//! ```no_run
+//! use kvtier_io::{build_engine, open_direct, AlignedBuf, IoBatch};
+//! # fn main() -> Result<(), kvtier_io::IoError> {
+//! let engine = build_engine(kvtier_core::IoEngineKind::Auto, 32, 4)?;
+//! let file = open_direct("/tmp/kvtier-example".as_ref(), 1 << 20)?;
+//! let id = engine.register_file(file)?;
+//! let mut buf = AlignedBuf::zeroed(4096, 4096);
+//! buf.fill(7);
+//! let mut batch = IoBatch::new();
+//! batch.write_owned(id, 0, buf);
+//! let done = engine.submit(batch).wait();
+//! done.check()?;
+//! # Ok(()) }
+//! ```
+
+mod aligned;
+mod batch;
+mod engine;
+mod error;
+mod fault;
+mod file;
+mod psync;
+mod uring;
+
+pub use aligned::AlignedBuf;
+pub use batch::{BatchDone, Completion, IoBatch, IoKind, IoOp, OpResult};
+pub use engine::{FileId, IoEngine, IoStats, build_engine};
+pub use error::{IoError, Result};
+pub use fault::{Fault, FaultyEngine};
+pub use file::{DioAlignment, dio_alignment, open_direct};
+pub use psync::PsyncEngine;
+pub use uring::UringEngine;

@@ -1,0 +1,1 @@
+//! kvtier-mem (being written).

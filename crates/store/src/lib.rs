@@ -1,0 +1,1 @@
+//! kvtier-store (being written).
