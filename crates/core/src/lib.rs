@@ -37,6 +37,7 @@ pub mod error;
 pub mod geometry;
 pub mod hash;
 pub mod layout;
+pub mod lookup;
 
 pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
@@ -50,3 +51,4 @@ pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
 pub use hash::{BlockHash, HashChain, Salt};
 pub use layout::Layout;
+pub use lookup::Lookup;

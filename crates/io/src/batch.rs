@@ -267,3 +267,32 @@ impl Future for Completion {
         }
     }
 }
+
+/// Memory that can be the target of a direct-I/O read and travels with the
+/// batch as its owner: an [`AlignedBuf`], a reserved memory-tier slot, ...
+///
+/// # Safety
+/// Implementors promise that `as_mut_ptr()` stays valid for `len()` bytes,
+/// at the same address, for as long as the value lives (moving the value
+/// must not move the memory), and that nobody else reads or writes it while
+/// the value is owned by a batch.
+pub unsafe trait DmaTarget: Send + 'static {
+    /// Start of the memory.
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    /// Length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the target is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: AlignedBuf's heap memory is stable across moves and exclusively owned.
+unsafe impl DmaTarget for AlignedBuf {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        AlignedBuf::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
