@@ -144,7 +144,7 @@ impl Geometry {
                 if kv_heads == 0 || head_dim == 0 {
                     return bad("kv_heads and head_dim must be positive".into());
                 }
-                if kv_heads >= self.tp_size && kv_heads % self.tp_size != 0 {
+                if kv_heads >= self.tp_size && !kv_heads.is_multiple_of(self.tp_size) {
                     return bad(format!(
                         "kv_heads {kv_heads} do not split over tp_size {}",
                         self.tp_size
@@ -238,7 +238,7 @@ impl Geometry {
     /// layers of one part each: the shape benchmarks use for raw object sizes.
     /// `bytes` must be a positive multiple of `layers`.
     pub fn raw(layers: u32, bytes: u64) -> Result<Self> {
-        if layers == 0 || bytes == 0 || bytes % layers as u64 != 0 {
+        if layers == 0 || bytes == 0 || !bytes.is_multiple_of(layers as u64) {
             return Err(CoreError::InvalidGeometry(format!(
                 "{bytes} bytes do not split into {layers} layers"
             )));

@@ -1,1 +1,171 @@
-//! TODO(io helper)
+//! Opening files for direct I/O and asking the file system what alignment
+//! direct I/O needs there.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use rustix::fs::{AtFlags, CWD, FallocateFlags, StatxFlags};
+
+use crate::{IoError, Result};
+
+/// The alignment direct I/O needs on a file system: buffer addresses must be
+/// multiples of `mem`, file offsets and lengths multiples of `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DioAlignment {
+    /// Alignment of memory addresses, in bytes.
+    pub mem: usize,
+    /// Alignment of file offsets and transfer lengths, in bytes.
+    pub offset: usize,
+}
+
+impl DioAlignment {
+    /// What we assume when the kernel cannot tell: a page, which every Linux
+    /// file system that supports `O_DIRECT` accepts.
+    pub const FALLBACK: DioAlignment = DioAlignment {
+        mem: 4096,
+        offset: 4096,
+    };
+
+    /// The smallest alignment we ever report. Even where a file system would
+    /// accept less (or, like tmpfs, anything), 512 keeps buffers portable to
+    /// every block device.
+    pub const MIN: usize = 512;
+
+    /// The larger of the two alignments: a value that satisfies both.
+    pub fn max(self) -> usize {
+        self.mem.max(self.offset)
+    }
+}
+
+/// Asks the kernel (`statx` with `STATX_DIOALIGN`, Linux 6.1+) what alignment
+/// direct I/O needs for `path`, a file or the directory files will be created
+/// in. When `path` does not exist yet, its nearest existing ancestor is asked.
+/// Falls back to [`DioAlignment::FALLBACK`] when the kernel or file system
+/// does not report it, and never reports less than [`DioAlignment::MIN`].
+pub fn dio_alignment(path: &Path) -> DioAlignment {
+    let mut probe = Some(path);
+    while let Some(p) = probe {
+        let target = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        match rustix::fs::statx(CWD, target, AtFlags::empty(), StatxFlags::DIOALIGN) {
+            Ok(stx) => {
+                let reported =
+                    StatxFlags::from_bits_retain(stx.stx_mask).contains(StatxFlags::DIOALIGN);
+                let mem = stx.stx_dio_mem_align as usize;
+                let offset = stx.stx_dio_offset_align as usize;
+                if !reported || mem == 0 || offset == 0 {
+                    return DioAlignment::FALLBACK;
+                }
+                return DioAlignment {
+                    mem: mem.max(DioAlignment::MIN),
+                    offset: offset.max(DioAlignment::MIN),
+                };
+            }
+            Err(rustix::io::Errno::NOENT) => probe = p.parent(),
+            Err(_) => return DioAlignment::FALLBACK,
+        }
+    }
+    DioAlignment::FALLBACK
+}
+
+/// Opens (creating it and its parent directories if missing) `path` for
+/// reading and writing with `O_DIRECT`, and makes sure it is at least `size`
+/// bytes long with its blocks reserved (`fallocate`), so later writes cannot
+/// fail for lack of space. An existing file longer than `size` is never
+/// shrunk. Where the file system cannot `fallocate`, the file is grown with
+/// `ftruncate` instead (sparse: space is then not reserved).
+///
+/// # Errors
+/// [`IoError::NoSpace`] when the file system cannot hold `size` bytes,
+/// [`IoError::File`] for every other failure.
+pub fn open_direct(path: &Path, size: u64) -> Result<File> {
+    let file_err = |source: io::Error| IoError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(file_err)?;
+    }
+    // std already adds O_CLOEXEC; naming it keeps the intent visible.
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(file_err)?;
+    if size == 0 {
+        return Ok(file);
+    }
+    // fallocate mode 0 reserves [0, size) and extends the file size when it is
+    // shorter, but never shrinks it: exactly "grow to at least size".
+    match rustix::fs::fallocate(&file, FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(file),
+        Err(rustix::io::Errno::NOSPC) => Err(IoError::NoSpace {
+            path: path.to_path_buf(),
+            bytes: size,
+        }),
+        Err(rustix::io::Errno::OPNOTSUPP) => {
+            let current = file.metadata().map_err(file_err)?.len();
+            if current < size {
+                rustix::fs::ftruncate(&file, size).map_err(|e| file_err(e.into()))?;
+            }
+            Ok(file)
+        }
+        Err(e) => Err(file_err(e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_of_tmp_is_sane() {
+        let a = dio_alignment(&std::env::temp_dir());
+        assert!(a.mem >= DioAlignment::MIN && a.mem.is_power_of_two());
+        assert!(a.offset >= DioAlignment::MIN && a.offset.is_power_of_two());
+    }
+
+    #[test]
+    fn alignment_of_missing_path_asks_an_ancestor() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let here = dio_alignment(dir.path());
+        let missing = dio_alignment(&dir.path().join("a/b/c.dat"));
+        assert_eq!(here, missing);
+    }
+
+    #[test]
+    fn open_direct_grows_but_never_shrinks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/dir/file.dat");
+        let f = open_direct(&path, 1 << 20).expect("open");
+        assert_eq!(f.metadata().expect("meta").len(), 1 << 20);
+        drop(f);
+        let f = open_direct(&path, 4096).expect("reopen smaller");
+        assert_eq!(f.metadata().expect("meta").len(), 1 << 20);
+        drop(f);
+        let f = open_direct(&path, 2 << 20).expect("reopen larger");
+        assert_eq!(f.metadata().expect("meta").len(), 2 << 20);
+    }
+
+    #[test]
+    fn open_direct_reports_no_space() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("huge.dat");
+        // More than any test machine's disk: fallocate must say ENOSPC (or
+        // EFBIG, which is a File error; both are acceptable refusals).
+        match open_direct(&path, 1 << 60) {
+            Err(IoError::NoSpace { bytes, .. }) => assert_eq!(bytes, 1 << 60),
+            Err(IoError::File { .. }) => {}
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+}

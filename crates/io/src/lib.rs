@@ -13,7 +13,9 @@
 //!   and bit flips, for tests.
 //!
 //! [`build_engine`] picks one from an [`IoEngineKind`](kvtier_core::IoEngineKind)
-//! (`auto` probes io_uring and falls back). [`AlignedBuf`] is an owned buffer
+//! (`auto` probes io_uring and falls back; setting
+//! [`KVTIER_DISABLE_IO_URING=1`](DISABLE_IO_URING_ENV) forces the fallback,
+//! as a seccomp profile would). [`AlignedBuf`] is an owned buffer
 //! aligned for direct I/O; [`open_direct`] opens and preallocates files and
 //! [`dio_alignment`] asks the file system what alignment it needs.
 //!
@@ -38,7 +40,9 @@ mod engine;
 mod error;
 mod fault;
 mod file;
+mod files;
 mod psync;
+mod stats;
 mod uring;
 
 pub use aligned::AlignedBuf;
@@ -48,4 +52,4 @@ pub use error::{IoError, Result};
 pub use fault::{Fault, FaultyEngine};
 pub use file::{DioAlignment, dio_alignment, open_direct};
 pub use psync::PsyncEngine;
-pub use uring::UringEngine;
+pub use uring::{DISABLE_IO_URING_ENV, UringEngine};

@@ -1,1 +1,419 @@
-//! TODO(io helper)
+//! [`UringEngine`]: io_uring with `O_DIRECT`, registered files and registered
+//! buffers.
+//!
+//! See [`UringEngine`] for the design; this module holds its implementation.
+
+mod buffers;
+mod driver;
+mod slab;
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use io_uring::IoUring;
+use parking_lot::{Mutex, RwLock};
+
+use crate::stats::Counters;
+use crate::{
+    BatchDone, Completer, Completion, FileId, IoBatch, IoEngine, IoError, IoOp, IoStats, Result,
+};
+use buffers::BufferTable;
+
+/// The environment variable that, set to `1`, makes [`UringEngine::new`]
+/// refuse (see [`UringEngine`], *Disabling*).
+pub const DISABLE_IO_URING_ENV: &str = "KVTIER_DISABLE_IO_URING";
+
+/// Slots in the sparse registered-file table (capped by `RLIMIT_NOFILE`).
+const FILE_SLOTS: u32 = 1024;
+
+/// The largest queue depth accepted (the kernel's limit on ring entries is
+/// 32,768, and the driver needs one entry for its wake-up read).
+const MAX_QUEUE_DEPTH: u32 = 16384;
+
+/// The io_uring engine.
+///
+/// # Threading model
+///
+/// One *driver* thread owns the ring: it alone pushes submission entries,
+/// calls `io_uring_enter` and reaps completions. [`submit`](IoEngine::submit)
+/// runs on the caller's thread; it resolves files and registered buffers,
+/// hands the batch to the driver through a mutex-protected inbox and, only if
+/// the driver is asleep in the kernel, wakes it by writing an eventfd that the
+/// driver keeps a read armed on. A new batch therefore never waits for an
+/// unrelated completion, and under load (driver awake) costs no extra system
+/// call.
+///
+/// Why one owner rather than submitting from the caller's thread: the kernel
+/// ties each request to the task that submitted it (completion task work runs
+/// in that task, its io-wq workers belong to it, and work still queued there
+/// can be cancelled when that thread exits). With a single long-lived
+/// owner, a short-lived caller thread can neither lose nor delay I/O.
+///
+/// The driver pushes every operation it can (at most `queue_depth` in flight;
+/// the rest wait in a backlog and go out as completions free slots) and then
+/// makes one `io_uring_enter` that both submits and waits: one system call per
+/// batch at most, fewer when batches arrive together. [`IoStats::syscalls`]
+/// counts the `io_uring_enter` calls that submitted entries (waits alone and
+/// eventfd wake-ups are not counted). The ring is set up with
+/// `COOP_TASKRUN`: completions are processed when the driver enters the
+/// kernel, without interrupting it (15-30% less CPU per operation than the
+/// default in our measurements, `tests/cpu.rs`).
+///
+/// [`IoStats::syscalls`]: crate::IoStats::syscalls
+///
+/// # Registered files and buffers
+///
+/// Files go into a sparse registered-file table when the kernel has one
+/// (falling back to plain descriptors). Memory offered through
+/// [`register_memory`](IoEngine::register_memory) goes into a sparse
+/// registered-buffer table in pieces of at most 1 GiB; an operation whose
+/// buffer lies inside one piece uses `READ_FIXED`/`WRITE_FIXED`, saving the
+/// per-I/O page pinning. Registering pins memory: a service not running as
+/// root needs `RLIMIT_MEMLOCK` raised (or `CAP_IPC_LOCK`); without it,
+/// registration reports `false` and I/O stays on the plain path.
+///
+/// # Disabling
+///
+/// Setting the environment variable `KVTIER_DISABLE_IO_URING=1` makes
+/// [`UringEngine::new`] fail with [`IoError::EngineSetup`] as if the kernel
+/// had refused, so `auto` engine selection falls back to the thread pool.
+/// It exists to test the fallback path that hosts with a seccomp profile
+/// blocking io_uring (Docker's default) take.
+pub struct UringEngine {
+    shared: Arc<Shared>,
+    /// The driver thread; `None` once joined.
+    driver: Option<JoinHandle<()>>,
+}
+
+/// How an operation names its file in a submission entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Target {
+    /// Index in the registered-file table.
+    Fixed(u32),
+    /// A plain descriptor (the table was unavailable or full).
+    Fd(RawFd),
+}
+
+/// What `submit` resolved for one operation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prep {
+    pub(crate) target: Target,
+    /// Registered-buffer index when the buffer lies inside one.
+    pub(crate) buf_index: Option<u16>,
+}
+
+/// A batch on its way from `submit` to the driver.
+pub(crate) struct Pending {
+    pub(crate) ops: Vec<IoOp>,
+    /// `None` for an operation on an unregistered file (fails with `EBADF`).
+    pub(crate) preps: Vec<Option<Prep>>,
+    pub(crate) owners: Vec<Box<dyn std::any::Any + Send>>,
+    pub(crate) completer: Completer,
+}
+
+/// The hand-over point between submitters and the driver. One mutex guards
+/// the queue *and* the driver's sleeping flag, so "driver checks the queue is
+/// empty, then sleeps" and "submitter queues, then sees whether to wake"
+/// cannot interleave badly.
+#[derive(Default)]
+pub(crate) struct Inbox {
+    pub(crate) batches: Vec<Pending>,
+    /// The driver is (about to be) blocked in `io_uring_enter` and needs an
+    /// eventfd write to notice new work.
+    pub(crate) sleeping: bool,
+    /// The engine is dropping: finish what is queued and in flight, then exit.
+    pub(crate) shutdown: bool,
+}
+
+/// What the engine handle and the driver share.
+pub(crate) struct Shared {
+    pub(crate) ring: IoUring,
+    pub(crate) queue_depth: u32,
+    pub(crate) inbox: Mutex<Inbox>,
+    /// Written to wake the driver; the driver keeps a read on it in the ring.
+    pub(crate) wake_fd: OwnedFd,
+    /// Registered files in `FileId` order, with how entries should name them.
+    /// The `File`s are kept open for the engine's life.
+    files: RwLock<Vec<(File, Target)>>,
+    /// Slots of the sparse file table (0 if the kernel refused it).
+    file_slots: u32,
+    buffers: BufferTable,
+    pub(crate) stats: Counters,
+}
+
+impl Shared {
+    /// Wakes the driver out of `io_uring_enter`.
+    pub(crate) fn wake(&self) {
+        let one: u64 = 1;
+        loop {
+            // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+            let n = unsafe {
+                libc::write(
+                    self.wake_fd.as_raw_fd(),
+                    (&raw const one).cast::<libc::c_void>(),
+                    8,
+                )
+            };
+            if n == 8 {
+                return;
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                // Only possible if the counter would overflow, i.e. the
+                // driver is not reading: it is already awake or gone.
+                tracing::error!(error = %err, "io_uring: cannot wake the driver");
+                return;
+            }
+        }
+    }
+}
+
+fn setup_err(source: io::Error) -> IoError {
+    IoError::EngineSetup {
+        engine: "io_uring",
+        source,
+    }
+}
+
+impl UringEngine {
+    /// Creates a ring for at most `queue_depth` operations in flight (clamped
+    /// to 1..=16384) and starts its driver thread.
+    ///
+    /// # Errors
+    /// [`IoError::EngineSetup`] when `io_uring_setup` fails (kernel too old,
+    /// seccomp, `kernel.io_uring_disabled`), when `KVTIER_DISABLE_IO_URING=1`
+    /// is set, or when the eventfd or thread cannot be created.
+    pub fn new(queue_depth: u32) -> Result<Self> {
+        Self::with_file_table(queue_depth, true)
+    }
+
+    /// [`new`](Self::new), optionally without the registered-file table
+    /// (so tests can cover the plain-descriptor path).
+    fn with_file_table(queue_depth: u32, file_table: bool) -> Result<Self> {
+        if std::env::var_os(DISABLE_IO_URING_ENV).is_some_and(|v| v == "1") {
+            return Err(setup_err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("disabled by {DISABLE_IO_URING_ENV}=1"),
+            )));
+        }
+        let queue_depth = queue_depth.clamp(1, MAX_QUEUE_DEPTH);
+        // One extra entry for the driver's wake-up read. The completion queue
+        // is twice the submission queue by default, and we never have more
+        // than `queue_depth + 1` requests outstanding, so it cannot overflow.
+        let ring = IoUring::builder()
+            .setup_submit_all()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(queue_depth + 1)
+            .or_else(|_| IoUring::new(queue_depth + 1))
+            .map_err(setup_err)?;
+
+        // SAFETY: eventfd has no memory-safety preconditions.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(setup_err(io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns. It is
+        // blocking on purpose: io_uring completes a read of a non-blocking
+        // fd with EAGAIN instead of waiting for it.
+        let wake_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        let file_slots = if file_table {
+            sparse_file_slots(&ring)
+        } else {
+            0
+        };
+        let buffers = BufferTable::new(&ring);
+        let shared = Arc::new(Shared {
+            ring,
+            queue_depth,
+            inbox: Mutex::new(Inbox::default()),
+            wake_fd,
+            files: RwLock::new(Vec::new()),
+            file_slots,
+            buffers,
+            stats: Counters::default(),
+        });
+        let driver_shared = Arc::clone(&shared);
+        let driver = std::thread::Builder::new()
+            .name("kvtier-uring".into())
+            .spawn(move || driver::run(&driver_shared))
+            .map_err(setup_err)?;
+        Ok(Self {
+            shared,
+            driver: Some(driver),
+        })
+    }
+
+    /// The maximum number of operations in flight.
+    pub fn queue_depth(&self) -> u32 {
+        self.shared.queue_depth
+    }
+
+    /// Whether files are named through the registered-file table.
+    pub fn uses_registered_files(&self) -> bool {
+        self.shared.file_slots > 0
+    }
+}
+
+/// Creates the sparse registered-file table, as large as the descriptor limit
+/// allows; 0 if the kernel refuses (descriptors are then used directly).
+fn sparse_file_slots(ring: &IoUring) -> u32 {
+    let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(u64::MAX);
+    let slots = FILE_SLOTS.min(u32::try_from(nofile).unwrap_or(u32::MAX));
+    if slots == 0 {
+        return 0;
+    }
+    match ring.submitter().register_files_sparse(slots) {
+        Ok(()) => slots,
+        Err(e) => {
+            tracing::info!(error = %e, "io_uring: no registered-file table; using plain descriptors");
+            0
+        }
+    }
+}
+
+impl IoEngine for UringEngine {
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+
+    fn register_file(&self, file: File) -> Result<FileId> {
+        let mut files = self.shared.files.write();
+        let id = u32::try_from(files.len())
+            .map_err(|_| setup_err(io::Error::other("too many files registered")))?;
+        let fd = file.as_raw_fd();
+        let target = if id < self.shared.file_slots {
+            match self
+                .shared
+                .ring
+                .submitter()
+                .register_files_update(id, &[fd])
+            {
+                Ok(_) => Target::Fixed(id),
+                Err(e) => {
+                    tracing::debug!(error = %e, "io_uring: file not registered; using its descriptor");
+                    Target::Fd(fd)
+                }
+            }
+        } else {
+            Target::Fd(fd)
+        };
+        files.push((file, target));
+        Ok(FileId(id))
+    }
+
+    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: our caller promises the range outlives the engine, and the
+        // ring lives exactly as long as the engine (the driver is joined in
+        // Drop before `shared` can go).
+        unsafe { self.shared.buffers.register(&self.shared.ring, ptr, len) }
+    }
+
+    fn submit(&self, batch: IoBatch) -> Completion {
+        self.shared.stats.batch();
+        let (ops, owners) = batch.into_parts();
+        if ops.is_empty() {
+            return Completion::ready(BatchDone {
+                ops,
+                results: Vec::new(),
+                owners,
+            });
+        }
+        let files = self.shared.files.read();
+        let preps = self.shared.buffers.with_lookup(|lookup| {
+            ops.iter()
+                .map(|op| {
+                    let (_, target) = files.get(op.file.0 as usize)?;
+                    Some(Prep {
+                        target: *target,
+                        buf_index: lookup(op.buf, op.len),
+                    })
+                })
+                .collect()
+        });
+        drop(files);
+        let (completer, completion) = Completion::pair();
+        let pending = Pending {
+            ops,
+            preps,
+            owners,
+            completer,
+        };
+        let wake = {
+            let mut inbox = self.shared.inbox.lock();
+            inbox.batches.push(pending);
+            std::mem::replace(&mut inbox.sleeping, false)
+        };
+        if wake {
+            self.shared.wake();
+        }
+        completion
+    }
+
+    fn stats(&self) -> IoStats {
+        self.shared.stats.snapshot()
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        self.shared.inbox.lock().shutdown = true;
+        // Always write: the driver must see its armed wake-up read complete
+        // before it may exit (the read's buffer lives on its stack frame).
+        self.shared.wake();
+        if let Some(driver) = self.driver.take() {
+            // A batch owner holding the last reference to the engine is
+            // dropped on the driver thread, which cannot join itself; it
+            // finishes on its own (it holds `Shared`, the ring included).
+            if driver.thread().id() != std::thread::current().id() {
+                let _ = driver.join();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringEngine")
+            .field("queue_depth", &self.shared.queue_depth)
+            .field("registered_files", &(self.shared.file_slots > 0))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AlignedBuf;
+
+    /// The plain-descriptor path (no registered-file table, as on kernels
+    /// without one or past its slots) moves the same bytes.
+    #[test]
+    fn plain_descriptors_work() {
+        let Ok(engine) = UringEngine::with_file_table(8, false) else {
+            eprintln!("skipping: io_uring unavailable");
+            return;
+        };
+        assert!(!engine.uses_registered_files());
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let file = crate::open_direct(&dir.path().join("f"), 1 << 16).expect("open");
+        let id = engine.register_file(file).expect("register");
+        let mut buf = AlignedBuf::zeroed(8192, 4096);
+        buf.fill(0x3c);
+        let mut batch = IoBatch::new();
+        batch.write_owned(id, 4096, buf);
+        engine.submit(batch).wait().check().expect("write");
+        let mut batch = IoBatch::new();
+        batch.read_owned(id, 4096, AlignedBuf::zeroed(8192, 4096));
+        let mut done = engine.submit(batch).wait();
+        done.check().expect("read");
+        let back: AlignedBuf = done.take_owner(0).expect("buf");
+        assert!(back.iter().all(|&b| b == 0x3c));
+    }
+}

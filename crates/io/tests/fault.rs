@@ -1,0 +1,294 @@
+//! `FaultyEngine`: every rule injects exactly the faults it describes,
+//! deterministically, over both inner engines; failed operations never touch
+//! their buffers.
+
+use std::sync::Arc;
+
+use kvtier_io::{
+    AlignedBuf, Fault, FaultyEngine, FileId, IoBatch, IoEngine, IoError, IoKind, PsyncEngine,
+    UringEngine, open_direct,
+};
+
+const BLOCK: usize = 4096;
+/// What an untouched read buffer holds.
+const UNTOUCHED: u8 = 0xAA;
+/// What the file holds.
+const DATA: u8 = 0x5C;
+
+type Factory = fn() -> Option<Arc<dyn IoEngine>>;
+
+fn psync() -> Option<Arc<dyn IoEngine>> {
+    Some(Arc::new(PsyncEngine::new(2, 16).expect("psync")))
+}
+
+fn uring() -> Option<Arc<dyn IoEngine>> {
+    match UringEngine::new(16) {
+        Ok(e) => Some(Arc::new(e)),
+        Err(e) => {
+            eprintln!("skipping: io_uring unavailable ({e})");
+            None
+        }
+    }
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod over_psync {
+            $( #[test] fn $name() { super::$name(super::psync) } )*
+        }
+        mod over_uring {
+            $( #[test] fn $name() { super::$name(super::uring) } )*
+        }
+    };
+}
+
+suite!(
+    fail_every_third_op,
+    fail_only_writes,
+    short_reads,
+    flip_bits,
+    fail_after_latches,
+    set_faults_changes_and_resets,
+    no_faults_is_transparent,
+    dropped_completion_keeps_owners,
+);
+
+/// A faulty engine over `inner` with a 16-block file full of `DATA`.
+fn setup(make: Factory, faults: Vec<Fault>) -> Option<(FaultyEngine, FileId, tempfile::TempDir)> {
+    let inner = make()?;
+    let dir = tempfile::Builder::new()
+        .prefix("kvtier-io-fault")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let file = open_direct(&dir.path().join("f"), 16 * BLOCK as u64).expect("open");
+    let id = inner.register_file(file).expect("register");
+    let mut batch = IoBatch::new();
+    let mut buf = AlignedBuf::zeroed(16 * BLOCK, BLOCK);
+    buf.fill(DATA);
+    batch.write_owned(id, 0, buf);
+    inner.submit(batch).wait().check().expect("fill");
+    Some((FaultyEngine::new(inner, faults), id, dir))
+}
+
+/// Reads blocks `0..n` as `n` one-block operations in one batch, into
+/// buffers pre-filled with `UNTOUCHED`.
+fn read_blocks(engine: &dyn IoEngine, id: FileId, n: usize) -> kvtier_io::BatchDone {
+    let mut batch = IoBatch::new();
+    for i in 0..n {
+        let mut buf = AlignedBuf::zeroed(BLOCK, BLOCK);
+        buf.fill(UNTOUCHED);
+        batch.read_owned(id, (i * BLOCK) as u64, buf);
+    }
+    engine.submit(batch).wait()
+}
+
+fn buffer(done: &mut kvtier_io::BatchDone, i: usize) -> AlignedBuf {
+    done.take_owner::<AlignedBuf>(i).expect("owner back")
+}
+
+fn fail_every_third_op(make: Factory) {
+    let faults = vec![Fault::FailOps {
+        kind: None,
+        errno: libc::EIO,
+        every: 3,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let mut done = read_blocks(&engine, id, 9);
+    for i in 0..9 {
+        let buf = buffer(&mut done, i);
+        if (i + 1) % 3 == 0 {
+            let err = done.results[i].as_ref().expect_err("injected");
+            assert_eq!(err.raw_os_error(), Some(libc::EIO));
+            assert!(matches!(done.check_op(i), Err(IoError::Op { .. })));
+            assert!(
+                buf.iter().all(|&b| b == UNTOUCHED),
+                "failed op {i} touched its buffer"
+            );
+        } else {
+            assert!(done.check_op(i).is_ok(), "op {i}");
+            assert!(buf.iter().all(|&b| b == DATA));
+        }
+    }
+    assert_eq!(engine.injected(), 3);
+    // The counter carries over between batches: ops 10..=12 -> op 12 fails.
+    let done = read_blocks(&engine, id, 3);
+    assert!(done.results[0].is_ok() && done.results[1].is_ok());
+    assert!(done.results[2].is_err());
+    assert_eq!(engine.injected(), 4);
+}
+
+fn fail_only_writes(make: Factory) {
+    let faults = vec![Fault::FailOps {
+        kind: Some(IoKind::Write),
+        errno: libc::ENOSPC,
+        every: 1,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let mut batch = IoBatch::new();
+    let mut buf = AlignedBuf::zeroed(BLOCK, BLOCK);
+    buf.fill(0x11);
+    batch.write_owned(id, 0, buf);
+    let done = engine.submit(batch).wait();
+    let err = done.results[0].as_ref().expect_err("write fails");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    // The write never reached the disk; reads are unaffected.
+    let mut done = read_blocks(&engine, id, 2);
+    done.check().expect("reads pass");
+    assert!(buffer(&mut done, 0).iter().all(|&b| b == DATA));
+    assert_eq!(engine.injected(), 1);
+}
+
+fn short_reads(make: Factory) {
+    let Some((engine, id, _dir)) = setup(make, vec![Fault::ShortReads { every: 2 }]) else {
+        return;
+    };
+    let mut done = read_blocks(&engine, id, 4);
+    for i in 0..4 {
+        let buf = buffer(&mut done, i);
+        if i % 2 == 1 {
+            match done.check_op(i) {
+                Err(IoError::Short { done: n, len, .. }) => {
+                    assert_eq!(len, BLOCK as u32);
+                    assert!(n < len);
+                    let n = n as usize;
+                    assert!(buf[..n].iter().all(|&b| b == DATA));
+                    assert!(buf[n..].iter().all(|&b| b == UNTOUCHED), "tail not filled");
+                }
+                other => panic!("op {i}: expected short, got {other:?}"),
+            }
+        } else {
+            assert!(done.check_op(i).is_ok());
+        }
+    }
+    assert_eq!(engine.injected(), 2);
+
+    // Reads too small to halve on a 512-byte boundary report 0 bytes.
+    let mut batch = IoBatch::new();
+    batch.read_owned(id, 0, AlignedBuf::zeroed(512, BLOCK));
+    batch.read_owned(id, 0, AlignedBuf::zeroed(512, BLOCK));
+    let done = engine.submit(batch).wait();
+    assert_eq!(done.results[0].as_ref().ok(), Some(&512));
+    assert_eq!(done.results[1].as_ref().ok(), Some(&0));
+    // Writes are never shortened.
+    let mut batch = IoBatch::new();
+    batch.write_owned(id, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+    batch.write_owned(id, BLOCK as u64, AlignedBuf::zeroed(BLOCK, BLOCK));
+    engine.submit(batch).wait().check().expect("writes");
+}
+
+fn flip_bits(make: Factory) {
+    let Some((engine, id, _dir)) = setup(make, vec![Fault::FlipBits { every: 3 }]) else {
+        return;
+    };
+    let mut done = read_blocks(&engine, id, 6);
+    done.check().expect("flipped reads still succeed");
+    for i in 0..6 {
+        let buf = buffer(&mut done, i);
+        let flipped: u32 = buf.iter().map(|&b| (b ^ DATA).count_ones()).sum();
+        let expected = u32::from((i + 1) % 3 == 0);
+        assert_eq!(flipped, expected, "op {i}");
+    }
+    assert_eq!(engine.injected(), 2);
+}
+
+fn fail_after_latches(make: Factory) {
+    let faults = vec![Fault::FailAfter {
+        ops: 5,
+        errno: libc::EIO,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let done = read_blocks(&engine, id, 3);
+    done.check().expect("first three pass");
+    let done = read_blocks(&engine, id, 4);
+    assert!(done.results[0].is_ok() && done.results[1].is_ok());
+    assert!(done.results[2].is_err() && done.results[3].is_err());
+    for _ in 0..3 {
+        let done = read_blocks(&engine, id, 2);
+        assert!(done.results.iter().all(Result::is_err), "stays failed");
+    }
+    assert_eq!(engine.injected(), 8);
+}
+
+fn set_faults_changes_and_resets(make: Factory) {
+    let faults = vec![Fault::FailAfter {
+        ops: 0,
+        errno: libc::EIO,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    assert!(
+        read_blocks(&engine, id, 2)
+            .results
+            .iter()
+            .all(Result::is_err)
+    );
+    engine.set_faults(Vec::new());
+    read_blocks(&engine, id, 2).check().expect("healed");
+    engine.set_faults(vec![Fault::FailOps {
+        kind: None,
+        errno: libc::EIO,
+        every: 2,
+    }]);
+    let done = read_blocks(&engine, id, 2);
+    assert!(done.results[0].is_ok(), "counters restart at set_faults");
+    assert!(done.results[1].is_err());
+    assert_eq!(engine.injected(), 3);
+}
+
+fn no_faults_is_transparent(make: Factory) {
+    let Some((engine, id, _dir)) = setup(make, Vec::new()) else {
+        return;
+    };
+    let before = engine.stats().ops;
+    let mut done = read_blocks(&engine, id, 8);
+    done.check().expect("reads");
+    assert!(buffer(&mut done, 7).iter().all(|&b| b == DATA));
+    assert_eq!(engine.injected(), 0);
+    assert_eq!(
+        engine.stats().ops - before,
+        8,
+        "stats are the inner engine's"
+    );
+    assert_eq!(engine.name(), "faulty");
+    // Empty batches and owners pass through.
+    let mut batch = IoBatch::new();
+    batch.keep_alive(7u8);
+    let mut done = engine.submit(batch).wait();
+    assert_eq!(done.take_owner::<u8>(0), Some(7));
+}
+
+fn dropped_completion_keeps_owners(make: Factory) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Counted(Arc<AtomicUsize>);
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let faults = vec![Fault::FailOps {
+        kind: None,
+        errno: libc::EIO,
+        every: 2,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let drops = Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        let mut batch = IoBatch::new();
+        batch.read_owned(id, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+        batch.read_owned(id, BLOCK as u64, AlignedBuf::zeroed(BLOCK, BLOCK));
+        batch.keep_alive(Counted(Arc::clone(&drops)));
+        drop(engine.submit(batch));
+    }
+    // Dropping the faulty engine finishes its relays; every owner is freed.
+    drop(engine);
+    assert_eq!(drops.load(Ordering::SeqCst), 10);
+}
