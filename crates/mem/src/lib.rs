@@ -1,1 +1,71 @@
-//! kvtier-mem (being written).
+//! # kvtier-mem
+//!
+//! The memory tier (G2): a fixed arena of aligned block slots in a
+//! shared-memory file, `/dev/shm/<name>`, that every engine process on the
+//! node can map to read blocks without a copy through kvtier.
+//!
+//! - [`MemoryTier`] is the owner: it creates the arena, stores blocks
+//!   ([`put`](MemoryTier::put), or [`reserve`](MemoryTier::reserve) a slot
+//!   and fill it in place by direct I/O, then
+//!   [`commit`](SlotReservation::commit)), serves verified copies
+//!   ([`get`](MemoryTier::get)) and zero-copy [`BlockRef`]s, and evicts by a
+//!   pluggable [`EvictionPolicy`] ([`Lru`] by default). Pins, references
+//!   and persistence decide what may be evicted: only blocks that are
+//!   unpinned, unreferenced and persisted in a lower tier.
+//! - [`ArenaReader`] is any other process: it maps the arena read-only by
+//!   name and copies blocks out under the slot table's seqlock, verifying
+//!   each against its checksums.
+//! - [`MemoryTierConfig`] comes from the `[memory]` configuration and the
+//!   model [`Geometry`](kvtier_core::Geometry).
+//!
+//! Every block carries the [`BlockSums`](kvtier_core::BlockSums) it was
+//! first stored with; every copy out of shared memory is hashed as it is
+//! copied, and a block that fails is a miss, never an answer. The shared
+//! layout and its invariants are in `docs/memory-arena.md`.
+//!
+//! ```
+//! use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup};
+//! use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
+//!
+//! # fn main() -> Result<(), kvtier_mem::MemError> {
+//! let tier = MemoryTier::create(MemoryTierConfig {
+//!     shm_name: format!("kvtier-doc-{}", std::process::id()),
+//!     capacity_bytes: 1 << 20,
+//!     block_bytes: 8192,
+//!     layer_bytes: 2048,
+//!     hugepages: false,
+//!     policy: EvictionPolicyKind::Lru,
+//! })?;
+//! let key = BlockHash(42);
+//! let block = vec![7u8; 8192];
+//! let sums = BlockSums::compute(key, 2048, &block);
+//! assert_eq!(tier.put(key, &block, &sums)?, PutOutcome::Stored);
+//!
+//! let mut out = vec![0u8; 8192];
+//! assert_eq!(tier.get(key, &mut out), Lookup::Hit);
+//! assert_eq!(out, block);
+//!
+//! // Another process would do exactly this, by name.
+//! let reader = ArenaReader::open(tier.shm_name())?;
+//! assert_eq!(reader.get(key, &mut out), Lookup::Hit);
+//! # Ok(()) }
+//! ```
+
+#![deny(missing_docs)]
+
+mod arena;
+mod config;
+mod error;
+mod policy;
+mod reader;
+mod tier;
+mod verify;
+
+pub use config::MemoryTierConfig;
+pub use error::{MemError, Result};
+pub use policy::{EvictionPolicy, Lru, build_policy};
+pub use reader::{ArenaReader, ReaderStats};
+pub use tier::{
+    BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome, Reserve,
+    SlotReservation,
+};

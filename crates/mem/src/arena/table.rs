@@ -1,0 +1,207 @@
+//! The slot table: one entry per slot, in shared memory, describing what the
+//! slot holds so that other processes can find and verify blocks.
+//!
+//! ```text
+//! word  off  field
+//!    0    0  version: seqlock counter, odd while the owner changes the slot
+//!    1    8  key, low 64 bits
+//!    2   16  key, high 64 bits
+//!    3   24  block checksum
+//!    4   32  length of the block in bytes; 0 = the slot holds nothing visible
+//!    5   40  number of layer checksums that follow (low 32 bits; high 32 zero)
+//!    6   48  layer checksum 0
+//!  ...
+//!  6+L-1     layer checksum L-1
+//!            zero padding up to entry_bytes = round_up(48 + 8 L, 64)
+//! ```
+//!
+//! Words are native-endian `u64`s accessed atomically (every supported target
+//! is little-endian). Only the owner writes them, following
+//! [`seqlock`]; readers map the file read-only.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvtier_core::{BlockHash, BlockSums};
+
+use super::{ENTRY_ALIGN, seqlock};
+
+#[cfg(target_endian = "big")]
+compile_error!("the shared arena format is defined for little-endian targets");
+
+const VERSION: usize = 0;
+const KEY_LO: usize = 1;
+const KEY_HI: usize = 2;
+const BLOCK_SUM: usize = 3;
+const LEN: usize = 4;
+const LAYERS: usize = 5;
+const LAYER_SUMS: usize = 6;
+
+/// Bytes of one entry for blocks of `layers` layers.
+pub(crate) const fn entry_bytes(layers: usize) -> usize {
+    (8 * (LAYER_SUMS + layers)).div_ceil(ENTRY_ALIGN) * ENTRY_ALIGN
+}
+
+/// What one entry says, copied out of shared memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntrySnapshot {
+    /// The block's key.
+    pub key: BlockHash,
+    /// Block length; 0 when the slot holds nothing visible.
+    pub len: u64,
+    /// The block's checksums.
+    pub sums: BlockSums,
+}
+
+/// A view of the slot table in a mapping. It does not own the memory.
+pub(crate) struct SlotTable {
+    base: NonNull<u8>,
+    entry_bytes: usize,
+    slots: usize,
+    layers: usize,
+}
+
+// SAFETY: the table only hands out atomic accesses to the shared words; the
+// memory is owned by a mapping that the holder of the table keeps alive.
+unsafe impl Send for SlotTable {}
+// SAFETY: as above; every access is atomic.
+unsafe impl Sync for SlotTable {}
+
+impl SlotTable {
+    /// A view of `slots` entries for `layers` layers starting at `base`.
+    ///
+    /// # Safety
+    /// `base` must be 8-byte aligned and valid for reads of
+    /// `slots * entry_bytes(layers)` bytes for as long as the table is used
+    /// (and for writes too if any writer method is called), and nobody may
+    /// access those bytes other than atomically.
+    pub(crate) unsafe fn new(base: NonNull<u8>, slots: usize, layers: usize) -> Self {
+        Self {
+            base,
+            entry_bytes: entry_bytes(layers),
+            slots,
+            layers,
+        }
+    }
+
+    fn word(&self, slot: usize, word: usize) -> &AtomicU64 {
+        assert!(slot < self.slots && word < LAYER_SUMS + self.layers);
+        // SAFETY: in bounds by the assertion and the constructor's contract;
+        // entries are 64-byte multiples from an 8-aligned base, so the word is
+        // 8-byte aligned; the memory is only accessed atomically and outlives
+        // `self`.
+        unsafe {
+            AtomicU64::from_ptr(
+                self.base
+                    .as_ptr()
+                    .add(slot * self.entry_bytes + word * 8)
+                    .cast::<u64>(),
+            )
+        }
+    }
+
+    /// Number of entries.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Slot `slot`'s version counter.
+    pub(crate) fn version(&self, slot: usize) -> &AtomicU64 {
+        self.word(slot, VERSION)
+    }
+
+    /// Reads the entry's fields (not the version). Without the seqlock
+    /// around it, the result may mix two states of the entry.
+    pub(crate) fn snapshot(&self, slot: usize) -> EntrySnapshot {
+        let load = |w| self.word(slot, w).load(Ordering::Relaxed);
+        let key = BlockHash((load(KEY_HI) as u128) << 64 | load(KEY_LO) as u128);
+        let layers = (load(LAYERS) as usize).min(self.layers);
+        EntrySnapshot {
+            key,
+            len: load(LEN),
+            sums: BlockSums {
+                block: load(BLOCK_SUM),
+                layers: (0..layers).map(|l| load(LAYER_SUMS + l)).collect(),
+            },
+        }
+    }
+
+    /// The key, if the entry holds a visible block (no version check).
+    pub(crate) fn key_if_used(&self, slot: usize) -> Option<BlockHash> {
+        let load = |w| self.word(slot, w).load(Ordering::Relaxed);
+        (load(LEN) != 0).then(|| BlockHash((load(KEY_HI) as u128) << 64 | load(KEY_LO) as u128))
+    }
+
+    /// Owner: the slot's bytes are about to change (version odd).
+    pub(crate) fn begin_fill(&self, slot: usize) {
+        seqlock::begin_write(self.version(slot));
+    }
+
+    /// Owner: a fill started with [`begin_fill`](Self::begin_fill) is
+    /// published as block `key` of `len` bytes (version even).
+    pub(crate) fn publish(&self, slot: usize, key: BlockHash, len: usize, sums: &BlockSums) {
+        let store = |w, v| self.word(slot, w).store(v, Ordering::Relaxed);
+        store(KEY_LO, key.0 as u64);
+        store(KEY_HI, (key.0 >> 64) as u64);
+        store(BLOCK_SUM, sums.block);
+        store(LAYERS, sums.layers.len().min(self.layers) as u64);
+        for (l, s) in sums.layers.iter().take(self.layers).enumerate() {
+            store(LAYER_SUMS + l, *s);
+        }
+        store(LEN, len as u64);
+        seqlock::end_write(self.version(slot));
+    }
+
+    /// Owner: a fill started with [`begin_fill`](Self::begin_fill) ends with
+    /// nothing visible (version even, entry empty).
+    pub(crate) fn abandon_fill(&self, slot: usize) {
+        self.zero(slot);
+        seqlock::end_write(self.version(slot));
+    }
+
+    /// Owner: the slot's block is no longer visible to readers.
+    pub(crate) fn clear(&self, slot: usize) {
+        seqlock::begin_write(self.version(slot));
+        self.zero(slot);
+        seqlock::end_write(self.version(slot));
+    }
+
+    fn zero(&self, slot: usize) {
+        for w in KEY_LO..LAYER_SUMS + self.layers {
+            self.word(slot, w).store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_clear() {
+        let layers = 3;
+        let mut mem = vec![0u64; entry_bytes(layers) / 8 * 4];
+        let base = NonNull::new(mem.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: `mem` is 8-aligned, large enough for 4 entries, outlives the
+        // table, and is only touched through it below.
+        let t = unsafe { SlotTable::new(base, 4, layers) };
+        let sums = BlockSums {
+            block: 7,
+            layers: vec![1, 2, 3],
+        };
+        let key = BlockHash(u128::MAX - 5);
+        t.begin_fill(2);
+        assert!(seqlock::is_writing(t.version(2)));
+        t.publish(2, key, 100, &sums);
+        assert!(!seqlock::is_writing(t.version(2)));
+        let s = t.snapshot(2);
+        assert_eq!((s.key, s.len, &s.sums), (key, 100, &sums));
+        assert_eq!(t.key_if_used(2), Some(key));
+        assert_eq!(t.key_if_used(1), None);
+        t.clear(2);
+        assert_eq!(t.key_if_used(2), None);
+        assert_eq!(t.version(2).load(Ordering::Relaxed), 4);
+        assert_eq!(entry_bytes(3), 128);
+        assert_eq!(entry_bytes(2), 64);
+    }
+}

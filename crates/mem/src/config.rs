@@ -1,0 +1,62 @@
+//! [`MemoryTierConfig`]: everything [`MemoryTier::create`](crate::MemoryTier::create) needs.
+
+use kvtier_core::{EvictionPolicyKind, Geometry, MemoryConfig};
+
+/// The resolved configuration of one memory tier.
+///
+/// Build it from the `[memory]` section and the model geometry with
+/// [`MemoryTierConfig::new`], or fill the fields directly (tests, tools).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryTierConfig {
+    /// Name of the shared-memory file, `/dev/shm/<shm_name>`. Other
+    /// processes open the arena by this name.
+    pub shm_name: String,
+    /// Bytes of block slots (the header and slot table come on top). The
+    /// arena holds `capacity_bytes / slot_bytes` blocks.
+    pub capacity_bytes: u64,
+    /// Bytes of one block.
+    pub block_bytes: usize,
+    /// Bytes of one layer of a block: the unit of the per-layer checksums.
+    /// The last layer may be shorter when `block_bytes` is not a multiple.
+    pub layer_bytes: usize,
+    /// Back the arena with transparent huge pages (2 MiB slots) when the
+    /// kernel allows it for shared memory; falls back to 4 KiB pages with a
+    /// log line otherwise.
+    pub hugepages: bool,
+    /// Which eviction policy orders the blocks.
+    pub policy: EvictionPolicyKind,
+}
+
+impl MemoryTierConfig {
+    /// The tier described by `[memory]` for blocks of `geometry`.
+    pub fn new(cfg: &MemoryConfig, geometry: &Geometry) -> Self {
+        Self {
+            shm_name: cfg.shm_name.clone(),
+            capacity_bytes: cfg.capacity.bytes(),
+            block_bytes: usize::try_from(geometry.block_bytes()).unwrap_or(usize::MAX),
+            layer_bytes: usize::try_from(geometry.layer_bytes()).unwrap_or(usize::MAX),
+            hugepages: cfg.hugepages,
+            policy: cfg.policy,
+        }
+    }
+
+    /// Layers per block: `ceil(block_bytes / layer_bytes)`.
+    pub fn layers(&self) -> usize {
+        self.block_bytes.div_ceil(self.layer_bytes.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_core::ModelPreset;
+
+    #[test]
+    fn from_core_config() {
+        let g = ModelPreset::Llama3_8B.geometry(16);
+        let c = MemoryTierConfig::new(&MemoryConfig::default(), &g);
+        assert_eq!(c.block_bytes, 2 << 20);
+        assert_eq!(c.layers(), g.layers as usize);
+        assert_eq!(c.shm_name, "kvtier");
+    }
+}

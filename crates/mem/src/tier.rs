@@ -1,0 +1,551 @@
+//! [`MemoryTier`]: the owner's side of the arena.
+//!
+//! One process creates the tier and is the only writer of its shared
+//! memory. Its private [`Book`] (behind one mutex) decides which
+//! slot holds what; the shared slot table mirrors every visibility change
+//! so other processes ([`ArenaReader`](crate::ArenaReader)) can find blocks.
+//! Block bytes are copied outside the lock: a slot being filled belongs to
+//! its filler alone, and a resident slot cannot be reused while a reference
+//! (a [`BlockRef`], or a `get` in progress) holds it.
+
+mod block_ref;
+mod book;
+mod reservation;
+mod stats;
+
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use kvtier_core::{BlockHash, BlockSums, Lookup};
+use parking_lot::Mutex;
+
+use crate::arena::shm::{self, Mapping, OwnedShm};
+use crate::arena::table::SlotTable;
+use crate::arena::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES, header};
+use crate::config::MemoryTierConfig;
+use crate::error::{MemError, Result};
+use crate::policy::{EvictionPolicy, build_policy};
+use crate::verify;
+use book::{Acquired, Book, Claim};
+use stats::Counters;
+
+pub use block_ref::BlockRef;
+pub use reservation::SlotReservation;
+pub use stats::MemoryStats;
+
+/// How many of the coldest blocks a `put` or `reserve` examines for one it
+/// may evict, by default. See [`MemoryTier::set_eviction_scan_limit`].
+pub const DEFAULT_EVICTION_SCAN_LIMIT: usize = 1024;
+
+/// What [`MemoryTier::put`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PutOutcome {
+    /// The block is stored and visible.
+    Stored,
+    /// The tier already held the block; nothing was copied.
+    AlreadyPresent,
+    /// No slot is free and no block may be evicted; nothing changed.
+    Full,
+}
+
+/// What [`MemoryTier::reserve`] did.
+#[derive(Debug)]
+pub enum Reserve {
+    /// A slot is reserved; fill it and [`commit`](SlotReservation::commit).
+    Reserved(SlotReservation),
+    /// The tier already holds the block.
+    AlreadyPresent,
+    /// No slot is free and no block may be evicted.
+    Full,
+}
+
+/// The memory tier (G2): a fixed arena of block slots in `/dev/shm`.
+///
+/// Cheap to clone (all clones share one arena). The shared-memory file is
+/// removed when the last clone, [`BlockRef`] and [`SlotReservation`] are
+/// gone.
+#[derive(Clone)]
+pub struct MemoryTier {
+    inner: Arc<Inner>,
+}
+
+/// The state every handle shares.
+pub(crate) struct Inner {
+    /// The shared-memory name (`/dev/shm/<name>`).
+    name: String,
+    layout: ArenaLayout,
+    /// The shared slot table (inside `map`).
+    table: SlotTable,
+    /// Start of the slot data area (inside `map`).
+    data: NonNull<u8>,
+    /// The private bookkeeping. One lock: every operation on it is O(1)
+    /// except the bounded scans, and no copy happens while holding it.
+    book: Mutex<Book>,
+    counters: Counters,
+    /// Declared after `table` and `data`, which point into it.
+    _map: Mapping,
+    /// Unlinks the file on drop; declared last so it goes after the mapping.
+    shm: OwnedShm,
+}
+
+// SAFETY: `data` points into `map`, which lives as long as `Inner`. Slot
+// bytes are only written by the holder of a `Filling` slot (exactly one
+// `SlotReservation`) and only read while a reference or the fill keeps the
+// slot from being reused; the `Book` behind the mutex enforces both.
+unsafe impl Send for Inner {}
+// SAFETY: as above; every other field is Sync.
+unsafe impl Sync for Inner {}
+
+impl Inner {
+    /// Start of slot `slot`'s bytes.
+    pub(crate) fn slot_ptr(&self, slot: usize) -> *mut u8 {
+        debug_assert!(slot < self.layout.slot_count);
+        // SAFETY: `slot < slot_count`, so the offset lies inside the data
+        // area of the mapping.
+        unsafe { self.data.as_ptr().add(self.layout.slot_offset(slot)) }
+    }
+
+    /// Bytes of one block.
+    pub(crate) fn block_bytes(&self) -> usize {
+        self.layout.block_bytes
+    }
+
+    /// Bytes of one layer.
+    pub(crate) fn layer_bytes(&self) -> usize {
+        self.layout.layer_bytes
+    }
+
+    /// Drops a reference taken by `Book::acquire`/`add_ref`.
+    pub(crate) fn release(&self, slot: usize) {
+        self.book.lock().release(slot);
+    }
+
+    /// Takes one more reference on an already referenced slot.
+    pub(crate) fn add_ref(&self, slot: usize) {
+        self.book.lock().add_ref(slot);
+    }
+
+    /// Claims a slot for `key` and marks it as being written in the shared
+    /// table.
+    fn claim(self: &Arc<Self>, key: BlockHash) -> Reserve {
+        let mut book = self.book.lock();
+        match book.claim(key) {
+            Claim::Slot { slot, evicted } => {
+                if let Some(old) = evicted {
+                    self.table.clear(slot);
+                    Counters::add(&self.counters.evictions, 1);
+                    tracing::trace!(evicted = %old, slot, "evicted to make room");
+                }
+                self.table.begin_fill(slot);
+                drop(book);
+                Reserve::Reserved(SlotReservation::new(Arc::clone(self), slot, key))
+            }
+            Claim::AlreadyPresent => Reserve::AlreadyPresent,
+            Claim::Full => Reserve::Full,
+        }
+    }
+
+    /// Publishes a filled slot (no verification). Returns what happened.
+    pub(crate) fn publish(&self, slot: usize, key: BlockHash, sums: &BlockSums) -> PutOutcome {
+        let shared = Arc::new(sums.clone());
+        let mut book = self.book.lock();
+        if book.publish(slot, key, shared) {
+            self.table.publish(slot, key, self.layout.block_bytes, sums);
+            drop(book);
+            Counters::add(&self.counters.puts, 1);
+            Counters::add(&self.counters.bytes_in, self.layout.block_bytes as u64);
+            PutOutcome::Stored
+        } else {
+            self.table.abandon_fill(slot);
+            PutOutcome::AlreadyPresent
+        }
+    }
+
+    /// Gives back a slot claimed but never published.
+    pub(crate) fn abandon(&self, slot: usize) {
+        let mut book = self.book.lock();
+        book.abandon(slot);
+        self.table.abandon_fill(slot);
+    }
+
+    /// Counts a block that failed verification on commit.
+    pub(crate) fn count_corrupt(&self) {
+        Counters::add(&self.counters.corrupt, 1);
+    }
+
+    /// Checks that `sums` can describe a block of this tier as `key`.
+    pub(crate) fn check_sums(&self, key: BlockHash, sums: &BlockSums) -> Result<()> {
+        if sums.layers.len() != self.layout.layers {
+            return Err(MemError::BadSums {
+                key,
+                reason: format!(
+                    "{} layer checksums for a block of {} layers",
+                    sums.layers.len(),
+                    self.layout.layers
+                ),
+            });
+        }
+        if !sums.is_consistent(key) {
+            return Err(MemError::BadSums {
+                key,
+                reason: "the layer checksums do not combine to the block checksum".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn block_ref(self: &Arc<Self>, a: Acquired) -> BlockRef {
+        BlockRef::new(Arc::clone(self), a.slot, a.key, a.sums)
+    }
+}
+
+impl MemoryTier {
+    /// Creates the arena `/dev/shm/<cfg.shm_name>` and maps it.
+    ///
+    /// A file of that name left by a dead kvtier process is replaced; one
+    /// owned by a live process ([`MemError::InUse`]) or that is not an arena
+    /// ([`MemError::NotAnArena`]) is left alone. The whole arena is reserved
+    /// up front, so a `/dev/shm` too small fails here
+    /// ([`MemError::ShmFull`]) rather than with a `SIGBUS` later.
+    pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
+        Self::create_with_policy(cfg.clone(), |slots| build_policy(cfg.policy, slots))
+    }
+
+    /// Like [`create`](Self::create) with an eviction policy of the caller's
+    /// (`cfg.policy` is ignored): `policy(slots)` builds it for `slots` slots.
+    pub fn create_with_policy(
+        cfg: MemoryTierConfig,
+        policy: impl FnOnce(usize) -> Box<dyn EvictionPolicy>,
+    ) -> Result<Self> {
+        let path = shm::shm_path(&cfg.shm_name)?;
+        let page = if cfg.hugepages {
+            match shm::hugepages_unavailable() {
+                None => HUGE_PAGE_BYTES,
+                Some(why) => {
+                    tracing::info!(reason = %why, "huge pages unavailable for the memory tier; using 4 KiB pages");
+                    PAGE_BYTES
+                }
+            }
+        } else {
+            PAGE_BYTES
+        };
+        let layout =
+            ArenaLayout::compute(cfg.block_bytes, cfg.layer_bytes, cfg.capacity_bytes, page)?;
+        let shm = OwnedShm::create(&path, layout.file_bytes as u64)?;
+        let map =
+            Mapping::map(shm.file(), layout.file_bytes, true, page, true).map_err(|source| {
+                MemError::Io {
+                    path: path.clone(),
+                    op: "mmap",
+                    source,
+                }
+            })?;
+        if page == HUGE_PAGE_BYTES
+            && let Err(e) = map.advise_hugepages(0, map.len())
+        {
+            tracing::info!(error = %e, "madvise(MADV_HUGEPAGE) refused; the arena may use 4 KiB pages");
+        }
+        let encoded = header::encode(&layout, std::process::id());
+        // SAFETY: the mapping is ours, writable and at least HEADER_BYTES long;
+        // no other handle to it exists yet in this process, and readers in
+        // others only read the header (and verify its checksum).
+        unsafe {
+            std::ptr::copy_nonoverlapping(encoded.as_ptr(), map.ptr().as_ptr(), encoded.len());
+        }
+        // SAFETY: the table lies inside the mapping at an offset that is a
+        // multiple of 4096 (so 8-aligned), spans slot_count entries by
+        // construction of the layout, lives as long as `Inner` (which owns the
+        // mapping), and is only ever accessed atomically.
+        let table = unsafe {
+            SlotTable::new(
+                map.ptr().add(layout.table_offset),
+                layout.slot_count,
+                layout.layers,
+            )
+        };
+        // SAFETY: data_offset < file_bytes = the mapping's length.
+        let data = unsafe { map.ptr().add(layout.data_offset) };
+        let book = Book::new(
+            layout.slot_count,
+            policy(layout.slot_count),
+            DEFAULT_EVICTION_SCAN_LIMIT,
+        );
+        tracing::info!(
+            path = %path.display(),
+            slots = layout.slot_count,
+            slot_bytes = layout.slot_bytes,
+            page_bytes = page,
+            "memory tier created"
+        );
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name: cfg.shm_name,
+                layout,
+                table,
+                data,
+                book: Mutex::new(book),
+                counters: Counters::default(),
+                _map: map,
+                shm,
+            }),
+        })
+    }
+
+    /// The shared-memory file other processes open.
+    pub fn shm_path(&self) -> &Path {
+        self.inner.shm.path()
+    }
+
+    /// The shared-memory name other processes pass to
+    /// [`ArenaReader::open`](crate::ArenaReader::open).
+    pub fn shm_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Bytes of one block.
+    pub fn block_bytes(&self) -> usize {
+        self.inner.layout.block_bytes
+    }
+
+    /// Bytes of one slot (block bytes rounded up to the page size).
+    pub fn slot_bytes(&self) -> usize {
+        self.inner.layout.slot_bytes
+    }
+
+    /// Number of slots.
+    pub fn capacity_blocks(&self) -> usize {
+        self.inner.layout.slot_count
+    }
+
+    /// Number of resident (visible) blocks.
+    pub fn len(&self) -> usize {
+        self.inner.book.lock().len()
+    }
+
+    /// Whether no block is resident.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Slots that hold nothing (neither resident, nor being filled, nor
+    /// removed-but-still-referenced).
+    pub fn free_blocks(&self) -> usize {
+        self.inner.book.lock().free_len()
+    }
+
+    /// Sets how many of the coldest blocks `put` and `reserve` examine for
+    /// one they may evict (at least 1). Default:
+    /// [`DEFAULT_EVICTION_SCAN_LIMIT`]. When that many cold blocks are all
+    /// pinned, referenced or unpersisted, the tier reports
+    /// [`PutOutcome::Full`] even if a warmer block could go; [`evict`](Self::evict)
+    /// has no such bound.
+    pub fn set_eviction_scan_limit(&self, limit: usize) {
+        self.inner.book.lock().set_scan_limit(limit);
+    }
+
+    /// Copies `data` (exactly `block_bytes` long) into a free slot with its
+    /// checksums `sums` and makes it visible.
+    ///
+    /// When no slot is free, the policy's coldest block that is unpinned,
+    /// unreferenced and persisted is evicted. If none is, returns
+    /// [`PutOutcome::Full`] and changes nothing. `data` is not hashed here:
+    /// `sums` must be its checksums (every read verifies against them).
+    pub fn put(&self, key: BlockHash, data: &[u8], sums: &BlockSums) -> Result<PutOutcome> {
+        if data.len() != self.block_bytes() {
+            return Err(MemError::WrongLength {
+                expected: self.block_bytes(),
+                got: data.len(),
+            });
+        }
+        self.inner.check_sums(key, sums)?;
+        match self.inner.claim(key) {
+            Reserve::Reserved(mut slot) => {
+                slot.as_mut_slice().copy_from_slice(data);
+                Ok(slot.publish_unverified(sums))
+            }
+            Reserve::AlreadyPresent => Ok(PutOutcome::AlreadyPresent),
+            Reserve::Full => Ok(PutOutcome::Full),
+        }
+    }
+
+    /// Reserves a slot for `key`, to be filled in place (by direct I/O from
+    /// the disk tier, typically) and then [`commit`](SlotReservation::commit)ted.
+    /// The block is invisible until committed; dropping the reservation
+    /// frees the slot. Eviction works as in [`put`](Self::put).
+    pub fn reserve(&self, key: BlockHash) -> Result<Reserve> {
+        Ok(self.inner.claim(key))
+    }
+
+    /// Copies block `key` into `dst` (exactly `block_bytes` long), verifying
+    /// every layer against the block's checksums as it copies.
+    ///
+    /// Returns [`Lookup::Hit`] when `dst` holds the verified block,
+    /// [`Lookup::Miss`] when the tier does not hold it (or `dst` has the
+    /// wrong length), and [`Lookup::Corrupt`] when the stored bytes failed
+    /// verification: the block was then removed and counted, and `dst`
+    /// holds garbage. A hit makes the block the most recently used.
+    pub fn get(&self, key: BlockHash, dst: &mut [u8]) -> Lookup {
+        if dst.len() != self.block_bytes() {
+            tracing::warn!(
+                got = dst.len(),
+                expected = self.block_bytes(),
+                "get into a buffer of the wrong length"
+            );
+            Counters::add(&self.inner.counters.misses, 1);
+            return Lookup::Miss;
+        }
+        let Some(r) = self.acquire(key) else {
+            Counters::add(&self.inner.counters.misses, 1);
+            return Lookup::Miss;
+        };
+        // SAFETY: the reference keeps the slot from being reused or written
+        // while we copy; the slot holds block_bytes bytes and does not
+        // overlap `dst`, which is private memory.
+        let verdict = unsafe {
+            verify::copy_verified(
+                self.inner.slot_ptr(r.slot()),
+                dst,
+                key,
+                self.inner.layer_bytes(),
+                &r.shared_sums().layers,
+            )
+        };
+        if let verify::Verdict::Corrupt(layer) = verdict {
+            self.drop_corrupt(&r, layer);
+            return Lookup::Corrupt;
+        }
+        Counters::add(&self.inner.counters.hits, 1);
+        Counters::add(&self.inner.counters.bytes_out, dst.len() as u64);
+        Lookup::Hit
+    }
+
+    /// Zero-copy access to block `key`: a reference that keeps its slot
+    /// intact (never reused, even if the block is removed or evicted
+    /// meanwhile) until dropped. The bytes are not verified here; call
+    /// [`BlockRef::verify`] before serving them to another party. A hit
+    /// makes the block the most recently used.
+    pub fn get_ref(&self, key: BlockHash) -> Option<BlockRef> {
+        let r = self.acquire(key);
+        let counter = match r {
+            Some(_) => &self.inner.counters.hits,
+            None => &self.inner.counters.misses,
+        };
+        Counters::add(counter, 1);
+        r
+    }
+
+    fn acquire(&self, key: BlockHash) -> Option<BlockRef> {
+        let a = self.inner.book.lock().acquire(key)?;
+        Some(self.inner.block_ref(a))
+    }
+
+    fn drop_corrupt(&self, r: &BlockRef, layer: usize) {
+        let removed = {
+            let mut book = self.inner.book.lock();
+            let removed = book.remove_if_in(r.key(), r.slot());
+            if removed {
+                self.inner.table.clear(r.slot());
+            }
+            removed
+        };
+        self.inner.count_corrupt();
+        tracing::warn!(key = %r.key(), slot = r.slot(), layer, removed, "memory tier block failed verification; dropped");
+    }
+
+    /// Whether block `key` is resident (does not count as a use).
+    pub fn contains(&self, key: BlockHash) -> bool {
+        self.inner.book.lock().contains(key)
+    }
+
+    /// Resident keys, in no particular order.
+    pub fn keys(&self) -> Vec<BlockHash> {
+        self.inner.book.lock().keys()
+    }
+
+    /// Removes block `key` (even if pinned). Its slot is reused only after
+    /// every [`BlockRef`] to it is dropped. Returns whether it was resident.
+    pub fn remove(&self, key: BlockHash) -> bool {
+        let mut book = self.inner.book.lock();
+        match book.remove(key) {
+            Some(slot) => {
+                self.inner.table.clear(slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes a pin on block `key`: a pinned block is never evicted. Pins
+    /// are counted; each needs an [`unpin`](Self::unpin). Returns whether
+    /// the block is resident.
+    pub fn pin(&self, key: BlockHash) -> bool {
+        self.inner.book.lock().pin(key)
+    }
+
+    /// Drops one pin of block `key`. Returns false if the block is not
+    /// resident or not pinned.
+    pub fn unpin(&self, key: BlockHash) -> bool {
+        self.inner.book.lock().unpin(key)
+    }
+
+    /// Records whether block `key` has a copy in a lower tier; only
+    /// persisted blocks are evicted. Returns whether the block is resident.
+    pub fn set_persisted(&self, key: BlockHash, persisted: bool) -> bool {
+        self.inner.book.lock().set_persisted(key, persisted)
+    }
+
+    /// Up to `max` resident blocks that are neither persisted nor pinned,
+    /// coldest first: what to write behind to a lower tier. Each comes as a
+    /// [`BlockRef`], which keeps it from being evicted until dropped. Does
+    /// not count as a use. Scans the whole eviction order in the worst case.
+    pub fn demotion_candidates(&self, max: usize) -> Vec<BlockRef> {
+        let picked = self.inner.book.lock().demotion_candidates(max);
+        picked
+            .into_iter()
+            .map(|a| self.inner.block_ref(a))
+            .collect()
+    }
+
+    /// Evicts up to `n` blocks that are persisted, unpinned and
+    /// unreferenced, coldest first; returns their keys.
+    pub fn evict(&self, n: usize) -> Vec<BlockHash> {
+        let victims = {
+            let mut book = self.inner.book.lock();
+            let victims = book.evict(n);
+            for &(slot, _) in &victims {
+                self.inner.table.clear(slot);
+            }
+            victims
+        };
+        Counters::add(&self.inner.counters.evictions, victims.len() as u64);
+        victims.into_iter().map(|(_, key)| key).collect()
+    }
+
+    /// The slot data area: start and length, e.g. to register it with
+    /// io_uring as a fixed buffer. Slot `i` starts at `i * slot_bytes`.
+    /// Write only into slots you hold a [`SlotReservation`] for.
+    pub fn arena(&self) -> (*mut u8, usize) {
+        (self.inner.data.as_ptr(), self.inner.layout.data_bytes())
+    }
+
+    /// Counters and occupancy.
+    pub fn stats(&self) -> MemoryStats {
+        let mut s = self.inner.counters.snapshot();
+        let book = self.inner.book.lock();
+        s.len = book.len() as u64;
+        s.pinned = book.pinned() as u64;
+        s.capacity = self.inner.layout.slot_count as u64;
+        s
+    }
+}
+
+impl std::fmt::Debug for MemoryTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryTier")
+            .field("path", &self.shm_path())
+            .field("slots", &self.capacity_blocks())
+            .field("slot_bytes", &self.slot_bytes())
+            .finish_non_exhaustive()
+    }
+}

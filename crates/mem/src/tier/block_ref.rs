@@ -1,0 +1,114 @@
+//! [`BlockRef`]: zero-copy access to a resident block.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use kvtier_core::{BlockHash, BlockSums};
+
+use super::Inner;
+use crate::verify;
+
+/// A reference to a block's bytes in the arena.
+///
+/// While any `BlockRef` to a slot is alive, the slot is neither reused nor
+/// written: removing or evicting the block only makes it invisible, and the
+/// slot is freed when the last reference drops. Holding a `BlockRef` also
+/// keeps the block from being evicted. Cloning takes another reference.
+pub struct BlockRef {
+    inner: Arc<Inner>,
+    slot: usize,
+    key: BlockHash,
+    sums: Arc<BlockSums>,
+}
+
+impl BlockRef {
+    /// Wraps a reference already counted in the book.
+    pub(crate) fn new(
+        inner: Arc<Inner>,
+        slot: usize,
+        key: BlockHash,
+        sums: Arc<BlockSums>,
+    ) -> Self {
+        Self {
+            inner,
+            slot,
+            key,
+            sums,
+        }
+    }
+
+    /// The block's key.
+    pub fn key(&self) -> BlockHash {
+        self.key
+    }
+
+    /// The checksums the block was stored with.
+    pub fn sums(&self) -> BlockSums {
+        (*self.sums).clone()
+    }
+
+    /// The checksums, without copying them.
+    pub fn shared_sums(&self) -> &BlockSums {
+        &self.sums
+    }
+
+    /// The slot index in the arena (offset `slot * slot_bytes` of
+    /// [`MemoryTier::arena`](crate::MemoryTier::arena)).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Whether the bytes still match their checksums (hashes the whole block
+    /// in place).
+    pub fn verify(&self) -> bool {
+        verify::verify(self, self.key, self.inner.layer_bytes(), &self.sums.layers).is_intact()
+    }
+}
+
+impl Deref for BlockRef {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the slot holds block_bytes bytes inside the live mapping
+        // (`inner` keeps it mapped); our reference keeps the owner from
+        // reusing or writing the slot, so the bytes do not change while this
+        // borrow lives. (A process that maps the file writable could still
+        // scribble on it; `verify` catches that.)
+        unsafe {
+            std::slice::from_raw_parts(self.inner.slot_ptr(self.slot), self.inner.block_bytes())
+        }
+    }
+}
+
+impl AsRef<[u8]> for BlockRef {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl Clone for BlockRef {
+    fn clone(&self) -> Self {
+        self.inner.add_ref(self.slot);
+        Self {
+            inner: Arc::clone(&self.inner),
+            slot: self.slot,
+            key: self.key,
+            sums: Arc::clone(&self.sums),
+        }
+    }
+}
+
+impl Drop for BlockRef {
+    fn drop(&mut self) {
+        self.inner.release(self.slot);
+    }
+}
+
+impl std::fmt::Debug for BlockRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockRef")
+            .field("key", &self.key)
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}

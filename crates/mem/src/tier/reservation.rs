@@ -1,0 +1,125 @@
+//! [`SlotReservation`]: a slot claimed for a block that is not visible yet.
+
+use std::sync::Arc;
+
+use kvtier_core::{BlockHash, BlockSums};
+
+use super::{Inner, PutOutcome};
+use crate::error::{MemError, Result};
+use crate::verify;
+
+/// A slot reserved for block [`key`](Self::key), to be filled in place and
+/// then [`commit`](Self::commit)ted. Nothing else reads or writes the slot
+/// until then, so its memory can be the target of direct I/O: the address
+/// from [`as_mut_ptr`](Self::as_mut_ptr) is 4096-aligned and stays valid,
+/// at the same place, for as long as the reservation lives (moving the
+/// reservation does not move the memory). Dropping it uncommitted frees the
+/// slot.
+pub struct SlotReservation {
+    inner: Arc<Inner>,
+    slot: usize,
+    key: BlockHash,
+    /// Set once committed or abandoned, so drop does nothing more.
+    done: bool,
+}
+
+impl SlotReservation {
+    /// Wraps a slot the book marked `Filling` for `key`.
+    pub(crate) fn new(inner: Arc<Inner>, slot: usize, key: BlockHash) -> Self {
+        Self {
+            inner,
+            slot,
+            key,
+            done: false,
+        }
+    }
+
+    /// The block this slot is reserved for.
+    pub fn key(&self) -> BlockHash {
+        self.key
+    }
+
+    /// The slot index in the arena.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Start of the slot: `len()` writable bytes, 4096-aligned, stable for
+    /// the reservation's life.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.inner.slot_ptr(self.slot)
+    }
+
+    /// Bytes of the block (the tier's `block_bytes`).
+    pub fn len(&self) -> usize {
+        self.inner.block_bytes()
+    }
+
+    /// Always false: blocks have a positive size.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slot's bytes, to fill.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the slot is `Filling` and this reservation is its only
+        // holder, so nothing else reads or writes these block_bytes bytes
+        // of the live mapping while the borrow of `self` lasts.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+
+    /// The slot's bytes as filled so far.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as in `as_mut_slice`; `&self` excludes our own writes
+        // through safe code for the borrow's duration.
+        unsafe { std::slice::from_raw_parts(self.as_mut_ptr(), self.len()) }
+    }
+
+    /// Verifies the slot's bytes against `sums` and makes the block visible.
+    ///
+    /// Returns [`PutOutcome::Stored`], or [`PutOutcome::AlreadyPresent`] when
+    /// the block became resident through another path meanwhile (this slot
+    /// is then freed). Bytes that do not match `sums` give
+    /// [`MemError::ChecksumMismatch`]: the slot is freed and the failure
+    /// counted as corrupt. Unusable `sums` give [`MemError::BadSums`].
+    pub fn commit(self, sums: &BlockSums) -> Result<PutOutcome> {
+        self.inner.check_sums(self.key, sums)?;
+        let verdict = verify::verify(
+            self.as_slice(),
+            self.key,
+            self.inner.layer_bytes(),
+            &sums.layers,
+        );
+        if let verify::Verdict::Corrupt(layer) = verdict {
+            self.inner.count_corrupt();
+            tracing::warn!(key = %self.key, layer, "reserved slot failed verification on commit");
+            return Err(MemError::ChecksumMismatch { key: self.key });
+        }
+        Ok(self.publish_unverified(sums))
+    }
+
+    /// Makes the block visible without hashing it (for `put`, whose caller
+    /// vouches for the sums of bytes it just handed over).
+    pub(crate) fn publish_unverified(mut self, sums: &BlockSums) -> PutOutcome {
+        self.done = true;
+        self.inner.publish(self.slot, self.key, sums)
+    }
+}
+
+impl Drop for SlotReservation {
+    fn drop(&mut self) {
+        if !self.done {
+            self.inner.abandon(self.slot);
+        }
+    }
+}
+
+impl std::fmt::Debug for SlotReservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotReservation")
+            .field("key", &self.key)
+            .field("slot", &self.slot)
+            .field("len", &self.len())
+            .finish()
+    }
+}
