@@ -1,1 +1,65 @@
-fn main() {}
+//! `kvtier`: the node's KV-cache store, its benchmarks and tools.
+//!
+//! A thin binary over the library crates: it parses arguments, loads the
+//! configuration (file, then `KVTIER_*` environment overrides, then flags)
+//! and hands off to `serve` or `bench`.
+
+mod bench;
+mod config;
+mod serve;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+/// kvtier: a tiered KV-cache store for LLM serving engines.
+#[derive(Parser)]
+#[command(name = "kvtier", version, about)]
+struct Cli {
+    /// Configuration file (TOML). Default: $KVTIER_CONFIG, else ./kvtier.toml
+    /// if it exists, else built-in defaults. `KVTIER_<SECTION>__<KEY>`
+    /// environment variables override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the node store (DRAM + disk tiers) until Ctrl-C or SIGTERM, then
+    /// flush DRAM to disk and checkpoint.
+    Serve(serve::ServeArgs),
+    /// Benchmarks that run their baselines in the same run and print ratios.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Print the effective configuration (file + environment + defaults).
+    Config,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    // Benchmarks print their own progress; only warnings from the library.
+    let default_level = if matches!(cli.command, Command::Bench(_)) {
+        "warn"
+    } else {
+        "info"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("KVTIER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Serve(args) => serve::run(cli.config.as_deref(), args),
+        Command::Bench(cmd) => bench::run(cmd),
+        Command::Config => {
+            let cfg = config::load(cli.config.as_deref())?;
+            print!("{}", cfg.to_toml());
+            Ok(())
+        }
+    }
+}

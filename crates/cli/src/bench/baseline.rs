@@ -1,0 +1,272 @@
+//! Baselines the store is compared against, measured in the same run on the
+//! same directory: a plain io_uring loop (written here against the
+//! `io-uring` crate directly, not through kvtier's engine, so it shares none
+//! of our code), fio when it is installed, and single-thread memcpy.
+
+use anyhow::{Context, Result, bail};
+use io_uring::{IoUring, opcode, types};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::measure::{Latencies, Side, process_cpu_time};
+use kvtier_io::AlignedBuf;
+
+/// Access pattern of a raw I/O baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Sequential writes from offset 0, wrapping at the file's end.
+    SeqWrite,
+    /// Reads at uniformly random aligned offsets.
+    RandRead,
+}
+
+/// Opens (creating and preallocating) `path` for direct I/O.
+pub fn open_direct_file(path: &Path, size: u64) -> Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("open {}", path.display()))?;
+    // SAFETY: fallocate on a valid fd with valid arguments.
+    let rc = unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, size as libc::off_t) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        bail!("fallocate {} bytes on {}: {e}", size, path.display());
+    }
+    Ok(f)
+}
+
+/// Runs `ops` operations of `object_bytes` on `file` (of `file_size` bytes)
+/// keeping `qd` in flight, with registered buffers, and returns its figures.
+pub fn uring(
+    file: &File,
+    file_size: u64,
+    object_bytes: u64,
+    qd: u32,
+    ops: u64,
+    pattern: Pattern,
+) -> Result<Side> {
+    let qd = qd.max(1);
+    // Buffers are declared before the ring so that on any early return the
+    // ring (and with it every in-flight operation) is torn down first.
+    let mut bufs: Vec<AlignedBuf> = (0..qd)
+        .map(|i| {
+            let mut b = AlignedBuf::zeroed(object_bytes as usize, 4096);
+            b.fill(i as u8 ^ 0x5a);
+            b
+        })
+        .collect();
+    let iov: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: b.len(),
+        })
+        .collect();
+    let mut ring =
+        IoUring::new(qd.next_power_of_two()).context("io_uring_setup for the baseline")?;
+    // SAFETY: the buffers outlive the ring (declared before it, dropped after).
+    let fixed = unsafe { ring.submitter().register_buffers(&iov) }.is_ok();
+    let slots = file_size / object_bytes;
+    if slots == 0 {
+        bail!("file smaller than one object");
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    let fd = types::Fd(file.as_raw_fd());
+    let mut started = vec![Instant::now(); qd as usize];
+    let mut lat = Latencies::default();
+    let (mut submitted, mut done, mut seq) = (0u64, 0u64, 0u64);
+    let mut free: Vec<u32> = (0..qd).collect();
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    while done < ops {
+        while submitted < ops {
+            let Some(slot) = free.pop() else { break };
+            let offset = match pattern {
+                Pattern::SeqWrite => {
+                    let o = (seq % slots) * object_bytes;
+                    seq += 1;
+                    o
+                }
+                Pattern::RandRead => rng.random_range(0..slots) * object_bytes,
+            };
+            let ptr = bufs[slot as usize].as_mut_ptr();
+            let len = object_bytes as u32;
+            let entry = match (pattern, fixed) {
+                (Pattern::SeqWrite, true) => opcode::WriteFixed::new(fd, ptr, len, slot as u16)
+                    .offset(offset)
+                    .build(),
+                (Pattern::SeqWrite, false) => {
+                    opcode::Write::new(fd, ptr, len).offset(offset).build()
+                }
+                (Pattern::RandRead, true) => opcode::ReadFixed::new(fd, ptr, len, slot as u16)
+                    .offset(offset)
+                    .build(),
+                (Pattern::RandRead, false) => {
+                    opcode::Read::new(fd, ptr, len).offset(offset).build()
+                }
+            };
+            started[slot as usize] = Instant::now();
+            // SAFETY: the buffer stays alive and untouched until its CQE.
+            unsafe { ring.submission().push(&entry.user_data(slot as u64)) }
+                .map_err(|_| anyhow::anyhow!("submission queue full"))?;
+            submitted += 1;
+        }
+        ring.submit_and_wait(1).context("io_uring_enter")?;
+        for cqe in ring.completion() {
+            let slot = cqe.user_data() as u32;
+            if cqe.result() != object_bytes as i32 {
+                bail!("baseline I/O failed: result {}", cqe.result());
+            }
+            lat.push(started[slot as usize].elapsed());
+            free.push(slot);
+            done += 1;
+        }
+    }
+    let wall = t0.elapsed();
+    let cpu = process_cpu_time() - cpu0;
+    drop(ring); // the ring goes before the buffers it may reference
+    drop(bufs);
+    let what = format!(
+        "raw io_uring O_DIRECT{} {:?}",
+        if fixed { " fixed-buffers" } else { "" },
+        pattern
+    );
+    Ok(Side::from_run(
+        what,
+        ops * object_bytes,
+        ops,
+        wall,
+        cpu,
+        &mut lat,
+    ))
+}
+
+/// Direction of a memcpy baseline, matching the tier operation it is the
+/// baseline of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPattern {
+    /// One hot source buffer into slots cycling through a pool (as a put).
+    Scatter,
+    /// Slots picked across a pool into one destination buffer (as a get).
+    Gather,
+}
+
+/// Single-thread memcpy of `object_bytes` blocks between one buffer and a
+/// pool of `pool_bytes`, `ops` times, in the order the tier benchmark uses:
+/// the DRAM baseline.
+pub fn memcpy(object_bytes: usize, pool_bytes: usize, ops: u64, pattern: CopyPattern) -> Side {
+    let n = (pool_bytes / object_bytes).max(1);
+    let mut pool = AlignedBuf::zeroed(n * object_bytes, 4096);
+    for (i, b) in pool.iter_mut().enumerate() {
+        *b = (i * 131 + 7) as u8;
+    }
+    let mut one = AlignedBuf::zeroed(object_bytes, 4096);
+    one.fill(3);
+    let mut lat = Latencies::default();
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    for i in 0..ops as usize {
+        let t = Instant::now();
+        match pattern {
+            CopyPattern::Scatter => {
+                let d = i % n * object_bytes;
+                pool[d..d + object_bytes].copy_from_slice(&one);
+            }
+            CopyPattern::Gather => {
+                let s = (i * 7919) % n * object_bytes;
+                one.copy_from_slice(&pool[s..s + object_bytes]);
+            }
+        }
+        lat.push(t.elapsed());
+    }
+    std::hint::black_box((&pool, &one));
+    let wall = t0.elapsed();
+    let what = match pattern {
+        CopyPattern::Scatter => "memcpy (single thread, one buffer into a pool)",
+        CopyPattern::Gather => "memcpy (single thread, a pool into one buffer)",
+    };
+    Side::from_run(
+        what,
+        ops * object_bytes as u64,
+        ops,
+        wall,
+        process_cpu_time() - cpu0,
+        &mut lat,
+    )
+}
+
+/// fio's figures for one pattern.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct FioResult {
+    /// Bandwidth, MB/s (10^6 B).
+    pub mb_s: f64,
+    /// fio's CPU (user + system) per I/O, microseconds.
+    pub cpu_us_per_io: f64,
+}
+
+/// Runs fio for the same pattern if it is installed; `None` when it is not
+/// (or fails), so the benchmark still runs on a bare machine.
+pub fn fio(
+    path: &Path,
+    file_size: u64,
+    object_bytes: u64,
+    qd: u32,
+    pattern: Pattern,
+    runtime: Duration,
+) -> Option<FioResult> {
+    let rw = match pattern {
+        Pattern::SeqWrite => "write",
+        Pattern::RandRead => "randread",
+    };
+    let out = Command::new("fio")
+        .args([
+            "--name=kvtier-baseline",
+            &format!("--filename={}", path.display()),
+            &format!("--size={file_size}"),
+            &format!("--bs={object_bytes}"),
+            &format!("--iodepth={qd}"),
+            &format!("--rw={rw}"),
+            "--direct=1",
+            "--ioengine=io_uring",
+            "--fixedbufs=1",
+            "--time_based=1",
+            &format!("--runtime={}ms", runtime.as_millis().max(200)),
+            "--output-format=json",
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let job = &v["jobs"][0];
+    let side = if pattern == Pattern::SeqWrite {
+        "write"
+    } else {
+        "read"
+    };
+    // fio reports bw_bytes in bytes per second, CPU as percentages of the
+    // job's runtime (milliseconds).
+    let mb_s = job[side]["bw_bytes"].as_f64()? / 1e6;
+    let ios = job[side]["total_ios"].as_f64().unwrap_or(0.0);
+    let cpu_pct = job["usr_cpu"].as_f64().unwrap_or(0.0) + job["sys_cpu"].as_f64().unwrap_or(0.0);
+    let runtime_us = job["job_runtime"].as_f64().unwrap_or(0.0) * 1000.0;
+    let cpu_us_per_io = if ios > 0.0 {
+        cpu_pct / 100.0 * runtime_us / ios
+    } else {
+        0.0
+    };
+    Some(FioResult {
+        mb_s,
+        cpu_us_per_io,
+    })
+}

@@ -1,0 +1,568 @@
+//! `kvtier bench store`: the store's tiers against their baselines.
+//!
+//! For each object size (128 KiB objects, 2 MiB Llama-3-8B blocks, and
+//! per-layer reads of those blocks) it measures, in one run on one
+//! directory: the raw io_uring baseline (sequential write, then random read)
+//! and fio when installed, then the disk tier's batched writes and verified
+//! reads, then memcpy and the DRAM tier's put and verified get. It prints
+//! bandwidth, IOPS, p50/p99 latency, CPU per I/O and store/baseline ratios.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
+use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+use kvtier_io::{AlignedBuf, IoEngine};
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
+
+use super::baseline::{self, CopyPattern, Pattern};
+use super::measure::{Case, Latencies, Side, process_cpu_time};
+
+/// Arguments of `kvtier bench store`.
+#[derive(Args)]
+pub struct StoreBenchArgs {
+    /// Directory to benchmark (put it on the device you care about).
+    /// Default: a fresh directory under the system temp dir.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Bytes moved per case and direction, e.g. 1GiB.
+    #[arg(long, default_value = "1GiB")]
+    size: String,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 32)]
+    queue_depth: u32,
+    /// I/O engine of the store: auto, io_uring or psync.
+    #[arg(long, default_value = "auto")]
+    io_engine: String,
+    /// Tiny sizes for a smoke run (CI).
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Skip fio even if it is installed.
+    #[arg(long)]
+    no_fio: bool,
+}
+
+struct Plan {
+    dir: PathBuf,
+    bytes: u64,
+    qd: u32,
+    region_size: u64,
+    use_fio: bool,
+    dram_pool: usize,
+}
+
+/// Runs the benchmark.
+pub fn run(args: StoreBenchArgs) -> Result<()> {
+    let bytes: u64 = if args.quick {
+        16 << 20
+    } else {
+        args.size
+            .parse::<kvtier_core::ByteSize>()
+            .context("--size")?
+            .bytes()
+    };
+    let engine_kind = match args.io_engine.as_str() {
+        "auto" => IoEngineKind::Auto,
+        "io_uring" | "uring" => IoEngineKind::IoUring,
+        "psync" => IoEngineKind::Psync,
+        other => bail!("unknown --io-engine {other:?}: use auto, io_uring or psync"),
+    };
+    let owned_tmp;
+    let dir = match args.dir {
+        Some(d) => d,
+        None => {
+            owned_tmp = std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()));
+            owned_tmp
+        }
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let plan = Plan {
+        dir: dir.clone(),
+        bytes: bytes.max(8 << 20),
+        qd: args.queue_depth.max(1),
+        region_size: if args.quick { 4 << 20 } else { 64 << 20 },
+        use_fio: !args.no_fio && !args.quick,
+        dram_pool: if args.quick { 16 << 20 } else { 1 << 30 },
+    };
+    let engine =
+        kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
+    if !args.json {
+        eprintln!(
+            "kvtier bench store: dir {}, {} MiB per case, queue depth {}, engine {}",
+            dir.display(),
+            plan.bytes >> 20,
+            plan.qd,
+            engine.name()
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut cases = Vec::new();
+    let obj128 = Geometry::raw(1, 128 << 10)?;
+    let llama = ModelPreset::Llama3_8B.geometry(16);
+    for (label, geometry) in [("128k", obj128), ("2m", llama)] {
+        cases.extend(rt.block_on(disk_cases(
+            &plan,
+            engine.clone(),
+            label,
+            geometry,
+            !args.json,
+        ))?);
+        cases.extend(dram_cases(&plan, label, geometry, !args.json)?);
+    }
+    let _ = std::fs::remove_dir_all(dir.join("bench-disk"));
+    if args.json {
+        let out = serde_json::json!({
+            "dir": dir.display().to_string(),
+            "engine": engine.name(),
+            "queue_depth": plan.qd,
+            "bytes_per_case": plan.bytes,
+            "cases": cases,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&cases);
+    }
+    Ok(())
+}
+
+fn progress(show: bool, what: &str) {
+    if show {
+        eprintln!("  running {what} ...");
+    }
+}
+
+/// Disk cases for one geometry: write, read, and (for layered blocks)
+/// per-layer reads.
+async fn disk_cases(
+    plan: &Plan,
+    engine: Arc<dyn IoEngine>,
+    label: &str,
+    geometry: Geometry,
+    show: bool,
+) -> Result<Vec<Case>> {
+    let block = geometry.block_bytes();
+    let nblocks = (plan.bytes / block).max(plan.qd as u64 * 2);
+    let data_bytes = nblocks * block;
+    let qd = plan.qd;
+    let mut out = Vec::new();
+
+    // Baselines on a plain file in the same directory.
+    let base_path = plan.dir.join(format!("baseline-{label}.dat"));
+    let file = baseline::open_direct_file(&base_path, data_bytes)?;
+    progress(show, &format!("baseline sequential write {label}"));
+    let bw = baseline::uring(&file, data_bytes, block, qd, nblocks, Pattern::SeqWrite)?;
+    let fio_w = plan
+        .use_fio
+        .then(|| {
+            baseline::fio(
+                &base_path,
+                data_bytes,
+                block,
+                qd,
+                Pattern::SeqWrite,
+                Duration::from_secs(3),
+            )
+        })
+        .flatten();
+    progress(show, &format!("baseline random read {label}"));
+    let br = baseline::uring(&file, data_bytes, block, qd, nblocks, Pattern::RandRead)?;
+    let fio_r = plan
+        .use_fio
+        .then(|| {
+            baseline::fio(
+                &base_path,
+                data_bytes,
+                block,
+                qd,
+                Pattern::RandRead,
+                Duration::from_secs(3),
+            )
+        })
+        .flatten();
+    let layer = geometry.layer_bytes();
+    let layered = geometry.layers > 1;
+    let bl = if layered {
+        progress(
+            show,
+            &format!("baseline random read of {}-byte layers", layer),
+        );
+        Some(baseline::uring(
+            &file,
+            data_bytes,
+            layer,
+            qd,
+            nblocks,
+            Pattern::RandRead,
+        )?)
+    } else {
+        None
+    };
+    let fio_l = (layered && plan.use_fio)
+        .then(|| {
+            baseline::fio(
+                &base_path,
+                data_bytes,
+                layer,
+                qd,
+                Pattern::RandRead,
+                Duration::from_secs(3),
+            )
+        })
+        .flatten();
+    drop(file);
+    let _ = std::fs::remove_file(&base_path);
+
+    // The disk tier on the same directory.
+    let tier_dir = plan.dir.join("bench-disk").join(label);
+    let _ = std::fs::remove_dir_all(&tier_dir);
+    std::fs::create_dir_all(&tier_dir)?;
+    let region = plan.region_size.max(block * 4 + (64 << 10));
+    let capacity = ((data_bytes * 5 / 4) / region + 4) * region;
+    let cfg = DiskTierConfig {
+        dirs: vec![tier_dir.clone()],
+        capacity_per_dir: capacity,
+        region_size: region,
+        geometry,
+        eviction: RegionEvictionKind::Fifo,
+        reinsert_hot: false,
+        checkpoint_interval: Duration::ZERO,
+        sync: false,
+        register_buffers: true,
+        reset: true,
+        buffers_per_dir: 2,
+    };
+    let tier = DiskTier::open(cfg, engine.clone()).context("opening the disk tier")?;
+
+    // Source blocks: a few distinct buffers cycled over many keys; sums are
+    // computed up front (the store carries them; it does not hash on write).
+    let sources: Vec<Vec<u8>> = (0..8u8)
+        .map(|s| {
+            (0..block as usize)
+                .map(|i| (i as u8).wrapping_mul(31) ^ s)
+                .collect()
+        })
+        .collect();
+    let keys: Vec<BlockHash> = (0..nblocks)
+        .map(|i| BlockHash(0xb10c_0000_0000 + i as u128))
+        .collect();
+    let sums: Vec<BlockSums> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            BlockSums::compute(
+                *k,
+                geometry.layer_bytes() as usize,
+                &sources[i % sources.len()],
+            )
+        })
+        .collect();
+
+    progress(show, &format!("disk tier batched writes {label}"));
+    let batch = (qd as usize).max(1);
+    let mut lat = Latencies::default();
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    for chunk in (0..nblocks as usize).collect::<Vec<_>>().chunks(batch) {
+        let puts: Vec<DiskPut<'_>> = chunk
+            .iter()
+            .map(|&i| DiskPut {
+                key: keys[i],
+                data: &sources[i % sources.len()],
+                sums: &sums[i],
+            })
+            .collect();
+        let t = Instant::now();
+        let res = tier.put_batch(&puts).await;
+        lat.push_n(t.elapsed(), puts.len());
+        if let Some(Err(e)) = res.into_iter().find(|r| r.is_err()) {
+            bail!("disk tier write failed: {e}");
+        }
+    }
+    let store_w = Side::from_run(
+        "disk tier put_batch",
+        data_bytes,
+        nblocks,
+        t0.elapsed(),
+        process_cpu_time() - cpu0,
+        &mut lat,
+    );
+    out.push(Case::new(
+        &format!("disk_write_{label}"),
+        block,
+        qd,
+        bw,
+        store_w,
+        fio_w,
+    ));
+
+    progress(show, &format!("disk tier verified random reads {label}"));
+    let store_r = read_side(&tier, &keys, block as usize, qd, nblocks, None).await?;
+    out.push(Case::new(
+        &format!("disk_read_{label}"),
+        block,
+        qd,
+        br,
+        store_r,
+        fio_r,
+    ));
+
+    if let Some(bl) = bl {
+        progress(show, &format!("disk tier verified per-layer reads {label}"));
+        let store_l = read_side(
+            &tier,
+            &keys,
+            layer as usize,
+            qd,
+            nblocks,
+            Some(geometry.layers),
+        )
+        .await?;
+        out.push(Case::new(
+            &format!("disk_read_layer_{label}"),
+            layer,
+            qd,
+            bl,
+            store_l,
+            fio_l,
+        ));
+    }
+    let _ = tier.close().await;
+    Ok(out)
+}
+
+/// Random verified reads through the disk tier, `ops` blocks (or single
+/// layers of blocks when `layers` is set), two batches of `qd / 2` in flight
+/// so the device queue never drains between batches.
+async fn read_side(
+    tier: &DiskTier,
+    keys: &[BlockHash],
+    len: usize,
+    qd: u32,
+    ops: u64,
+    layers: Option<u32>,
+) -> Result<Side> {
+    let per_batch = ((qd / 2).max(1)) as usize;
+    let workers = 2usize;
+    let per_worker = ops as usize / workers;
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let tier = tier.clone();
+        let keys = keys.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(w as u64 + 1);
+            let mut lat = Latencies::default();
+            let mut bufs: Vec<AlignedBuf> = (0..per_batch)
+                .map(|_| AlignedBuf::zeroed(len, 4096))
+                .collect();
+            let mut done = 0usize;
+            let mut misses = 0usize;
+            while done < per_worker {
+                let n = per_batch.min(per_worker - done);
+                let layer = layers.map(|l| rng.random_range(0..l));
+                let reqs: Vec<(BlockHash, AlignedBuf)> = bufs
+                    .drain(..n)
+                    .map(|b| (keys[rng.random_range(0..keys.len())], b))
+                    .collect();
+                let t = Instant::now();
+                let res = match layer {
+                    Some(l) => tier.read_layers(reqs, l..l + 1).await,
+                    None => tier.get_batch(reqs).await,
+                };
+                lat.push_n(t.elapsed(), n);
+                for (b, lookup) in res {
+                    if !lookup.is_hit() {
+                        misses += 1;
+                    }
+                    bufs.push(b);
+                }
+                done += n;
+            }
+            (lat, misses)
+        }));
+    }
+    let mut lat = Latencies::default();
+    let mut misses = 0;
+    for t in tasks {
+        let (l, m) = t.await?;
+        lat.0.extend(l.0);
+        misses += m;
+    }
+    if misses > 0 {
+        bail!("{misses} reads missed or failed verification in the benchmark");
+    }
+    let n = (per_worker * workers) as u64;
+    let what = if layers.is_some() {
+        "disk tier read_layers (verified)"
+    } else {
+        "disk tier get_batch (verified)"
+    };
+    Ok(Side::from_run(
+        what,
+        n * len as u64,
+        n,
+        t0.elapsed(),
+        process_cpu_time() - cpu0,
+        &mut lat,
+    ))
+}
+
+/// DRAM cases: memcpy vs the memory tier's put (copy into a shared-memory
+/// slot) and verified get (copy out while checking checksums).
+fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Result<Vec<Case>> {
+    let block = geometry.block_bytes() as usize;
+    // A pool well past the last-level cache (so both sides copy from DRAM),
+    // unless the run is small.
+    let pool = plan.dram_pool.min(plan.bytes as usize).max(block * 4);
+    let nslots = pool / block;
+    let ops = ((plan.bytes as usize / block).max(nslots * 2)) as u64;
+    progress(show, &format!("memcpy baselines {label}"));
+    let base_put = baseline::memcpy(block, pool, ops, CopyPattern::Scatter);
+    let base_get = baseline::memcpy(block, pool, ops, CopyPattern::Gather);
+    let name = format!("kvtier-bench-{}-{label}", std::process::id());
+    let cfg = MemoryTierConfig {
+        shm_name: name,
+        capacity_bytes: (nslots * geometry.block_bytes() as usize) as u64,
+        block_bytes: block,
+        layer_bytes: geometry.layer_bytes() as usize,
+        hugepages: false,
+        policy: kvtier_core::EvictionPolicyKind::Lru,
+    };
+    let mem = MemoryTier::create(cfg).context("creating the memory tier")?;
+    let nslots = mem.capacity_blocks();
+    let src: Vec<u8> = (0..block).map(|i| (i as u8).wrapping_mul(13)).collect();
+    let keys: Vec<BlockHash> = (0..nslots as u128)
+        .map(|i| BlockHash(0xd7a0_0000 + i))
+        .collect();
+    let sums: Vec<BlockSums> = keys
+        .iter()
+        .map(|k| BlockSums::compute(*k, geometry.layer_bytes() as usize, &src))
+        .collect();
+    // Warm the arena once (first touch of shared memory is not what we measure).
+    for (k, s) in keys.iter().zip(&sums) {
+        mem.put(*k, &src, s)?;
+    }
+    progress(show, &format!("memory tier put {label}"));
+    let mut lat = Latencies::default();
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    for i in 0..ops as usize {
+        let k = keys[i % nslots];
+        mem.remove(k);
+        let t = Instant::now();
+        mem.put(k, &src, &sums[i % nslots])?;
+        lat.push(t.elapsed());
+    }
+    let put = Side::from_run(
+        "memory tier put (copy into shared memory)",
+        ops * block as u64,
+        ops,
+        t0.elapsed(),
+        process_cpu_time() - cpu0,
+        &mut lat,
+    );
+    progress(show, &format!("memory tier verified get {label}"));
+    let mut dst = AlignedBuf::zeroed(block, 4096);
+    let mut lat = Latencies::default();
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    for i in 0..ops as usize {
+        let t = Instant::now();
+        let l = mem.get(keys[(i * 7919) % nslots], &mut dst);
+        lat.push(t.elapsed());
+        if !l.is_hit() {
+            bail!("memory tier get missed in the benchmark");
+        }
+    }
+    let get = Side::from_run(
+        "memory tier get (verified copy)",
+        ops * block as u64,
+        ops,
+        t0.elapsed(),
+        process_cpu_time() - cpu0,
+        &mut lat,
+    );
+    Ok(vec![
+        Case::new(
+            &format!("dram_put_{label}"),
+            block as u64,
+            1,
+            base_put,
+            put,
+            None,
+        ),
+        Case::new(
+            &format!("dram_get_{label}"),
+            block as u64,
+            1,
+            base_get,
+            get,
+            None,
+        ),
+    ])
+}
+
+fn print_table(cases: &[Case]) {
+    println!(
+        "{:<22} {:>8} {:>10} {:>11} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "case",
+        "object",
+        "base MB/s",
+        "kvtier MB/s",
+        "ratio",
+        "kv IOPS",
+        "p50 us",
+        "p99 us",
+        "cpu us/io",
+        "base cpu",
+        "fio MB/s",
+        "fio cpu"
+    );
+    for c in cases {
+        println!(
+            "{:<22} {:>8} {:>10.0} {:>11.0} {:>6.2} {:>9.0} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>9} {:>9}",
+            c.name,
+            human(c.object_bytes),
+            c.baseline_mb_s,
+            c.store_mb_s,
+            c.ratio,
+            c.store.iops,
+            c.store.p50_us,
+            c.store.p99_us,
+            c.cpu_us_per_io,
+            c.baseline.cpu_us_per_io,
+            c.fio_mb_s.map_or("-".to_string(), |f| format!("{f:.0}")),
+            c.fio_cpu_us_per_io
+                .map_or("-".to_string(), |f| format!("{f:.2}")),
+        );
+    }
+    println!(
+        "\nbaselines: {}",
+        cases
+            .iter()
+            .map(|c| format!("{} = {}", c.name, c.baseline.what))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+fn human(b: u64) -> String {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}

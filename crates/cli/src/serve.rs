@@ -1,0 +1,87 @@
+//! `kvtier serve`: the node store as a long-running process.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kvtier_store::Store;
+
+/// Arguments of `kvtier serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Data directory (overrides `serve.data_dir`); the disk tier lives in
+    /// `<data-dir>/disk` unless `disk.dirs` is set.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Seconds between statistics lines in the log (0: none).
+    #[arg(long, default_value_t = 60)]
+    stats_interval: u64,
+}
+
+/// Runs the store until a shutdown signal, then flushes and checkpoints.
+pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
+    let mut config = crate::config::load(config_path)?;
+    if let Some(d) = args.data_dir {
+        config.serve.data_dir = d;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let geometry = config.geometry.resolve()?;
+        for dir in config.disk_dirs() {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let store = Store::open(&config).await.context("opening the store")?;
+        let disk = store
+            .disk()
+            .map(|d| (d.len(), d.capacity_blocks()))
+            .unwrap_or_default();
+        tracing::info!(
+            geometry = %geometry,
+            shm = %store.memory().shm_path().display(),
+            dram_blocks = store.memory().capacity_blocks(),
+            disk_blocks = disk.1,
+            recovered_blocks = disk.0,
+            data_dir = %config.serve.data_dir.display(),
+            "kvtier serving; Ctrl-C or SIGTERM to stop"
+        );
+        wait_for_shutdown(&store, args.stats_interval).await;
+        tracing::info!("shutting down: writing DRAM blocks to disk and checkpointing");
+        store.close().await.context("closing the store")?;
+        log_stats(&store);
+        tracing::info!("stopped cleanly");
+        Ok(())
+    })
+}
+
+async fn wait_for_shutdown(store: &Store, stats_interval: u64) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let mut tick = tokio::time::interval(Duration::from_secs(stats_interval.max(1)));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => return,
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => return,
+            _ = tick.tick(), if stats_interval > 0 => log_stats(store),
+        }
+    }
+}
+
+fn log_stats(store: &Store) {
+    let s = store.stats();
+    tracing::info!(
+        puts = s.puts,
+        hits_memory = s.hits_memory,
+        hits_disk = s.hits_disk,
+        misses = s.misses,
+        corrupt_memory = s.corrupt_memory,
+        corrupt_disk = s.corrupt_disk,
+        demotions = s.demotions,
+        demotion_errors = s.demotion_errors,
+        promotions = s.promotions,
+        "stats"
+    );
+}
