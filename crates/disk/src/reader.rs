@@ -1,0 +1,283 @@
+//! The read path: whole blocks and layer ranges, all of a call in one I/O
+//! batch, every byte verified.
+//!
+//! For each request the index entry is looked up and, under the same shard
+//! lock, the region's reader count is raised ([`Index::pin`]); the count is
+//! held by a [`ReaderPin`] that travels with the batch as an owner, so it is
+//! released when the I/O is over even if the caller is cancelled. Targets
+//! whose address, file offset and length suit direct I/O are read into
+//! directly; others get an aligned bounce buffer and a copy. Layer reads
+//! also read the slot header in the same batch and trust its layer sums only
+//! if they combine to the index's block checksum.
+//!
+//! Any failure (I/O error, short read of a truncated file, checksum
+//! mismatch, a header that does not verify) is [`Lookup::Corrupt`]: the
+//! index entry is dropped (if it still points at the slot read) and counted.
+//!
+//! [`Index::pin`]: crate::index::Index::pin
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use kvtier_core::{BlockHash, Lookup, combine_layer_checksums, layer_checksum};
+use kvtier_io::{AlignedBuf, BatchDone, DmaTarget, IoBatch, IoKind, IoOp};
+
+use crate::format::{SlotHeader, round_up};
+use crate::index::Entry;
+use crate::stats::add;
+use crate::tier::Shared;
+
+/// Holds a region's reader count while a read of it is in flight.
+struct ReaderPin {
+    shared: Arc<Shared>,
+    dir: u8,
+    region: u32,
+}
+
+impl Drop for ReaderPin {
+    fn drop(&mut self) {
+        if let Some(r) = self.shared.region(self.dir, self.region) {
+            r.latch.exit();
+        }
+    }
+}
+
+/// Where a request's bytes land.
+enum Dest<T> {
+    /// Read straight into the target, owner `owner` of the batch.
+    Direct { owner: usize },
+    /// Read into bounce buffer `owner`; the wanted bytes start at `skip`.
+    Bounce {
+        owner: usize,
+        skip: usize,
+        target: T,
+    },
+}
+
+/// A request that needs I/O.
+struct Planned<T> {
+    pos: usize,
+    key: BlockHash,
+    entry: Entry,
+    data_op: usize,
+    dest: Dest<T>,
+    /// Op and owner index of the slot header read (layer reads).
+    header: Option<(usize, usize)>,
+}
+
+/// The body of `get_batch` (`layers == None`) and `read_layers`.
+pub(crate) async fn read<T: DmaTarget>(
+    shared: &Arc<Shared>,
+    reqs: Vec<(BlockHash, T)>,
+    layers: Option<Range<u32>>,
+) -> Vec<(T, Lookup)> {
+    let l = &shared.layout;
+    let n = reqs.len();
+    let (range, want_len) = match &layers {
+        None => (0..l.block_bytes, l.block_bytes),
+        Some(r) => {
+            if r.start >= r.end || r.end > l.layers {
+                tracing::warn!(
+                    ?r,
+                    layers = l.layers,
+                    "read_layers with an invalid layer range"
+                );
+                add(&shared.stats.misses, n as u64);
+                return reqs.into_iter().map(|(_, t)| (t, Lookup::Miss)).collect();
+            }
+            let start = r.start as u64 * l.layer_bytes;
+            let end = r.end as u64 * l.layer_bytes;
+            (start..end, end - start)
+        }
+    };
+    let mut out: Vec<Option<(T, Lookup)>> = (0..n).map(|_| None).collect();
+    let mut planned: Vec<Planned<T>> = Vec::new();
+    let mut batch = IoBatch::with_capacity(n * if layers.is_some() { 2 } else { 1 });
+    let mut owners = 0usize;
+    for (pos, (key, mut target)) in reqs.into_iter().enumerate() {
+        if target.len() as u64 != want_len {
+            tracing::warn!(%key, len = target.len(), want = want_len, "read target of the wrong length");
+            add(&shared.stats.misses, 1);
+            out[pos] = Some((target, Lookup::Miss));
+            continue;
+        }
+        let entry = shared.index.pin(key, |e| {
+            shared
+                .region(e.loc.dir, e.loc.region)
+                .is_some_and(|r| r.latch.try_enter())
+        });
+        let Some(entry) = entry else {
+            add(&shared.stats.misses, 1);
+            out[pos] = Some((target, Lookup::Miss));
+            continue;
+        };
+        let dir = &shared.dirs[entry.loc.dir as usize];
+        let off = l.data_offset(entry.loc.region, entry.loc.slot) + range.start;
+        let a = shared.align;
+        let direct = (target.as_mut_ptr() as usize).is_multiple_of(a.mem)
+            && off.is_multiple_of(a.offset as u64)
+            && want_len.is_multiple_of(a.offset as u64);
+        let data_op = batch.len();
+        let dest = if direct {
+            let op = IoOp {
+                kind: IoKind::Read,
+                file: dir.file,
+                offset: off,
+                buf: target.as_mut_ptr(),
+                len: want_len as u32,
+            };
+            // SAFETY: the target is valid for len() bytes at a stable address
+            // (DmaTarget's contract) and is owned by the batch from here on.
+            unsafe { batch.push(op) };
+            batch.keep_alive(target);
+            owners += 1;
+            Dest::Direct { owner: owners - 1 }
+        } else {
+            let step = a.offset as u64;
+            let from = off / step * step;
+            let to = round_up(off + want_len, step);
+            let buf = AlignedBuf::zeroed((to - from) as usize, a.mem.max(4096));
+            batch.read_owned(dir.file, from, buf);
+            owners += 1;
+            Dest::Bounce {
+                owner: owners - 1,
+                skip: (off - from) as usize,
+                target,
+            }
+        };
+        let header = layers.as_ref().map(|_| {
+            let op = batch.len();
+            let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, a.mem.max(4096));
+            batch.read_owned(
+                dir.file,
+                l.slot_offset(entry.loc.region, entry.loc.slot),
+                buf,
+            );
+            owners += 1;
+            (op, owners - 1)
+        });
+        batch.keep_alive(ReaderPin {
+            shared: shared.clone(),
+            dir: entry.loc.dir,
+            region: entry.loc.region,
+        });
+        owners += 1;
+        planned.push(Planned {
+            pos,
+            key,
+            entry,
+            data_op,
+            dest,
+            header,
+        });
+    }
+    if !planned.is_empty() {
+        add(&shared.stats.read_ios, batch.len() as u64);
+        let mut done = shared.engine.submit(batch).await;
+        let complete = done.results.len() == done.ops.len() && !done.ops.is_empty();
+        for p in planned {
+            let result = finish(shared, &mut done, complete, p, &layers);
+            if let Some((pos, t, lookup)) = result {
+                out[pos] = Some((t, lookup));
+            }
+        }
+        // Dropping `done` releases the reader pins.
+        drop(done);
+    }
+    let results: Vec<(T, Lookup)> = out.into_iter().flatten().collect();
+    if results.len() != n {
+        tracing::error!(
+            lost = n - results.len(),
+            "the I/O engine lost read targets (it shut down mid-batch)"
+        );
+    }
+    results
+}
+
+/// Verifies one request's bytes and decides its outcome.
+fn finish<T: DmaTarget>(
+    shared: &Shared,
+    done: &mut BatchDone,
+    complete: bool,
+    p: Planned<T>,
+    layers: &Option<Range<u32>>,
+) -> Option<(usize, T, Lookup)> {
+    let l = &shared.layout;
+    let read_ok = complete
+        && done.check_op(p.data_op).is_ok()
+        && p.header.is_none_or(|(op, _)| done.check_op(op).is_ok());
+    let (mut target, bounce, skip) = match p.dest {
+        Dest::Direct { owner } => (done.take_owner::<T>(owner)?, None, 0),
+        Dest::Bounce {
+            owner,
+            skip,
+            target,
+        } => (target, done.take_owner::<AlignedBuf>(owner), skip),
+    };
+    let len = target.len();
+    let verified = read_ok && {
+        let bytes: &[u8] = match &bounce {
+            Some(b) => &b[skip..skip + len],
+            // SAFETY: the read into the target is finished and we own the
+            // target again; DmaTarget guarantees len() valid bytes at the
+            // pointer.
+            None => unsafe { std::slice::from_raw_parts(target.as_mut_ptr(), len) },
+        };
+        match layers {
+            None => {
+                kvtier_core::block_checksum(p.key, l.layer_bytes as usize, bytes) == p.entry.sum
+            }
+            Some(r) => {
+                let header = p
+                    .header
+                    .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner));
+                header.is_some_and(|h| verify_layers(shared, p.key, &p.entry, &h, r, bytes))
+            }
+        }
+    };
+    if !verified {
+        shared.index.remove_if_at(p.key, p.entry.loc);
+        add(&shared.stats.corrupt, 1);
+        tracing::warn!(key = %p.key, dir = p.entry.loc.dir, region = p.entry.loc.region, slot = p.entry.loc.slot, "disk block failed verification; dropped");
+        return Some((p.pos, target, Lookup::Corrupt));
+    }
+    if let Some(b) = &bounce {
+        // SAFETY: as above; the target is ours and valid for `len` bytes,
+        // and the bounce buffer is a distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(b[skip..].as_ptr(), target.as_mut_ptr(), len) };
+    }
+    if let Some(r) = shared.region(p.entry.loc.dir, p.entry.loc.region) {
+        let t = shared.tick.fetch_add(1, Ordering::Relaxed) + 1;
+        r.last_read.fetch_max(t, Ordering::Relaxed);
+    }
+    add(&shared.stats.hits, 1);
+    Some((p.pos, target, Lookup::Hit))
+}
+
+/// Checks a slot header against the index and `bytes` (layers `r`) against
+/// the header's layer sums.
+fn verify_layers(
+    shared: &Shared,
+    key: BlockHash,
+    entry: &Entry,
+    header: &[u8],
+    r: &Range<u32>,
+    bytes: &[u8],
+) -> bool {
+    let l = &shared.layout;
+    let Some(h) = SlotHeader::decode(header, l.layers) else {
+        return false;
+    };
+    if h.key != key
+        || h.data_len != l.block_bytes
+        || h.block_sum != entry.sum
+        || combine_layer_checksums(key, &h.layer_sums) != entry.sum
+    {
+        return false;
+    }
+    bytes
+        .chunks(l.layer_bytes as usize)
+        .zip(r.clone())
+        .all(|(chunk, layer)| layer_checksum(key, layer, chunk) == h.layer_sums[layer as usize])
+}

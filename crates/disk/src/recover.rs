@@ -1,0 +1,298 @@
+//! Recovery at open: rebuild the index from checkpoints, region headers and
+//! slot headers.
+//!
+//! Per directory:
+//! 1. load `kvtier-disk.index` if it verifies and belongs to this directory
+//!    (creation id, region count, slots per region); else ignore it;
+//! 2. read every region header (batched); a region whose header does not
+//!    verify or names another place or creation is free;
+//! 3. for a region whose generation equals the checkpoint's, take the
+//!    checkpoint's entries for it and scan slot headers from the
+//!    checkpoint's `fill` on; for any other written region scan all of its
+//!    slot headers (batched);
+//! 4. accept a scanned slot only if its header verifies, names this place,
+//!    has the region's generation and the geometry's data length.
+//!
+//! Candidates from every directory then go into the index, the newest
+//! (generation, slot) winning for a key seen twice. Data bytes are verified
+//! lazily, on read. Every written region comes back `SEALED` (a new run
+//! never appends to an old life); the generation counter resumes above
+//! everything seen.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use kvtier_core::BlockHash;
+use kvtier_io::{AlignedBuf, IoBatch};
+
+use crate::checkpoint::{Checkpoint, CkEntry};
+use crate::format::{REGION_HEADER_BYTES, RegionHeader, SlotHeader};
+use crate::index::{Entry, Loc};
+use crate::latch::state;
+use crate::meta::{INDEX_FILE, read_optional};
+use crate::region::Fill;
+use crate::stats::add;
+use crate::tier::{Dir, Shared};
+use crate::{DiskError, Result};
+
+/// Reads per I/O batch while scanning.
+const SCAN_BATCH: usize = 512;
+
+/// A block found on disk.
+struct Found {
+    key: BlockHash,
+    slot: u32,
+    region: u32,
+    sum: u64,
+}
+
+/// Rebuilds the index and region states. Runs once, inside `open`.
+pub(crate) fn recover(shared: &Shared) -> Result<()> {
+    let t0 = Instant::now();
+    let mut hwm = 0u64;
+    let mut found_all: Vec<(u8, Vec<Found>)> = Vec::new();
+    let mut from_ck = 0u64;
+    let mut from_scan = 0u64;
+    for dir in &shared.dirs {
+        let ck = load_checkpoint(shared, dir);
+        if let Some(c) = &ck {
+            hwm = hwm.max(c.generation_hwm);
+        }
+        let gens = read_region_headers(shared, dir)?;
+        let mut found = Vec::new();
+        let mut scan: Vec<(u32, u32)> = Vec::new();
+        let mut ck_entries: Vec<Vec<CkEntry>> = Vec::new();
+        if let Some(c) = &ck {
+            ck_entries.resize_with(gens.len(), Vec::new);
+            for e in &c.entries {
+                if let Some(v) = ck_entries.get_mut(e.region as usize) {
+                    v.push(*e);
+                }
+            }
+        }
+        for (r, g) in gens.iter().enumerate() {
+            let Some(g) = *g else { continue };
+            hwm = hwm.max(g);
+            let mark = ck.as_ref().and_then(|c| c.regions.get(r)).copied();
+            match mark {
+                Some(m) if m.generation == g => {
+                    for e in ck_entries.get(r).into_iter().flatten() {
+                        if e.slot < shared.layout.slots_per_region {
+                            found.push(Found {
+                                key: e.key,
+                                slot: e.slot,
+                                region: r as u32,
+                                sum: e.sum,
+                            });
+                            from_ck += 1;
+                        }
+                    }
+                    scan.push((r as u32, m.fill.min(shared.layout.slots_per_region)));
+                }
+                _ => scan.push((r as u32, 0)),
+            }
+        }
+        let before = found.len();
+        scan_slots(shared, dir, &gens, &scan, &mut found)?;
+        from_scan += (found.len() - before) as u64;
+        // Region states and generations, before any entry goes in (the
+        // newest-wins comparison reads them).
+        let mut free = VecDeque::new();
+        for (r, g) in gens.iter().enumerate() {
+            let region = &dir.regions[r];
+            match g {
+                Some(g) => {
+                    region.generation.store(*g, Ordering::Release);
+                    region.last_read.store(*g, Ordering::Relaxed);
+                    *region.fill.lock() = Fill {
+                        keys: Vec::new(),
+                        inflight: Vec::new(),
+                        sealed: true,
+                        header_ok: Some(true),
+                    };
+                    region.latch.set_state(state::SEALED);
+                    add(&shared.stats.recovery_regions, 1);
+                }
+                None => free.push_back(r as u32),
+            }
+        }
+        dir.writer
+            .try_lock()
+            .map_err(|_| DiskError::InvalidConfig("writer busy during recovery".into()))?
+            .free = free;
+        found_all.push((dir.index, found));
+    }
+    shared.generation.store(hwm, Ordering::SeqCst);
+    shared.tick.store(hwm, Ordering::SeqCst);
+    for (d, found) in found_all {
+        let dir = &shared.dirs[d as usize];
+        for f in found {
+            {
+                let mut fill = dir.regions[f.region as usize].fill.lock();
+                let at = f.slot as usize;
+                if fill.keys.len() <= at {
+                    fill.keys.resize(at + 1, BlockHash(0));
+                }
+                fill.keys[at] = f.key;
+            }
+            let entry = Entry {
+                loc: Loc {
+                    dir: d,
+                    region: f.region,
+                    slot: f.slot,
+                },
+                sum: f.sum,
+                hot: false,
+            };
+            insert_newest(shared, f.key, entry);
+        }
+    }
+    add(&shared.stats.recovered_from_checkpoint, from_ck);
+    add(&shared.stats.recovered_from_scan, from_scan);
+    tracing::info!(
+        blocks = shared.index.len(),
+        from_checkpoint = from_ck,
+        from_scan,
+        elapsed_ms = t0.elapsed().as_millis() as u64,
+        "disk tier recovered"
+    );
+    Ok(())
+}
+
+/// Inserts `entry` unless the key already has a newer one.
+fn insert_newest(shared: &Shared, key: BlockHash, entry: Entry) {
+    let order = |e: &Entry| {
+        let g = shared
+            .region(e.loc.dir, e.loc.region)
+            .map_or(0, |r| r.generation());
+        (g, e.loc.slot, e.loc.dir)
+    };
+    if let Some(old) = shared.index.get(key)
+        && order(&old) >= order(&entry)
+    {
+        return;
+    }
+    shared.index.insert(key, entry);
+}
+
+/// The directory's checkpoint, if present, intact and its own.
+fn load_checkpoint(shared: &Shared, dir: &Dir) -> Option<Checkpoint> {
+    let path = dir.path.join(INDEX_FILE);
+    let bytes = match read_optional(&path) {
+        Ok(b) => b?,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read checkpoint; scanning instead");
+            return None;
+        }
+    };
+    let ck = Checkpoint::decode(&bytes);
+    let ok = ck.as_ref().is_some_and(|c| {
+        c.dir == dir.index as u32
+            && c.creation_id == dir.creation_id
+            && c.regions.len() == dir.regions.len()
+            && c.slots_per_region == shared.layout.slots_per_region
+    });
+    if !ok {
+        tracing::warn!(path = %path.display(), "checkpoint damaged or foreign; scanning instead");
+        return None;
+    }
+    ck
+}
+
+/// The generation of every region whose header verifies and is ours.
+fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Vec<Option<u64>>> {
+    let l = &shared.layout;
+    let n = dir.regions.len();
+    let mut gens = vec![None; n];
+    for chunk_start in (0..n).step_by(SCAN_BATCH) {
+        let chunk_end = (chunk_start + SCAN_BATCH).min(n);
+        let mut batch = IoBatch::with_capacity(chunk_end - chunk_start);
+        for r in chunk_start..chunk_end {
+            let buf = AlignedBuf::zeroed(REGION_HEADER_BYTES as usize, 4096);
+            batch.read_owned(dir.file, l.region_offset(r as u32), buf);
+        }
+        add(&shared.stats.read_ios, (chunk_end - chunk_start) as u64);
+        let mut done = shared.engine.submit(batch).wait();
+        for (i, r) in (chunk_start..chunk_end).enumerate() {
+            if done.results.len() <= i || done.check_op(i).is_err() {
+                continue;
+            }
+            let Some(buf) = done.take_owner::<AlignedBuf>(i) else {
+                continue;
+            };
+            let Some(h) = RegionHeader::decode(&buf) else {
+                continue;
+            };
+            if h.dir == dir.index as u32
+                && h.region == r as u32
+                && h.creation_id == dir.creation_id
+                && h.slots == l.slots_per_region
+                && h.slot_size == l.slot_bytes
+                && h.generation > 0
+            {
+                gens[r] = Some(h.generation);
+            }
+        }
+    }
+    Ok(gens)
+}
+
+/// Reads the slot headers `[from, slots)` of each `(region, from)` and
+/// collects the slots that verify.
+fn scan_slots(
+    shared: &Shared,
+    dir: &Dir,
+    gens: &[Option<u64>],
+    scan: &[(u32, u32)],
+    found: &mut Vec<Found>,
+) -> Result<()> {
+    let l = &shared.layout;
+    let spr = l.slots_per_region;
+    let mut todo = scan
+        .iter()
+        .flat_map(|&(r, from)| (from..spr).map(move |s| (r, s)))
+        .peekable();
+    let mut chunk: Vec<(u32, u32)> = Vec::with_capacity(SCAN_BATCH);
+    while todo.peek().is_some() {
+        chunk.clear();
+        chunk.extend(todo.by_ref().take(SCAN_BATCH));
+        let mut batch = IoBatch::with_capacity(chunk.len());
+        for &(r, s) in &chunk {
+            let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, 4096);
+            batch.read_owned(dir.file, l.slot_offset(r, s), buf);
+        }
+        add(&shared.stats.read_ios, chunk.len() as u64);
+        add(&shared.stats.recovery_slots_scanned, chunk.len() as u64);
+        let mut done = shared.engine.submit(batch).wait();
+        for (i, &(r, s)) in chunk.iter().enumerate() {
+            if done.results.len() <= i || done.check_op(i).is_err() {
+                continue;
+            }
+            let Some(buf) = done.take_owner::<AlignedBuf>(i) else {
+                continue;
+            };
+            let Some(h) = SlotHeader::decode(&buf, l.layers) else {
+                continue;
+            };
+            let Some(g) = gens.get(r as usize).copied().flatten() else {
+                continue;
+            };
+            if h.generation == g
+                && h.dir == dir.index as u32
+                && h.region == r
+                && h.slot == s
+                && h.data_len == l.block_bytes
+                && kvtier_core::combine_layer_checksums(h.key, &h.layer_sums) == h.block_sum
+            {
+                found.push(Found {
+                    key: h.key,
+                    slot: s,
+                    region: r,
+                    sum: h.block_sum,
+                });
+            }
+        }
+    }
+    Ok(())
+}

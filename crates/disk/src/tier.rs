@@ -1,0 +1,611 @@
+//! [`DiskTier`]: opening, closing, checkpoints and the shared state every
+//! other module works on.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Weak};
+use std::time::{Duration, Instant};
+
+use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
+use kvtier_io::{DioAlignment, DmaTarget, FileId, IoEngine, IoError};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::checkpoint::{Checkpoint, CkEntry, RegionMark};
+use crate::format::{Layout, MAX_DIRS, geometry_fingerprint};
+use crate::index::Index;
+use crate::latch::state;
+use crate::meta::{
+    DATA_FILE, INDEX_FILE, META_FILE, Meta, new_creation_id, read_optional, remove_optional,
+    write_atomic,
+};
+use crate::pool::BufPool;
+use crate::region::Region;
+use crate::stats::{Counters, DiskStats, add};
+use crate::writer::{DirWriter, Ticket};
+use crate::{DiskError, DiskTierConfig, Result};
+
+/// One block handed to [`DiskTier::put_batch`]: its key, bytes and the
+/// checksums computed when it entered kvtier (carried, never recomputed).
+#[derive(Debug, Clone, Copy)]
+pub struct DiskPut<'a> {
+    /// The block's key.
+    pub key: BlockHash,
+    /// The block's bytes (`geometry.block_bytes()` long).
+    pub data: &'a [u8],
+    /// The block's checksums (`geometry.layers` layer sums).
+    pub sums: &'a BlockSums,
+}
+
+/// One directory (device).
+pub(crate) struct Dir {
+    /// Index in the configuration (and on disk).
+    pub index: u8,
+    /// The directory.
+    pub path: PathBuf,
+    /// The engine's id of the data file.
+    pub file: FileId,
+    /// A second descriptor of the data file, for `fdatasync`.
+    pub sync_file: File,
+    /// Random id of the directory's creation.
+    pub creation_id: u128,
+    /// Holds the directory's exclusive lock while the tier lives.
+    pub _lock: File,
+    /// Latched after a failed write: no more writes go here.
+    pub failed: AtomicBool,
+    /// The regions of the data file.
+    pub regions: Box<[Region]>,
+    /// Region allocation and the open region; held while reserving slots.
+    pub writer: tokio::sync::Mutex<DirWriter>,
+    /// Region write buffers.
+    pub pool: BufPool,
+}
+
+impl Dir {
+    /// Latches the directory as failed (idempotent).
+    pub fn fail(&self, why: &str) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(dir = %self.path.display(), reason = why, "disk tier directory failed; no more writes go to it");
+        }
+    }
+
+    /// The directory's data file.
+    pub fn data_path(&self) -> PathBuf {
+        self.path.join(DATA_FILE)
+    }
+}
+
+/// Wakes the background checkpoint thread or tells it to stop.
+#[derive(Default)]
+pub(crate) struct StopSignal {
+    stopped: std::sync::Mutex<bool>,
+    cv: Condvar,
+}
+
+impl StopSignal {
+    fn stop(&self) {
+        if let Ok(mut s) = self.stopped.lock() {
+            *s = true;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits up to `d`; returns whether stop was asked.
+    fn wait(&self, d: Duration) -> bool {
+        let Ok(guard) = self.stopped.lock() else {
+            return true;
+        };
+        match self.cv.wait_timeout_while(guard, d, |s| !*s) {
+            Ok((g, _)) => *g,
+            Err(_) => true,
+        }
+    }
+}
+
+/// The state shared by every handle, the reaper threads and the checkpoint
+/// thread. Field order matters for drop: the engine goes first, so registered
+/// buffers are unregistered before the pools free them (see `Drop`).
+pub(crate) struct Shared {
+    pub engine: Arc<dyn IoEngine>,
+    pub cfg: DiskTierConfig,
+    pub layout: Layout,
+    pub align: DioAlignment,
+    pub dirs: Vec<Dir>,
+    pub index: Index,
+    pub stats: Counters,
+    /// The last generation handed out.
+    pub generation: AtomicU64,
+    /// Read ticks for LRU.
+    pub tick: AtomicU64,
+    /// Round-robin cursor over directories.
+    pub rr: AtomicUsize,
+    pub closed: AtomicBool,
+    /// `put_batch` calls in progress, and a wake-up when it drops to zero.
+    pub active_puts: AtomicUsize,
+    pub puts_idle: Notify,
+    /// Serialises checkpoints.
+    pub ckpt_lock: Mutex<()>,
+    pub stop: Arc<StopSignal>,
+    /// The background checkpoint thread, joined by `close`.
+    pub checkpointer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop.stop();
+        // The engine may use registered memory for its whole life. If someone
+        // else still holds it, the registered buffers must outlive us.
+        if Arc::strong_count(&self.engine) > 1 {
+            for d in &self.dirs {
+                d.pool.leak_registered();
+            }
+        }
+    }
+}
+
+impl Shared {
+    /// The region `loc` names.
+    pub fn region(&self, dir: u8, region: u32) -> Option<&Region> {
+        self.dirs.get(dir as usize)?.regions.get(region as usize)
+    }
+
+    /// Checkpoints every directory (blocking file I/O).
+    pub fn checkpoint_blocking(&self) -> Result<()> {
+        let _serial = self.ckpt_lock.lock();
+        let mut first_err = None;
+        for dir in &self.dirs {
+            if let Err(e) = self.checkpoint_dir(dir) {
+                tracing::warn!(dir = %dir.path.display(), error = %e, "checkpoint failed");
+                first_err.get_or_insert(e);
+            }
+        }
+        add(&self.stats.checkpoints, 1);
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn checkpoint_dir(&self, dir: &Dir) -> Result<()> {
+        if self.cfg.sync {
+            // Slots the checkpoint names must be durable before it is.
+            dir.sync_file
+                .sync_data()
+                .map_err(|e| DiskError::io(dir.data_path(), e))?;
+        }
+        let hwm = self.generation.load(Ordering::SeqCst);
+        // Region marks first, entries second: an entry whose write finished
+        // below a region's done-prefix was indexed before the mark was read,
+        // so the entry copy below includes it (or it was removed since).
+        let regions = dir
+            .regions
+            .iter()
+            .map(|r| {
+                let fill = r.fill.lock();
+                match r.latch.state() {
+                    state::FREE => RegionMark::default(),
+                    _ => RegionMark {
+                        generation: r.generation(),
+                        // A sealed life with nothing in flight is complete.
+                        fill: if fill.sealed && fill.inflight.is_empty() {
+                            self.layout.slots_per_region
+                        } else {
+                            fill.done_prefix()
+                        },
+                    },
+                }
+            })
+            .collect();
+        let entries = self
+            .index
+            .entries_of_dir(dir.index)
+            .into_iter()
+            .map(|(key, e)| CkEntry {
+                key,
+                region: e.loc.region,
+                slot: e.loc.slot,
+                sum: e.sum,
+            })
+            .collect();
+        let ck = Checkpoint {
+            dir: dir.index as u32,
+            creation_id: dir.creation_id,
+            generation_hwm: hwm,
+            slots_per_region: self.layout.slots_per_region,
+            regions,
+            entries,
+        };
+        write_atomic(&dir.path.join(INDEX_FILE), &ck.encode())
+    }
+
+    /// Counts a `put_batch` in; `None` if the tier is closed.
+    pub fn enter_put(self: &Arc<Self>) -> Option<PutGuard> {
+        self.active_puts.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.exit_put();
+            return None;
+        }
+        Some(PutGuard(self.clone()))
+    }
+
+    fn exit_put(&self) {
+        if self.active_puts.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.puts_idle.notify_waiters();
+        }
+    }
+}
+
+/// Counts a `put_batch` call as in progress until dropped (cancellation
+/// included).
+pub(crate) struct PutGuard(Arc<Shared>);
+
+impl Drop for PutGuard {
+    fn drop(&mut self) {
+        self.0.exit_put();
+    }
+}
+
+/// The disk tier. Cheap to clone (a handle on shared state). See the
+/// [crate docs](crate) for how it works.
+#[derive(Clone)]
+pub struct DiskTier {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for DiskTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskTier")
+            .field("dirs", &self.shared.cfg.dirs)
+            .field("blocks", &self.len())
+            .field("capacity_blocks", &self.capacity_blocks())
+            .finish()
+    }
+}
+
+impl DiskTier {
+    /// Opens the tier: creates missing directories and files (preallocating
+    /// `capacity_per_dir` in each), or recovers the blocks of an existing
+    /// tier from its checkpoints and region and slot headers. Blocks the
+    /// calling thread while it reads.
+    ///
+    /// # Errors
+    /// [`DiskError::InvalidConfig`] for shapes that cannot work,
+    /// [`DiskError::FormatMismatch`] for a directory written with another
+    /// format or shape (unless `reset`), [`DiskError::NoSpace`] when a file
+    /// system cannot hold the capacity, [`DiskError::Io`] /
+    /// [`DiskError::Engine`] for failing files.
+    pub fn open(cfg: DiskTierConfig, engine: Arc<dyn IoEngine>) -> Result<Self> {
+        let started = Instant::now();
+        if cfg.dirs.is_empty() {
+            return Err(DiskError::InvalidConfig("no directories".into()));
+        }
+        if cfg.dirs.len() > MAX_DIRS {
+            return Err(DiskError::InvalidConfig(format!(
+                "{} directories; at most {MAX_DIRS}",
+                cfg.dirs.len()
+            )));
+        }
+        let layout = Layout::new(&cfg.geometry, cfg.region_size, cfg.capacity_per_dir)?;
+        let region_bytes = usize::try_from(layout.region_bytes)
+            .map_err(|_| DiskError::InvalidConfig("region_size too large".into()))?;
+        let fp = geometry_fingerprint(&cfg.geometry);
+        let mut dirs = Vec::with_capacity(cfg.dirs.len());
+        let mut align = DioAlignment {
+            mem: 512,
+            offset: 512,
+        };
+        for (i, path) in cfg.dirs.iter().enumerate() {
+            let (lock, creation_id, file) = prepare_dir(&cfg, &layout, i as u32, path, fp)?;
+            let a = kvtier_io::dio_alignment(&path.join(DATA_FILE));
+            align.mem = align.mem.max(a.mem);
+            align.offset = align.offset.max(a.offset);
+            let sync_file = file
+                .try_clone()
+                .map_err(|e| DiskError::io(path.join(DATA_FILE), e))?;
+            let id = engine
+                .register_file(file)
+                .map_err(|source| DiskError::Engine {
+                    path: path.join(DATA_FILE),
+                    source,
+                })?;
+            dirs.push(Dir {
+                index: i as u8,
+                path: path.clone(),
+                file: id,
+                sync_file,
+                creation_id,
+                _lock: lock,
+                failed: AtomicBool::new(false),
+                regions: (0..layout.regions_per_dir).map(|_| Region::new()).collect(),
+                writer: tokio::sync::Mutex::new(DirWriter::new(VecDeque::new())),
+                pool: BufPool::new(cfg.buffers_per_dir, region_bytes, cfg.register_buffers),
+            });
+        }
+        if !layout.slot_header_bytes.is_multiple_of(align.offset as u64)
+            || !layout.region_bytes.is_multiple_of(align.offset as u64)
+        {
+            return Err(DiskError::InvalidConfig(format!(
+                "the file system needs {}-byte aligned direct I/O, larger than the format's 4096",
+                align.offset
+            )));
+        }
+        let capacity = dirs.len() * layout.slots_per_dir() as usize;
+        let shared = Arc::new(Shared {
+            engine,
+            index: Index::with_capacity(capacity),
+            layout,
+            align,
+            dirs,
+            stats: Counters::default(),
+            generation: AtomicU64::new(0),
+            tick: AtomicU64::new(0),
+            rr: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            active_puts: AtomicUsize::new(0),
+            puts_idle: Notify::new(),
+            ckpt_lock: Mutex::new(()),
+            stop: Arc::new(StopSignal::default()),
+            checkpointer: Mutex::new(None),
+            cfg,
+        });
+        crate::recover::recover(&shared)?;
+        for dir in &shared.dirs {
+            crate::writer::start_reaper(&shared, dir.index)?;
+        }
+        if !shared.cfg.checkpoint_interval.is_zero() {
+            start_checkpointer(&shared)?;
+        }
+        add(
+            &shared.stats.recovery_micros,
+            started.elapsed().as_micros() as u64,
+        );
+        Ok(DiskTier { shared })
+    }
+
+    /// Writes blocks. One result per block, in order: `Ok` means the block
+    /// is on disk (its direct write completed; with `sync`, a region's last
+    /// blocks are also `fdatasync`ed when it seals) and readable. A key
+    /// already present is `Ok` without a write. An `Err` block was not
+    /// stored: keep your copy. A failed write latches its directory; others
+    /// go on.
+    pub async fn put_batch(&self, blocks: &[DiskPut<'_>]) -> Vec<Result<(), DiskError>> {
+        crate::writer::put_batch(&self.shared, blocks).await
+    }
+
+    /// Reads whole blocks into their targets (each `geometry.block_bytes()`
+    /// long). All reads go in one I/O batch; every byte is verified against
+    /// the block checksum. Returns each target with its outcome, in order;
+    /// a target's bytes are meaningful only for [`Lookup::Hit`]. (Only if
+    /// the engine shuts down mid-batch, which cannot happen while the tier
+    /// holds it, would targets be lost and the result be shorter.)
+    pub async fn get_batch<T: DmaTarget>(&self, reqs: Vec<(BlockHash, T)>) -> Vec<(T, Lookup)> {
+        crate::reader::read(&self.shared, reqs, None).await
+    }
+
+    /// Reads layers `layers` of blocks into targets of
+    /// `layers.len() * layer_bytes` bytes each, verified against each
+    /// layer's checksum (read from the slot header in the same batch and
+    /// trusted only if it combines to the indexed block checksum).
+    pub async fn read_layers<T: DmaTarget>(
+        &self,
+        reqs: Vec<(BlockHash, T)>,
+        layers: Range<u32>,
+    ) -> Vec<(T, Lookup)> {
+        crate::reader::read(&self.shared, reqs, Some(layers)).await
+    }
+
+    /// Whether `key` is indexed (it may still turn out corrupt on read).
+    pub fn contains(&self, key: BlockHash) -> bool {
+        self.shared.index.contains(key)
+    }
+
+    /// Forgets `key`; returns whether it was indexed. Its slot is reclaimed
+    /// with its region. (A block removed after the last checkpoint can
+    /// reappear after a crash: its bytes are still valid.)
+    pub fn remove(&self, key: BlockHash) -> bool {
+        self.shared.index.remove(key).is_some()
+    }
+
+    /// Where `key`'s slot is, if indexed (for tools and tests).
+    pub fn location(&self, key: BlockHash) -> Option<crate::index::Loc> {
+        self.shared.index.get(key).map(|e| e.loc)
+    }
+
+    /// The data file of directory `dir` (for tools and tests).
+    pub fn data_file(&self, dir: u8) -> Option<PathBuf> {
+        self.shared.dirs.get(dir as usize).map(|d| d.data_path())
+    }
+
+    /// Blocks indexed.
+    pub fn len(&self) -> usize {
+        self.shared.index.len()
+    }
+
+    /// Whether no block is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Blocks the tier can hold (slots over every directory).
+    pub fn capacity_blocks(&self) -> usize {
+        self.shared.dirs.len() * self.shared.layout.slots_per_dir() as usize
+    }
+
+    /// The geometry of the blocks stored.
+    pub fn geometry(&self) -> &Geometry {
+        &self.shared.cfg.geometry
+    }
+
+    /// The on-disk layout (slot and region sizes).
+    pub fn layout(&self) -> &Layout {
+        &self.shared.layout
+    }
+
+    /// Writes an index checkpoint in every directory (blocking file I/O on
+    /// the calling thread).
+    pub async fn checkpoint(&self) -> Result<(), DiskError> {
+        self.shared.checkpoint_blocking()
+    }
+
+    /// Refuses further puts, waits for the puts in progress, writes a
+    /// checkpoint and stops the background checkpoint thread. Reads keep
+    /// working. Closing twice is fine.
+    pub async fn close(&self) -> Result<(), DiskError> {
+        let s = &self.shared;
+        s.closed.store(true, Ordering::SeqCst);
+        loop {
+            let idle = s.puts_idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if s.active_puts.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            idle.await;
+        }
+        // Every extent reserved before now is behind this in its reaper queue.
+        for dir in &s.dirs {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let sent = dir.writer.lock().await.send(Ticket::Flush(tx));
+            if sent {
+                let _ = rx.await;
+            }
+        }
+        s.stop.stop();
+        // Join the checkpoint thread so it holds no reference once `close`
+        // returns (it is never the caller: it does not close).
+        let handle = s.checkpointer.lock().take();
+        if let Some(h) = handle
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+        s.checkpoint_blocking()
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DiskStats {
+        let s = &self.shared;
+        let mut out = s.stats.snapshot();
+        out.blocks = s.index.len() as u64;
+        out.bytes_used = out.blocks * s.layout.block_bytes;
+        out.capacity_blocks = self.capacity_blocks() as u64;
+        out.failed_dirs = s
+            .dirs
+            .iter()
+            .filter(|d| d.failed.load(Ordering::Relaxed))
+            .count() as u64;
+        out.region_bytes_used = s
+            .dirs
+            .iter()
+            .flat_map(|d| d.regions.iter())
+            .filter(|r| r.latch.state() != state::FREE)
+            .count() as u64
+            * s.layout.region_bytes;
+        out
+    }
+
+    /// Bytes of RAM the index takes: the hash tables plus each region's key
+    /// list (the reclaim walk). Region write buffers are not included; see
+    /// [`buffer_bytes`](Self::buffer_bytes).
+    pub fn memory_bytes(&self) -> usize {
+        let s = &self.shared;
+        s.index.memory_bytes()
+            + s.dirs
+                .iter()
+                .flat_map(|d| d.regions.iter())
+                .map(|r| r.memory_bytes())
+                .sum::<usize>()
+    }
+
+    /// Bytes of region write buffers allocated.
+    pub fn buffer_bytes(&self) -> usize {
+        self.shared.dirs.iter().map(|d| d.pool.bytes()).sum()
+    }
+
+    /// The I/O engine the tier uses.
+    pub fn engine(&self) -> &Arc<dyn IoEngine> {
+        &self.shared.engine
+    }
+}
+
+/// Locks and checks or creates one directory; returns its lock, creation id
+/// and data file.
+fn prepare_dir(
+    cfg: &DiskTierConfig,
+    layout: &Layout,
+    index: u32,
+    path: &std::path::Path,
+    fp: u64,
+) -> Result<(File, u128, File)> {
+    std::fs::create_dir_all(path).map_err(|e| DiskError::io(path, e))?;
+    let lock = crate::meta::lock_dir(path)?;
+    let meta_path = path.join(META_FILE);
+    let data_path = path.join(DATA_FILE);
+    let existing = match read_optional(&meta_path)? {
+        None => None,
+        Some(bytes) => {
+            let checked = Meta::decode(&bytes, &meta_path, path).and_then(|m| {
+                m.check(&Meta::expected(index, layout, fp, m.creation_id), path)?;
+                Ok(m)
+            });
+            match checked {
+                Ok(m) => Some(m),
+                Err(e) if cfg.reset => {
+                    tracing::warn!(dir = %path.display(), error = %e, "wiping disk tier directory (reset)");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let fresh = existing.is_none();
+    if fresh {
+        // No valid meta: whatever else is here is from an unfinished creation
+        // or a wiped tier.
+        for f in [META_FILE, INDEX_FILE, DATA_FILE] {
+            remove_optional(&path.join(f))?;
+        }
+    }
+    let file = kvtier_io::open_direct(&data_path, layout.file_bytes()).map_err(|e| match e {
+        IoError::NoSpace { bytes, .. } => DiskError::NoSpace {
+            dir: path.to_path_buf(),
+            bytes,
+        },
+        IoError::File { path, source } => DiskError::Io { path, source },
+        other => DiskError::Engine {
+            path: data_path.clone(),
+            source: other,
+        },
+    })?;
+    let creation_id = match existing {
+        Some(m) => m.creation_id,
+        None => {
+            let id = new_creation_id(path);
+            let m = Meta::expected(index, layout, fp, id);
+            write_atomic(&meta_path, &m.encode())?;
+            id
+        }
+    };
+    Ok((lock, creation_id, file))
+}
+
+/// Starts the periodic checkpoint thread; it holds only a weak reference and
+/// stops when the tier is closed or dropped.
+fn start_checkpointer(shared: &Arc<Shared>) -> Result<()> {
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    let stop = shared.stop.clone();
+    let every = shared.cfg.checkpoint_interval;
+    let handle = std::thread::Builder::new()
+        .name("kvtier-disk-ckpt".into())
+        .spawn(move || {
+            while !stop.wait(every) {
+                let Some(s) = weak.upgrade() else { break };
+                if let Err(e) = s.checkpoint_blocking() {
+                    tracing::warn!(error = %e, "periodic checkpoint failed");
+                }
+            }
+        })
+        .map_err(|e| DiskError::io("kvtier-disk-ckpt thread", e))?;
+    *shared.checkpointer.lock() = Some(handle);
+    Ok(())
+}

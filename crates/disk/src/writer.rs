@@ -1,0 +1,548 @@
+//! The write path: slot reservation, region assembly, extent writes and the
+//! per-directory reaper that acknowledges them.
+//!
+//! ```text
+//! put_batch ──lock dir writer──> reserve slots in the open region (open / reclaim one if needed)
+//!           ──> push a Ticket to the dir's reaper queue (still under the lock: queue order = reservation order)
+//!           ──unlock──> copy headers + data into the region buffer (own slots only)
+//!           ──> submit ONE write for the new extent; hand the Completion to the ticket
+//! reaper    ──> wait for the write ──> extent ok and its region header durable?
+//!           ──> (last extent of a sealed region: fdatasync if `sync`)
+//!           ──> insert index entries ──> retire the extent ──> reply to put_batch
+//! ```
+//!
+//! Acknowledgement rules (numbered as in `docs/disk-format.md`):
+//! an index entry is inserted only after the extent's write completed (I1),
+//! and only if the write that carried its region's header completed too
+//! (I2): the reaper processes a directory's extents in reservation order and
+//! the header is in a region's first extent, so its outcome is known by then.
+//! Reaping on a thread of its own keeps acknowledgement independent of the
+//! caller: a cancelled `put_batch` still has its extents retired and its
+//! buffers released.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::{Arc, Weak};
+
+use kvtier_core::BlockHash;
+use kvtier_io::{BatchDone, Completion, IoBatch, IoKind, IoOp};
+use tokio::sync::oneshot;
+
+use crate::format::{REGION_HEADER_BYTES, RegionHeader, SlotHeader};
+use crate::index::{Entry, Loc};
+use crate::latch::state;
+use crate::pool::RegionBuf;
+use crate::region::Fill;
+use crate::stats::add;
+use crate::tier::{Dir, DiskPut, Shared};
+use crate::{DiskError, Result};
+
+/// The region currently taking writes in a directory.
+pub(crate) struct OpenRegion {
+    pub region: u32,
+    pub generation: u64,
+    pub buf: Arc<RegionBuf>,
+    pub next_slot: u32,
+}
+
+/// A directory's allocation state, behind its async writer lock.
+pub(crate) struct DirWriter {
+    pub open: Option<OpenRegion>,
+    /// Free regions, lowest index first.
+    pub free: VecDeque<u32>,
+    reaper: Option<mpsc::Sender<Ticket>>,
+}
+
+impl DirWriter {
+    pub fn new(free: VecDeque<u32>) -> Self {
+        DirWriter {
+            open: None,
+            free,
+            reaper: None,
+        }
+    }
+
+    /// Queues a ticket; `false` if the reaper is gone.
+    pub fn send(&self, t: Ticket) -> bool {
+        self.reaper.as_ref().is_some_and(|r| r.send(t).is_ok())
+    }
+}
+
+/// What an extent carries, for its acknowledgement.
+pub(crate) struct Extent {
+    pub region: u32,
+    pub start: u32,
+    /// Key and block checksum of each slot from `start` on.
+    pub blocks: Vec<(BlockHash, u64)>,
+    pub has_header: bool,
+    /// Written by reclaim's re-insertion (no caller waits).
+    pub reinsert: bool,
+}
+
+/// Where a reaper sends an extent's outcome.
+type Reply = oneshot::Receiver<Outcome>;
+
+/// Why an extent was not acknowledged.
+#[derive(Debug, Clone)]
+pub(crate) enum NotAcked {
+    /// Its own write (or the final `fdatasync`) failed.
+    Write(String),
+    /// The write carrying its region's header failed, which latched the
+    /// directory.
+    DirFailed,
+}
+
+/// An extent's outcome.
+pub(crate) type Outcome = Result<(), NotAcked>;
+
+/// An item in a reaper's queue.
+pub(crate) enum Ticket {
+    /// An extent: its write's completion arrives on `completion` once
+    /// submitted; the outcome goes to `reply`.
+    Extent {
+        extent: Extent,
+        completion: mpsc::Receiver<Completion>,
+        reply: Option<oneshot::Sender<Outcome>>,
+    },
+    /// Replies once every earlier ticket is processed.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Starts the reaper of directory `dir`.
+pub(crate) fn start_reaper(shared: &Arc<Shared>, dir: u8) -> Result<()> {
+    let (tx, rx) = mpsc::channel::<Ticket>();
+    let weak = Arc::downgrade(shared);
+    std::thread::Builder::new()
+        .name(format!("kvtier-disk-reap{dir}"))
+        .spawn(move || reaper_loop(weak, dir, rx))
+        .map_err(|e| DiskError::io("kvtier-disk reaper thread", e))?;
+    // The lock is uncontended at open.
+    shared.dirs[dir as usize]
+        .writer
+        .try_lock()
+        .map_err(|_| DiskError::InvalidConfig("writer busy at open".into()))?
+        .reaper = Some(tx);
+    Ok(())
+}
+
+fn reaper_loop(weak: Weak<Shared>, dir: u8, rx: mpsc::Receiver<Ticket>) {
+    // Ends when every sender is gone: the tier was dropped.
+    while let Ok(ticket) = rx.recv() {
+        match ticket {
+            Ticket::Flush(tx) => {
+                let _ = tx.send(());
+            }
+            Ticket::Extent {
+                extent,
+                completion,
+                reply,
+            } => {
+                // A disconnected channel means the write was never submitted
+                // (the submitter panicked between reserving and submitting).
+                let done = completion.recv().ok().map(Completion::wait);
+                let outcome = match weak.upgrade() {
+                    Some(shared) => retire(&shared, dir, extent, done),
+                    None => Err(NotAcked::Write("the disk tier was dropped".to_owned())),
+                };
+                if let Some(r) = reply {
+                    let _ = r.send(outcome);
+                }
+            }
+        }
+    }
+}
+
+/// Acknowledges (or fails) one finished extent. See the module docs.
+fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) -> Outcome {
+    let dir = &shared.dirs[dir_idx as usize];
+    let region = &dir.regions[ext.region as usize];
+    let mut outcome = match &done {
+        Some(d) if d.results.len() == 1 => {
+            d.check_op(0).map_err(|e| NotAcked::Write(e.to_string()))
+        }
+        Some(_) => Err(NotAcked::Write(
+            "the I/O engine shut down mid-write".to_owned(),
+        )),
+        None => Err(NotAcked::Write("the write was never submitted".to_owned())),
+    };
+    let last = {
+        let mut fill = region.fill.lock();
+        if ext.has_header {
+            fill.header_ok = Some(outcome.is_ok());
+        } else if outcome.is_ok() && fill.header_ok != Some(true) {
+            outcome = Err(NotAcked::DirFailed);
+        }
+        fill.sealed && fill.inflight.len() == 1
+    };
+    if outcome.is_ok()
+        && last
+        && shared.cfg.sync
+        && let Err(e) = dir.sync_file.sync_data()
+    {
+        outcome = Err(NotAcked::Write(format!("fdatasync: {e}")));
+    }
+    match &outcome {
+        Ok(()) => {
+            for (i, (key, sum)) in ext.blocks.iter().enumerate() {
+                let entry = Entry {
+                    loc: Loc {
+                        dir: dir_idx,
+                        region: ext.region,
+                        slot: ext.start + i as u32,
+                    },
+                    sum: *sum,
+                    hot: false,
+                };
+                shared.index.insert(*key, entry);
+            }
+            let n = ext.blocks.len() as u64;
+            if ext.reinsert {
+                add(&shared.stats.reinserted, n);
+            } else {
+                add(&shared.stats.puts, n);
+                add(&shared.stats.put_bytes, n * shared.layout.block_bytes);
+            }
+        }
+        Err(NotAcked::Write(why)) => {
+            add(&shared.stats.io_errors, 1);
+            dir.fail(why);
+        }
+        Err(NotAcked::DirFailed) => dir.fail("an earlier write of the region failed"),
+    }
+    {
+        let mut fill = region.fill.lock();
+        if let Some(p) = fill.inflight.iter().position(|s| *s == ext.start) {
+            fill.inflight.swap_remove(p);
+        }
+        if fill.sealed && fill.inflight.is_empty() && outcome.is_ok() {
+            region.latch.set_state(state::SEALED);
+        }
+    }
+    // Releases the buffer reference the write held.
+    drop(done);
+    dir.pool.wake();
+    outcome
+}
+
+/// A block to place: borrowed from the caller or owned by reclaim.
+pub(crate) struct Place<'a> {
+    pub key: BlockHash,
+    pub data: &'a [u8],
+    pub block_sum: u64,
+    pub layer_sums: &'a [u64],
+}
+
+/// Slots reserved in an open region, not yet written.
+struct Reservation {
+    region: u32,
+    generation: u64,
+    buf: Arc<RegionBuf>,
+    start: u32,
+    count: u32,
+    has_header: bool,
+    completion_tx: mpsc::Sender<Completion>,
+}
+
+/// Reserves up to `want` slots in `dir`'s open region (opening one if
+/// needed) and queues their ticket. Call with the writer lock held.
+fn reserve(
+    shared: &Shared,
+    dir: &Dir,
+    w: &mut DirWriter,
+    blocks: &[(BlockHash, u64)],
+    reinsert: bool,
+) -> Result<(Reservation, Reply)> {
+    let spr = shared.layout.slots_per_region;
+    let Some(open) = w.open.as_mut() else {
+        return Err(DiskError::InvalidConfig("no open region".into()));
+    };
+    let start = open.next_slot;
+    let count = (spr - start).min(blocks.len() as u32);
+    open.next_slot += count;
+    let region = &dir.regions[open.region as usize];
+    let (completion_tx, completion_rx) = mpsc::channel();
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let res = Reservation {
+        region: open.region,
+        generation: open.generation,
+        buf: open.buf.clone(),
+        start,
+        count,
+        has_header: start == 0,
+        completion_tx,
+    };
+    let sealed = open.next_slot == spr;
+    {
+        let mut fill: parking_lot::MutexGuard<'_, Fill> = region.fill.lock();
+        fill.keys
+            .extend(blocks[..count as usize].iter().map(|(k, _)| *k));
+        fill.inflight.push(start);
+        fill.sealed = sealed;
+    }
+    let ticket = Ticket::Extent {
+        extent: Extent {
+            region: res.region,
+            start,
+            blocks: blocks[..count as usize].to_vec(),
+            has_header: res.has_header,
+            reinsert,
+        },
+        completion: completion_rx,
+        reply: Some(reply_tx),
+    };
+    if sealed {
+        w.open = None;
+    }
+    if !w.send(ticket) {
+        return Err(DiskError::Closed);
+    }
+    Ok((res, reply_rx))
+}
+
+/// Copies the reserved blocks (and the region header, for a region's first
+/// extent) into the buffer and submits one write. No await: a reservation is
+/// always submitted (or its ticket's channel dropped) before the caller can
+/// be cancelled.
+fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place<'_>]) {
+    let l = &shared.layout;
+    let from = if res.has_header {
+        0
+    } else {
+        l.slot_in_region(res.start)
+    };
+    let to = l.slot_in_region(res.start + res.count);
+    if res.has_header {
+        // SAFETY: the first reservation of a region owns its header sector.
+        let h = unsafe { res.buf.range_mut(0, REGION_HEADER_BYTES as usize) };
+        h.fill(0);
+        RegionHeader {
+            dir: dir.index as u32,
+            region: res.region,
+            slots: l.slots_per_region,
+            generation: res.generation,
+            creation_id: dir.creation_id,
+            slot_size: l.slot_bytes,
+        }
+        .encode(h);
+    }
+    for (i, p) in places.iter().enumerate().take(res.count as usize) {
+        let slot = res.start + i as u32;
+        let off = l.slot_in_region(slot) as usize;
+        // SAFETY: slots [start, start + count) were reserved for this call
+        // under the writer lock and the buffer is not being written from.
+        let s = unsafe { res.buf.range_mut(off, l.slot_bytes as usize) };
+        let (head, data) = s.split_at_mut(l.slot_header_bytes as usize);
+        head.fill(0);
+        SlotHeader::encode_into(
+            head,
+            p.key,
+            p.block_sum,
+            res.generation,
+            (dir.index as u32, res.region, slot),
+            l.block_bytes,
+            p.layer_sums,
+        );
+        let (block, pad) = data.split_at_mut(l.block_bytes as usize);
+        block.copy_from_slice(p.data);
+        pad.fill(0);
+    }
+    let mut batch = IoBatch::with_capacity(1);
+    let op = IoOp {
+        kind: IoKind::Write,
+        file: dir.file,
+        offset: l.region_offset(res.region) + from,
+        buf: res.buf.ptr_at(from as usize),
+        len: (to - from) as u32,
+    };
+    // SAFETY: the range lies inside the buffer, which the batch keeps alive
+    // (the Arc below); nobody writes it until the buffer is idle again,
+    // which needs this batch's reference gone, i.e. the write finished.
+    unsafe { batch.push(op) };
+    batch.keep_alive(res.buf.clone());
+    add(&shared.stats.write_ios, 1);
+    let completion = shared.engine.submit(batch);
+    // The reaper holds the receiver until the tier is dropped.
+    let _ = res.completion_tx.send(completion);
+}
+
+/// Reserves, fills and submits `places` in `dir` (under the writer lock held
+/// by the caller), returning the reply receivers of each extent with how
+/// many blocks it took.
+pub(crate) async fn place_locked(
+    shared: &Shared,
+    dir: &Dir,
+    w: &mut DirWriter,
+    places: &[Place<'_>],
+    reinsert: bool,
+) -> Result<Vec<(usize, Reply)>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < places.len() {
+        let blocks: Vec<(BlockHash, u64)> =
+            places[i..].iter().map(|p| (p.key, p.block_sum)).collect();
+        if w.open.is_none() {
+            let hot = crate::reclaim::open_region(shared, dir, w).await?;
+            if !hot.is_empty() {
+                let keep: Vec<Place<'_>> = hot.iter().map(|h| h.place(&shared.layout)).collect();
+                let hb: Vec<(BlockHash, u64)> = keep.iter().map(|p| (p.key, p.block_sum)).collect();
+                // Fits: at most a quarter of a region is re-inserted.
+                let (res, _ignored_reply) = reserve(shared, dir, w, &hb, true)?;
+                fill_and_submit(shared, dir, res, &keep);
+            }
+        }
+        let (res, rx) = reserve(shared, dir, w, &blocks, reinsert)?;
+        let n = res.count as usize;
+        fill_and_submit(shared, dir, res, &places[i..i + n]);
+        out.push((n, rx));
+        i += n;
+    }
+    Ok(out)
+}
+
+/// The body of [`DiskTier::put_batch`](crate::DiskTier::put_batch).
+pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> Vec<Result<()>> {
+    let mut results: Vec<Option<Result<()>>> = (0..blocks.len()).map(|_| None).collect();
+    let Some(_guard) = shared.enter_put() else {
+        add(&shared.stats.put_errors, blocks.len() as u64);
+        return blocks.iter().map(|_| Err(DiskError::Closed)).collect();
+    };
+    let l = &shared.layout;
+    // Validate, skip present keys and duplicates inside the batch.
+    let mut first_of: hashbrown::HashMap<BlockHash, usize> = hashbrown::HashMap::new();
+    let mut dup_of: Vec<(usize, usize)> = Vec::new();
+    let mut todo: Vec<usize> = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        if b.data.len() as u64 != l.block_bytes {
+            results[i] = Some(Err(DiskError::WrongLength {
+                key: b.key,
+                what: "bytes",
+                found: b.data.len() as u64,
+                expected: l.block_bytes,
+            }));
+        } else if b.sums.layers.len() as u64 != l.layers as u64 {
+            results[i] = Some(Err(DiskError::WrongLength {
+                key: b.key,
+                what: "layer checksums",
+                found: b.sums.layers.len() as u64,
+                expected: l.layers as u64,
+            }));
+        } else if let Some(&j) = first_of.get(&b.key) {
+            dup_of.push((i, j));
+        } else if shared.index.contains(b.key) {
+            add(&shared.stats.put_dups, 1);
+            results[i] = Some(Ok(()));
+        } else {
+            first_of.insert(b.key, i);
+            todo.push(i);
+        }
+    }
+    let places: Vec<Place<'_>> = todo
+        .iter()
+        .map(|&i| Place {
+            key: blocks[i].key,
+            data: blocks[i].data,
+            block_sum: blocks[i].sums.block,
+            layer_sums: &blocks[i].sums.layers,
+        })
+        .collect();
+    // Place them, a directory at a time, round-robin.
+    let mut pending: Vec<(Vec<usize>, &Dir, Reply)> = Vec::new();
+    let mut next = 0;
+    let mut tried_dirs = 0;
+    while next < places.len() {
+        let Some(dir) = pick_dir(shared) else {
+            for &i in &todo[next..] {
+                results[i] = Some(Err(DiskError::AllDirsFailed));
+            }
+            break;
+        };
+        let mut w = dir.writer.lock().await;
+        if dir.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            continue;
+        }
+        // Fill at most the rest of the open region (or one new region) per
+        // turn, then move on to the next directory.
+        let room = match &w.open {
+            Some(o) => (shared.layout.slots_per_region - o.next_slot) as usize,
+            None => shared.layout.slots_per_region as usize,
+        };
+        let take = room.min(places.len() - next);
+        match place_locked(shared, dir, &mut w, &places[next..next + take], false).await {
+            Ok(extents) => {
+                let mut at = next;
+                for (n, rx) in extents {
+                    pending.push((todo[at..at + n].to_vec(), dir, rx));
+                    at += n;
+                }
+                next += take;
+                tried_dirs = 0;
+            }
+            Err(e) => {
+                // No region could be had here (or the reaper is gone): try
+                // the other directories before giving up on these blocks.
+                tried_dirs += 1;
+                if tried_dirs >= shared.dirs.len() {
+                    let msg = e.to_string();
+                    for &i in &todo[next..] {
+                        results[i] = Some(Err(match &e {
+                            DiskError::NoRegion { dir } => DiskError::NoRegion { dir: dir.clone() },
+                            DiskError::Closed => DiskError::Closed,
+                            _ => DiskError::WriteFailed {
+                                dir: dir.path.clone(),
+                                key: blocks[i].key,
+                                reason: msg.clone(),
+                            },
+                        }));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    for (idxs, dir, rx) in pending {
+        let outcome = rx
+            .await
+            .unwrap_or_else(|_| Err(NotAcked::Write("the disk tier was dropped".to_owned())));
+        for i in idxs {
+            results[i] = Some(outcome.clone().map_err(|e| match e {
+                NotAcked::Write(reason) => DiskError::WriteFailed {
+                    dir: dir.path.clone(),
+                    key: blocks[i].key,
+                    reason,
+                },
+                NotAcked::DirFailed => DiskError::DirFailed {
+                    dir: dir.path.clone(),
+                },
+            }));
+        }
+    }
+    for (i, j) in dup_of {
+        results[i] = Some(match &results[j] {
+            Some(Ok(())) => Ok(()),
+            _ => Err(DiskError::WriteFailed {
+                dir: shared.dirs[0].path.clone(),
+                key: blocks[i].key,
+                reason: "an earlier copy of the block in the batch failed".into(),
+            }),
+        });
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            let r = r.unwrap_or(Err(DiskError::AllDirsFailed));
+            if r.is_err() {
+                add(&shared.stats.put_errors, 1);
+            }
+            r
+        })
+        .collect()
+}
+
+/// The next directory that takes writes, round-robin.
+fn pick_dir(shared: &Shared) -> Option<&Dir> {
+    let n = shared.dirs.len();
+    let start = shared.rr.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (0..n)
+        .map(|i| &shared.dirs[(start + i) % n])
+        .find(|d| !d.failed.load(std::sync::atomic::Ordering::SeqCst))
+}
