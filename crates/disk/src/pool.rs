@@ -67,58 +67,58 @@ impl RegionBuf {
     }
 }
 
-/// Up to `max` region buffers for one directory, allocated on first use.
+/// The `count` region buffers of one directory.
+///
+/// They are allocated, touched and registered when the tier opens, not on
+/// first use: first-touch page faults on tens of MiB cost milliseconds, which
+/// would otherwise land on the first writes after start.
 pub(crate) struct BufPool {
     bufs: Mutex<Vec<Arc<RegionBuf>>>,
-    max: usize,
     size: usize,
-    register: bool,
     any_registered: AtomicBool,
     idle: Notify,
 }
 
 impl BufPool {
-    /// A pool of at most `max` buffers of `size` bytes.
-    pub fn new(max: usize, size: usize, register: bool) -> Self {
+    /// A pool of `count` (at least one) buffers of `size` bytes, offered to
+    /// `engine` for registered-buffer I/O when `register` is set.
+    pub fn new(count: usize, size: usize, register: bool, engine: &Arc<dyn IoEngine>) -> Self {
+        let mut any_registered = false;
+        let bufs = (0..count.max(1))
+            .map(|_| {
+                // Zeroing touches every page now.
+                let mut b = RegionBuf::new(size);
+                if register {
+                    // SAFETY: the buffer lives in this pool until the pool is
+                    // dropped, and `Shared::drop` leaks registered buffers
+                    // when the engine outlives the tier, so the range stays
+                    // valid for the engine's lifetime.
+                    b.registered = unsafe { engine.register_memory(b.ptr, b.len) };
+                    any_registered |= b.registered;
+                }
+                Arc::new(b)
+            })
+            .collect();
         BufPool {
-            bufs: Mutex::new(Vec::new()),
-            max: max.max(1),
+            bufs: Mutex::new(bufs),
             size,
-            register,
-            any_registered: AtomicBool::new(false),
+            any_registered: AtomicBool::new(any_registered),
             idle: Notify::new(),
         }
     }
 
-    /// An idle buffer, allocating one if fewer than `max` exist, else waiting
-    /// until one goes idle.
-    pub async fn acquire(&self, engine: &Arc<dyn IoEngine>) -> Arc<RegionBuf> {
+    /// An idle buffer, waiting until one goes idle if all are in use.
+    pub async fn acquire(&self) -> Arc<RegionBuf> {
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             {
-                let mut bufs = self.bufs.lock();
+                let bufs = self.bufs.lock();
                 // Only the pool clones buffers out (here, under the lock), so a
                 // count of one cannot rise while we hold it.
                 if let Some(b) = bufs.iter().find(|b| Arc::strong_count(b) == 1) {
                     return b.clone();
-                }
-                if bufs.len() < self.max {
-                    let mut b = RegionBuf::new(self.size);
-                    if self.register {
-                        // SAFETY: the buffer lives in this pool until the pool
-                        // is dropped, and `Shared::drop` leaks registered
-                        // buffers when the engine outlives the tier, so the
-                        // range stays valid for the engine's lifetime.
-                        b.registered = unsafe { engine.register_memory(b.ptr, b.len) };
-                        if b.registered {
-                            self.any_registered.store(true, Ordering::Relaxed);
-                        }
-                    }
-                    let b = Arc::new(b);
-                    bufs.push(b.clone());
-                    return b;
                 }
             }
             notified.await;
@@ -152,7 +152,7 @@ impl BufPool {
 impl std::fmt::Debug for BufPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BufPool")
-            .field("max", &self.max)
+            .field("count", &self.bufs.lock().len())
             .field("size", &self.size)
             .finish()
     }

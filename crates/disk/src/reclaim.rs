@@ -91,7 +91,7 @@ pub(crate) async fn open_region(
     dir: &Dir,
     w: &mut DirWriter,
 ) -> Result<Vec<HotBlock>> {
-    let buf = dir.pool.acquire(&shared.engine).await;
+    let buf = dir.pool.acquire().await;
     let (idx, hot) = match w.free.pop_front() {
         Some(r) => (r, Vec::new()),
         None => reclaim_one(shared, dir).await?,

@@ -318,7 +318,12 @@ impl DiskTier {
                 failed: AtomicBool::new(false),
                 regions: (0..layout.regions_per_dir).map(|_| Region::new()).collect(),
                 writer: tokio::sync::Mutex::new(DirWriter::new(VecDeque::new())),
-                pool: BufPool::new(cfg.buffers_per_dir, region_bytes, cfg.register_buffers),
+                pool: BufPool::new(
+                    cfg.buffers_per_dir,
+                    region_bytes,
+                    cfg.register_buffers,
+                    &engine,
+                ),
             });
         }
         if !layout.slot_header_bytes.is_multiple_of(align.offset as u64)

@@ -5,7 +5,7 @@
 //! put_batch ──lock dir writer──> reserve slots in the open region (open / reclaim one if needed)
 //!           ──> push a Ticket to the dir's reaper queue (still under the lock: queue order = reservation order)
 //!           ──unlock──> copy headers + data into the region buffer (own slots only)
-//!           ──> submit ONE write for the new extent; hand the Completion to the ticket
+//!           ──> submit the new extent in ONE submission (ops of <= 256 KiB); hand the Completion to the ticket
 //! reaper    ──> wait for the write ──> extent ok and its region header durable?
 //!           ──> (last extent of a sealed region: fdatasync if `sync`)
 //!           ──> insert index entries ──> retire the extent ──> reply to put_batch
@@ -36,6 +36,10 @@ use crate::region::Fill;
 use crate::stats::add;
 use crate::tier::{Dir, DiskPut, Shared};
 use crate::{DiskError, Result};
+
+/// Largest single write op; longer extents are cut into several ops of one
+/// submission. A multiple of 4096.
+const WRITE_OP_BYTES: u64 = 256 << 10;
 
 /// The region currently taking writes in a directory.
 pub(crate) struct OpenRegion {
@@ -157,9 +161,7 @@ fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) ->
     let dir = &shared.dirs[dir_idx as usize];
     let region = &dir.regions[ext.region as usize];
     let mut outcome = match &done {
-        Some(d) if d.results.len() == 1 => {
-            d.check_op(0).map_err(|e| NotAcked::Write(e.to_string()))
-        }
+        Some(d) if !d.results.is_empty() => d.check().map_err(|e| NotAcked::Write(e.to_string())),
         Some(_) => Err(NotAcked::Write(
             "the I/O engine shut down mid-write".to_owned(),
         )),
@@ -300,7 +302,7 @@ fn reserve(
 }
 
 /// Copies the reserved blocks (and the region header, for a region's first
-/// extent) into the buffer and submits one write. No await: a reservation is
+/// extent) into the buffer and submits its writes in one batch. No await: a reservation is
 /// always submitted (or its ticket's channel dropped) before the caller can
 /// be cancelled.
 fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place<'_>]) {
@@ -346,20 +348,32 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
         block.copy_from_slice(p.data);
         pad.fill(0);
     }
-    let mut batch = IoBatch::with_capacity(1);
-    let op = IoOp {
-        kind: IoKind::Write,
-        file: dir.file,
-        offset: l.region_offset(res.region) + from,
-        buf: res.buf.ptr_at(from as usize),
-        len: (to - from) as u32,
-    };
-    // SAFETY: the range lies inside the buffer, which the batch keeps alive
-    // (the Arc below); nobody writes it until the buffer is idle again,
-    // which needs this batch's reference gone, i.e. the write finished.
-    unsafe { batch.push(op) };
+    // One submission, but the extent is cut into ops of at most
+    // WRITE_OP_BYTES: devices (NVMe, virtio) serve several moderate writes
+    // in parallel faster than one huge one.
+    let start = l.region_offset(res.region) + from;
+    let len = to - from;
+    let mut batch = IoBatch::with_capacity(len.div_ceil(WRITE_OP_BYTES) as usize);
+    let mut done = 0;
+    while done < len {
+        let n = WRITE_OP_BYTES.min(len - done);
+        let op = IoOp {
+            kind: IoKind::Write,
+            file: dir.file,
+            offset: start + done,
+            buf: res.buf.ptr_at((from + done) as usize),
+            len: n as u32,
+        };
+        // SAFETY: the range lies inside the buffer, which the batch keeps
+        // alive (the Arc below); nobody writes it until the buffer is idle
+        // again, which needs this batch's reference gone, i.e. the write
+        // finished.
+        unsafe { batch.push(op) };
+        done += n;
+    }
     batch.keep_alive(res.buf.clone());
-    add(&shared.stats.write_ios, 1);
+    let ops = batch.len() as u64;
+    add(&shared.stats.write_ios, ops);
     let completion = shared.engine.submit(batch);
     // The reaper holds the receiver until the tier is dropped.
     let _ = res.completion_tx.send(completion);

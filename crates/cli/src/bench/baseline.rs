@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::measure::{Latencies, Side, process_cpu_time};
+use super::measure::{Latencies, Run, Side, process_cpu_time};
 use kvtier_io::AlignedBuf;
 
 /// Access pattern of a raw I/O baseline.
@@ -44,8 +44,15 @@ pub fn open_direct_file(path: &Path, size: u64) -> Result<File> {
     Ok(f)
 }
 
+/// Name of the raw io_uring baseline for `pattern`.
+pub fn uring_name(pattern: Pattern) -> String {
+    format!("raw io_uring O_DIRECT registered buffers, {pattern:?}")
+}
+
 /// Runs `ops` operations of `object_bytes` on `file` (of `file_size` bytes)
-/// keeping `qd` in flight, with registered buffers, and returns its figures.
+/// keeping `qd` in flight, with registered buffers, and returns its totals.
+/// Sequential writes start at operation `first_op` (so rounds continue
+/// where the previous one stopped).
 pub fn uring(
     file: &File,
     file_size: u64,
@@ -53,7 +60,8 @@ pub fn uring(
     qd: u32,
     ops: u64,
     pattern: Pattern,
-) -> Result<Side> {
+    first_op: u64,
+) -> Result<Run> {
     let qd = qd.max(1);
     // Buffers are declared before the ring so that on any early return the
     // ring (and with it every in-flight operation) is torn down first.
@@ -79,11 +87,11 @@ pub fn uring(
     if slots == 0 {
         bail!("file smaller than one object");
     }
-    let mut rng = StdRng::seed_from_u64(7);
+    let mut rng = StdRng::seed_from_u64(7 + first_op);
     let fd = types::Fd(file.as_raw_fd());
     let mut started = vec![Instant::now(); qd as usize];
     let mut lat = Latencies::default();
-    let (mut submitted, mut done, mut seq) = (0u64, 0u64, 0u64);
+    let (mut submitted, mut done, mut seq) = (0u64, 0u64, first_op);
     let mut free: Vec<u32> = (0..qd).collect();
     let cpu0 = process_cpu_time();
     let t0 = Instant::now();
@@ -135,19 +143,18 @@ pub fn uring(
     let cpu = process_cpu_time() - cpu0;
     drop(ring); // the ring goes before the buffers it may reference
     drop(bufs);
-    let what = format!(
-        "raw io_uring O_DIRECT{} {:?}",
-        if fixed { " fixed-buffers" } else { "" },
-        pattern
-    );
-    Ok(Side::from_run(
-        what,
-        ops * object_bytes,
+    if !fixed {
+        eprintln!(
+            "warning: the baseline could not register its buffers (memlock limit?); it used plain I/O"
+        );
+    }
+    Ok(Run {
+        bytes: ops * object_bytes,
         ops,
         wall,
         cpu,
-        &mut lat,
-    ))
+        lat,
+    })
 }
 
 /// Direction of a memcpy baseline, matching the tier operation it is the

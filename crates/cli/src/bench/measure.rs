@@ -44,6 +44,46 @@ impl Latencies {
     }
 }
 
+/// Totals of one or more timed runs of the same operation, so baseline
+/// and kvtier can be measured in alternating rounds (the disk's speed drifts
+/// over seconds; alternating keeps the drift out of the ratio).
+#[derive(Default)]
+pub struct Run {
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Operations completed.
+    pub ops: u64,
+    /// Wall time.
+    pub wall: Duration,
+    /// Process CPU time.
+    pub cpu: Duration,
+    /// Per-operation latencies.
+    pub lat: Latencies,
+}
+
+impl Run {
+    /// Adds another round's totals.
+    pub fn add(&mut self, other: Run) {
+        self.bytes += other.bytes;
+        self.ops += other.ops;
+        self.wall += other.wall;
+        self.cpu += other.cpu;
+        self.lat.0.extend(other.lat.0);
+    }
+
+    /// The figures of everything added so far.
+    pub fn side(mut self, what: impl Into<String>) -> Side {
+        Side::from_run(
+            what,
+            self.bytes,
+            self.ops,
+            self.wall,
+            self.cpu,
+            &mut self.lat,
+        )
+    }
+}
+
 /// One side (baseline or kvtier) of a case.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Side {

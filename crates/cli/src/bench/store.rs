@@ -20,7 +20,7 @@ use kvtier_io::{AlignedBuf, IoEngine};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 use super::baseline::{self, CopyPattern, Pattern};
-use super::measure::{Case, Latencies, Side, process_cpu_time};
+use super::measure::{Case, Latencies, Run, Side, process_cpu_time};
 
 /// Arguments of `kvtier bench store`.
 #[derive(Args)]
@@ -141,8 +141,12 @@ fn progress(show: bool, what: &str) {
     }
 }
 
+/// Alternating rounds per measurement: baseline, kvtier, baseline, ...
+const ROUNDS: u64 = 4;
+
 /// Disk cases for one geometry: write, read, and (for layered blocks)
-/// per-layer reads.
+/// per-layer reads. Each is measured in [`ROUNDS`] alternating rounds of
+/// baseline and kvtier on the same directory.
 async fn disk_cases(
     plan: &Plan,
     engine: Arc<dyn IoEngine>,
@@ -151,78 +155,16 @@ async fn disk_cases(
     show: bool,
 ) -> Result<Vec<Case>> {
     let block = geometry.block_bytes();
-    let nblocks = (plan.bytes / block).max(plan.qd as u64 * 2);
+    let nblocks = (plan.bytes / block).max(plan.qd as u64 * ROUNDS);
     let data_bytes = nblocks * block;
     let qd = plan.qd;
-    let mut out = Vec::new();
-
-    // Baselines on a plain file in the same directory.
-    let base_path = plan.dir.join(format!("baseline-{label}.dat"));
-    let file = baseline::open_direct_file(&base_path, data_bytes)?;
-    progress(show, &format!("baseline sequential write {label}"));
-    let bw = baseline::uring(&file, data_bytes, block, qd, nblocks, Pattern::SeqWrite)?;
-    let fio_w = plan
-        .use_fio
-        .then(|| {
-            baseline::fio(
-                &base_path,
-                data_bytes,
-                block,
-                qd,
-                Pattern::SeqWrite,
-                Duration::from_secs(3),
-            )
-        })
-        .flatten();
-    progress(show, &format!("baseline random read {label}"));
-    let br = baseline::uring(&file, data_bytes, block, qd, nblocks, Pattern::RandRead)?;
-    let fio_r = plan
-        .use_fio
-        .then(|| {
-            baseline::fio(
-                &base_path,
-                data_bytes,
-                block,
-                qd,
-                Pattern::RandRead,
-                Duration::from_secs(3),
-            )
-        })
-        .flatten();
+    let per_round = nblocks / ROUNDS;
     let layer = geometry.layer_bytes();
     let layered = geometry.layers > 1;
-    let bl = if layered {
-        progress(
-            show,
-            &format!("baseline random read of {}-byte layers", layer),
-        );
-        Some(baseline::uring(
-            &file,
-            data_bytes,
-            layer,
-            qd,
-            nblocks,
-            Pattern::RandRead,
-        )?)
-    } else {
-        None
-    };
-    let fio_l = (layered && plan.use_fio)
-        .then(|| {
-            baseline::fio(
-                &base_path,
-                data_bytes,
-                layer,
-                qd,
-                Pattern::RandRead,
-                Duration::from_secs(3),
-            )
-        })
-        .flatten();
-    drop(file);
-    let _ = std::fs::remove_file(&base_path);
 
-    // The disk tier on the same directory.
+    // The baseline's plain file and the disk tier, side by side.
+    let base_path = plan.dir.join(format!("baseline-{label}.dat"));
+    let file = baseline::open_direct_file(&base_path, data_bytes)?;
     let tier_dir = plan.dir.join("bench-disk").join(label);
     let _ = std::fs::remove_dir_all(&tier_dir);
     std::fs::create_dir_all(&tier_dir)?;
@@ -258,91 +200,215 @@ async fn disk_cases(
     let sums: Vec<BlockSums> = keys
         .iter()
         .enumerate()
-        .map(|(i, k)| {
-            BlockSums::compute(
-                *k,
-                geometry.layer_bytes() as usize,
-                &sources[i % sources.len()],
-            )
-        })
+        .map(|(i, k)| BlockSums::compute(*k, layer as usize, &sources[i % sources.len()]))
         .collect();
+    let src = WriteSource {
+        keys: Arc::new(keys),
+        sources: Arc::new(sources),
+        sums: Arc::new(sums),
+    };
 
-    progress(show, &format!("disk tier batched writes {label}"));
-    let batch = (qd as usize).max(1);
-    let mut lat = Latencies::default();
-    let cpu0 = process_cpu_time();
-    let t0 = Instant::now();
-    for chunk in (0..nblocks as usize).collect::<Vec<_>>().chunks(batch) {
-        let puts: Vec<DiskPut<'_>> = chunk
-            .iter()
-            .map(|&i| DiskPut {
-                key: keys[i],
-                data: &sources[i % sources.len()],
-                sums: &sums[i],
-            })
-            .collect();
-        let t = Instant::now();
-        let res = tier.put_batch(&puts).await;
-        lat.push_n(t.elapsed(), puts.len());
-        if let Some(Err(e)) = res.into_iter().find(|r| r.is_err()) {
-            bail!("disk tier write failed: {e}");
-        }
-    }
-    let store_w = Side::from_run(
-        "disk tier put_batch",
-        data_bytes,
-        nblocks,
-        t0.elapsed(),
-        process_cpu_time() - cpu0,
-        &mut lat,
+    progress(
+        show,
+        &format!("sequential writes {label}: raw io_uring vs disk tier"),
     );
-    out.push(Case::new(
-        &format!("disk_write_{label}"),
-        block,
-        qd,
-        bw,
-        store_w,
-        fio_w,
-    ));
-
-    progress(show, &format!("disk tier verified random reads {label}"));
-    let store_r = read_side(&tier, &keys, block as usize, qd, nblocks, None).await?;
-    out.push(Case::new(
-        &format!("disk_read_{label}"),
-        block,
-        qd,
-        br,
-        store_r,
-        fio_r,
-    ));
-
-    if let Some(bl) = bl {
-        progress(show, &format!("disk tier verified per-layer reads {label}"));
-        let store_l = read_side(
-            &tier,
-            &keys,
-            layer as usize,
+    let (mut bw, mut sw) = (Run::default(), Run::default());
+    for r in 0..ROUNDS {
+        bw.add(baseline::uring(
+            &file,
+            data_bytes,
+            block,
             qd,
-            nblocks,
-            Some(geometry.layers),
-        )
-        .await?;
+            per_round,
+            Pattern::SeqWrite,
+            r * per_round,
+        )?);
+        let range = (r * per_round) as usize..((r + 1) * per_round) as usize;
+        sw.add(write_side(&tier, &src, range, qd).await?);
+    }
+    progress(
+        show,
+        &format!("random reads {label}: raw io_uring vs disk tier"),
+    );
+    let (mut br, mut sr) = (Run::default(), Run::default());
+    let written = &src.keys[..(ROUNDS * per_round) as usize];
+    for r in 0..ROUNDS {
+        br.add(baseline::uring(
+            &file,
+            data_bytes,
+            block,
+            qd,
+            per_round,
+            Pattern::RandRead,
+            r,
+        )?);
+        sr.add(read_side(&tier, written, block as usize, qd, per_round, None, r).await?);
+    }
+    let mut layers = None;
+    if layered {
+        progress(
+            show,
+            &format!("random {layer}-byte layer reads {label}: raw io_uring vs disk tier"),
+        );
+        let (mut bl, mut sl) = (Run::default(), Run::default());
+        for r in 0..ROUNDS {
+            bl.add(baseline::uring(
+                &file,
+                data_bytes,
+                layer,
+                qd,
+                per_round,
+                Pattern::RandRead,
+                r,
+            )?);
+            sl.add(
+                read_side(
+                    &tier,
+                    written,
+                    layer as usize,
+                    qd,
+                    per_round,
+                    Some(geometry.layers),
+                    r,
+                )
+                .await?,
+            );
+        }
+        layers = Some((bl, sl));
+    }
+    let fio = |obj: u64, pattern: Pattern| {
+        plan.use_fio
+            .then(|| {
+                baseline::fio(
+                    &base_path,
+                    data_bytes,
+                    obj,
+                    qd,
+                    pattern,
+                    Duration::from_secs(3),
+                )
+            })
+            .flatten()
+    };
+    if plan.use_fio {
+        progress(show, &format!("fio {label}"));
+    }
+    let mut out = vec![
+        Case::new(
+            &format!("disk_write_{label}"),
+            block,
+            qd,
+            bw.side(baseline::uring_name(Pattern::SeqWrite)),
+            sw.side(format!(
+                "disk tier put_batch ({WRITERS} concurrent batches of {})",
+                batch_of(qd)
+            )),
+            fio(block, Pattern::SeqWrite),
+        ),
+        Case::new(
+            &format!("disk_read_{label}"),
+            block,
+            qd,
+            br.side(baseline::uring_name(Pattern::RandRead)),
+            sr.side(format!(
+                "disk tier get_batch, verified ({WRITERS} concurrent batches of {})",
+                batch_of(qd)
+            )),
+            fio(block, Pattern::RandRead),
+        ),
+    ];
+    if let Some((bl, sl)) = layers {
         out.push(Case::new(
             &format!("disk_read_layer_{label}"),
             layer,
             qd,
-            bl,
-            store_l,
-            fio_l,
+            bl.side(baseline::uring_name(Pattern::RandRead)),
+            sl.side(format!(
+                "disk tier read_layers, verified ({WRITERS} concurrent batches of {})",
+                batch_of(qd)
+            )),
+            fio(layer, Pattern::RandRead),
         ));
     }
+    drop(file);
+    let _ = std::fs::remove_file(&base_path);
     let _ = tier.close().await;
     Ok(out)
 }
 
-/// Random verified reads through the disk tier, `ops` blocks (or single
-/// layers of blocks when `layers` is set), two batches of `qd / 2` in flight
-/// so the device queue never drains between batches.
+/// Concurrent batches the kvtier side keeps in flight; each holds
+/// [`batch_of`]`(qd)` blocks, so as many bytes are in flight as in the
+/// baseline (`qd` objects).
+const WRITERS: usize = 8;
+
+fn batch_of(qd: u32) -> usize {
+    (qd as usize / WRITERS).max(1)
+}
+
+/// What the write rounds draw from.
+struct WriteSource {
+    keys: Arc<Vec<BlockHash>>,
+    sources: Arc<Vec<Vec<u8>>>,
+    sums: Arc<Vec<BlockSums>>,
+}
+
+/// Writes blocks `range` of `src` through the disk tier with [`WRITERS`]
+/// concurrent `put_batch` calls.
+async fn write_side(
+    tier: &DiskTier,
+    src: &WriteSource,
+    range: std::ops::Range<usize>,
+    qd: u32,
+) -> Result<Run> {
+    let batch = batch_of(qd);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(range.start));
+    let cpu0 = process_cpu_time();
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..WRITERS {
+        let (tier, next, end) = (tier.clone(), next.clone(), range.end);
+        let (keys, sources, sums) = (src.keys.clone(), src.sources.clone(), src.sums.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Latencies::default();
+            loop {
+                let first = next.fetch_add(batch, std::sync::atomic::Ordering::Relaxed);
+                if first >= end {
+                    return Ok::<_, anyhow::Error>(lat);
+                }
+                let last = (first + batch).min(end);
+                let puts: Vec<DiskPut<'_>> = (first..last)
+                    .map(|i| DiskPut {
+                        key: keys[i],
+                        data: &sources[i % sources.len()],
+                        sums: &sums[i],
+                    })
+                    .collect();
+                let t = Instant::now();
+                let res = tier.put_batch(&puts).await;
+                lat.push_n(t.elapsed(), puts.len());
+                if let Some(Err(e)) = res.into_iter().find(|r| r.is_err()) {
+                    bail!("disk tier write failed: {e}");
+                }
+            }
+        }));
+    }
+    let mut lat = Latencies::default();
+    for t in tasks {
+        lat.0.extend(t.await??.0);
+    }
+    let n = range.len() as u64;
+    Ok(Run {
+        bytes: n * tier.geometry().block_bytes(),
+        ops: n,
+        wall: t0.elapsed(),
+        cpu: process_cpu_time() - cpu0,
+        lat,
+    })
+}
+
+/// `ops` random verified reads through the disk tier (whole blocks, or one
+/// random layer of each block when `layers` is set), [`WRITERS`] concurrent
+/// batches of [`batch_of`]`(qd)`.
 async fn read_side(
     tier: &DiskTier,
     keys: &[BlockHash],
@@ -350,24 +416,23 @@ async fn read_side(
     qd: u32,
     ops: u64,
     layers: Option<u32>,
-) -> Result<Side> {
-    let per_batch = ((qd / 2).max(1)) as usize;
-    let workers = 2usize;
-    let per_worker = ops as usize / workers;
+    seed: u64,
+) -> Result<Run> {
+    let per_batch = batch_of(qd);
+    let per_worker = ops as usize / WRITERS;
+    let keys = Arc::new(keys.to_vec());
     let cpu0 = process_cpu_time();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..workers {
-        let tier = tier.clone();
-        let keys = keys.to_vec();
+    for w in 0..WRITERS {
+        let (tier, keys) = (tier.clone(), keys.clone());
         tasks.push(tokio::spawn(async move {
-            let mut rng = StdRng::seed_from_u64(w as u64 + 1);
+            let mut rng = StdRng::seed_from_u64(seed * 1000 + w as u64 + 1);
             let mut lat = Latencies::default();
             let mut bufs: Vec<AlignedBuf> = (0..per_batch)
                 .map(|_| AlignedBuf::zeroed(len, 4096))
                 .collect();
-            let mut done = 0usize;
-            let mut misses = 0usize;
+            let (mut done, mut misses) = (0usize, 0usize);
             while done < per_worker {
                 let n = per_batch.min(per_worker - done);
                 let layer = layers.map(|l| rng.random_range(0..l));
@@ -382,9 +447,7 @@ async fn read_side(
                 };
                 lat.push_n(t.elapsed(), n);
                 for (b, lookup) in res {
-                    if !lookup.is_hit() {
-                        misses += 1;
-                    }
+                    misses += usize::from(!lookup.is_hit());
                     bufs.push(b);
                 }
                 done += n;
@@ -402,20 +465,14 @@ async fn read_side(
     if misses > 0 {
         bail!("{misses} reads missed or failed verification in the benchmark");
     }
-    let n = (per_worker * workers) as u64;
-    let what = if layers.is_some() {
-        "disk tier read_layers (verified)"
-    } else {
-        "disk tier get_batch (verified)"
-    };
-    Ok(Side::from_run(
-        what,
-        n * len as u64,
-        n,
-        t0.elapsed(),
-        process_cpu_time() - cpu0,
-        &mut lat,
-    ))
+    let n = (per_worker * WRITERS) as u64;
+    Ok(Run {
+        bytes: n * len as u64,
+        ops: n,
+        wall: t0.elapsed(),
+        cpu: process_cpu_time() - cpu0,
+        lat,
+    })
 }
 
 /// DRAM cases: memcpy vs the memory tier's put (copy into a shared-memory
