@@ -20,7 +20,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use kvtier_core::{BlockHash, Lookup, combine_layer_checksums, layer_checksum};
+use kvtier_core::{BlockHash, BlockSums, Lookup, combine_layer_checksums, layer_checksum};
 use kvtier_io::{AlignedBuf, BatchDone, DmaTarget, IoBatch, IoKind, IoOp};
 
 use crate::format::{SlotHeader, round_up};
@@ -71,7 +71,7 @@ pub(crate) async fn read<T: DmaTarget>(
     shared: &Arc<Shared>,
     reqs: Vec<(BlockHash, T)>,
     layers: Option<Range<u32>>,
-) -> Vec<(T, Lookup)> {
+) -> Vec<(T, Lookup, Option<BlockSums>)> {
     let l = &shared.layout;
     let n = reqs.len();
     let (range, want_len) = match &layers {
@@ -84,14 +84,17 @@ pub(crate) async fn read<T: DmaTarget>(
                     "read_layers with an invalid layer range"
                 );
                 add(&shared.stats.misses, n as u64);
-                return reqs.into_iter().map(|(_, t)| (t, Lookup::Miss)).collect();
+                return reqs
+                    .into_iter()
+                    .map(|(_, t)| (t, Lookup::Miss, None))
+                    .collect();
             }
             let start = r.start as u64 * l.layer_bytes;
             let end = r.end as u64 * l.layer_bytes;
             (start..end, end - start)
         }
     };
-    let mut out: Vec<Option<(T, Lookup)>> = (0..n).map(|_| None).collect();
+    let mut out: Vec<Option<(T, Lookup, Option<BlockSums>)>> = (0..n).map(|_| None).collect();
     let mut planned: Vec<Planned<T>> = Vec::new();
     let mut batch = IoBatch::with_capacity(n * if layers.is_some() { 2 } else { 1 });
     let mut owners = 0usize;
@@ -99,7 +102,7 @@ pub(crate) async fn read<T: DmaTarget>(
         if target.len() as u64 != want_len {
             tracing::warn!(%key, len = target.len(), want = want_len, "read target of the wrong length");
             add(&shared.stats.misses, 1);
-            out[pos] = Some((target, Lookup::Miss));
+            out[pos] = Some((target, Lookup::Miss, None));
             continue;
         }
         let entry = shared.index.pin(key, |e| {
@@ -109,7 +112,7 @@ pub(crate) async fn read<T: DmaTarget>(
         });
         let Some(entry) = entry else {
             add(&shared.stats.misses, 1);
-            out[pos] = Some((target, Lookup::Miss));
+            out[pos] = Some((target, Lookup::Miss, None));
             continue;
         };
         let dir = &shared.dirs[entry.loc.dir as usize];
@@ -178,14 +181,14 @@ pub(crate) async fn read<T: DmaTarget>(
         let complete = done.results.len() == done.ops.len() && !done.ops.is_empty();
         for p in planned {
             let result = finish(shared, &mut done, complete, p, &layers);
-            if let Some((pos, t, lookup)) = result {
-                out[pos] = Some((t, lookup));
+            if let Some((pos, t, lookup, sums)) = result {
+                out[pos] = Some((t, lookup, sums));
             }
         }
         // Dropping `done` releases the reader pins.
         drop(done);
     }
-    let results: Vec<(T, Lookup)> = out.into_iter().flatten().collect();
+    let results: Vec<(T, Lookup, Option<BlockSums>)> = out.into_iter().flatten().collect();
     if results.len() != n {
         tracing::error!(
             lost = n - results.len(),
@@ -195,14 +198,15 @@ pub(crate) async fn read<T: DmaTarget>(
     results
 }
 
-/// Verifies one request's bytes and decides its outcome.
+/// Verifies one request's bytes and decides its outcome; whole-block reads
+/// also return the block's checksums computed while verifying.
 fn finish<T: DmaTarget>(
     shared: &Shared,
     done: &mut BatchDone,
     complete: bool,
     p: Planned<T>,
     layers: &Option<Range<u32>>,
-) -> Option<(usize, T, Lookup)> {
+) -> Option<(usize, T, Lookup, Option<BlockSums>)> {
     let l = &shared.layout;
     let read_ok = complete
         && done.check_op(p.data_op).is_ok()
@@ -216,6 +220,7 @@ fn finish<T: DmaTarget>(
         } => (target, done.take_owner::<AlignedBuf>(owner), skip),
     };
     let len = target.len();
+    let mut sums = None;
     let verified = read_ok && {
         let bytes: &[u8] = match &bounce {
             Some(b) => &b[skip..skip + len],
@@ -226,7 +231,10 @@ fn finish<T: DmaTarget>(
         };
         match layers {
             None => {
-                kvtier_core::block_checksum(p.key, l.layer_bytes as usize, bytes) == p.entry.sum
+                let s = BlockSums::compute(p.key, l.layer_bytes as usize, bytes);
+                let ok = s.block == p.entry.sum;
+                sums = ok.then_some(s);
+                ok
             }
             Some(r) => {
                 let header = p
@@ -240,7 +248,7 @@ fn finish<T: DmaTarget>(
         shared.index.remove_if_at(p.key, p.entry.loc);
         add(&shared.stats.corrupt, 1);
         tracing::warn!(key = %p.key, dir = p.entry.loc.dir, region = p.entry.loc.region, slot = p.entry.loc.slot, "disk block failed verification; dropped");
-        return Some((p.pos, target, Lookup::Corrupt));
+        return Some((p.pos, target, Lookup::Corrupt, None));
     }
     if let Some(b) = &bounce {
         // SAFETY: as above; the target is ours and valid for `len` bytes,
@@ -252,7 +260,7 @@ fn finish<T: DmaTarget>(
         r.last_read.fetch_max(t, Ordering::Relaxed);
     }
     add(&shared.stats.hits, 1);
-    Some((p.pos, target, Lookup::Hit))
+    Some((p.pos, target, Lookup::Hit, sums))
 }
 
 /// Checks a slot header against the index and `bytes` (layers `r`) against

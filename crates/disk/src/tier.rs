@@ -384,6 +384,20 @@ impl DiskTier {
     /// the engine shuts down mid-batch, which cannot happen while the tier
     /// holds it, would targets be lost and the result be shorter.)
     pub async fn get_batch<T: DmaTarget>(&self, reqs: Vec<(BlockHash, T)>) -> Vec<(T, Lookup)> {
+        crate::reader::read(&self.shared, reqs, None)
+            .await
+            .into_iter()
+            .map(|(t, l, _)| (t, l))
+            .collect()
+    }
+
+    /// Like [`get_batch`](Self::get_batch), and for every hit also the
+    /// block's checksums as computed while verifying it, so a caller moving
+    /// the block on (promotion into DRAM) need not hash it again.
+    pub async fn get_batch_with_sums<T: DmaTarget>(
+        &self,
+        reqs: Vec<(BlockHash, T)>,
+    ) -> Vec<(T, Lookup, Option<BlockSums>)> {
         crate::reader::read(&self.shared, reqs, None).await
     }
 
@@ -396,7 +410,11 @@ impl DiskTier {
         reqs: Vec<(BlockHash, T)>,
         layers: Range<u32>,
     ) -> Vec<(T, Lookup)> {
-        crate::reader::read(&self.shared, reqs, Some(layers)).await
+        crate::reader::read(&self.shared, reqs, Some(layers))
+            .await
+            .into_iter()
+            .map(|(t, l, _)| (t, l))
+            .collect()
     }
 
     /// Whether `key` is indexed (it may still turn out corrupt on read).

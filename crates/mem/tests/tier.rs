@@ -645,3 +645,28 @@ proptest! {
         run_model(capacity, ops)?;
     }
 }
+
+#[test]
+fn commit_verified_publishes_but_still_refuses_inconsistent_sums() {
+    let t = tier("commitv", 4);
+    let Reserve::Reserved(mut r) = t.reserve(BlockHash(7)).unwrap() else {
+        panic!("expected a reservation");
+    };
+    r.as_mut_slice().copy_from_slice(&block(7));
+    // Sums whose layer checksums do not combine to the block checksum are
+    // refused without publishing.
+    let mut bad = sums(7);
+    bad.block ^= 1;
+    assert!(matches!(
+        r.commit_verified(&bad),
+        Err(MemError::BadSums { .. })
+    ));
+    assert!(!t.contains(BlockHash(7)));
+
+    let Reserve::Reserved(mut r) = t.reserve(BlockHash(7)).unwrap() else {
+        panic!("expected a reservation");
+    };
+    r.as_mut_slice().copy_from_slice(&block(7));
+    assert_eq!(r.commit_verified(&sums(7)).unwrap(), PutOutcome::Stored);
+    assert_eq!(get(&t, 7), Lookup::Hit);
+}

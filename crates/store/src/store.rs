@@ -262,25 +262,25 @@ impl Store {
             StoreCounters::add(&c.misses, 1);
             return Ok(None);
         };
-        let layer_bytes = inner.geometry.layer_bytes() as usize;
         let found = match inner.memory.reserve(key)? {
             Reserve::Reserved(slot) => {
-                let mut res = disk.get_batch(vec![(key, SlotTarget(slot))]).await;
+                let mut res = disk
+                    .get_batch_with_sums(vec![(key, SlotTarget(slot))])
+                    .await;
                 match res.pop() {
-                    Some((SlotTarget(mut slot), Lookup::Hit)) => {
-                        dst.copy_from_slice(slot.as_mut_slice());
-                        let sums = BlockSums::compute(key, layer_bytes, dst);
-                        // The disk tier verified the bytes; committing makes
-                        // the promoted copy visible and marks it as also on disk.
-                        if slot.commit(&sums).is_ok() {
+                    Some((SlotTarget(slot), Lookup::Hit, Some(sums))) => {
+                        dst.copy_from_slice(slot.as_slice());
+                        // The disk tier verified these very slot bytes and
+                        // computed their sums: publish without hashing again.
+                        if slot.commit_verified(&sums).is_ok() {
                             inner.memory.set_persisted(key, true);
                             StoreCounters::add(&c.promotions, 1);
                             self.maybe_wake_demoter();
                         }
                         Lookup::Hit
                     }
-                    Some((_, other)) => other,
-                    None => Lookup::Miss,
+                    Some((_, Lookup::Hit, None)) | None => Lookup::Miss,
+                    Some((_, other, _)) => other,
                 }
             }
             // Someone promoted or put it meanwhile.
@@ -369,7 +369,6 @@ impl Store {
         let Some(disk) = inner.disk.as_ref() else {
             return Ok(out);
         };
-        let layer_bytes = inner.geometry.layer_bytes() as usize;
         let idx: Vec<usize> = from_disk.iter().map(|(i, _, _)| *i).collect();
         let reqs: Vec<(BlockHash, SlotTarget)> =
             from_disk.into_iter().map(|(_, k, s)| (k, s)).collect();
@@ -377,16 +376,21 @@ impl Store {
         let results = if reqs.is_empty() {
             Vec::new()
         } else {
-            disk.get_batch(reqs).await
+            disk.get_batch_with_sums(reqs).await
         };
-        for ((i, key), (SlotTarget(mut slot), lookup)) in
+        for ((i, key), (SlotTarget(slot), lookup, sums)) in
             idx.into_iter().zip(keys_read).zip(results)
         {
+            let lookup = if lookup.is_hit() && sums.is_none() {
+                Lookup::Miss
+            } else {
+                lookup
+            };
             self.account_disk(lookup, i, &mut out);
-            if lookup.is_hit() {
-                dsts[i].copy_from_slice(slot.as_mut_slice());
-                let sums = BlockSums::compute(key, layer_bytes, dsts[i]);
-                if slot.commit(&sums).is_ok() {
+            if let (Lookup::Hit, Some(sums)) = (lookup, sums) {
+                dsts[i].copy_from_slice(slot.as_slice());
+                // Verified by the disk tier in this very slot: no second hash.
+                if slot.commit_verified(&sums).is_ok() {
                     inner.memory.set_persisted(key, true);
                     StoreCounters::add(&c.promotions, 1);
                 }

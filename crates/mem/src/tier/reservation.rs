@@ -98,6 +98,16 @@ impl SlotReservation {
         Ok(self.publish_unverified(sums))
     }
 
+    /// Makes the block visible after checking that `sums` are consistent,
+    /// without hashing the bytes again: for a caller that has itself just
+    /// verified *these slot bytes* against `sums` (the store, after the disk
+    /// tier read a block straight into this slot and verified it). Saves a
+    /// pass over the block; anything else should use [`commit`](Self::commit).
+    pub fn commit_verified(self, sums: &BlockSums) -> Result<PutOutcome> {
+        self.inner.check_sums(self.key, sums)?;
+        Ok(self.publish_unverified(sums))
+    }
+
     /// Makes the block visible without hashing it (for `put`, whose caller
     /// vouches for the sums of bytes it just handed over).
     pub(crate) fn publish_unverified(mut self, sums: &BlockSums) -> PutOutcome {
