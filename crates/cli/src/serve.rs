@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvtier_store::Store;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Arguments of `kvtier serve`.
 #[derive(Args)]
@@ -35,6 +36,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         let store = Store::open(&config).await.context("opening the store")?;
+        // Install the handlers before announcing readiness, so a signal sent
+        // as soon as the ready line appears still gets a clean shutdown.
+        let signals = Signals::install()?;
         let disk = store
             .disk()
             .map(|d| (d.len(), d.capacity_blocks()))
@@ -48,7 +52,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             data_dir = %config.serve.data_dir.display(),
             "kvtier serving; Ctrl-C or SIGTERM to stop"
         );
-        wait_for_shutdown(&store, args.stats_interval).await;
+        signals.wait(&store, args.stats_interval).await;
         tracing::info!("shutting down: writing DRAM blocks to disk and checkpointing");
         store.close().await.context("closing the store")?;
         log_stats(&store);
@@ -57,15 +61,31 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     })
 }
 
-async fn wait_for_shutdown(store: &Store, stats_interval: u64) {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    let mut tick = tokio::time::interval(Duration::from_secs(stats_interval.max(1)));
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => return,
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => return,
-            _ = tick.tick(), if stats_interval > 0 => log_stats(store),
+/// SIGINT and SIGTERM, registered up front.
+struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
+
+    /// Returns on the first SIGINT or SIGTERM, logging statistics every
+    /// `stats_interval` seconds meanwhile (0: never).
+    async fn wait(mut self, store: &Store, stats_interval: u64) {
+        let mut tick = tokio::time::interval(Duration::from_secs(stats_interval.max(1)));
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = self.interrupt.recv() => return,
+                _ = self.terminate.recv() => return,
+                _ = tick.tick(), if stats_interval > 0 => log_stats(store),
+            }
         }
     }
 }
