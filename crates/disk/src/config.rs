@@ -39,6 +39,11 @@ pub struct DiskTierConfig {
     /// Region-sized write buffers per directory (at least 1; 2 lets one
     /// region fill while the previous one's writes finish). Default 2.
     pub buffers_per_dir: usize,
+    /// Blocks whose verified per-layer checksums are kept in memory, so
+    /// reading one layer after another of the same blocks reads each slot
+    /// header once (about `16 + 8 x layers` bytes each, plus map overhead;
+    /// 0 disables). Default 16384.
+    pub layer_sums_cache: usize,
 }
 
 impl DiskTierConfig {
@@ -57,6 +62,7 @@ impl DiskTierConfig {
             register_buffers: cfg.register_buffers,
             reset: false,
             buffers_per_dir: 2,
+            layer_sums_cache: 16384,
         }
     }
 }

@@ -55,6 +55,7 @@
 //!     register_buffers: false,
 //!     reset: false,
 //!     buffers_per_dir: 2,
+//!     layer_sums_cache: 16384,
 //! };
 //! let tier = DiskTier::open(cfg, Arc::new(PsyncEngine::new(4, 32)?))?;
 //! let key = BlockHash(7);
@@ -75,6 +76,7 @@ mod error;
 pub mod format;
 pub mod index;
 pub mod latch;
+mod layer_sums;
 pub mod meta;
 mod pool;
 mod reader;

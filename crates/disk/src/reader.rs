@@ -62,8 +62,11 @@ struct Planned<T> {
     entry: Entry,
     data_op: usize,
     dest: Dest<T>,
-    /// Op and owner index of the slot header read (layer reads).
+    /// Op and owner index of the slot header read (layer reads whose
+    /// layer sums were not cached).
     header: Option<(usize, usize)>,
+    /// Cached, already authenticated layer sums (layer reads).
+    cached_sums: Option<Arc<[u64]>>,
 }
 
 /// The body of `get_batch` (`layers == None`) and `read_layers`.
@@ -149,7 +152,10 @@ pub(crate) async fn read<T: DmaTarget>(
                 target,
             }
         };
-        let header = layers.as_ref().map(|_| {
+        let cached_sums = layers
+            .as_ref()
+            .and_then(|_| shared.layer_sums.get(key, entry.sum));
+        let header = layers.as_ref().filter(|_| cached_sums.is_none()).map(|_| {
             let op = batch.len();
             let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, a.mem.max(4096));
             batch.read_owned(
@@ -173,6 +179,7 @@ pub(crate) async fn read<T: DmaTarget>(
             data_op,
             dest,
             header,
+            cached_sums,
         });
     }
     if !planned.is_empty() {
@@ -236,12 +243,21 @@ fn finish<T: DmaTarget>(
                 sums = ok.then_some(s);
                 ok
             }
-            Some(r) => {
-                let header = p
-                    .header
-                    .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner));
-                header.is_some_and(|h| verify_layers(shared, p.key, &p.entry, &h, r, bytes))
-            }
+            Some(r) => match &p.cached_sums {
+                Some(sums) => layers_match(p.key, l.layer_bytes, sums, r, bytes),
+                None => {
+                    let header = p
+                        .header
+                        .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner));
+                    match header.and_then(|h| header_layer_sums(shared, p.key, &p.entry, &h)) {
+                        Some(sums) if layers_match(p.key, l.layer_bytes, &sums, r, bytes) => {
+                            shared.layer_sums.insert(p.key, p.entry.sum, sums);
+                            true
+                        }
+                        _ => false,
+                    }
+                }
+            },
         }
     };
     if !verified {
@@ -263,29 +279,37 @@ fn finish<T: DmaTarget>(
     Some((p.pos, target, Lookup::Hit, sums))
 }
 
-/// Checks a slot header against the index and `bytes` (layers `r`) against
-/// the header's layer sums.
-fn verify_layers(
+/// The layer sums of a slot header, if the header belongs to `key` and its
+/// sums combine to the indexed block checksum (which authenticates them).
+fn header_layer_sums(
     shared: &Shared,
     key: BlockHash,
     entry: &Entry,
     header: &[u8],
+) -> Option<Arc<[u64]>> {
+    let l = &shared.layout;
+    let h = SlotHeader::decode(header, l.layers)?;
+    let ok = h.key == key
+        && h.data_len == l.block_bytes
+        && h.block_sum == entry.sum
+        && combine_layer_checksums(key, &h.layer_sums) == entry.sum;
+    ok.then(|| Arc::from(h.layer_sums))
+}
+
+/// Whether `bytes` (layers `r` of block `key`) match the authenticated
+/// layer sums.
+fn layers_match(
+    key: BlockHash,
+    layer_bytes: u64,
+    sums: &[u64],
     r: &Range<u32>,
     bytes: &[u8],
 ) -> bool {
-    let l = &shared.layout;
-    let Some(h) = SlotHeader::decode(header, l.layers) else {
-        return false;
-    };
-    if h.key != key
-        || h.data_len != l.block_bytes
-        || h.block_sum != entry.sum
-        || combine_layer_checksums(key, &h.layer_sums) != entry.sum
-    {
-        return false;
-    }
     bytes
-        .chunks(l.layer_bytes as usize)
+        .chunks(layer_bytes as usize)
         .zip(r.clone())
-        .all(|(chunk, layer)| layer_checksum(key, layer, chunk) == h.layer_sums[layer as usize])
+        .all(|(chunk, layer)| {
+            sums.get(layer as usize)
+                .is_some_and(|s| layer_checksum(key, layer, chunk) == *s)
+        })
 }

@@ -131,6 +131,8 @@ pub(crate) struct Shared {
     pub stop: Arc<StopSignal>,
     /// The background checkpoint thread, joined by `close`.
     pub checkpointer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Verified per-layer checksums of recently read blocks.
+    pub layer_sums: crate::layer_sums::LayerSumsCache,
 }
 
 impl Drop for Shared {
@@ -351,6 +353,7 @@ impl DiskTier {
             ckpt_lock: Mutex::new(()),
             stop: Arc::new(StopSignal::default()),
             checkpointer: Mutex::new(None),
+            layer_sums: crate::layer_sums::LayerSumsCache::new(cfg.layer_sums_cache),
             cfg,
         });
         crate::recover::recover(&shared)?;

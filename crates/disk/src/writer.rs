@@ -5,7 +5,7 @@
 //! put_batch ──lock dir writer──> reserve slots in the open region (open / reclaim one if needed)
 //!           ──> push a Ticket to the dir's reaper queue (still under the lock: queue order = reservation order)
 //!           ──unlock──> copy headers + data into the region buffer (own slots only)
-//!           ──> submit the new extent in ONE submission (ops of <= 256 KiB); hand the Completion to the ticket
+//!           ──> submit the new extent in ONE submission (ops of <= 128 KiB); hand the Completion to the ticket
 //! reaper    ──> wait for the write ──> extent ok and its region header durable?
 //!           ──> (last extent of a sealed region: fdatasync if `sync`)
 //!           ──> insert index entries ──> retire the extent ──> reply to put_batch
@@ -39,7 +39,7 @@ use crate::{DiskError, Result};
 
 /// Largest single write op; longer extents are cut into several ops of one
 /// submission. A multiple of 4096.
-const WRITE_OP_BYTES: u64 = 256 << 10;
+const WRITE_OP_BYTES: u64 = 128 << 10;
 
 /// The region currently taking writes in a directory.
 pub(crate) struct OpenRegion {
@@ -379,22 +379,40 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
     let _ = res.completion_tx.send(completion);
 }
 
-/// Reserves, fills and submits `places` in `dir` (under the writer lock held
-/// by the caller), returning the reply receivers of each extent with how
-/// many blocks it took.
+/// One extent placed by [`place_locked`]: how many blocks of the run it
+/// took, where its outcome arrives, and its reservation if it still has to
+/// be filled and submitted (by [`submit_placed`], outside the lock).
+pub(crate) struct Placed {
+    pub count: usize,
+    pub reply: Reply,
+    pending: Option<Reservation>,
+}
+
+/// Reserves slots for `places` in `dir` under the writer lock held by the
+/// caller. The copies and submissions are left to [`submit_placed`], which
+/// the caller runs right after releasing the lock, so concurrent writers
+/// copy in parallel; reservation order alone fixes the order in which the
+/// reaper acknowledges extents.
+///
+/// Cancellation: a reservation dropped unsubmitted reads as a failed write
+/// to the reaper, so none may be pending across an `.await`. Here the only
+/// await is opening a region, and anything reserved before it is submitted
+/// first (under the lock; rare, a call normally reserves once); the caller
+/// calls `submit_placed` with no await in between.
 pub(crate) async fn place_locked(
     shared: &Shared,
     dir: &Dir,
     w: &mut DirWriter,
     places: &[Place<'_>],
     reinsert: bool,
-) -> Result<Vec<(usize, Reply)>> {
-    let mut out = Vec::new();
+) -> Result<Vec<Placed>> {
+    let mut out: Vec<Placed> = Vec::new();
     let mut i = 0;
     while i < places.len() {
         let blocks: Vec<(BlockHash, u64)> =
             places[i..].iter().map(|p| (p.key, p.block_sum)).collect();
         if w.open.is_none() {
+            submit_placed(shared, dir, &mut out, places);
             let hot = crate::reclaim::open_region(shared, dir, w).await?;
             if !hot.is_empty() {
                 let keep: Vec<Place<'_>> = hot.iter().map(|h| h.place(&shared.layout)).collect();
@@ -404,13 +422,33 @@ pub(crate) async fn place_locked(
                 fill_and_submit(shared, dir, res, &keep);
             }
         }
-        let (res, rx) = reserve(shared, dir, w, &blocks, reinsert)?;
-        let n = res.count as usize;
-        fill_and_submit(shared, dir, res, &places[i..i + n]);
-        out.push((n, rx));
-        i += n;
+        let (res, reply) = reserve(shared, dir, w, &blocks, reinsert)?;
+        let count = res.count as usize;
+        out.push(Placed {
+            count,
+            reply,
+            pending: Some(res),
+        });
+        i += count;
     }
     Ok(out)
+}
+
+/// Fills and submits every still-pending reservation of `placed` (which
+/// cover `places` in order). Synchronous by design; see [`place_locked`].
+pub(crate) fn submit_placed(
+    shared: &Shared,
+    dir: &Dir,
+    placed: &mut [Placed],
+    places: &[Place<'_>],
+) {
+    let mut at = 0;
+    for p in placed {
+        if let Some(res) = p.pending.take() {
+            fill_and_submit(shared, dir, res, &places[at..at + p.count]);
+        }
+        at += p.count;
+    }
 }
 
 /// The body of [`DiskTier::put_batch`](crate::DiskTier::put_batch).
@@ -481,12 +519,16 @@ pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> V
             None => shared.layout.slots_per_region as usize,
         };
         let take = room.min(places.len() - next);
-        match place_locked(shared, dir, &mut w, &places[next..next + take], false).await {
-            Ok(extents) => {
+        let run = &places[next..next + take];
+        match place_locked(shared, dir, &mut w, run, false).await {
+            Ok(mut extents) => {
+                // Copy and submit outside the lock (no await in between).
+                drop(w);
+                submit_placed(shared, dir, &mut extents, run);
                 let mut at = next;
-                for (n, rx) in extents {
-                    pending.push((todo[at..at + n].to_vec(), dir, rx));
-                    at += n;
+                for e in extents {
+                    pending.push((todo[at..at + e.count].to_vec(), dir, e.reply));
+                    at += e.count;
                 }
                 next += take;
                 tried_dirs = 0;

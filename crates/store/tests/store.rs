@@ -67,6 +67,7 @@ fn disk(dir: &Path, g: &Geometry, engine: Arc<dyn IoEngine>) -> DiskTier {
         register_buffers: true,
         reset: false,
         buffers_per_dir: 2,
+        layer_sums_cache: 16384,
     };
     DiskTier::open(cfg, engine).expect("disk tier")
 }

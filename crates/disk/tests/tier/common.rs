@@ -67,6 +67,7 @@ pub fn config(dirs: Vec<PathBuf>, capacity_per_dir: u64) -> DiskTierConfig {
         register_buffers: true,
         reset: false,
         buffers_per_dir: 2,
+        layer_sums_cache: 16384,
     }
 }
 
