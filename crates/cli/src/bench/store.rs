@@ -255,13 +255,16 @@ async fn disk_cases(
             &format!("random {layer}-byte layer reads {label}: raw io_uring vs disk tier"),
         );
         let (mut bl, mut sl) = (Run::default(), Run::default());
+        // As many bytes as the other cases: every layer of every block, in
+        // random order.
+        let layer_ops = per_round * geometry.layers as u64;
         for r in 0..ROUNDS {
             bl.add(baseline::uring(
                 &file,
                 data_bytes,
                 layer,
                 qd,
-                per_round,
+                layer_ops,
                 Pattern::RandRead,
                 r,
             )?);
@@ -271,7 +274,7 @@ async fn disk_cases(
                     written,
                     layer as usize,
                     qd,
-                    per_round,
+                    layer_ops,
                     Some(geometry.layers),
                     r,
                 )
