@@ -44,9 +44,12 @@ impl Default for StoreOptions {
 
 pub(crate) struct Inner {
     pub(crate) geometry: Geometry,
-    pub(crate) memory: MemoryTier,
+    // Field order is drop order: the disk tier and the engine go before the
+    // memory tier, whose arena is registered with the engine, so the arena
+    // outlives every user of that registration.
     pub(crate) disk: Option<DiskTier>,
     pub(crate) engine: Option<Arc<dyn IoEngine>>,
+    pub(crate) memory: MemoryTier,
     pub(crate) counters: StoreCounters,
     pub(crate) options: StoreOptions,
     /// Serialises write-behind rounds so two callers never write the same
@@ -100,7 +103,8 @@ impl Store {
     }
 
     /// Builds a store from tiers made by the caller (tests, benchmarks).
-    /// Without a disk tier, DRAM evicts its coldest blocks when full.
+    /// Without a disk tier, DRAM evicts its coldest blocks when full. Must
+    /// be called inside a tokio runtime (the demoter is a task).
     pub fn from_parts(
         geometry: Geometry,
         memory: MemoryTier,
@@ -174,9 +178,6 @@ impl Store {
         sums: &BlockSums,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
-        if inner.disk.as_ref().is_some_and(|d| d.contains(key)) && inner.memory.contains(key) {
-            return Ok(());
-        }
         loop {
             match inner.memory.put(key, data, sums)? {
                 PutOutcome::Stored => {
