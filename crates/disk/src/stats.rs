@@ -20,7 +20,8 @@ pub struct DiskStats {
     /// Lookups whose bytes failed verification or whose read failed; the
     /// entries were dropped.
     pub corrupt: u64,
-    /// Read operations issued.
+    /// Read operations issued: block and layer reads, slot-header reads,
+    /// re-insertion reads and the header reads of recovery at open.
     pub read_ios: u64,
     /// Write operations issued.
     pub write_ios: u64,

@@ -254,3 +254,81 @@ async fn corrupted_disk_block_is_a_counted_miss() {
     assert_eq!(st.misses, 4);
     s.close().await.unwrap();
 }
+
+/// Writers and readers race while DRAM holds a fraction of the blocks, so
+/// demotion, eviction and promotion run all the time: every read of an
+/// acknowledged block returns exactly its bytes (never a miss: a block is
+/// never in neither tier), and nothing else ever comes back. Readers keep
+/// going until the writers are done, so the phases overlap by construction;
+/// a final pass reads every block back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_puts_and_gets_under_pressure_never_lose_or_corrupt() {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
+    for kind in ENGINES {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(dir.path(), kind, 12);
+        let g = *s.geometry();
+        let acked: Arc<Mutex<HashSet<u128>>> = Arc::default();
+        let writing = Arc::new(AtomicBool::new(true));
+        let mut writers = Vec::new();
+        for w in 0..3u128 {
+            let (s, acked) = (s.clone(), acked.clone());
+            writers.push(tokio::spawn(async move {
+                for i in 0..40u128 {
+                    let k = w * 1000 + i;
+                    s.put(BlockHash(k), &block(k, &g)).await.unwrap();
+                    acked.lock().unwrap().insert(k);
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        let mut readers = Vec::new();
+        for r in 0..2u64 {
+            let (s, acked, writing) = (s.clone(), acked.clone(), writing.clone());
+            readers.push(tokio::spawn(async move {
+                let mut out = vec![0u8; g.block_bytes() as usize];
+                let mut x = r + 1;
+                let mut reads = 0u64;
+                while writing.load(Ordering::Acquire) || reads < 100 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let k = ((x >> 33) % 3) as u128 * 1000 + ((x >> 40) % 40) as u128;
+                    let was_acked = acked.lock().unwrap().contains(&k);
+                    match s.get(BlockHash(k), &mut out).await.unwrap() {
+                        Some(_) => assert_eq!(out, block(k, &g), "block {k} came back wrong"),
+                        None => assert!(!was_acked, "acknowledged block {k} was lost"),
+                    }
+                    reads += 1;
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        for t in writers {
+            t.await.unwrap();
+        }
+        writing.store(false, Ordering::Release);
+        for t in readers {
+            t.await.unwrap();
+        }
+        // Every block, once more: 120 blocks, 12 DRAM slots, so most come
+        // back from disk through promotion.
+        let mut out = vec![0u8; g.block_bytes() as usize];
+        for w in 0..3u128 {
+            for i in 0..40u128 {
+                let k = w * 1000 + i;
+                assert!(
+                    s.get(BlockHash(k), &mut out).await.unwrap().is_some(),
+                    "{kind:?}: block {k} lost"
+                );
+                assert_eq!(out, block(k, &g), "{kind:?}: block {k} wrong");
+            }
+        }
+        let st = s.stats();
+        assert_eq!(st.corrupt_memory + st.corrupt_disk, 0);
+        assert!(st.demotions > 0 && st.promotions > 0, "{kind:?}: {st:?}");
+        s.close().await.unwrap();
+    }
+}
