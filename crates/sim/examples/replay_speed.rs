@@ -2,7 +2,7 @@
 //! the Mooncake conversation trace.
 //!
 //! `cargo run --release -p kvtier-sim --example replay_speed [TRACE]`
-//! (default trace: `/work/shared/traces/mooncake_conversation_trace.jsonl`,
+//! (default trace: `../shared/traces/mooncake_conversation_trace.jsonl` beside the repository,
 //! or `$KVTIER_TRACE`). The trace is replayed `REPEAT` times back to back
 //! (timestamps shifted) so each figure covers a few million accesses.
 
@@ -20,7 +20,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .or_else(|| std::env::var("KVTIER_TRACE").ok())
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/work/shared/traces/mooncake_conversation_trace.jsonl"));
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../../shared/traces/mooncake_conversation_trace.jsonl"
+            ))
+        });
     let t = Instant::now();
     let requests = trace::read_all(&path, None)?;
     let read_s = t.elapsed().as_secs_f64();

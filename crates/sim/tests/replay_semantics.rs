@@ -10,23 +10,26 @@ use kvtier_sim::policy::PolicyKind;
 use kvtier_sim::replay::{ReplayConfig, TierSpec, replay, replay_stream};
 use kvtier_sim::trace::{self, Request, TraceError};
 
-const CONVERSATION: &str = "/work/shared/traces/mooncake_conversation_trace.jsonl";
+/// The project's shared traces sit beside the repository (`../shared`), in
+/// development and in CI alike.
+const CONVERSATION: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/mooncake_conversation_trace.jsonl"
+);
 
-/// The first `n` requests of the conversation trace (`None` where the trace
-/// is not on this machine).
-fn conversation(n: usize) -> Option<Vec<Request>> {
+/// The first `n` requests of the conversation trace. A missing trace is a
+/// failure, not a skip: the shared traces are part of the test setup.
+fn conversation(n: usize) -> Vec<Request> {
     let path = Path::new(CONVERSATION);
-    if !path.exists() {
-        eprintln!("skipping: {CONVERSATION} not found");
-        return None;
-    }
-    Some(
-        trace::open(path, None)
-            .unwrap()
-            .take(n)
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap(),
-    )
+    assert!(
+        path.exists(),
+        "{CONVERSATION} not found: ../shared must sit beside the repository"
+    );
+    trace::open(path, None)
+        .unwrap()
+        .take(n)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
 }
 
 /// An LRU written independently: last-use tick per key plus a map ordered
@@ -60,9 +63,7 @@ fn independent_lru_hits(reqs: &[Request], cap: usize) -> u64 {
 
 #[test]
 fn conversation_trace_lru_matches_an_independent_lru() {
-    let Some(reqs) = conversation(2000) else {
-        return;
-    };
+    let reqs = conversation(2000);
     for cap in [500u64, 4000] {
         let r = replay(&reqs, &ReplayConfig::single(PolicyKind::Lru, cap));
         let want = independent_lru_hits(&reqs, cap as usize);
@@ -76,9 +77,7 @@ fn conversation_trace_lru_matches_an_independent_lru() {
 
 #[test]
 fn streaming_equals_in_memory() {
-    let Some(reqs) = conversation(1500) else {
-        return;
-    };
+    let reqs = conversation(1500);
     let cfg = ReplayConfig::single(PolicyKind::S3Fifo, 3000);
     let a = replay(&reqs, &cfg);
     let b = replay_stream(reqs.iter().cloned().map(Ok), &cfg).unwrap();
@@ -111,9 +110,7 @@ fn two_tiers(policy: PolicyKind, fast: u64, slow: u64) -> ReplayConfig {
 
 #[test]
 fn two_tiers_hit_at_least_the_first_tier_alone_and_add_up() {
-    let Some(reqs) = conversation(2000) else {
-        return;
-    };
+    let reqs = conversation(2000);
     for policy in PolicyKind::ALL {
         let single = replay(&reqs, &ReplayConfig::single(policy, 1000));
         let tiered = replay(&reqs, &two_tiers(policy, 1000, 3000));
@@ -202,9 +199,7 @@ fn ttl_drops_idle_blocks_at_the_request_time() {
 
 #[test]
 fn timeline_covers_the_trace() {
-    let Some(reqs) = conversation(3000) else {
-        return;
-    };
+    let reqs = conversation(3000);
     let cfg = ReplayConfig::single(PolicyKind::Lru, 5000);
     let r = replay(&reqs, &cfg);
     assert!(!r.timeline.is_empty() && r.timeline.len() <= cfg.timeline_points);
@@ -234,9 +229,7 @@ fn timeline_covers_the_trace() {
 #[test]
 fn streaming_from_the_file_equals_reading_it_all() {
     let path = Path::new(CONVERSATION);
-    if !path.exists() {
-        return;
-    }
+    assert!(path.exists(), "{CONVERSATION} not found");
     let cfg = ReplayConfig::single(PolicyKind::Arc, 20_000);
     let a = replay(&trace::read_all(path, None).unwrap(), &cfg);
     let b = replay_stream(trace::open(path, None).unwrap(), &cfg).unwrap();
