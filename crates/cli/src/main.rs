@@ -2,10 +2,11 @@
 //!
 //! A thin binary over the library crates: it parses arguments, loads the
 //! configuration (file, then `KVTIER_*` environment overrides, then flags)
-//! and hands off to `serve` or `bench`.
+//! and hands off to `serve`, `bench` or `replay`.
 
 mod bench;
 mod config;
+mod replay;
 mod serve;
 
 use anyhow::Result;
@@ -34,6 +35,10 @@ enum Command {
     /// Benchmarks that run their baselines in the same run and print ratios.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Replay a request trace through eviction policies and tier layouts;
+    /// print hit rates, modelled TTFT and cost (table, JSON or CSV) and
+    /// optionally an HTML report.
+    Replay(Box<replay::ReplayArgs>),
     /// Print the effective configuration (file + environment + defaults).
     Config,
 }
@@ -41,7 +46,7 @@ enum Command {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     // Benchmarks print their own progress; only warnings from the library.
-    let default_level = if matches!(cli.command, Command::Bench(_)) {
+    let default_level = if matches!(cli.command, Command::Bench(_) | Command::Replay(_)) {
         "warn"
     } else {
         "info"
@@ -58,6 +63,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Serve(args) => serve::run(cli.config.as_deref(), args),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Replay(args) => replay::run(*args),
         Command::Config => {
             let cfg = config::load(cli.config.as_deref())?;
             print!("{}", cfg.to_toml());

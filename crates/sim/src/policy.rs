@@ -6,8 +6,8 @@
 //! an access costs one hash lookup in the replay and a few array stores here,
 //! and nothing is allocated per access. One policy instance serves one tier;
 //! the replay owns residency (which tier holds a block) and calls
-//! [`Policy::hit`] for a block this tier holds, [`Policy::insert`] for one it
-//! does not, and [`Policy::remove`] when a block is promoted out of it.
+//! `Policy::hit` for a block this tier holds, `Policy::insert` for one it
+//! does not, and `Policy::remove` when a block is promoted out of it.
 //!
 //! Policies, one module each: [`PolicyKind::Lru`] (`lru`), `lfu`, `arc`,
 //! `s3fifo`, `random_lru`, `leaf_lru`, `ttl` and `belady`.

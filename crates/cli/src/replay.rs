@@ -1,0 +1,398 @@
+//! `kvtier replay`: replays a request trace through eviction policies and
+//! tier layouts, and prices each configuration with the TTFT and cost model.
+//!
+//! Arguments are taken in two steps: clap checks their syntax, then
+//! [`Plan::resolve`] turns them into the library's objects (a sweep grid,
+//! a serving model, an optional search target), so every bad value is
+//! reported with the flag it came from before the (possibly long) replay
+//! starts.
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Args;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, TierModel};
+use kvtier_sim::policy::PolicyKind;
+use kvtier_sim::replay::TierSpec;
+use kvtier_sim::report::{Report, SearchSummary, layout_label, to_csv, to_html};
+use kvtier_sim::sweep::{self, Grid, Point, Target, TraceFacts, select};
+use kvtier_sim::trace::{self, TraceFormat};
+
+/// Arguments of `kvtier replay`.
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// Trace file (JSON lines).
+    #[arg(long)]
+    trace: PathBuf,
+    /// Trace format: mooncake, bailian or kvtier. Default: detected from
+    /// the first line.
+    #[arg(long)]
+    format: Option<String>,
+    /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo,
+    /// random-lru, leaf-lru, ttl, belady.
+    #[arg(long, value_delimiter = ',', default_value = "lru")]
+    policy: Vec<String>,
+    /// Single-tier capacities in blocks, comma-separated; each is one
+    /// configuration of a tier named by --capacity-tier.
+    #[arg(long, value_delimiter = ',')]
+    capacity: Vec<u64>,
+    /// Name of the tier --capacity sizes: G1 (HBM, loads nothing), G2
+    /// (DRAM), G3 (NVMe), G4 (remote).
+    #[arg(long, default_value = "G2")]
+    capacity_tier: String,
+    /// A multi-tier layout, fastest first, e.g. G1=1000,G2=4000 (blocks);
+    /// repeat the flag for several layouts.
+    #[arg(long)]
+    tiers: Vec<String>,
+    /// Idle milliseconds after which the ttl policy drops a block.
+    #[arg(long)]
+    ttl_ms: Option<u64>,
+    /// GPU: h100, h200, a100-80g, l40s, b200.
+    #[arg(long, default_value = "h100")]
+    gpu: String,
+    /// GPU price in dollars per hour (default: the GPU table's).
+    #[arg(long)]
+    gpu_price: Option<f64>,
+    /// Model: llama3-8b, llama3-70b, qwen3-32b, deepseek-v3, tiny.
+    #[arg(long, default_value = "llama3-70b")]
+    model: String,
+    /// Model FLOPs utilisation of prefill, in (0, 1].
+    #[arg(long, default_value_t = 0.5)]
+    mfu: f64,
+    /// Tier bandwidths into HBM in GB/s, e.g. G3=12,G4=25.
+    #[arg(long, value_delimiter = ',')]
+    tier_bw: Vec<String>,
+    /// Tier prices in dollars per GB-hour, e.g. G4=0.00003.
+    #[arg(long, value_delimiter = ',')]
+    tier_price: Vec<String>,
+    /// Per-block load latency in microseconds, e.g. G4=20.
+    #[arg(long, value_delimiter = ',')]
+    tier_latency_us: Vec<String>,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Points of each hit-rate timeline.
+    #[arg(long, default_value_t = 50)]
+    timeline_points: usize,
+    /// Seed of randomised policies.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Replay threads (configurations run in parallel).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Mark the cheapest configuration with at least this hit rate.
+    #[arg(long, conflicts_with = "target_ttft_s")]
+    target_hit_rate: Option<f64>,
+    /// Mark the cheapest configuration with at most this mean TTFT (s).
+    #[arg(long)]
+    target_ttft_s: Option<f64>,
+    /// Print one JSON object instead of a table.
+    #[arg(long, conflicts_with = "csv")]
+    json: bool,
+    /// Print CSV instead of a table.
+    #[arg(long)]
+    csv: bool,
+    /// Also write a self-contained HTML report to this file.
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+/// The resolved arguments.
+struct Plan {
+    format: Option<TraceFormat>,
+    grid: Grid,
+    model: ServingModel,
+    target: Option<Target>,
+}
+
+/// Parses `NAME=VALUE`.
+fn pair<T: std::str::FromStr>(flag: &str, s: &str) -> Result<(String, T)>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    let (name, value) = s
+        .split_once('=')
+        .with_context(|| format!("--{flag} {s:?}: expected NAME=VALUE"))?;
+    let name = name.trim();
+    ensure!(!name.is_empty(), "--{flag} {s:?}: empty tier name");
+    let value = value
+        .trim()
+        .parse()
+        .with_context(|| format!("--{flag} {s:?}: bad value"))?;
+    Ok((name.to_owned(), value))
+}
+
+impl Plan {
+    fn resolve(a: &ReplayArgs) -> Result<Self> {
+        let format = a
+            .format
+            .as_deref()
+            .map(str::parse::<TraceFormat>)
+            .transpose()
+            .context("--format")?;
+        let policies = a
+            .policy
+            .iter()
+            .map(|p| {
+                p.trim()
+                    .parse::<PolicyKind>()
+                    .with_context(|| format!("--policy {p:?}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ensure!(!policies.is_empty(), "--policy: give at least one policy");
+        let mut grid = Grid::capacities(&policies, &a.capacity, &a.capacity_tier);
+        for layout in &a.tiers {
+            let tiers = layout
+                .split(',')
+                .map(|t| {
+                    pair::<u64>("tiers", t).map(|(name, capacity_blocks)| TierSpec {
+                        name,
+                        capacity_blocks,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            grid.layouts.push(tiers);
+        }
+        if grid.layouts.is_empty() {
+            bail!("give --capacity or --tiers: there is nothing to replay");
+        }
+        grid.ttl_ms = a.ttl_ms;
+        grid.timeline_points = a.timeline_points;
+        grid.seed = a.seed;
+        if policies.contains(&PolicyKind::Ttl) && a.ttl_ms.is_none() {
+            bail!("--policy ttl needs --ttl-ms");
+        }
+
+        let mut gpu = a.gpu.parse::<GpuKind>().context("--gpu")?.spec();
+        if let Some(p) = a.gpu_price {
+            gpu.dollars_per_hour = p;
+        }
+        let spec: ModelSpec = a.model.parse().context("--model")?;
+        // A catalogue with every tier named anywhere, then the overrides.
+        let mut tiers: Vec<TierModel> = Vec::new();
+        let mut tier = |name: &str| -> usize {
+            match tiers.iter().position(|t| t.name.eq_ignore_ascii_case(name)) {
+                Some(i) => i,
+                None => {
+                    tiers.push(TierModel::for_name(name));
+                    tiers.len() - 1
+                }
+            }
+        };
+        for layout in &grid.layouts {
+            for t in layout {
+                tier(&t.name);
+            }
+        }
+        let mut overrides: Vec<(usize, char, f64)> = Vec::new();
+        for (flag, list, what) in [
+            ("tier-bw", &a.tier_bw, 'b'),
+            ("tier-price", &a.tier_price, 'p'),
+            ("tier-latency-us", &a.tier_latency_us, 'l'),
+        ] {
+            for s in list {
+                let (name, v) = pair::<f64>(flag, s)?;
+                overrides.push((tier(&name), what, v));
+            }
+        }
+        for (i, what, v) in overrides {
+            let t = &mut tiers[i];
+            match what {
+                'b' => {
+                    t.bandwidth_gbps = v;
+                    t.resident = false;
+                }
+                'p' => t.dollars_per_gb_hour = v,
+                _ => t.per_block_latency_us = v,
+            }
+        }
+        let model = ServingModel {
+            model: spec,
+            gpu,
+            mfu: a.mfu,
+            tiers,
+            tokens_per_block: 16,
+        };
+        model.validate().context("the TTFT and cost model")?;
+        let target = match (a.target_hit_rate, a.target_ttft_s) {
+            (Some(h), _) => {
+                ensure!(
+                    (0.0..=1.0).contains(&h),
+                    "--target-hit-rate {h}: not in 0..=1"
+                );
+                Some(Target::HitRate(h))
+            }
+            (None, Some(t)) => {
+                ensure!(t > 0.0, "--target-ttft-s {t}: must be positive");
+                Some(Target::MeanTtftS(t))
+            }
+            (None, None) => None,
+        };
+        ensure!(a.threads > 0, "--threads must be positive");
+        Ok(Plan {
+            format,
+            grid,
+            model,
+            target,
+        })
+    }
+}
+
+/// Runs `kvtier replay`.
+pub fn run(args: ReplayArgs) -> Result<()> {
+    let plan = Plan::resolve(&args)?;
+    let started = Instant::now();
+    let mut requests = match args.limit {
+        Some(n) => trace::open(&args.trace, plan.format)
+            .and_then(|r| r.take(n).collect::<Result<Vec<_>, _>>()),
+        None => trace::read_all(&args.trace, plan.format),
+    }
+    .with_context(|| format!("reading trace {}", args.trace.display()))?;
+    requests.shrink_to_fit();
+    let facts = TraceFacts::of(&requests);
+    let read_s = started.elapsed().as_secs_f64();
+
+    let total = plan.grid.len();
+    let tty = std::io::stderr().is_terminal();
+    let progress = |done: usize, total: usize| {
+        let mut err = std::io::stderr().lock();
+        // Progress is best effort: a closed stderr must not stop the run.
+        let _ = if tty {
+            write!(err, "\rreplayed {done}/{total} configurations")
+        } else {
+            writeln!(err, "replayed {done}/{total}")
+        };
+        if tty && done == total {
+            let _ = writeln!(err);
+        }
+    };
+    let replay_started = Instant::now();
+    let points = sweep::sweep(
+        &requests,
+        &plan.grid,
+        Some(&plan.model),
+        args.threads,
+        &progress,
+    );
+    let replay_s = replay_started.elapsed().as_secs_f64();
+
+    let title = args.trace.file_name().map_or_else(
+        || args.trace.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut model = plan.model.clone();
+    model.tokens_per_block = facts.tokens_per_block.max(1);
+    let mut report = Report::new(&title, facts, Some(model), points);
+    if let Some(target) = plan.target {
+        report.search = Some(SearchSummary {
+            target,
+            best: select(&report.results, target),
+        });
+    }
+    if let Some(path) = &args.report {
+        std::fs::write(path, to_html(&report))
+            .with_context(|| format!("writing the report {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", report.to_json().context("rendering JSON")?)?;
+    } else if args.csv {
+        write!(out, "{}", to_csv(&report))?;
+    } else {
+        print_table(&mut out, &report, total, read_s, replay_s)?;
+    }
+    Ok(())
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |s| format!("{:.1}", s * 1000.0))
+}
+
+fn print_table(
+    out: &mut impl Write,
+    report: &Report,
+    configs: usize,
+    read_s: f64,
+    replay_s: f64,
+) -> Result<()> {
+    let f = &report.trace;
+    writeln!(
+        out,
+        "trace {}: {} requests, {} prompt tokens, {} tokens/block, {:.0} s span",
+        report.title,
+        f.requests,
+        f.input_tokens,
+        f.tokens_per_block,
+        f.span_ms as f64 / 1000.0
+    )?;
+    if let Some(m) = &report.model {
+        writeln!(
+            out,
+            "model {} on {} (MFU {}, ${}/h); read {:.2} s, {} configurations replayed in {:.2} s",
+            m.model.name, m.gpu.name, m.mfu, m.gpu.dollars_per_hour, read_s, configs, replay_s
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<10} {:<22} {:>8} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "policy",
+        "tiers",
+        "hit rate",
+        "hits per tier",
+        "ttft ms",
+        "serial ms",
+        "nocache ms",
+        "bubble ms",
+        "$/Mtok",
+        "gpus saved"
+    )?;
+    let best = report.search.and_then(|s| s.best);
+    for (i, p) in report.results.iter().enumerate() {
+        row(out, p, best == Some(i))?;
+    }
+    if let Some(s) = report.search {
+        match best.and_then(|i| report.results.get(i)) {
+            Some(p) => writeln!(
+                out,
+                "cheapest meeting {}: {} {} (marked *)",
+                s.target,
+                p.policy,
+                layout_label(p)
+            )?,
+            None => writeln!(out, "no configuration meets {}", s.target)?,
+        }
+    }
+    Ok(())
+}
+
+fn row(out: &mut impl Write, p: &Point, best: bool) -> Result<()> {
+    let hits: Vec<String> = p
+        .tiers
+        .iter()
+        .zip(&p.tier_hit_blocks)
+        .map(|(t, h)| format!("{}:{h}", t.name))
+        .collect();
+    let t = p.ttft;
+    let c = p.cost;
+    writeln!(
+        out,
+        "{:<10} {:<22} {:>8.4} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}{}",
+        p.policy,
+        layout_label(p),
+        p.hit_rate,
+        hits.join(" "),
+        ms(t.map(|t| t.with_cache.mean)),
+        ms(t.map(|t| t.with_cache_serial.mean)),
+        ms(t.map(|t| t.without_cache.mean)),
+        ms(t.map(|t| t.bubble.mean)),
+        c.map_or_else(
+            || "-".to_owned(),
+            |c| format!("{:.4}", c.dollars_per_mtok_with_cache)
+        ),
+        c.map_or_else(|| "-".to_owned(), |c| format!("{:.2}", c.gpus_saved)),
+        if best { " *" } else { "" }
+    )?;
+    Ok(())
+}
