@@ -34,16 +34,18 @@ pub struct ReplayArgs {
     /// random-lru, leaf-lru, ttl, belady.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     policy: Vec<String>,
-    /// Single-tier capacities in blocks, comma-separated; each is one
-    /// configuration of a tier named by --capacity-tier.
+    /// Single-tier capacities, comma-separated: blocks (`4000`) or bytes
+    /// with a unit (`64GiB`, converted with the model's KV bytes per token
+    /// and the trace's tokens per block); each is one configuration of a
+    /// tier named by --capacity-tier.
     #[arg(long, value_delimiter = ',')]
-    capacity: Vec<u64>,
+    capacity: Vec<Size>,
     /// Name of the tier --capacity sizes: G1 (HBM, loads nothing), G2
     /// (DRAM), G3 (NVMe), G4 (remote).
     #[arg(long, default_value = "G2")]
     capacity_tier: String,
-    /// A multi-tier layout, fastest first, e.g. G1=1000,G2=4000 (blocks);
-    /// repeat the flag for several layouts.
+    /// A multi-tier layout, fastest first, e.g. G1=1000,G2=4000 (blocks) or
+    /// G2=256GiB,G3=4TiB (bytes); repeat the flag for several layouts.
     #[arg(long)]
     tiers: Vec<String>,
     /// Idle milliseconds after which the ttl policy drops a block.
@@ -99,10 +101,51 @@ pub struct ReplayArgs {
     report: Option<PathBuf>,
 }
 
+/// A tier capacity as given: blocks, or bytes to convert into blocks once
+/// the trace (its tokens per block) is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Blocks(u64),
+    Bytes(u64),
+}
+
+impl std::str::FromStr for Size {
+    type Err = kvtier_core::CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+            t.parse()
+                .map(Size::Blocks)
+                .map_err(|_| kvtier_core::CoreError::InvalidConfig(format!("{t:?} is too large")))
+        } else {
+            t.parse::<kvtier_core::ByteSize>()
+                .map(|b| Size::Bytes(b.bytes()))
+        }
+    }
+}
+
+impl Size {
+    /// Whole blocks of `block_bytes` that fit.
+    fn blocks(self, block_bytes: u64) -> u64 {
+        match self {
+            Size::Blocks(n) => n,
+            Size::Bytes(b) => b / block_bytes.max(1),
+        }
+    }
+}
+
 /// The resolved arguments.
 struct Plan {
     format: Option<TraceFormat>,
-    grid: Grid,
+    policies: Vec<PolicyKind>,
+    /// Single-tier capacities and the tier they size.
+    capacities: Vec<Size>,
+    capacity_tier: String,
+    /// Multi-tier layouts, fastest first.
+    layouts: Vec<Vec<(String, Size)>>,
+    ttl_ms: Option<u64>,
+    timeline_points: usize,
+    seed: u64,
     model: ServingModel,
     target: Option<Target>,
 }
@@ -142,25 +185,19 @@ impl Plan {
             })
             .collect::<Result<Vec<_>>>()?;
         ensure!(!policies.is_empty(), "--policy: give at least one policy");
-        let mut grid = Grid::capacities(&policies, &a.capacity, &a.capacity_tier);
-        for layout in &a.tiers {
-            let tiers = layout
-                .split(',')
-                .map(|t| {
-                    pair::<u64>("tiers", t).map(|(name, capacity_blocks)| TierSpec {
-                        name,
-                        capacity_blocks,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            grid.layouts.push(tiers);
-        }
-        if grid.layouts.is_empty() {
+        let layouts = a
+            .tiers
+            .iter()
+            .map(|layout| {
+                layout
+                    .split(',')
+                    .map(|t| pair::<Size>("tiers", t))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if a.capacity.is_empty() && layouts.is_empty() {
             bail!("give --capacity or --tiers: there is nothing to replay");
         }
-        grid.ttl_ms = a.ttl_ms;
-        grid.timeline_points = a.timeline_points;
-        grid.seed = a.seed;
         if policies.contains(&PolicyKind::Ttl) && a.ttl_ms.is_none() {
             bail!("--policy ttl needs --ttl-ms");
         }
@@ -181,9 +218,12 @@ impl Plan {
                 }
             }
         };
-        for layout in &grid.layouts {
-            for t in layout {
-                tier(&t.name);
+        if !a.capacity.is_empty() {
+            tier(&a.capacity_tier);
+        }
+        for layout in &layouts {
+            for (name, _) in layout {
+                tier(name);
             }
         }
         let mut overrides: Vec<(usize, char, f64)> = Vec::new();
@@ -233,10 +273,52 @@ impl Plan {
         ensure!(a.threads > 0, "--threads must be positive");
         Ok(Plan {
             format,
-            grid,
+            policies,
+            capacities: a.capacity.clone(),
+            capacity_tier: a.capacity_tier.clone(),
+            layouts,
+            ttl_ms: a.ttl_ms,
+            timeline_points: a.timeline_points,
+            seed: a.seed,
             model,
             target,
         })
+    }
+
+    /// The sweep grid, with byte sizes turned into blocks of `block_bytes`.
+    fn grid(&self, block_bytes: u64) -> Result<Grid> {
+        let caps: Vec<u64> = self
+            .capacities
+            .iter()
+            .map(|c| c.blocks(block_bytes))
+            .collect();
+        let mut grid = Grid::capacities(&self.policies, &caps, &self.capacity_tier);
+        for layout in &self.layouts {
+            grid.layouts.push(
+                layout
+                    .iter()
+                    .map(|(name, size)| TierSpec {
+                        name: name.clone(),
+                        capacity_blocks: size.blocks(block_bytes),
+                    })
+                    .collect(),
+            );
+        }
+        if let Some(empty) = grid
+            .layouts
+            .iter()
+            .flatten()
+            .find(|t| t.capacity_blocks == 0)
+        {
+            bail!(
+                "tier {} holds no block of {block_bytes} bytes: give more capacity",
+                empty.name
+            );
+        }
+        grid.ttl_ms = self.ttl_ms;
+        grid.timeline_points = self.timeline_points;
+        grid.seed = self.seed;
+        Ok(grid)
     }
 }
 
@@ -253,8 +335,11 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     requests.shrink_to_fit();
     let facts = TraceFacts::of(&requests);
     let read_s = started.elapsed().as_secs_f64();
+    let block_bytes =
+        plan.model.model.kv_bytes_per_token() * u64::from(facts.tokens_per_block.max(1));
+    let grid = plan.grid(block_bytes)?;
 
-    let total = plan.grid.len();
+    let total = grid.len();
     let tty = std::io::stderr().is_terminal();
     let progress = |done: usize, total: usize| {
         let mut err = std::io::stderr().lock();
@@ -269,13 +354,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         }
     };
     let replay_started = Instant::now();
-    let points = sweep::sweep(
-        &requests,
-        &plan.grid,
-        Some(&plan.model),
-        args.threads,
-        &progress,
-    );
+    let points = sweep::sweep(&requests, &grid, Some(&plan.model), args.threads, &progress);
     let replay_s = replay_started.elapsed().as_secs_f64();
 
     let title = args.trace.file_name().map_or_else(

@@ -181,3 +181,43 @@ fn the_public_conversation_trace_replays() {
         );
     }
 }
+
+#[test]
+fn capacities_in_bytes_become_whole_blocks_of_the_model() {
+    // Llama-3-8B: 128 KiB of KV per token; the trace has 512-token blocks,
+    // so one block is 64 MiB and 200MiB holds 3 whole blocks.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let trace = small_trace(dir.path());
+    let out = kvtier(&[
+        "--trace",
+        trace.to_str().unwrap_or_default(),
+        "--model",
+        "llama3-8b",
+        "--capacity",
+        "200MiB,5",
+        "--tiers",
+        "G2=128MiB,G3=1GiB",
+        "--json",
+    ]);
+    let v = json(&out);
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results[0]["capacity"], 3);
+    assert_eq!(results[1]["capacity"], 5);
+    assert_eq!(results[2]["tiers"][0]["capacity_blocks"], 2);
+    assert_eq!(results[2]["tiers"][1]["capacity_blocks"], 16);
+    // Less than one block is refused with the block size named.
+    let out = kvtier(&[
+        "--trace",
+        trace.to_str().unwrap_or_default(),
+        "--model",
+        "llama3-8b",
+        "--capacity",
+        "1MiB",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("67108864 bytes"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
