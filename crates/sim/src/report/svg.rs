@@ -12,10 +12,13 @@ use super::escape;
 const PALETTE: [&str; 8] = [
     "#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#f0e442", "#000000",
 ];
-const WIDTH: f64 = 680.0;
+/// Width of the plot area; the legend to its right widens the chart to fit
+/// the longest series name.
+const PLOT_WIDTH: f64 = 438.0;
 const HEIGHT: f64 = 360.0;
 const LEFT: f64 = 72.0;
-const RIGHT: f64 = 170.0;
+/// Legend column width at least; about 7.6 px per character beyond.
+const MIN_RIGHT: f64 = 170.0;
 const TOP: f64 = 34.0;
 const BOTTOM: f64 = 52.0;
 
@@ -60,6 +63,21 @@ pub fn fmt_num(v: f64) -> String {
     }
 }
 
+/// A tick label: as many decimals as the distance between ticks needs
+/// (a 866-wide step gets none, a 0.09 step two, a 0.25 step one), so axes read as round
+/// numbers while data points keep [`fmt_num`]'s precision.
+pub fn fmt_tick(v: f64, step: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".to_owned();
+    }
+    let decimals = if step > 0.0 && step.is_finite() {
+        (-(step.log10().floor() as i32)).clamp(0, 4) as usize
+    } else {
+        2
+    };
+    format!("{v:.decimals$}")
+}
+
 fn range(values: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
     for v in values.filter(|v| v.is_finite()) {
@@ -94,13 +112,21 @@ pub fn line_chart(chart: &Chart) -> String {
     let points = || chart.series.iter().flat_map(|s| s.points.iter());
     let (x0, x1) = range(points().map(|p| tx(p.0)), false);
     let (y0, y1) = range(points().map(|p| p.1), chart.y_from_zero);
-    let pw = WIDTH - LEFT - RIGHT;
+    let longest = chart
+        .series
+        .iter()
+        .map(|s| s.name.chars().count())
+        .max()
+        .unwrap_or(0);
+    let right = MIN_RIGHT.max(48.0 + 7.6 * longest as f64);
+    let pw = PLOT_WIDTH;
+    let width = LEFT + pw + right;
     let ph = HEIGHT - TOP - BOTTOM;
     let sx = |x: f64| LEFT + (x - x0) / (x1 - x0) * pw;
     let sy = |y: f64| TOP + ph - (y - y0) / (y1 - y0) * ph;
     let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" aria-label=\"{t}\">\n\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{HEIGHT}\" \
+         viewBox=\"0 0 {width} {HEIGHT}\" role=\"img\" aria-label=\"{t}\">\n\
          <title>{t}</title>\n\
          <text x=\"{cx}\" y=\"20\" text-anchor=\"middle\" font-weight=\"bold\">{t}</text>\n\
          <rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#888\"/>\n",
@@ -126,10 +152,14 @@ pub fn line_chart(chart: &Chart) -> String {
              <text x=\"{ly}\" y=\"{y:.1}\" text-anchor=\"end\" font-size=\"11\">{yl}</text>\n",
             b = TOP + ph,
             lx = TOP + ph + 15.0,
-            xl = escape(&fmt_num(xv)),
+            xl = escape(&if chart.x_log {
+                fmt_num(xv)
+            } else {
+                fmt_tick(xv, (x1 - x0) / 4.0)
+            }),
             r = LEFT + pw,
             ly = LEFT - 4.0,
-            yl = escape(&fmt_num(yv)),
+            yl = escape(&fmt_tick(yv, (y1 - y0) / 4.0)),
         ));
     }
     s.push_str(&format!(
@@ -185,6 +215,14 @@ pub fn line_chart(chart: &Chart) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tick_labels_round_to_the_step() {
+        assert_eq!(fmt_tick(937.305, 866.5), "937");
+        assert_eq!(fmt_tick(0.27485, 0.0916), "0.27");
+        assert_eq!(fmt_tick(0.5, 0.25), "0.5");
+        assert_eq!(fmt_tick(12.0, f64::NAN), "12.00");
+    }
 
     #[test]
     fn numbers_and_degenerate_ranges() {
