@@ -1,0 +1,199 @@
+//! Compact binary encoding of [`BlockMeta`] for the durable backend.
+//!
+//! Block records dominate the metadata footprint, so they are not JSON.
+//! The key lives in the backend's key, not in the value. Layout (all
+//! integers LEB128 varints, strings a varint length then UTF-8 bytes):
+//!
+//! ```text
+//! version(u8 = 1) last_access_ms access_count n_locations
+//!   per location: id status(u8) kind(u8) storage n_specs
+//!     per spec: name uri size
+//! ```
+//!
+//! Decoding checks every length against the remaining bytes and rejects
+//! trailing bytes, unknown tags and versions with [`MetaError::Corrupt`].
+
+use crate::error::{MetaError, Result};
+use crate::model::{
+    BlockKey, BlockMeta, CacheLocation, LocationId, LocationSpec, LocationStatus, StorageKind,
+};
+
+const VERSION: u8 = 1;
+
+/// Encodes `meta` (without its key) into a fresh buffer.
+pub fn encode_block(meta: &BlockMeta) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + meta.locations.len() * 64);
+    out.push(VERSION);
+    put_var(&mut out, meta.last_access_ms);
+    put_var(&mut out, u64::from(meta.access_count));
+    put_var(&mut out, meta.locations.len() as u64);
+    for loc in &meta.locations {
+        put_var(&mut out, loc.id.0);
+        out.push(loc.status.tag());
+        out.push(loc.kind.tag());
+        put_str(&mut out, &loc.storage);
+        put_var(&mut out, loc.specs.len() as u64);
+        for spec in &loc.specs {
+            put_str(&mut out, &spec.name);
+            put_str(&mut out, &spec.uri);
+            put_var(&mut out, spec.size);
+        }
+    }
+    out
+}
+
+/// Decodes a value written by [`encode_block`] for block `key`.
+pub fn decode_block(key: BlockKey, bytes: &[u8]) -> Result<BlockMeta> {
+    let mut r = Reader { buf: bytes, key };
+    let version = r.byte()?;
+    if version != VERSION {
+        return Err(r.corrupt(format!("unknown version {version}")));
+    }
+    let last_access_ms = r.var()?;
+    let access_count = u32::try_from(r.var()?).map_err(|_| r.corrupt("access count"))?;
+    let n_loc = r.len()?;
+    let mut locations = Vec::with_capacity(n_loc);
+    for _ in 0..n_loc {
+        let id = LocationId(r.var()?);
+        let status = LocationStatus::from_tag(r.byte()?).ok_or_else(|| r.corrupt("status"))?;
+        let kind = StorageKind::from_tag(r.byte()?).ok_or_else(|| r.corrupt("kind"))?;
+        let storage = r.string()?;
+        let n_spec = r.len()?;
+        let mut specs = Vec::with_capacity(n_spec);
+        for _ in 0..n_spec {
+            let name = r.string()?;
+            let uri = r.string()?;
+            let size = r.var()?;
+            specs.push(LocationSpec { name, uri, size });
+        }
+        locations.push(CacheLocation {
+            id,
+            storage,
+            kind,
+            status,
+            specs,
+        });
+    }
+    if !r.buf.is_empty() {
+        return Err(r.corrupt("trailing bytes"));
+    }
+    Ok(BlockMeta {
+        key,
+        locations,
+        last_access_ms,
+        access_count,
+    })
+}
+
+fn put_var(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_var(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    key: BlockKey,
+}
+
+impl Reader<'_> {
+    fn corrupt(&self, reason: impl Into<String>) -> MetaError {
+        MetaError::Corrupt {
+            key: self.key,
+            reason: reason.into(),
+        }
+    }
+
+    fn byte(&mut self) -> Result<u8> {
+        let (&b, rest) = self
+            .buf
+            .split_first()
+            .ok_or_else(|| self.corrupt("truncated"))?;
+        self.buf = rest;
+        Ok(b)
+    }
+
+    fn var(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(self.corrupt("varint too long"))
+    }
+
+    /// A count of items, each at least one byte, so it cannot exceed the rest.
+    fn len(&mut self) -> Result<usize> {
+        let n = self.var()?;
+        if n > self.buf.len() as u64 {
+            return Err(self.corrupt("length past end"));
+        }
+        Ok(n as usize)
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let n = self.len()?;
+        let (s, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        String::from_utf8(s.to_vec()).map_err(|_| self.corrupt("utf-8"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn meta(n_loc: usize) -> BlockMeta {
+        BlockMeta {
+            key: BlockKey(7),
+            locations: (0..n_loc)
+                .map(|i| CacheLocation {
+                    id: LocationId(i as u64 * 1_000_003),
+                    storage: format!("s{i}"),
+                    kind: StorageKind::S3,
+                    status: LocationStatus::Serving,
+                    specs: vec![LocationSpec {
+                        name: "tp0".into(),
+                        uri: "s3://b/k".into(),
+                        size: 1 << 20,
+                    }],
+                })
+                .collect(),
+            last_access_ms: 1_700_000_000_000,
+            access_count: 3,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        for n in 0..3 {
+            let m = meta(n);
+            assert_eq!(decode_block(m.key, &encode_block(&m)).ok(), Some(m));
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode_block(BlockKey(1), &bytes);
+        }
+
+        #[test]
+        fn truncation_is_corrupt(cut in 0usize..40) {
+            let enc = encode_block(&meta(1));
+            let cut = cut.min(enc.len() - 1);
+            prop_assert!(decode_block(BlockKey(1), &enc[..cut]).is_err());
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The crate's error type. Each variant maps to one wire error code
+//! ([`MetaError::code`]) when the transport lands.
+
+use crate::model::BlockKey;
+
+/// Errors of the metadata service and its index backends.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    /// The request is malformed (empty keys, mask length mismatch, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// No such instance.
+    #[error("instance {0:?} not found")]
+    InstanceNotFound(String),
+    /// No such instance group.
+    #[error("instance group {0:?} not found")]
+    GroupNotFound(String),
+    /// No such storage.
+    #[error("storage {0:?} not found")]
+    StorageNotFound(String),
+    /// An instance was re-registered with a different configuration.
+    #[error("instance {0:?} already exists with a different configuration")]
+    InstanceConflict(String),
+    /// The group already holds `max_instances` instances.
+    #[error("instance group {0:?} is full")]
+    GroupFull(String),
+    /// A write would exceed the group's hard quota (total, or every candidate
+    /// storage kind's). Nothing was changed.
+    #[error("quota exceeded in group {group:?}: need {requested} bytes, {used} of {limit} used")]
+    QuotaExceeded {
+        /// Group name.
+        group: String,
+        /// Bytes the write needed.
+        requested: u64,
+        /// Bytes in use (writing + serving).
+        used: u64,
+        /// The limit that refused it.
+        limit: u64,
+    },
+    /// No candidate storage of the group is enabled and healthy.
+    #[error("no writable storage for group {0:?}")]
+    NoAvailableStorage(String),
+    /// The write session is unknown: finished already, timed out, or never
+    /// existed.
+    #[error("write session {0} not found")]
+    SessionNotFound(u64),
+    /// A stored record could not be decoded.
+    #[error("corrupt record for block {key:?}: {reason}")]
+    Corrupt {
+        /// Block whose record is bad (0 for control-plane records).
+        key: BlockKey,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The metadata backend failed.
+    #[error("metadata backend: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl MetaError {
+    /// Stable code name for the wire protocols.
+    pub fn code(&self) -> &'static str {
+        match self {
+            MetaError::InvalidArgument(_) => "INVALID_ARGUMENT",
+            MetaError::InstanceNotFound(_) => "INSTANCE_NOT_FOUND",
+            MetaError::GroupNotFound(_) => "GROUP_NOT_FOUND",
+            MetaError::StorageNotFound(_) => "STORAGE_NOT_FOUND",
+            MetaError::InstanceConflict(_) => "INSTANCE_CONFLICT",
+            MetaError::GroupFull(_) => "GROUP_FULL",
+            MetaError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
+            MetaError::NoAvailableStorage(_) => "NO_AVAILABLE_STORAGE",
+            MetaError::SessionNotFound(_) => "SESSION_NOT_FOUND",
+            MetaError::Corrupt { .. } => "CORRUPT",
+            MetaError::Backend(_) => "BACKEND",
+        }
+    }
+
+    pub(crate) fn backend(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        MetaError::Backend(Box::new(e))
+    }
+}
+
+/// Result alias.
+pub type Result<T, E = MetaError> = std::result::Result<T, E>;

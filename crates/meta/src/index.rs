@@ -1,0 +1,139 @@
+//! The metadata storage seam: [`MetaIndex`].
+//!
+//! Everything the service persists goes through this trait, so the embedded
+//! store ([`RedbIndex`]), the reference model ([`MemoryIndex`]) and, later,
+//! Redis/Valkey are interchangeable and run the same test suite.
+//!
+//! Block records are keyed by (instance, [`BlockKey`]). Every batch method
+//! accepts any number of keys. Read-modify-write ([`MetaIndex::modify`]) is
+//! atomic per key against other `modify`/`put`/`delete` calls: keys hash to
+//! one of [`ShardLocks`]' shards, a batch is split into chunks of at most
+//! `batch_shards` distinct shards, and each chunk locks its shards in
+//! ascending order (no deadlock) and releases them before the next chunk
+//! (a huge batch does not starve small ones). Reads take no shard lock
+//! (Tair KVCM: queries are neither locked nor blocked by locks).
+//!
+//! Control-plane objects are stored as opaque bytes under a
+//! ([`RecordKind`], name) key; the service encodes them.
+
+mod memory;
+mod redb;
+mod shard;
+
+pub use memory::MemoryIndex;
+pub use redb::RedbIndex;
+pub use shard::ShardLocks;
+
+use crate::error::Result;
+use crate::model::{BlockKey, BlockMeta};
+
+/// What a [`MetaIndex::modify`] modifier decides for one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Modify {
+    /// Leave the record as it is (or absent).
+    Keep,
+    /// Store this record (its key must be the visited key).
+    Put(BlockMeta),
+    /// Remove the record.
+    Delete,
+}
+
+/// The kind of a control-plane record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    /// [`crate::model::Storage`].
+    Storage,
+    /// [`crate::model::InstanceGroup`].
+    Group,
+    /// [`crate::model::Instance`].
+    Instance,
+    /// [`crate::model::Account`].
+    Account,
+}
+
+impl RecordKind {
+    /// Every kind, for listing.
+    pub const ALL: [RecordKind; 4] = [
+        RecordKind::Storage,
+        RecordKind::Group,
+        RecordKind::Instance,
+        RecordKind::Account,
+    ];
+
+    /// Key prefix in flat key spaces.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            RecordKind::Storage => "storage/",
+            RecordKind::Group => "group/",
+            RecordKind::Instance => "instance/",
+            RecordKind::Account => "account/",
+        }
+    }
+}
+
+/// Modifier callback of [`MetaIndex::modify`]: sees the current record (or
+/// `None`) and decides. Called exactly once per distinct key, under that
+/// key's shard lock.
+pub type Modifier<'a> = dyn FnMut(BlockKey, Option<BlockMeta>) -> Modify + 'a;
+
+/// Storage of metadata records. Implementations must be safe to share
+/// across threads. Calls are synchronous and short (one batch); the
+/// durable backend may wait on an fsync.
+pub trait MetaIndex: Send + Sync + std::fmt::Debug {
+    /// Records for `keys`, in order; `None` where absent.
+    fn get(&self, instance: &str, keys: &[BlockKey]) -> Result<Vec<Option<BlockMeta>>>;
+
+    /// Stores `blocks` (overwriting), each under its own key.
+    fn put(&self, instance: &str, blocks: &[BlockMeta]) -> Result<()>;
+
+    /// Removes `keys`; returns how many existed.
+    fn delete(&self, instance: &str, keys: &[BlockKey]) -> Result<usize>;
+
+    /// Atomic read-modify-write: for each distinct key, calls `f` with the
+    /// current record and applies its decision before any other writer sees
+    /// the key. Duplicate keys are visited once. A chunk's decisions are
+    /// applied all together; on error, earlier chunks stay applied.
+    fn modify(&self, instance: &str, keys: &[BlockKey], f: &mut Modifier<'_>) -> Result<()>;
+
+    /// Records a read of `keys` at `now_ms` (last access, access count).
+    /// Access statistics are hints for eviction: a backend may apply them
+    /// without waiting for durability, and a crash may lose recent ones.
+    /// Absent keys are ignored.
+    fn touch(&self, instance: &str, keys: &[BlockKey], now_ms: u64) -> Result<()> {
+        self.modify(instance, keys, &mut |_, cur| match cur {
+            Some(mut m) => {
+                m.last_access_ms = m.last_access_ms.max(now_ms);
+                m.access_count = m.access_count.saturating_add(1);
+                Modify::Put(m)
+            }
+            None => Modify::Keep,
+        })
+    }
+
+    /// Up to `limit` keys of `instance` greater than `after` (all when
+    /// `None`), ascending. Page with the last key returned.
+    fn scan(&self, instance: &str, after: Option<BlockKey>, limit: usize) -> Result<Vec<BlockKey>>;
+
+    /// Up to `count` distinct records picked at random (for the reclaimer;
+    /// not necessarily uniform: each pick is the first key at or after a
+    /// random point).
+    fn sample(&self, instance: &str, count: usize) -> Result<Vec<BlockMeta>>;
+
+    /// Number of block records of `instance`.
+    fn count(&self, instance: &str) -> Result<u64>;
+
+    /// Removes every block record of `instance`; returns how many.
+    fn drop_instance(&self, instance: &str) -> Result<u64>;
+
+    /// A control-plane record.
+    fn get_record(&self, kind: RecordKind, name: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Stores a control-plane record (overwriting).
+    fn put_record(&self, kind: RecordKind, name: &str, value: &[u8]) -> Result<()>;
+
+    /// Removes a control-plane record; returns whether it existed.
+    fn delete_record(&self, kind: RecordKind, name: &str) -> Result<bool>;
+
+    /// Every record of `kind` as (name, value), by name.
+    fn list_records(&self, kind: RecordKind) -> Result<Vec<(String, Vec<u8>)>>;
+}

@@ -1,0 +1,199 @@
+//! [`MetaService`]: the in-process metadata service (Tair KVCM's
+//! CacheManager), independent of any transport.
+//!
+//! Invariants it keeps:
+//! 1. A key with a writing or serving location is never granted for writing
+//!    (the check and the insert of the writing location are one
+//!    [`MetaIndex::modify`]).
+//! 2. Only serving locations are returned by reads.
+//! 3. A refused write (quota, no storage) changes nothing.
+//! 4. Every granted byte is charged to the group until its location is
+//!    removed or its write fails or times out; a session owns the charge of
+//!    its targets until they turn serving.
+//!
+//! Index calls are synchronous and short; they run on the calling task.
+
+mod catalog;
+mod quota;
+mod read;
+mod remove;
+mod session;
+mod types;
+mod write;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use self::catalog::Catalog;
+pub use self::quota::GroupUsage;
+use self::quota::Quotas;
+pub use self::session::SessionId;
+use self::session::Sessions;
+pub use self::types::{
+    FinishSummary, LocationMatch, LocationQuery, MetaConfig, ReaperHandle, TrimPolicy, WriteGrant,
+    WriteTarget,
+};
+use crate::error::{MetaError, Result};
+use crate::index::{MetaIndex, Modify};
+use crate::model::{BlockKey, Instance, InstanceGroup, LocationStatus, Storage};
+
+/// The metadata service.
+#[derive(Debug)]
+pub struct MetaService {
+    index: Arc<dyn MetaIndex>,
+    config: MetaConfig,
+    catalog: Catalog,
+    quotas: Quotas,
+    sessions: Sessions,
+    /// Source of session and location ids; starts at a random point so ids
+    /// from before a restart are not reissued.
+    next_id: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl MetaService {
+    /// Opens the service over `index`: loads the catalog, removes writing
+    /// locations left by a previous run (their sessions are gone) and
+    /// rebuilds quota usage. This scans every block record once.
+    pub fn new(index: Arc<dyn MetaIndex>, config: MetaConfig) -> Result<Self> {
+        let catalog = Catalog::load(index.as_ref())?;
+        let svc = MetaService {
+            index,
+            config,
+            catalog,
+            quotas: Quotas::default(),
+            sessions: Sessions::default(),
+            next_id: AtomicU64::new(rand::random::<u64>() >> 1),
+        };
+        svc.recover()?;
+        Ok(svc)
+    }
+
+    fn recover(&self) -> Result<()> {
+        for inst in self.catalog.instances() {
+            let mut after = None;
+            loop {
+                let keys = self.index.scan(&inst.id, after, 4096)?;
+                let Some(&last) = keys.last() else { break };
+                after = Some(last);
+                self.index.modify(&inst.id, &keys, &mut |_, cur| {
+                    let Some(mut m) = cur else {
+                        return Modify::Keep;
+                    };
+                    let before = m.locations.len();
+                    m.locations.retain(|l| l.status != LocationStatus::Writing);
+                    for l in &m.locations {
+                        self.quotas.charge(&inst.group, l.kind, l.size());
+                    }
+                    match (m.locations.is_empty(), m.locations.len() == before) {
+                        (true, _) => Modify::Delete,
+                        (false, true) => Modify::Keep,
+                        (false, false) => Modify::Put(m),
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn check_keys(&self, keys: &[BlockKey]) -> Result<()> {
+        if keys.is_empty() {
+            return Err(MetaError::InvalidArgument("no block keys".into()));
+        }
+        if keys.len() > self.config.max_keys {
+            return Err(MetaError::InvalidArgument(format!(
+                "{} keys, at most {} per request",
+                keys.len(),
+                self.config.max_keys
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds or replaces a storage (admin API later).
+    pub fn put_storage(&self, storage: Storage) -> Result<()> {
+        if storage.name.is_empty() {
+            return Err(MetaError::InvalidArgument("empty storage name".into()));
+        }
+        self.catalog.put_storage(self.index.as_ref(), storage)
+    }
+
+    /// Adds or replaces an instance group (admin API later).
+    pub fn put_group(&self, group: InstanceGroup) -> Result<()> {
+        if group.name.is_empty() {
+            return Err(MetaError::InvalidArgument("empty group name".into()));
+        }
+        if !(0.0..=1.0).contains(&group.watermark) {
+            return Err(MetaError::InvalidArgument("watermark outside 0..=1".into()));
+        }
+        self.catalog.put_group(self.index.as_ref(), group)
+    }
+
+    /// Registers an instance. Idempotent for an identical configuration;
+    /// a different one under the same id is [`MetaError::InstanceConflict`].
+    pub async fn register_instance(&self, instance: Instance) -> Result<Instance> {
+        if instance.id.is_empty() {
+            return Err(MetaError::InvalidArgument("empty instance id".into()));
+        }
+        if instance.block_size == 0 {
+            return Err(MetaError::InvalidArgument("block size 0".into()));
+        }
+        if instance.location_specs.is_empty() {
+            return Err(MetaError::InvalidArgument("no location specs".into()));
+        }
+        let mut names: Vec<&str> = instance
+            .location_specs
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) || names.iter().any(|n| n.is_empty()) {
+            return Err(MetaError::InvalidArgument(
+                "spec names must be unique and non-empty".into(),
+            ));
+        }
+        for g in &instance.spec_groups {
+            if let Some(bad) = g
+                .specs
+                .iter()
+                .find(|s| names.binary_search(&s.as_str()).is_err())
+            {
+                return Err(MetaError::InvalidArgument(format!(
+                    "spec group {:?} names unknown spec {bad:?}",
+                    g.name
+                )));
+            }
+        }
+        match self.catalog.instance(&instance.id) {
+            Ok(existing) if *existing == instance => return Ok(instance),
+            Ok(_) => return Err(MetaError::InstanceConflict(instance.id)),
+            Err(_) => {}
+        }
+        Ok((*self.catalog.put_instance(self.index.as_ref(), instance)?).clone())
+    }
+
+    /// The registered configuration of an instance.
+    pub async fn get_instance_info(&self, instance: &str) -> Result<Instance> {
+        Ok((*self.catalog.instance(instance)?).clone())
+    }
+
+    /// Bytes in use by a group.
+    pub fn group_usage(&self, group: &str) -> GroupUsage {
+        self.quotas.usage(group)
+    }
+
+    /// Open write sessions.
+    pub fn open_sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}

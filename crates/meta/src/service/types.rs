@@ -1,0 +1,124 @@
+//! Settings and the request / response types of [`super::MetaService`].
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::SessionId;
+use crate::matching::{BlockMask, MatchMode};
+use crate::model::{BlockKey, CacheLocation};
+
+/// Service settings.
+#[derive(Debug, Clone)]
+pub struct MetaConfig {
+    /// How long a write session may stay open. Default: 30 s.
+    pub session_timeout: Duration,
+    /// How often the reaper looks for expired sessions. Default: 1 s.
+    pub reap_interval: Duration,
+    /// Most keys in one request. Default: 65,536.
+    pub max_keys: usize,
+    /// Whether reads update last access / access count (one index write
+    /// per read). Default: true.
+    pub record_access: bool,
+}
+
+impl Default for MetaConfig {
+    fn default() -> Self {
+        MetaConfig {
+            session_timeout: Duration::from_secs(30),
+            reap_interval: Duration::from_secs(1),
+            max_keys: 65_536,
+            record_access: true,
+        }
+    }
+}
+
+/// A `get_cache_location` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocationQuery {
+    /// Block keys in sequence order.
+    pub keys: Vec<BlockKey>,
+    /// Matching mode.
+    pub mode: MatchMode,
+    /// Positions to skip.
+    pub mask: BlockMask,
+}
+
+impl LocationQuery {
+    /// A prefix query without mask.
+    pub fn prefix(keys: Vec<BlockKey>) -> Self {
+        LocationQuery {
+            keys,
+            mode: MatchMode::Prefix,
+            mask: BlockMask::None,
+        }
+    }
+}
+
+/// A `get_cache_location` answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocationMatch {
+    /// Keys mode: blocks found. Prefix: length of the matched prefix
+    /// (masked positions included). Sliding window: the resume point.
+    pub matched: usize,
+    /// One entry per query key: the serving location where returned.
+    pub locations: Vec<Option<CacheLocation>>,
+}
+
+/// One block granted for writing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteTarget {
+    /// The block.
+    pub key: BlockKey,
+    /// Where to write it (status `Writing`).
+    pub location: CacheLocation,
+}
+
+/// A `start_write_cache` answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteGrant {
+    /// Pass to `finish_write_cache`.
+    pub session: SessionId,
+    /// Blocks to write, in request order; finish flags follow this order.
+    pub blocks: Vec<WriteTarget>,
+    /// Keys not granted: already serving or being written by someone else.
+    pub skipped: Vec<BlockKey>,
+}
+
+/// A `finish_write_cache` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinishSummary {
+    /// Locations now serving.
+    pub served: usize,
+    /// Locations removed (reported failed, or removed meanwhile).
+    pub dropped: usize,
+}
+
+/// What `trim_cache` drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrimPolicy {
+    /// Every block of the instance.
+    All,
+    /// All but the `keep` most recently used.
+    Lru {
+        /// Blocks kept.
+        keep: usize,
+    },
+    /// All but the `keep` most frequently used.
+    Lfu {
+        /// Blocks kept.
+        keep: usize,
+    },
+    /// Blocks idle for at least this long.
+    IdleFor(Duration),
+}
+
+/// Stops the background reaper when dropped.
+#[derive(Debug)]
+pub struct ReaperHandle(pub(super) JoinHandle<()>);
+
+impl Drop for ReaperHandle {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

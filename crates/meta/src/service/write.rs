@@ -1,0 +1,241 @@
+//! The two-phase write: grants (`start_write_cache`), completion
+//! (`finish_write_cache`) and the reclaiming of timed-out sessions.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::session::{Session, Target};
+use super::{FinishSummary, MetaService, ReaperHandle, SessionId, WriteGrant, WriteTarget, now_ms};
+use crate::error::{MetaError, Result};
+use crate::index::Modify;
+use crate::model::{
+    BlockKey, BlockMeta, CacheLocation, Instance, LocationId, LocationSpec, LocationStatus, Storage,
+};
+
+impl MetaService {
+    /// Phase one of a write: grants the keys that are neither serving nor
+    /// being written, each a new writing location on one storage chosen from
+    /// the group's candidates, under a new session.
+    ///
+    /// Refused with [`MetaError::QuotaExceeded`] (or
+    /// [`MetaError::NoAvailableStorage`]) if the writable keys do not fit;
+    /// then nothing changes. An empty grant opens no session.
+    pub async fn start_write_cache(&self, instance: &str, keys: &[BlockKey]) -> Result<WriteGrant> {
+        self.check_keys(keys)?;
+        let inst = self.catalog.instance(instance)?;
+        let group = self.catalog.group(&inst.group)?;
+        let session = SessionId(self.next_id());
+
+        let current = self.index.get(instance, keys)?;
+        let mut seen = std::collections::HashSet::new();
+        let candidates: Vec<BlockKey> = keys
+            .iter()
+            .zip(&current)
+            .filter(|(k, cur)| !cur.as_ref().is_some_and(BlockMeta::is_live) && seen.insert(**k))
+            .map(|(k, _)| *k)
+            .collect();
+        if candidates.is_empty() {
+            return Ok(WriteGrant {
+                session,
+                blocks: Vec::new(),
+                skipped: keys.to_vec(),
+            });
+        }
+        let block_bytes = inst.block_bytes();
+        let storages = self.catalog.candidates(&group);
+        let reserved = block_bytes.saturating_mul(candidates.len() as u64);
+        let storage = self.quotas.reserve(&group, &storages, reserved)?.clone();
+
+        let now = now_ms();
+        let mut granted: HashMap<BlockKey, CacheLocation> = HashMap::new();
+        let result = self.index.modify(instance, &candidates, &mut |key, cur| {
+            if cur.as_ref().is_some_and(BlockMeta::is_live) {
+                return Modify::Keep;
+            }
+            let loc = self.new_location(&inst, &storage, key);
+            let mut m = cur.unwrap_or(BlockMeta {
+                key,
+                locations: Vec::new(),
+                last_access_ms: now,
+                access_count: 0,
+            });
+            m.locations.retain(|l| l.status != LocationStatus::Deleting);
+            m.locations.push(loc.clone());
+            m.last_access_ms = now;
+            granted.insert(key, loc);
+            Modify::Put(m)
+        });
+        let blocks: Vec<WriteTarget> = candidates
+            .iter()
+            .filter_map(|k| {
+                granted
+                    .remove(k)
+                    .map(|location| WriteTarget { key: *k, location })
+            })
+            .collect();
+        // Give back the charge of keys someone else took meanwhile.
+        let unused = reserved - block_bytes * blocks.len() as u64;
+        self.quotas.release(&group.name, storage.kind, unused);
+        if !blocks.is_empty() {
+            // Registered even on error so the reaper reclaims what was made.
+            self.sessions.insert(
+                session,
+                Session {
+                    instance: instance.to_owned(),
+                    group: group.name.clone(),
+                    kind: storage.kind,
+                    block_bytes,
+                    deadline: Instant::now() + self.config.session_timeout,
+                    targets: blocks
+                        .iter()
+                        .map(|b| Target {
+                            key: b.key,
+                            location: b.location.id,
+                        })
+                        .collect(),
+                },
+            );
+        }
+        result?;
+        let granted_keys: std::collections::HashSet<BlockKey> =
+            blocks.iter().map(|b| b.key).collect();
+        let skipped = keys
+            .iter()
+            .filter(|k| !granted_keys.contains(k))
+            .copied()
+            .collect();
+        tracing::debug!(instance, session = %session, granted = blocks.len(), "start_write_cache");
+        Ok(WriteGrant {
+            session,
+            blocks,
+            skipped,
+        })
+    }
+
+    fn new_location(&self, inst: &Instance, storage: &Storage, key: BlockKey) -> CacheLocation {
+        let id = LocationId(self.next_id());
+        let base = storage.uri.trim_end_matches('/');
+        let specs = inst
+            .location_specs
+            .iter()
+            .map(|s| LocationSpec {
+                name: s.name.clone(),
+                uri: format!("{base}/{}/{:016x}-{:x}/{}", inst.id, key.0, id.0, s.name),
+                size: s.size,
+            })
+            .collect();
+        CacheLocation {
+            id,
+            storage: storage.name.clone(),
+            kind: storage.kind,
+            status: LocationStatus::Writing,
+            specs,
+        }
+    }
+
+    /// Phase two: `success[i]` reports the write of `grant.blocks[i]`.
+    /// Successes become serving; failures are removed and their bytes
+    /// released. An unknown or expired session is
+    /// [`MetaError::SessionNotFound`].
+    pub async fn finish_write_cache(
+        &self,
+        instance: &str,
+        session: SessionId,
+        success: &[bool],
+    ) -> Result<FinishSummary> {
+        let s = self.sessions.take_if(
+            session,
+            |s| {
+                if s.instance != instance {
+                    return Err(MetaError::SessionNotFound(session.0));
+                }
+                if s.targets.len() != success.len() {
+                    return Err(MetaError::InvalidArgument(format!(
+                        "{} flags for {} blocks",
+                        success.len(),
+                        s.targets.len()
+                    )));
+                }
+                Ok(())
+            },
+            MetaError::SessionNotFound(session.0),
+        )?;
+        self.close_session(&s, success)
+    }
+
+    /// Applies a session's outcome and releases the charge of every target
+    /// that did not turn serving.
+    fn close_session(&self, s: &Session, success: &[bool]) -> Result<FinishSummary> {
+        let wanted: HashMap<BlockKey, (LocationId, bool)> = s
+            .targets
+            .iter()
+            .zip(success)
+            .map(|(t, &ok)| (t.key, (t.location, ok)))
+            .collect();
+        let keys: Vec<BlockKey> = s.targets.iter().map(|t| t.key).collect();
+        let now = now_ms();
+        let mut served = 0usize;
+        let result = self.index.modify(&s.instance, &keys, &mut |key, cur| {
+            let (Some(mut m), Some(&(id, ok))) = (cur, wanted.get(&key)) else {
+                return Modify::Keep;
+            };
+            let Some(pos) = m
+                .locations
+                .iter()
+                .position(|l| l.id == id && l.status == LocationStatus::Writing)
+            else {
+                return Modify::Keep;
+            };
+            if ok {
+                m.locations[pos].status = LocationStatus::Serving;
+                m.last_access_ms = now;
+                m.access_count = m.access_count.saturating_add(1);
+                served += 1;
+                Modify::Put(m)
+            } else {
+                m.locations.remove(pos);
+                if m.locations.is_empty() {
+                    Modify::Delete
+                } else {
+                    Modify::Put(m)
+                }
+            }
+        });
+        let dropped = s.targets.len() - served;
+        self.quotas
+            .release(&s.group, s.kind, s.block_bytes * dropped as u64);
+        result?;
+        Ok(FinishSummary { served, dropped })
+    }
+
+    /// Fails every session past its deadline; returns how many.
+    pub async fn reap_expired(&self) -> usize {
+        let expired = self.sessions.take_expired(Instant::now());
+        let n = expired.len();
+        for (id, s) in expired {
+            let fails = vec![false; s.targets.len()];
+            if let Err(e) = self.close_session(&s, &fails) {
+                tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed");
+            }
+        }
+        n
+    }
+
+    /// Starts the background reaper (every `reap_interval`); it stops when
+    /// the handle is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>) -> ReaperHandle {
+        let svc = Arc::downgrade(self);
+        let period = self.config.reap_interval;
+        ReaperHandle(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(svc) = svc.upgrade() else { return };
+                svc.reap_expired().await;
+            }
+        }))
+    }
+}
