@@ -48,6 +48,7 @@ mod error;
 pub mod index;
 pub mod matching;
 pub mod model;
+pub mod proto;
 pub mod service;
 
 pub use error::{MetaError, Result};
