@@ -32,7 +32,7 @@
 
 pub mod demote;
 mod error;
-mod slot_target;
+mod read_target;
 mod stats;
 mod store;
 

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::StoreError;
 use crate::demote::Demoter;
-use crate::slot_target::SlotTarget;
+use crate::read_target::ReadTarget;
 use crate::stats::{StoreCounters, StoreStats};
 
 /// Which tier served a block.
@@ -183,10 +183,9 @@ impl Store {
                 PutOutcome::Stored => {
                     StoreCounters::add(&inner.counters.puts, 1);
                     StoreCounters::add(&inner.counters.put_bytes, data.len() as u64);
-                    if inner.disk.is_none() {
-                        // No lower tier: DRAM may drop the block when it needs room.
-                        inner.memory.set_persisted(key, true);
-                    } else if inner.disk.as_ref().is_some_and(|d| d.contains(key)) {
+                    // DRAM may drop the block when it needs room if the disk
+                    // already has it, or if there is no lower tier at all.
+                    if inner.disk.as_ref().is_none_or(|d| d.contains(key)) {
                         inner.memory.set_persisted(key, true);
                     }
                     self.maybe_wake_demoter();
@@ -241,94 +240,15 @@ impl Store {
     /// tier that served it, or `None` on a miss. Disk hits are promoted to
     /// DRAM when a slot can be had.
     pub async fn get(&self, key: BlockHash, dst: &mut [u8]) -> Result<Option<Tier>, StoreError> {
-        self.check_open()?;
-        if dst.len() != self.block_len() {
-            return Err(StoreError::WrongLength {
-                got: dst.len(),
-                want: self.block_len(),
-            });
-        }
-        let inner = &self.inner;
-        let c = &inner.counters;
-        match inner.memory.get(key, dst) {
-            Lookup::Hit => {
-                StoreCounters::add(&c.hits_memory, 1);
-                StoreCounters::add(&c.get_bytes, dst.len() as u64);
-                return Ok(Some(Tier::Memory));
-            }
-            Lookup::Corrupt => StoreCounters::add(&c.corrupt_memory, 1),
-            Lookup::Miss => {}
-        }
-        let Some(disk) = inner.disk.as_ref().filter(|d| d.contains(key)) else {
-            StoreCounters::add(&c.misses, 1);
-            return Ok(None);
-        };
-        let found = match inner.memory.reserve(key)? {
-            Reserve::Reserved(slot) => {
-                let mut res = disk
-                    .get_batch_with_sums(vec![(key, SlotTarget(slot))])
-                    .await;
-                match res.pop() {
-                    Some((SlotTarget(slot), Lookup::Hit, Some(sums))) => {
-                        dst.copy_from_slice(slot.as_slice());
-                        // The disk tier verified these very slot bytes and
-                        // computed their sums: publish without hashing again.
-                        if slot.commit_verified(&sums).is_ok() {
-                            inner.memory.set_persisted(key, true);
-                            StoreCounters::add(&c.promotions, 1);
-                            self.maybe_wake_demoter();
-                        }
-                        Lookup::Hit
-                    }
-                    Some((_, Lookup::Hit, None)) | None => Lookup::Miss,
-                    Some((_, other, _)) => other,
-                }
-            }
-            // Someone promoted or put it meanwhile.
-            Reserve::AlreadyPresent => {
-                let l = inner.memory.get(key, dst);
-                if l.is_hit() {
-                    StoreCounters::add(&c.hits_memory, 1);
-                    StoreCounters::add(&c.get_bytes, dst.len() as u64);
-                    return Ok(Some(Tier::Memory));
-                }
-                l
-            }
-            // DRAM has no slot to spare: serve through a bounce buffer.
-            Reserve::Full => {
-                let buf = AlignedBuf::zeroed(dst.len(), 4096);
-                let mut res = disk.get_batch(vec![(key, buf)]).await;
-                match res.pop() {
-                    Some((buf, Lookup::Hit)) => {
-                        dst.copy_from_slice(&buf);
-                        Lookup::Hit
-                    }
-                    Some((_, other)) => other,
-                    None => Lookup::Miss,
-                }
-            }
-        };
-        match found {
-            Lookup::Hit => {
-                StoreCounters::add(&c.hits_disk, 1);
-                StoreCounters::add(&c.get_bytes, dst.len() as u64);
-                Ok(Some(Tier::Disk))
-            }
-            Lookup::Corrupt => {
-                StoreCounters::add(&c.corrupt_disk, 1);
-                StoreCounters::add(&c.misses, 1);
-                Ok(None)
-            }
-            Lookup::Miss => {
-                StoreCounters::add(&c.misses, 1);
-                Ok(None)
-            }
-        }
+        let got = self.get_batch(&[key], &mut [dst]).await?;
+        Ok(got.into_iter().next().flatten())
     }
 
     /// Reads many blocks: DRAM hits are copied, the rest are read from disk
-    /// in one batch (one submission) and promoted. `dsts[i]` receives block
-    /// `keys[i]`; the result says which tier served it.
+    /// in one batch (one submission), straight into reserved DRAM slots
+    /// (promotion) or, when DRAM has no slot to spare, into bounce buffers.
+    /// `dsts[i]` receives block `keys[i]`; the result says which tier
+    /// served it.
     pub async fn get_batch(
         &self,
         keys: &[BlockHash],
@@ -345,65 +265,75 @@ impl Store {
         let inner = &self.inner;
         let c = &inner.counters;
         let mut out = vec![None; keys.len()];
-        let mut from_disk: Vec<(usize, BlockHash, SlotTarget)> = Vec::new();
-        let mut bounced: Vec<(usize, BlockHash)> = Vec::new();
-        for (i, key) in keys.iter().enumerate() {
-            match inner.memory.get(*key, dsts[i]) {
+        let mut idx: Vec<usize> = Vec::new();
+        let mut reqs: Vec<(BlockHash, ReadTarget)> = Vec::new();
+        for (i, key) in keys.iter().copied().enumerate() {
+            match inner.memory.get(key, dsts[i]) {
                 Lookup::Hit => {
-                    StoreCounters::add(&c.hits_memory, 1);
-                    StoreCounters::add(&c.get_bytes, want as u64);
-                    out[i] = Some(Tier::Memory);
+                    self.account_memory_hit(i, &mut out);
                     continue;
                 }
                 Lookup::Corrupt => StoreCounters::add(&c.corrupt_memory, 1),
                 Lookup::Miss => {}
             }
-            if !inner.disk.as_ref().is_some_and(|d| d.contains(*key)) {
+            if !inner.disk.as_ref().is_some_and(|d| d.contains(key)) {
                 StoreCounters::add(&c.misses, 1);
                 continue;
             }
-            match inner.memory.reserve(*key)? {
-                Reserve::Reserved(slot) => from_disk.push((i, *key, SlotTarget(slot))),
-                Reserve::AlreadyPresent | Reserve::Full => bounced.push((i, *key)),
-            }
-        }
-        let Some(disk) = inner.disk.as_ref() else {
-            return Ok(out);
-        };
-        let idx: Vec<usize> = from_disk.iter().map(|(i, _, _)| *i).collect();
-        let reqs: Vec<(BlockHash, SlotTarget)> =
-            from_disk.into_iter().map(|(_, k, s)| (k, s)).collect();
-        let keys_read: Vec<BlockHash> = reqs.iter().map(|(k, _)| *k).collect();
-        let results = if reqs.is_empty() {
-            Vec::new()
-        } else {
-            disk.get_batch_with_sums(reqs).await
-        };
-        for ((i, key), (SlotTarget(slot), lookup, sums)) in
-            idx.into_iter().zip(keys_read).zip(results)
-        {
-            let lookup = if lookup.is_hit() && sums.is_none() {
-                Lookup::Miss
-            } else {
-                lookup
+            let target = match inner.memory.reserve(key)? {
+                Reserve::Reserved(slot) => ReadTarget::Slot(slot),
+                Reserve::Full => ReadTarget::Bounce(AlignedBuf::zeroed(want, 4096)),
+                // Promoted or put meanwhile: serve it from DRAM.
+                Reserve::AlreadyPresent => {
+                    match inner.memory.get(key, dsts[i]) {
+                        Lookup::Hit => self.account_memory_hit(i, &mut out),
+                        Lookup::Corrupt => {
+                            StoreCounters::add(&c.corrupt_memory, 1);
+                            StoreCounters::add(&c.misses, 1);
+                        }
+                        Lookup::Miss => StoreCounters::add(&c.misses, 1),
+                    }
+                    continue;
+                }
             };
-            self.account_disk(lookup, i, &mut out);
-            if let (Lookup::Hit, Some(sums)) = (lookup, sums) {
-                dsts[i].copy_from_slice(slot.as_slice());
-                // Verified by the disk tier in this very slot: no second hash.
-                if slot.commit_verified(&sums).is_ok() {
-                    inner.memory.set_persisted(key, true);
-                    StoreCounters::add(&c.promotions, 1);
+            idx.push(i);
+            reqs.push((key, target));
+        }
+        if let (Some(disk), false) = (inner.disk.as_ref(), reqs.is_empty()) {
+            let keys_read: Vec<BlockHash> = reqs.iter().map(|(k, _)| *k).collect();
+            let results = disk.get_batch_with_sums(reqs).await;
+            for ((i, key), (target, lookup, sums)) in idx.into_iter().zip(keys_read).zip(results) {
+                let lookup = if lookup.is_hit() && sums.is_none() {
+                    Lookup::Miss
+                } else {
+                    lookup
+                };
+                self.account_disk(lookup, i, &mut out);
+                let (Lookup::Hit, Some(sums)) = (lookup, sums) else {
+                    continue;
+                };
+                match target {
+                    ReadTarget::Slot(slot) => {
+                        dsts[i].copy_from_slice(slot.as_slice());
+                        // Verified by the disk tier in this very slot: no second hash.
+                        if slot.commit_verified(&sums).is_ok() {
+                            inner.memory.set_persisted(key, true);
+                            StoreCounters::add(&c.promotions, 1);
+                        }
+                    }
+                    ReadTarget::Bounce(buf) => dsts[i].copy_from_slice(&buf),
                 }
             }
         }
-        for (i, key) in bounced {
-            // Rare paths (raced promotion, DRAM full): one block at a time.
-            let got = self.get(key, dsts[i]).await?;
-            out[i] = got;
-        }
         self.maybe_wake_demoter();
         Ok(out)
+    }
+
+    fn account_memory_hit(&self, i: usize, out: &mut [Option<Tier>]) {
+        let c = &self.inner.counters;
+        StoreCounters::add(&c.hits_memory, 1);
+        StoreCounters::add(&c.get_bytes, self.block_len() as u64);
+        out[i] = Some(Tier::Memory);
     }
 
     fn account_disk(&self, lookup: Lookup, i: usize, out: &mut [Option<Tier>]) {
