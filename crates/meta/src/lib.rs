@@ -43,6 +43,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod backend;
 mod codec;
 mod error;
 pub mod index;
@@ -51,6 +52,7 @@ pub mod model;
 pub mod proto;
 pub mod service;
 
+pub use backend::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
 pub use error::{MetaError, Result};
 pub use index::{MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex};
 pub use matching::{BlockMask, MatchMode};

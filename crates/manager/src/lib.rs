@@ -1,0 +1,17 @@
+//! # kvtier-manager
+//!
+//! The node block manager (Dynamo KVBM semantics, Tutti's I/O scheduler):
+//! one pool of blocks per tier (G1 device, G2 host DRAM, G3 disk, G4
+//! remote), the block lifecycle `Reset -> Partial -> Complete -> Registered`
+//! behind RAII handles, a registry that deduplicates by block hash,
+//! placement (eviction policies, watermarks, cascade offload, admission),
+//! a transfer engine with one queue per path, the slack-aware I/O
+//! scheduler with layer-wise loading, and stored / removed events.
+//!
+//! The manager does not know the server; the tiers' bytes live in
+//! `kvtier-store`'s memory and disk tiers and behind the [`Tier`]-keyed
+//! seams of this crate.
+
+pub mod tier;
+
+pub use tier::{Tier, TransferPath};

@@ -1,0 +1,143 @@
+//! Tiers of the hierarchy and the paths blocks move along.
+
+use serde::{Deserialize, Serialize};
+
+/// A level of the KV cache hierarchy, fastest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Tier {
+    /// GPU HBM (owned by the engine; reached through a `Device`).
+    G1,
+    /// Host DRAM (the shared-memory arena).
+    G2,
+    /// Local NVMe (the log-structured disk tier).
+    G3,
+    /// Remote: peers, object stores, shared file systems.
+    G4,
+}
+
+impl Tier {
+    /// Every tier, fastest first.
+    pub const ALL: [Tier; 4] = [Tier::G1, Tier::G2, Tier::G3, Tier::G4];
+
+    /// Position in [`Tier::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The next slower tier, where blocks evicted from this one cascade.
+    pub fn below(self) -> Option<Tier> {
+        match self {
+            Tier::G1 => Some(Tier::G2),
+            Tier::G2 => Some(Tier::G3),
+            Tier::G3 => Some(Tier::G4),
+            Tier::G4 => None,
+        }
+    }
+
+    /// Lower-case name (`g1` ...), as used in configuration and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::G1 => "g1",
+            Tier::G2 => "g2",
+            Tier::G3 => "g3",
+            Tier::G4 => "g4",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A directed path a transfer takes; the transfer engine keeps one queue
+/// per path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TransferPath {
+    /// Device to host (G1 -> G2 offload).
+    DeviceToHost,
+    /// Host to device (G2 -> G1 onboard).
+    HostToDevice,
+    /// Host to disk (G2 -> G3 offload).
+    HostToDisk,
+    /// Disk to host (G3 -> G2 onboard).
+    DiskToHost,
+    /// Disk to device (G3 -> G1 onboard, bounced or direct).
+    DiskToDevice,
+    /// To or from a remote tier (G4).
+    Remote,
+}
+
+impl TransferPath {
+    /// Every path.
+    pub const ALL: [TransferPath; 6] = [
+        TransferPath::DeviceToHost,
+        TransferPath::HostToDevice,
+        TransferPath::HostToDisk,
+        TransferPath::DiskToHost,
+        TransferPath::DiskToDevice,
+        TransferPath::Remote,
+    ];
+
+    /// The path from one tier to another, if blocks move that way.
+    pub fn between(from: Tier, to: Tier) -> Option<TransferPath> {
+        use Tier::*;
+        match (from, to) {
+            (G1, G2) => Some(TransferPath::DeviceToHost),
+            (G2, G1) => Some(TransferPath::HostToDevice),
+            (G2, G3) => Some(TransferPath::HostToDisk),
+            (G3, G2) => Some(TransferPath::DiskToHost),
+            (G3, G1) => Some(TransferPath::DiskToDevice),
+            (G4, _) | (_, G4) if from != to => Some(TransferPath::Remote),
+            _ => None,
+        }
+    }
+
+    /// Whether the path reads from storage toward the device (an onboard),
+    /// as opposed to an offload. The scheduler serves reads first.
+    pub fn is_read(self) -> bool {
+        matches!(
+            self,
+            TransferPath::HostToDevice | TransferPath::DiskToHost | TransferPath::DiskToDevice
+        )
+    }
+
+    /// Metric label (`d2h`, `h2d`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            TransferPath::DeviceToHost => "d2h",
+            TransferPath::HostToDevice => "h2d",
+            TransferPath::HostToDisk => "h2disk",
+            TransferPath::DiskToHost => "disk2h",
+            TransferPath::DiskToDevice => "disk2d",
+            TransferPath::Remote => "remote",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_between_tiers() {
+        assert_eq!(
+            TransferPath::between(Tier::G1, Tier::G2),
+            Some(TransferPath::DeviceToHost)
+        );
+        assert_eq!(
+            TransferPath::between(Tier::G3, Tier::G1),
+            Some(TransferPath::DiskToDevice)
+        );
+        assert_eq!(
+            TransferPath::between(Tier::G4, Tier::G2),
+            Some(TransferPath::Remote)
+        );
+        assert_eq!(TransferPath::between(Tier::G2, Tier::G2), None);
+        assert_eq!(TransferPath::between(Tier::G4, Tier::G4), None);
+        assert_eq!(TransferPath::between(Tier::G1, Tier::G3), None);
+        assert_eq!(Tier::G3.below(), Some(Tier::G4));
+        assert!(TransferPath::DiskToHost.is_read() && !TransferPath::HostToDisk.is_read());
+    }
+}
