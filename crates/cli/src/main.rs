@@ -6,6 +6,7 @@
 
 mod bench;
 mod config;
+mod manager;
 mod replay;
 mod serve;
 
@@ -29,9 +30,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the node store (DRAM + disk tiers) until Ctrl-C or SIGTERM, then
-    /// flush DRAM to disk and checkpoint.
+    /// Run the node store (DRAM + disk tiers) and, unless `meta.enabled` is
+    /// false, the KV cache manager, until Ctrl-C or SIGTERM; then flush DRAM
+    /// to disk and checkpoint.
     Serve(serve::ServeArgs),
+    /// Run the global KV cache manager alone (meta + admin APIs over HTTP
+    /// and gRPC), e.g. as a stateless frontend over a shared Redis/Valkey:
+    /// `kvtier manager --meta redis://host:6379/0`.
+    Manager(manager::ManagerArgs),
     /// Benchmarks that run their baselines in the same run and print ratios.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -62,6 +68,7 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Serve(args) => serve::run(cli.config.as_deref(), args),
+        Command::Manager(args) => manager::run(cli.config.as_deref(), args),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(args) => replay::run(*args),
         Command::Config => {

@@ -39,6 +39,16 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // Install the handlers before announcing readiness, so a signal sent
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
+        let manager = if config.meta.enabled {
+            let node = node_name();
+            Some(
+                crate::manager::Manager::start(&config, Some((node, store.clone())))
+                    .await
+                    .context("starting the kv cache manager")?,
+            )
+        } else {
+            None
+        };
         let disk = store
             .disk()
             .map(|d| (d.len(), d.capacity_blocks()))
@@ -53,6 +63,10 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             "kvtier serving; Ctrl-C or SIGTERM to stop"
         );
         signals.wait(&store, args.stats_interval).await;
+        if let Some(m) = manager {
+            tracing::info!("shutting down: stopping the kv cache manager");
+            m.shutdown().await;
+        }
         tracing::info!("shutting down: writing DRAM blocks to disk and checkpointing");
         store.close().await.context("closing the store")?;
         log_stats(&store);
@@ -61,18 +75,44 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     })
 }
 
+/// This node's name in `kvtier://<node>` storage URIs: `$KVTIER_NODE`,
+/// else the host name.
+fn node_name() -> String {
+    if let Ok(n) = std::env::var("KVTIER_NODE")
+        && !n.is_empty()
+    {
+        return n;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
+    }
+}
+
 /// SIGINT and SIGTERM, registered up front.
-struct Signals {
+pub(crate) struct Signals {
     interrupt: Signal,
     terminate: Signal,
 }
 
 impl Signals {
-    fn install() -> Result<Self> {
+    pub(crate) fn install() -> Result<Self> {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
         })
+    }
+
+    /// Returns on the first SIGINT or SIGTERM.
+    pub(crate) async fn wait_only(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
     }
 
     /// Returns on the first SIGINT or SIGTERM, logging statistics every

@@ -41,6 +41,14 @@ fn kvtier(data: &Path, shm: &str) -> Command {
         .env("KVTIER_DISK__CAPACITY_PER_DIR", CAPACITY)
         .env("KVTIER_DISK__REGION_SIZE", REGION)
         .env("KVTIER_LOG", "info")
+        // The hosted manager on OS-chosen loopback ports, so tests running
+        // side by side never collide.
+        .env("KVTIER_META__BIND", "127.0.0.1")
+        .env("KVTIER_META__RPC_PORT", "0")
+        .env("KVTIER_META__HTTP_PORT", "0")
+        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
+        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
+        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -333,6 +333,85 @@ impl Default for ServeConfig {
     }
 }
 
+/// `[meta]`: the global KV cache manager (Tair-KVCM-compatible metadata and
+/// admin services) that `kvtier serve` hosts and `kvtier manager` runs alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaSectionConfig {
+    /// Whether `kvtier serve` hosts the manager (`kvtier manager` always does).
+    pub enabled: bool,
+    /// Where metadata lives: `embedded` (redb file `<data_dir>/meta.redb`),
+    /// `memory` (lost on exit; tests and demos) or a Redis/Valkey URL
+    /// (`redis://host:port/db`) shared by several stateless frontends.
+    pub index: String,
+    /// Key prefix in Redis/Valkey, so several clusters can share a server.
+    pub redis_prefix: String,
+    /// Address the four listeners bind to.
+    pub bind: String,
+    /// Meta service gRPC port (Tair KVCM `rpc_port`).
+    pub rpc_port: u16,
+    /// Meta service HTTP port (Tair KVCM `http_port`).
+    pub http_port: u16,
+    /// Admin service gRPC port.
+    pub admin_rpc_port: u16,
+    /// Admin service HTTP port (also serves `/metrics` and `/health`).
+    pub admin_http_port: u16,
+    /// Require an API key on every request.
+    pub auth: bool,
+    /// Key of the bootstrap `admin` account, created or updated at start
+    /// (set it through `KVTIER_META__ADMIN_API_KEY`, not in a file).
+    pub admin_api_key: Option<String>,
+    /// Seconds a write session may stay open before it fails and its
+    /// locations are reclaimed.
+    pub session_timeout_secs: u64,
+    /// Seconds between watermark reclaimer rounds.
+    pub reclaim_interval_secs: u64,
+    /// Seconds between storage health probes.
+    pub health_interval_secs: u64,
+    /// Seconds between re-reads of groups, storages, instances and
+    /// accounts when the index is shared with other frontends (Redis).
+    pub catalog_refresh_secs: u64,
+    /// Largest request body accepted.
+    pub max_body: ByteSize,
+    /// Most block keys in one request.
+    pub max_keys: usize,
+    /// Quota of the `default` instance group a fresh manager creates;
+    /// 0: no quota beyond what its storage holds.
+    pub default_group_quota: ByteSize,
+    /// Size of the default file pool (`<data_dir>/pool`), reserved at start
+    /// in four files.
+    pub pool_capacity: ByteSize,
+    /// Storage of the `default` group: empty for a file pool in
+    /// `<data_dir>/pool`, else a base URI (`file://`, `s3://`, `kvtier://`).
+    pub default_storage: String,
+}
+
+impl Default for MetaSectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            index: "embedded".into(),
+            redis_prefix: "kvtier".into(),
+            bind: "0.0.0.0".into(),
+            rpc_port: 6381,
+            http_port: 6382,
+            admin_rpc_port: 6491,
+            admin_http_port: 6492,
+            auth: false,
+            admin_api_key: None,
+            session_timeout_secs: 30,
+            reclaim_interval_secs: 5,
+            health_interval_secs: 10,
+            catalog_refresh_secs: 5,
+            max_body: ByteSize(64 << 20),
+            max_keys: 65_536,
+            default_group_quota: ByteSize(0),
+            pool_capacity: ByteSize(4 << 30),
+            default_storage: String::new(),
+        }
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -345,6 +424,8 @@ pub struct Config {
     pub disk: DiskConfig,
     /// `[serve]`.
     pub serve: ServeConfig,
+    /// `[meta]`.
+    pub meta: MetaSectionConfig,
 }
 
 impl Config {
@@ -396,6 +477,36 @@ impl Config {
         }
         if self.disk.psync_threads == 0 {
             return bad("disk.psync_threads must be positive");
+        }
+        let m = &self.meta;
+        if m.bind.parse::<std::net::IpAddr>().is_err() {
+            return bad("meta.bind must be an IP address");
+        }
+        let ports = [m.rpc_port, m.http_port, m.admin_rpc_port, m.admin_http_port];
+        if ports
+            .iter()
+            .enumerate()
+            .any(|(i, p)| ports[..i].contains(p) && *p != 0)
+        {
+            return bad("meta ports must differ from each other");
+        }
+        if m.index != "embedded"
+            && m.index != "memory"
+            && !m.index.starts_with("redis://")
+            && !m.index.starts_with("rediss://")
+        {
+            return bad("meta.index must be embedded, memory or a redis:// URL");
+        }
+        if m.pool_capacity.0 < 4 * 4096 {
+            return bad("meta.pool_capacity must be at least 16KiB");
+        }
+        if m.session_timeout_secs == 0 || m.max_keys == 0 || m.max_body.0 < 1024 {
+            return bad(
+                "meta.session_timeout_secs, meta.max_keys must be positive and meta.max_body at least 1KiB",
+            );
+        }
+        if m.auth && m.admin_api_key.as_ref().is_some_and(|k| k.len() < 16) {
+            return bad("meta.admin_api_key must have at least 16 characters");
         }
         Ok(())
     }
@@ -481,6 +592,39 @@ mod tests {
         assert_eq!(c.disk.dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(c.memory.capacity, ByteSize(1 << 20));
         assert_eq!(c.memory.shm_name, "node7");
+    }
+
+    #[test]
+    fn meta_section_defaults_env_and_validation() {
+        let c = Config::from_toml_with_env("", env(&[])).unwrap();
+        assert_eq!((c.meta.rpc_port, c.meta.http_port), (6381, 6382));
+        assert_eq!(
+            (c.meta.admin_rpc_port, c.meta.admin_http_port),
+            (6491, 6492)
+        );
+        let c = Config::from_toml_with_env(
+            "[meta]\nindex = \"redis://127.0.0.1:6379/0\"",
+            env(&[
+                ("KVTIER_META__AUTH", "true"),
+                ("KVTIER_META__ADMIN_API_KEY", "0123456789abcdef0123"),
+                ("KVTIER_META__HTTP_PORT", "7000"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.meta.auth && c.meta.http_port == 7000);
+        assert_eq!(
+            c.meta.admin_api_key.as_deref(),
+            Some("0123456789abcdef0123")
+        );
+        for bad in [
+            "[meta]\nbind = \"localhost:1\"",
+            "[meta]\nhttp_port = 6381",
+            "[meta]\nindex = \"postgres://x\"",
+            "[meta]\nauth = true\nadmin_api_key = \"short\"",
+            "[meta]\nmax_keys = 0",
+        ] {
+            assert!(Config::from_toml_with_env(bad, env(&[])).is_err(), "{bad}");
+        }
     }
 
     #[test]

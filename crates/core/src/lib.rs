@@ -45,7 +45,7 @@ pub use checksum::{
 };
 pub use config::{
     ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind, MemoryConfig,
-    RegionEvictionKind, ServeConfig,
+    MetaSectionConfig, RegionEvictionKind, ServeConfig,
 };
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};

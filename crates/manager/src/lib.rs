@@ -12,6 +12,16 @@
 //! `kvtier-store`'s memory and disk tiers and behind the [`Tier`]-keyed
 //! seams of this crate.
 
+pub mod admission;
+pub mod block;
+pub mod device;
+pub mod events;
+pub mod placement;
+pub mod policy;
+pub mod pool;
+pub mod registry;
+pub mod scheduler;
 pub mod tier;
+pub mod transfer;
 
 pub use tier::{Tier, TransferPath};

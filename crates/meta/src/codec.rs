@@ -5,10 +5,13 @@
 //! integers LEB128 varints, strings a varint length then UTF-8 bytes):
 //!
 //! ```text
-//! version(u8 = 1) last_access_ms access_count n_locations
+//! version(u8 = 2) last_access_ms access_count depth n_locations
 //!   per location: id status(u8) kind(u8) storage n_specs
 //!     per spec: name uri size
 //! ```
+//!
+//! Version 1 records (written before blocks carried a depth) have no
+//! `depth` field and decode with depth 0.
 //!
 //! Decoding checks every length against the remaining bytes and rejects
 //! trailing bytes, unknown tags and versions with [`MetaError::Corrupt`].
@@ -18,7 +21,10 @@ use crate::model::{
     BlockKey, BlockMeta, CacheLocation, LocationId, LocationSpec, LocationStatus, StorageKind,
 };
 
-const VERSION: u8 = 1;
+/// The version this build writes.
+const VERSION: u8 = 2;
+/// The version without `depth`, still decoded (as depth 0).
+const VERSION_NO_DEPTH: u8 = 1;
 
 /// Encodes `meta` (without its key) into a fresh buffer.
 pub fn encode_block(meta: &BlockMeta) -> Vec<u8> {
@@ -26,6 +32,7 @@ pub fn encode_block(meta: &BlockMeta) -> Vec<u8> {
     out.push(VERSION);
     put_var(&mut out, meta.last_access_ms);
     put_var(&mut out, u64::from(meta.access_count));
+    put_var(&mut out, u64::from(meta.depth));
     put_var(&mut out, meta.locations.len() as u64);
     for loc in &meta.locations {
         put_var(&mut out, loc.id.0);
@@ -46,11 +53,16 @@ pub fn encode_block(meta: &BlockMeta) -> Vec<u8> {
 pub fn decode_block(key: BlockKey, bytes: &[u8]) -> Result<BlockMeta> {
     let mut r = Reader { buf: bytes, key };
     let version = r.byte()?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_NO_DEPTH {
         return Err(r.corrupt(format!("unknown version {version}")));
     }
     let last_access_ms = r.var()?;
     let access_count = u32::try_from(r.var()?).map_err(|_| r.corrupt("access count"))?;
+    let depth = if version == VERSION_NO_DEPTH {
+        0
+    } else {
+        u32::try_from(r.var()?).map_err(|_| r.corrupt("depth"))?
+    };
     let n_loc = r.len()?;
     let mut locations = Vec::with_capacity(n_loc);
     for _ in 0..n_loc {
@@ -82,6 +94,7 @@ pub fn decode_block(key: BlockKey, bytes: &[u8]) -> Result<BlockMeta> {
         locations,
         last_access_ms,
         access_count,
+        depth,
     })
 }
 
@@ -172,6 +185,7 @@ mod tests {
                 .collect(),
             last_access_ms: 1_700_000_000_000,
             access_count: 3,
+            depth: 17,
         }
     }
 
@@ -181,6 +195,31 @@ mod tests {
             let m = meta(n);
             assert_eq!(decode_block(m.key, &encode_block(&m)).ok(), Some(m));
         }
+    }
+
+    /// A version 1 record, laid out by hand as the previous build wrote it
+    /// (no depth field), decodes with depth 0.
+    #[test]
+    fn version_one_decodes_with_depth_zero() {
+        let mut v1 = vec![VERSION_NO_DEPTH];
+        put_var(&mut v1, 1_700_000_000_000);
+        put_var(&mut v1, 3);
+        put_var(&mut v1, 1);
+        put_var(&mut v1, 42);
+        v1.push(LocationStatus::Serving.tag());
+        v1.push(StorageKind::S3.tag());
+        put_str(&mut v1, "s0");
+        put_var(&mut v1, 1);
+        put_str(&mut v1, "tp0");
+        put_str(&mut v1, "s3://b/k");
+        put_var(&mut v1, 1 << 20);
+        let m = decode_block(BlockKey(7), &v1).ok();
+        assert_eq!(m.as_ref().map(|m| m.depth), Some(0));
+        assert_eq!(m.as_ref().map(|m| m.access_count), Some(3));
+        assert_eq!(
+            m.and_then(|m| m.locations.first().map(|l| l.id)),
+            Some(LocationId(42))
+        );
     }
 
     proptest! {

@@ -15,6 +15,9 @@ pub enum MetaError {
     /// No such instance group.
     #[error("instance group {0:?} not found")]
     GroupNotFound(String),
+    /// No such account.
+    #[error("account {0:?} not found")]
+    AccountNotFound(String),
     /// No such storage.
     #[error("storage {0:?} not found")]
     StorageNotFound(String),
@@ -52,6 +55,19 @@ pub enum MetaError {
         /// What was wrong.
         reason: String,
     },
+    /// Creating something whose name is taken (storage, group, account).
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    /// Removing something that is still referenced (a storage listed by a
+    /// group, a group with instances or accounts). Nothing was changed.
+    #[error("{0} is in use")]
+    InUse(String),
+    /// No credentials, or an API key that matches no account.
+    #[error("unauthenticated")]
+    Unauthenticated,
+    /// The caller is authenticated but its account may not do this.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// The metadata backend failed.
     #[error("metadata backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -65,12 +81,17 @@ impl MetaError {
             MetaError::InstanceNotFound(_) => "INSTANCE_NOT_FOUND",
             MetaError::GroupNotFound(_) => "GROUP_NOT_FOUND",
             MetaError::StorageNotFound(_) => "STORAGE_NOT_FOUND",
+            MetaError::AccountNotFound(_) => "ACCOUNT_NOT_FOUND",
             MetaError::InstanceConflict(_) => "INSTANCE_CONFLICT",
             MetaError::GroupFull(_) => "GROUP_FULL",
             MetaError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             MetaError::NoAvailableStorage(_) => "NO_AVAILABLE_STORAGE",
             MetaError::SessionNotFound(_) => "SESSION_NOT_FOUND",
             MetaError::Corrupt { .. } => "CORRUPT",
+            MetaError::AlreadyExists(_) => "ALREADY_EXISTS",
+            MetaError::InUse(_) => "IN_USE",
+            MetaError::Unauthenticated => "UNAUTHENTICATED",
+            MetaError::PermissionDenied(_) => "PERMISSION_DENIED",
             MetaError::Backend(_) => "BACKEND",
         }
     }

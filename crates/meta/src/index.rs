@@ -1,8 +1,9 @@
 //! The metadata storage seam: [`MetaIndex`].
 //!
 //! Everything the service persists goes through this trait, so the embedded
-//! store ([`RedbIndex`]), the reference model ([`MemoryIndex`]) and, later,
-//! Redis/Valkey are interchangeable and run the same test suite.
+//! store ([`RedbIndex`]), the reference model ([`MemoryIndex`]) and the
+//! shared Redis/Valkey store ([`RedisIndex`]) are interchangeable and run
+//! the same test suite.
 //!
 //! Block records are keyed by (instance, [`BlockKey`]). Every batch method
 //! accepts any number of keys. Read-modify-write ([`MetaIndex::modify`]) is
@@ -18,8 +19,10 @@
 
 mod memory;
 mod redb;
+mod redis;
 mod shard;
 
+pub use self::redis::{RedisIndex, RedisIndexConfig, RedisIndexError, RedisTimeouts};
 pub use memory::MemoryIndex;
 pub use redb::RedbIndex;
 pub use shard::ShardLocks;

@@ -10,16 +10,28 @@
 //!   Deleting`).
 //! - [`MetaIndex`]: the storage seam for all metadata, with sharded-lock
 //!   read-modify-write. [`MemoryIndex`] is the reference model,
-//!   [`RedbIndex`] the embedded durable store. redb rather than fjall: this
-//!   service is read-mostly (every request is a batch point lookup, writes
-//!   are one per new block) and redb's B-tree serves point reads faster, in
+//!   [`RedbIndex`] the embedded durable store, [`RedisIndex`] the store
+//!   shared by several stateless frontends on one Redis/Valkey. redb
+//!   rather than fjall: this service is read-mostly (every request is a
+//!   batch point lookup, writes are one per new block) and redb's B-tree
+//!   serves point reads faster, in
 //!   one file, with no background compaction threads and no dependencies of
 //!   its own; fjall would win on write-heavy loads and fits the same trait.
 //! - [`MetaService`]: the in-process service over an `Arc<dyn MetaIndex>`:
 //!   instance registration, [`MetaService::get_cache_location`] (batch,
 //!   prefix, reverse sliding window, masks), two-phase writes
 //!   ([`MetaService::start_write_cache`] / [`MetaService::finish_write_cache`])
-//!   with session timeouts, removal, trimming and hard quotas.
+//!   with session timeouts, removal, trimming and hard quotas; a sampling
+//!   reclaimer that keeps groups under their soft watermarks
+//!   ([`MetaService::reclaim_once`], [`MetaService::spawn_reclaimer`]); an
+//!   LRU (CLOCK) search cache in front of the index for reads, and access
+//!   statistics buffered in memory and applied in batches.
+//! - Administration on [`MetaService`]: storage / group / instance CRUD
+//!   with every refusal changing nothing ([`MetaError::AlreadyExists`],
+//!   [`MetaError::InUse`], ...), accounts with salted API-key hashes and
+//!   [`MetaService::authenticate`] giving a [`Principal`], whole-catalog
+//!   [`ConfigSnapshot`]s, [`MetaService::check_health`] and
+//!   [`MetaService::stats`].
 //!
 //! ```
 //! # async fn demo() -> Result<(), kvtier_meta::MetaError> {
@@ -51,13 +63,24 @@ pub mod matching;
 pub mod model;
 pub mod proto;
 pub mod service;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 pub use backend::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
 pub use error::{MetaError, Result};
-pub use index::{MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex};
+pub use index::{
+    MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex, RedisIndexConfig,
+    RedisIndexError, RedisTimeouts,
+};
 pub use matching::{BlockMask, MatchMode};
 pub use model::*;
 pub use service::{
-    FinishSummary, GroupUsage, LocationMatch, LocationQuery, MetaConfig, MetaService, ReaperHandle,
-    SessionId, TrimPolicy, WriteGrant, WriteTarget,
+    AdminCounters, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport, MIN_API_KEY_LEN,
+    MetaStats, Principal, StorageStatus,
+};
+pub use service::{BackendStats, HealthCheckerHandle};
+pub use service::{
+    CatalogRefresherHandle, FinishSummary, GroupReclaim, GroupUsage, LocationMatch, LocationQuery,
+    MetaConfig, MetaService, ReaperHandle, ReclaimReport, ReclaimStats, ReclaimerHandle, SessionId,
+    TrimPolicy, WriteGrant, WriteTarget,
 };

@@ -13,11 +13,19 @@
 //!
 //! Index calls are synchronous and short; they run on the calling task.
 
+mod access;
+mod accounts;
+mod admin;
+mod backends;
 mod catalog;
 mod quota;
 mod read;
+mod reclaim;
+mod refresh;
 mod remove;
+mod search_cache;
 mod session;
+mod snapshot;
 mod types;
 mod write;
 
@@ -25,11 +33,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use self::access::AccessBuffer;
+pub use self::accounts::{MIN_API_KEY_LEN, Principal};
+use self::admin::AdminState;
+pub use self::admin::{
+    AdminCounters, DEFAULT_GROUP, GroupStats, HealthReport, MetaStats, StorageStatus,
+};
+use self::backends::Backends;
+pub use self::backends::{BackendStats, HealthCheckerHandle};
 use self::catalog::Catalog;
 pub use self::quota::GroupUsage;
 use self::quota::Quotas;
+use self::reclaim::ReclaimCounters;
+pub use self::reclaim::{GroupReclaim, ReclaimReport, ReclaimStats, ReclaimerHandle};
+pub use self::refresh::CatalogRefresherHandle;
+use self::search_cache::SearchCache;
 pub use self::session::SessionId;
 use self::session::Sessions;
+pub use self::snapshot::ConfigSnapshot;
 pub use self::types::{
     FinishSummary, LocationMatch, LocationQuery, MetaConfig, ReaperHandle, TrimPolicy, WriteGrant,
     WriteTarget,
@@ -46,6 +67,16 @@ pub struct MetaService {
     catalog: Catalog,
     quotas: Quotas,
     sessions: Sessions,
+    /// Counters of administrative events (see `admin`).
+    admin: AdminState,
+    /// Serving locations per (instance, key), in front of the index.
+    search_cache: SearchCache,
+    /// Read hits not yet applied to the index.
+    access: AccessBuffer,
+    /// Totals of the reclaimer, for metrics.
+    reclaimed: ReclaimCounters,
+    /// Data storage backends attached to storages (see `backends`).
+    backends: Backends,
     /// Source of session and location ids; starts at a random point so ids
     /// from before a restart are not reissued.
     next_id: AtomicU64,
@@ -65,10 +96,15 @@ impl MetaService {
         let catalog = Catalog::load(index.as_ref())?;
         let svc = MetaService {
             index,
+            search_cache: SearchCache::new(config.search_cache_entries, config.search_cache_ttl),
+            access: AccessBuffer::new(config.access_flush_keys),
+            reclaimed: ReclaimCounters::default(),
+            backends: Backends::default(),
             config,
             catalog,
             quotas: Quotas::default(),
             sessions: Sessions::default(),
+            admin: AdminState::default(),
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
         };
         svc.recover()?;
@@ -174,7 +210,10 @@ impl MetaService {
                 )));
             }
         }
-        match self.catalog.instance(&instance.id) {
+        match self
+            .catalog
+            .instance_or_load(self.index.as_ref(), &instance.id)
+        {
             Ok(existing) if *existing == instance => return Ok(instance),
             Ok(_) => return Err(MetaError::InstanceConflict(instance.id)),
             Err(_) => {}
@@ -184,7 +223,10 @@ impl MetaService {
 
     /// The registered configuration of an instance.
     pub async fn get_instance_info(&self, instance: &str) -> Result<Instance> {
-        Ok((*self.catalog.instance(instance)?).clone())
+        Ok((*self
+            .catalog
+            .instance_or_load(self.index.as_ref(), instance)?)
+        .clone())
     }
 
     /// Bytes in use by a group.

@@ -1,5 +1,7 @@
-//! Accounts for the admin and metadata APIs. Authentication itself comes with
-//! the transport step; the model is here so records share one store.
+//! Accounts for the admin and metadata APIs. The service keeps them with the
+//! other control-plane records and authenticates API keys against them
+//! (`MetaService::authenticate`); the transport decides which calls need
+//! which role.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +22,9 @@ pub struct Account {
     pub name: String,
     /// Role.
     pub role: Role,
-    /// Hash of the API key (never the key itself), hex.
+    /// Salted hash of the API key (never the key itself):
+    /// `sha256$<salt hex>$<SHA-256(salt || key) hex>`. Empty in listings.
     pub api_key_hash: String,
-    /// Groups a [`Role::User`] may use.
+    /// Groups a [`Role::User`] may use; empty means every group.
     pub allowed_groups: Vec<String>,
 }

@@ -140,6 +140,13 @@ pub struct BlockMeta {
     pub last_access_ms: u64,
     /// Reads and writes seen.
     pub access_count: u32,
+    /// Distance from the root of the block's prefix chain: its index in the
+    /// `start_write_cache` request that wrote it (0 for the first block).
+    /// A prefix query touches a parent whenever it touches a child, so a
+    /// parent is never less recent than its child; among equal recency the
+    /// reclaimer evicts the deeper block first, so leaves go before parents.
+    #[serde(default)]
+    pub depth: u32,
 }
 
 impl BlockMeta {

@@ -1,10 +1,15 @@
 //! Reads: location matching (keys, prefix, reverse sliding window) and raw
-//! record inspection. Reads take no locks; only access statistics write.
+//! record inspection. Reads take no index locks and write nothing to the
+//! index: answers come from the search cache where it has them, and access
+//! statistics go to an in-memory buffer applied in batches.
+
+use std::sync::Arc;
 
 use super::{LocationMatch, LocationQuery, MetaService, now_ms};
 use crate::error::{MetaError, Result};
+use crate::index::Modify;
 use crate::matching::{MatchMode, prefix_len, sliding_window_end};
-use crate::model::{BlockKey, BlockMeta, CacheLocation};
+use crate::model::{BlockKey, BlockMeta, CacheLocation, LocationStatus};
 
 impl MetaService {
     /// Finds serving locations for a sequence of keys (see [`MatchMode`]).
@@ -20,15 +25,16 @@ impl MetaService {
                 "sliding window of 0 blocks".into(),
             ));
         }
-        self.catalog.instance(instance)?;
+        self.catalog
+            .instance_or_load(self.index.as_ref(), instance)?;
         let n = query.keys.len();
         let wanted: Vec<usize> = (0..n).filter(|&i| !query.mask.is_masked(i)).collect();
-        let wanted_keys: Vec<BlockKey> = wanted.iter().map(|&i| query.keys[i]).collect();
-        let records = self.index.get(instance, &wanted_keys)?;
-        let mut found: Vec<Option<CacheLocation>> = vec![None; n];
-        for (&i, rec) in wanted.iter().zip(records) {
-            found[i] = rec.and_then(|m| m.serving().cloned());
-        }
+        let now = now_ms();
+        let mut found: Vec<Option<Arc<CacheLocation>>> = vec![None; n];
+        self.find_serving(instance, &query.keys, &wanted, now, &mut found)?;
+        // After the cache: health changes without a write, so the cache
+        // keeps locations on unhealthy storages and this hides them.
+        self.hide_unhealthy(&mut found);
         let available: Vec<bool> = (0..n)
             .map(|i| query.mask.is_masked(i) || found[i].is_some())
             .collect();
@@ -55,7 +61,12 @@ impl MetaService {
                 .filter(|(l, _)| l.is_some())
                 .map(|(_, k)| *k)
                 .collect();
-            self.touch(instance, &hits)?;
+            if self.access.record(instance, hits, now) {
+                // Past the buffer's bound: this read pays for the batch.
+                if let Err(e) = self.flush_access() {
+                    tracing::warn!(error = %e, "flushing access statistics failed");
+                }
+            }
         }
         Ok(LocationMatch {
             matched,
@@ -63,11 +74,85 @@ impl MetaService {
         })
     }
 
-    fn touch(&self, instance: &str, keys: &[BlockKey]) -> Result<()> {
-        if keys.is_empty() {
+    /// Fills `found[i]` with the serving location of `keys[i]` for every
+    /// `i` in `wanted`: from the search cache where it has the answer, else
+    /// from one batched index read whose answers then fill the cache.
+    fn find_serving(
+        &self,
+        instance: &str,
+        keys: &[BlockKey],
+        wanted: &[usize],
+        now: u64,
+        found: &mut [Option<Arc<CacheLocation>>],
+    ) -> Result<()> {
+        let cache = &self.search_cache;
+        if !cache.enabled() {
+            let wanted_keys: Vec<BlockKey> = wanted.iter().map(|&i| keys[i]).collect();
+            let records = self.index.get(instance, &wanted_keys)?;
+            for (&i, rec) in wanted.iter().zip(records) {
+                found[i] = rec.and_then(into_serving).map(Arc::new);
+            }
             return Ok(());
         }
-        self.index.touch(instance, keys, now_ms())
+        // Tag and epochs before the index read: see `search_cache`.
+        let tag = cache.tag(instance);
+        let epochs = cache.epochs();
+        let misses = cache.lookup(tag, keys, wanted, now, found);
+        if misses.is_empty() {
+            return Ok(());
+        }
+        let miss_keys: Vec<BlockKey> = misses.iter().map(|&i| keys[i]).collect();
+        let records = self.index.get(instance, &miss_keys)?;
+        let mut fills = Vec::with_capacity(misses.len());
+        for (&i, rec) in misses.iter().zip(records) {
+            if let Some(loc) = rec.and_then(into_serving) {
+                let loc = Arc::new(loc);
+                fills.push((keys[i], loc.clone()));
+                found[i] = Some(loc);
+            }
+        }
+        cache.fill(tag, &epochs, now, fills);
+        Ok(())
+    }
+
+    /// Applies the buffered access statistics to the index, aggregated per
+    /// key (see `access`); returns how many keys it updated. Called by the
+    /// reclaimer before every round and by paths that show statistics.
+    pub fn flush_access(&self) -> Result<usize> {
+        let _one_at_a_time = self.access.flushing.lock();
+        let touches = self.access.drain();
+        let mut applied = 0usize;
+        let mut first_err = None;
+        for (instance, per_key) in touches {
+            let keys: Vec<BlockKey> = per_key.keys().copied().collect();
+            let result = self.index.modify(&instance, &keys, &mut |key, cur| {
+                let (Some(mut m), Some(t)) = (cur, per_key.get(&key)) else {
+                    return Modify::Keep;
+                };
+                m.last_access_ms = m.last_access_ms.max(t.last_ms);
+                m.access_count = m.access_count.saturating_add(t.count);
+                applied += 1;
+                Modify::Put(m)
+            });
+            // One failing instance does not keep the others' statistics.
+            if let Err(e) = result {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(applied),
+        }
+    }
+
+    /// Entries held by the search cache (for metrics).
+    pub fn search_cache_len(&self) -> usize {
+        self.search_cache.len()
+    }
+
+    /// Read hits buffered and not yet applied to the index (for metrics).
+    pub fn pending_access(&self) -> usize {
+        self.access.pending()
     }
 
     /// Raw records of `keys` (all statuses), for inspection.
@@ -77,7 +162,18 @@ impl MetaService {
         keys: &[BlockKey],
     ) -> Result<Vec<Option<BlockMeta>>> {
         self.check_keys(keys)?;
-        self.catalog.instance(instance)?;
+        self.catalog
+            .instance_or_load(self.index.as_ref(), instance)?;
+        // Show the statistics of reads made so far.
+        self.flush_access()?;
         self.index.get(instance, keys)
     }
+}
+
+/// The location [`BlockMeta::serving`] would return, moved out of the
+/// record the index handed over (no second deep clone).
+fn into_serving(meta: BlockMeta) -> Option<CacheLocation> {
+    meta.locations
+        .into_iter()
+        .find(|l| l.status == LocationStatus::Serving)
 }

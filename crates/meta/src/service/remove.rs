@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::{MetaService, TrimPolicy, now_ms};
 use crate::error::Result;
 use crate::index::Modify;
-use crate::model::{BlockKey, Instance, LocationStatus, StorageKind};
+use crate::model::{BlockKey, CacheLocation, Instance, LocationStatus, StorageKind};
 
 impl MetaService {
     /// Removes the readable locations of `keys` (writing ones stay with
@@ -14,25 +14,30 @@ impl MetaService {
     /// that had any.
     pub async fn remove_cache(&self, instance: &str, keys: &[BlockKey]) -> Result<usize> {
         self.check_keys(keys)?;
-        let inst = self.catalog.instance(instance)?;
+        let inst = self
+            .catalog
+            .instance_or_load(self.index.as_ref(), instance)?;
         self.remove_keys(&inst, keys)
     }
 
-    fn remove_keys(&self, inst: &Instance, keys: &[BlockKey]) -> Result<usize> {
+    pub(super) fn remove_keys(&self, inst: &Instance, keys: &[BlockKey]) -> Result<usize> {
         let mut removed = 0usize;
         let mut freed: HashMap<StorageKind, u64> = HashMap::new();
+        let mut gone: Vec<CacheLocation> = Vec::new();
         let result = self.index.modify(&inst.id, keys, &mut |_, cur| {
             let Some(mut m) = cur else {
                 return Modify::Keep;
             };
             let before = m.locations.len();
-            m.locations.retain(|l| {
-                let keep = l.status == LocationStatus::Writing;
-                if !keep {
-                    *freed.entry(l.kind).or_default() += l.size();
-                }
-                keep
-            });
+            let (keep, drop): (Vec<_>, Vec<_>) = m
+                .locations
+                .into_iter()
+                .partition(|l| l.status == LocationStatus::Writing);
+            for l in &drop {
+                *freed.entry(l.kind).or_default() += l.size();
+            }
+            gone.extend(drop);
+            m.locations = keep;
             if m.locations.len() == before {
                 return Modify::Keep;
             }
@@ -43,6 +48,13 @@ impl MetaService {
                 Modify::Put(m)
             }
         });
+        // Before acknowledging (also on error: earlier chunks may be applied).
+        self.search_cache.invalidate(&inst.id, keys);
+        // Free space only once the index no longer lists it: on error some
+        // may still be listed, and leaking beats handing out live space.
+        if result.is_ok() {
+            self.release_locations(gone);
+        }
         for (kind, bytes) in freed {
             self.quotas.release(&inst.group, kind, bytes);
         }
@@ -53,7 +65,11 @@ impl MetaService {
     /// Drops blocks of an instance by policy; returns how many.
     /// Scans the whole instance (the sampling reclaimer comes later).
     pub async fn trim_cache(&self, instance: &str, policy: TrimPolicy) -> Result<usize> {
-        let inst = self.catalog.instance(instance)?;
+        let inst = self
+            .catalog
+            .instance_or_load(self.index.as_ref(), instance)?;
+        // LRU / LFU / idle decisions need the buffered read statistics.
+        self.flush_access()?;
         let mut metas = Vec::new();
         let mut after = None;
         loop {

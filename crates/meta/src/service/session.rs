@@ -80,6 +80,20 @@ impl Sessions {
             .collect()
     }
 
+    /// Removes and returns every session of `instance` (the instance is
+    /// being removed).
+    pub(crate) fn take_instance(&self, instance: &str) -> Vec<(SessionId, Session)> {
+        let mut map = self.map.lock();
+        let ids: Vec<SessionId> = map
+            .iter()
+            .filter(|(_, s)| s.instance == instance)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.into_iter()
+            .filter_map(|id| map.remove(&id).map(|s| (id, s)))
+            .collect()
+    }
+
     /// Open sessions.
     pub(crate) fn len(&self) -> usize {
         self.map.lock().len()

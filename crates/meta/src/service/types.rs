@@ -1,5 +1,6 @@
 //! Settings and the request / response types of [`super::MetaService`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -17,9 +18,35 @@ pub struct MetaConfig {
     pub reap_interval: Duration,
     /// Most keys in one request. Default: 65,536.
     pub max_keys: usize,
-    /// Whether reads update last access / access count (one index write
-    /// per read). Default: true.
+    /// Whether reads update last access / access count. Reads buffer them
+    /// in memory; they reach the index in batches (see
+    /// `access_flush_keys`). Default: true.
     pub record_access: bool,
+    /// Buffered read hits (keys) past which the read that crosses the
+    /// bound flushes the access statistics itself; the reclaimer also
+    /// flushes before every round. Default: 65,536.
+    pub access_flush_keys: usize,
+    /// Entries of the search cache (per instance and block key, the serving
+    /// location a read returns); 0 disables it. Default: 1,048,576.
+    /// With a shared index and several frontends another frontend's writes
+    /// are not seen by this cache: set 0 there, or a short
+    /// `search_cache_ttl`.
+    pub search_cache_entries: usize,
+    /// Longest time a search cache answer is used; `None`: until evicted
+    /// or invalidated by this process's own writes (right for one frontend
+    /// per index). Default: `None`.
+    pub search_cache_ttl: Option<Duration>,
+    /// The reclaimer stops a group at `watermark - reclaim_hysteresis` of
+    /// its quota, so it does not run again at the next write. Default: 0.05.
+    pub reclaim_hysteresis: f64,
+    /// Records sampled per instance for each victim batch. More is closer
+    /// to exact LRU/LFU and costs more per batch. Default: 512.
+    pub reclaim_sample: usize,
+    /// Most blocks removed per index call. Default: 256.
+    pub reclaim_batch: usize,
+    /// Most victim batches per group per round, so one round is bounded
+    /// even when sampling keeps missing. Default: 1,024.
+    pub reclaim_max_batches: usize,
 }
 
 impl Default for MetaConfig {
@@ -29,6 +56,13 @@ impl Default for MetaConfig {
             reap_interval: Duration::from_secs(1),
             max_keys: 65_536,
             record_access: true,
+            access_flush_keys: 65_536,
+            search_cache_entries: 1 << 20,
+            search_cache_ttl: None,
+            reclaim_hysteresis: 0.05,
+            reclaim_sample: 512,
+            reclaim_batch: 256,
+            reclaim_max_batches: 1024,
         }
     }
 }
@@ -62,7 +96,8 @@ pub struct LocationMatch {
     /// (masked positions included). Sliding window: the resume point.
     pub matched: usize,
     /// One entry per query key: the serving location where returned.
-    pub locations: Vec<Option<CacheLocation>>,
+    /// Shared with the search cache, so an answer costs no deep clone.
+    pub locations: Vec<Option<Arc<CacheLocation>>>,
 }
 
 /// One block granted for writing.

@@ -24,7 +24,9 @@ impl MetaService {
     /// then nothing changes. An empty grant opens no session.
     pub async fn start_write_cache(&self, instance: &str, keys: &[BlockKey]) -> Result<WriteGrant> {
         self.check_keys(keys)?;
-        let inst = self.catalog.instance(instance)?;
+        let inst = self
+            .catalog
+            .instance_or_load(self.index.as_ref(), instance)?;
         let group = self.catalog.group(&inst.group)?;
         let session = SessionId(self.next_id());
 
@@ -44,29 +46,60 @@ impl MetaService {
             });
         }
         let block_bytes = inst.block_bytes();
-        let storages = self.catalog.candidates(&group);
+        let mut storages = self.catalog.candidates(&group);
         let reserved = block_bytes.saturating_mul(candidates.len() as u64);
-        let storage = self.quotas.reserve(&group, &storages, reserved)?.clone();
+        // Place the parts before touching the index; a storage whose
+        // backend cannot place them is skipped (its charge returned).
+        let (storage, mut planned) = loop {
+            let storage = self.quotas.reserve(&group, &storages, reserved)?.clone();
+            let mut planned: HashMap<BlockKey, CacheLocation> = candidates
+                .iter()
+                .map(|&k| (k, self.new_location(&inst, &storage, k)))
+                .collect();
+            match self.place_parts(&storage, instance, &mut planned).await {
+                Ok(()) => break (storage, planned),
+                Err(e) => {
+                    tracing::warn!(storage = storage.name, error = %e, "storage backend refused a write; skipping it");
+                    self.quotas.release(&group.name, storage.kind, reserved);
+                    storages.retain(|s| s.name != storage.name);
+                }
+            }
+        };
 
         let now = now_ms();
+        // A block's depth is its (first) position in this request: its
+        // distance from the root of the prefix chain the request carries.
+        let mut depths: HashMap<BlockKey, u32> = HashMap::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            depths
+                .entry(*k)
+                .or_insert(u32::try_from(i).unwrap_or(u32::MAX));
+        }
         let mut granted: HashMap<BlockKey, CacheLocation> = HashMap::new();
         let result = self.index.modify(instance, &candidates, &mut |key, cur| {
             if cur.as_ref().is_some_and(BlockMeta::is_live) {
                 return Modify::Keep;
             }
-            let loc = self.new_location(&inst, &storage, key);
+            let Some(loc) = planned.get(&key).cloned() else {
+                return Modify::Keep;
+            };
+            let depth = depths.get(&key).copied().unwrap_or(0);
             let mut m = cur.unwrap_or(BlockMeta {
                 key,
                 locations: Vec::new(),
                 last_access_ms: now,
                 access_count: 0,
+                depth,
             });
             m.locations.retain(|l| l.status != LocationStatus::Deleting);
             m.locations.push(loc.clone());
             m.last_access_ms = now;
+            m.depth = depth;
             granted.insert(key, loc);
             Modify::Put(m)
         });
+        // Before acknowledging (also on error: earlier chunks may be applied).
+        self.search_cache.invalidate(instance, &candidates);
         let blocks: Vec<WriteTarget> = candidates
             .iter()
             .filter_map(|k| {
@@ -75,9 +108,14 @@ impl MetaService {
                     .map(|location| WriteTarget { key: *k, location })
             })
             .collect();
-        // Give back the charge of keys someone else took meanwhile.
+        // Give back the charge (and placed space) of keys someone else took
+        // meanwhile.
         let unused = reserved - block_bytes * blocks.len() as u64;
         self.quotas.release(&group.name, storage.kind, unused);
+        for b in &blocks {
+            planned.remove(&b.key);
+        }
+        self.release_locations(planned.into_values().collect());
         if !blocks.is_empty() {
             // Registered even on error so the reaper reclaims what was made.
             self.sessions.insert(
@@ -177,6 +215,7 @@ impl MetaService {
         let keys: Vec<BlockKey> = s.targets.iter().map(|t| t.key).collect();
         let now = now_ms();
         let mut served = 0usize;
+        let mut removed: Vec<CacheLocation> = Vec::new();
         let result = self.index.modify(&s.instance, &keys, &mut |key, cur| {
             let (Some(mut m), Some(&(id, ok))) = (cur, wanted.get(&key)) else {
                 return Modify::Keep;
@@ -195,7 +234,7 @@ impl MetaService {
                 served += 1;
                 Modify::Put(m)
             } else {
-                m.locations.remove(pos);
+                removed.push(m.locations.remove(pos));
                 if m.locations.is_empty() {
                     Modify::Delete
                 } else {
@@ -203,6 +242,10 @@ impl MetaService {
                 }
             }
         });
+        self.search_cache.invalidate(&s.instance, &keys);
+        if result.is_ok() {
+            self.release_locations(removed);
+        }
         let dropped = s.targets.len() - served;
         self.quotas
             .release(&s.group, s.kind, s.block_bytes * dropped as u64);

@@ -1,0 +1,29 @@
+//! # kvtier-backend
+//!
+//! Data storage backends for the metadata service, each a
+//! [`kvtier_meta::StorageBackend`]:
+//!
+//! - [`FilePool`]: block parts packed into a few large preallocated files
+//!   on a local or shared file system (NFS, 3FS), extents of 4 KiB
+//!   multiples from a per-file [`ExtentAllocator`];
+//! - [`NodeStoreBackend`]: block parts in a kvtier node's own block store
+//!   (`kvtier://node/...`), local node only for now;
+//! - [`S3Backend`]: objects in an S3-compatible store.
+//!
+//! [`open_backend`] picks one by a storage's kind and URI;
+//! [`attach_backend`] also restores its state from the metadata service and
+//! attaches it (the startup path). URI formats,
+//! allocation, persistence and health checks: `docs/storage-backends.md`.
+
+pub mod allocator;
+pub mod file_pool;
+pub mod node_store;
+pub mod registry;
+pub mod s3;
+mod uri;
+
+pub use allocator::{Extent, ExtentAllocator, ReserveError};
+pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, RestoreSummary};
+pub use node_store::{NodeStoreBackend, node_block_hash};
+pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
+pub use s3::{S3Backend, S3Options};

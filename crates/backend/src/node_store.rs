@@ -1,0 +1,208 @@
+//! [`NodeStoreBackend`]: block parts kept in a kvtier node's own block
+//! store (its G2 DRAM and G3 disk tiers), named
+//! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`.
+//!
+//! Only the node this process runs on is reachable: its [`Store`] is
+//! handed in. Any other node answers [`BackendError::Unavailable`] until
+//! the peer data plane exists, so such a storage probes unhealthy and
+//! takes no writes.
+//!
+//! A node store manages its own space (it evicts), so `create` only names
+//! the parts; the client puts each part into the store under
+//! [`node_block_hash`] of its instance, spec and key.
+
+use kvtier_core::BlockHash;
+use kvtier_meta::{
+    BackendError, BackendFuture, BackendUsage, BlockKey, CreateRequest, StorageBackend,
+};
+use kvtier_store::{Store, StoreError};
+use xxhash_rust::xxh3::xxh3_128;
+
+use crate::uri::{Uri, bad};
+
+/// The store key of one block part: the metadata service keys blocks per
+/// instance by a 64-bit [`BlockKey`], a node store by a 128-bit
+/// [`BlockHash`]; each (instance, spec) pair is its own namespace
+/// (`xxh3_128(instance || 0 || spec)`, see [`BlockHash::external_in`]).
+pub fn node_block_hash(instance: &str, spec: &str, key: BlockKey) -> BlockHash {
+    let mut ns = Vec::with_capacity(instance.len() + 1 + spec.len());
+    ns.extend_from_slice(instance.as_bytes());
+    ns.push(0);
+    ns.extend_from_slice(spec.as_bytes());
+    BlockHash::external_in(xxh3_128(&ns), u128::from(key.0))
+}
+
+/// A storage on one kvtier node.
+pub struct NodeStoreBackend {
+    node: String,
+    /// The node's store when `node` is the local node.
+    local: Option<Store>,
+}
+
+impl std::fmt::Debug for NodeStoreBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStoreBackend")
+            .field("node", &self.node)
+            .field("local", &self.local.is_some())
+            .finish()
+    }
+}
+
+/// One parsed part URI.
+#[derive(Debug)]
+struct Part {
+    hash: BlockHash,
+}
+
+impl NodeStoreBackend {
+    /// The backend of the local node `node`, over its store.
+    pub fn local(node: impl Into<String>, store: Store) -> Self {
+        NodeStoreBackend {
+            node: node.into(),
+            local: Some(store),
+        }
+    }
+
+    /// The backend of a peer node (no data plane yet: every call is
+    /// [`BackendError::Unavailable`]).
+    pub fn remote(node: impl Into<String>) -> Self {
+        NodeStoreBackend {
+            node: node.into(),
+            local: None,
+        }
+    }
+
+    /// The node this backend stores on.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    fn store(&self) -> Result<&Store, BackendError> {
+        self.local.as_ref().ok_or_else(|| {
+            BackendError::Unavailable(format!("no data plane to node {} yet", self.node))
+        })
+    }
+
+    fn uri(&self, r: &CreateRequest) -> Result<String, BackendError> {
+        let bad_name = |what: &str| {
+            bad(
+                &format!("kvtier://{}/{}", self.node, r.instance),
+                format!("{what} must be non-empty without '/', '?' or '&'"),
+            )
+        };
+        if r.instance.is_empty() || r.instance.contains(['?', '&']) {
+            return Err(bad_name("instance"));
+        }
+        if r.spec.is_empty() || r.spec.contains(['/', '?', '&']) {
+            return Err(bad_name("spec"));
+        }
+        Ok(format!(
+            "kvtier://{}/{}/{:016x}-{:x}/{}",
+            self.node, r.instance, r.key.0, r.location.0, r.spec
+        ))
+    }
+
+    fn parse(&self, uri: &str) -> Result<Part, BackendError> {
+        let u = Uri::parse(uri)?;
+        if u.scheme != "kvtier" {
+            return Err(bad(uri, "not a kvtier:// URI"));
+        }
+        if u.authority != self.node {
+            return Err(bad(uri, format!("not on node {}", self.node)));
+        }
+        if !u.query.is_empty() {
+            return Err(bad(uri, "unexpected query"));
+        }
+        // /<instance>/<key>-<loc>/<spec>; the instance may contain '/'.
+        let path = u.path.strip_prefix('/').unwrap_or(u.path);
+        let mut it = path.rsplitn(3, '/');
+        let (Some(spec), Some(key_loc), Some(instance)) = (it.next(), it.next(), it.next()) else {
+            return Err(bad(uri, "expected /<instance>/<key>-<location>/<spec>"));
+        };
+        if spec.is_empty() || instance.is_empty() {
+            return Err(bad(uri, "empty instance or spec"));
+        }
+        let key = key_loc
+            .split_once('-')
+            .and_then(|(k, loc)| {
+                u64::from_str_radix(loc, 16).ok()?;
+                u64::from_str_radix(k, 16).ok()
+            })
+            .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
+        Ok(Part {
+            hash: node_block_hash(instance, spec, BlockKey(key)),
+        })
+    }
+
+    async fn check_open(store: &Store) -> Result<(), BackendError> {
+        // An empty read touches nothing but fails once the store is closed.
+        match store.get_batch(&[], &mut []).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::Closed) => {
+                Err(BackendError::Unavailable("node store is closed".into()))
+            }
+            Err(e) => Err(BackendError::Unavailable(format!("node store: {e}"))),
+        }
+    }
+}
+
+impl StorageBackend for NodeStoreBackend {
+    fn create<'a>(
+        &'a self,
+        requests: &'a [CreateRequest],
+    ) -> BackendFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            Self::check_open(self.store()?).await?;
+            requests.iter().map(|r| self.uri(r)).collect()
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        uris: &'a [String],
+    ) -> BackendFuture<'a, Vec<Result<(), BackendError>>> {
+        Box::pin(async move {
+            uris.iter()
+                .map(|u| {
+                    let store = self.store()?;
+                    let part = self.parse(u)?;
+                    store.remove(part.hash);
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+
+    fn exist<'a>(
+        &'a self,
+        uris: &'a [String],
+    ) -> BackendFuture<'a, Result<Vec<bool>, BackendError>> {
+        Box::pin(async move {
+            let store = self.store()?;
+            uris.iter()
+                .map(|u| Ok(store.contains(self.parse(u)?.hash).is_some()))
+                .collect()
+        })
+    }
+
+    fn usage(&self) -> BackendFuture<'_, Result<BackendUsage, BackendError>> {
+        Box::pin(async move {
+            let store = self.store()?;
+            let block = store.geometry().block_bytes();
+            // Blocks may sit in both tiers; the larger tier bounds the store.
+            let (blocks, capacity) = match store.disk() {
+                Some(d) => (d.len().max(store.memory().len()), d.capacity_blocks()),
+                None => (store.memory().len(), store.memory().capacity_blocks()),
+            };
+            Ok(BackendUsage {
+                used_bytes: blocks as u64 * block,
+                capacity_bytes: Some(capacity as u64 * block),
+                objects: blocks as u64,
+            })
+        })
+    }
+
+    fn health(&self) -> BackendFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move { Self::check_open(self.store()?).await })
+    }
+}

@@ -1,0 +1,134 @@
+//! [`open_backend`]: the backend of a [`Storage`], by its kind and URI.
+
+use std::sync::Arc;
+
+use kvtier_meta::{BackendError, MetaError, MetaService, Storage, StorageBackend, StorageKind};
+use kvtier_store::Store;
+
+use crate::file_pool::{FilePool, FilePoolOptions};
+use crate::node_store::NodeStoreBackend;
+use crate::s3::{S3Backend, S3Options};
+use crate::uri::{Uri, bad};
+
+/// What [`open_backend`] needs beyond the storage record.
+#[derive(Clone, Default)]
+pub struct BackendOptions {
+    /// Settings of file pools.
+    pub file_pool: FilePoolOptions,
+    /// Settings and credentials of S3 storages.
+    pub s3: S3Options,
+    /// This node's name and block store, if it has one: a `kvtier://`
+    /// storage on this node is served from it, any other node is
+    /// unreachable for now.
+    pub local_node: Option<(String, Store)>,
+}
+
+impl std::fmt::Debug for BackendOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendOptions")
+            .field("file_pool", &self.file_pool)
+            .field("s3", &self.s3)
+            .field("local_node", &self.local_node.as_ref().map(|(n, _)| n))
+            .finish()
+    }
+}
+
+/// Opens the backend of `storage`. The URI scheme must match the kind:
+/// `file:///abs/dir` ([`StorageKind::FilePool`]), `kvtier://node`
+/// ([`StorageKind::KvtierNode`]), `s3://bucket/prefix` ([`StorageKind::S3`]).
+/// A file pool opened here starts with every extent free; to restore its
+/// allocation map first, open it with [`open_file_pool`] and call
+/// [`FilePool::restore`] before attaching it.
+pub fn open_backend(
+    storage: &Storage,
+    opts: &BackendOptions,
+) -> Result<Arc<dyn StorageBackend>, BackendError> {
+    let uri = storage.uri.as_str();
+    let u = Uri::parse(uri)?;
+    let want = match storage.kind {
+        StorageKind::FilePool => "file",
+        StorageKind::KvtierNode => "kvtier",
+        StorageKind::S3 => "s3",
+    };
+    if u.scheme != want {
+        return Err(bad(
+            uri,
+            format!(
+                "storage {:?} of kind {:?} needs a {want}:// URI",
+                storage.name, storage.kind
+            ),
+        ));
+    }
+    Ok(match storage.kind {
+        StorageKind::FilePool => Arc::new(open_file_pool(storage, opts)?),
+        StorageKind::S3 => Arc::new(S3Backend::open(uri, &opts.s3)?),
+        StorageKind::KvtierNode => {
+            if u.authority.is_empty() {
+                return Err(bad(uri, "no node name"));
+            }
+            if !u.path.trim_matches('/').is_empty() || !u.query.is_empty() {
+                return Err(bad(uri, "expected kvtier://<node>"));
+            }
+            match &opts.local_node {
+                Some((name, store)) if name == u.authority => {
+                    Arc::new(NodeStoreBackend::local(name.clone(), store.clone()))
+                }
+                _ => Arc::new(NodeStoreBackend::remote(u.authority)),
+            }
+        }
+    })
+}
+
+/// Opens the file pool of a [`StorageKind::FilePool`] storage.
+pub fn open_file_pool(storage: &Storage, opts: &BackendOptions) -> Result<FilePool, BackendError> {
+    if storage.kind != StorageKind::FilePool {
+        return Err(bad(&storage.uri, "not a file pool storage"));
+    }
+    FilePool::open_uri(&storage.uri, &opts.file_pool)
+}
+
+/// Why [`attach_backend`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The backend could not be opened.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The service could not list the storage's live locations or does not
+    /// know the storage.
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+/// Opens the backend of `storage`, rebuilds its allocation state from the
+/// locations `svc` still lists on it (file pools: see
+/// [`FilePool::restore`]) and attaches it to the service. The startup path:
+/// call it for every storage before the service takes writes, so no live
+/// extent is handed out twice after a restart.
+pub fn attach_backend(
+    svc: &MetaService,
+    storage: &Storage,
+    opts: &BackendOptions,
+) -> Result<Arc<dyn StorageBackend>, AttachError> {
+    let backend: Arc<dyn StorageBackend> = if storage.kind == StorageKind::FilePool {
+        let pool = open_file_pool(storage, opts)?;
+        let live = svc.live_uris(&storage.name)?;
+        let summary = pool.restore(&live);
+        if !summary.rejected.is_empty() {
+            tracing::warn!(
+                storage = storage.name,
+                rejected = summary.rejected.len(),
+                "file pool: some listed extents were not restored"
+            );
+        }
+        tracing::info!(
+            storage = storage.name,
+            restored = summary.restored,
+            "file pool restored"
+        );
+        Arc::new(pool)
+    } else {
+        open_backend(storage, opts)?
+    };
+    svc.attach_backend(&storage.name, backend.clone())?;
+    Ok(backend)
+}

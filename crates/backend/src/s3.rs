@@ -1,0 +1,334 @@
+//! [`S3Backend`]: block parts as objects in an S3-compatible store,
+//! `s3://<bucket>/<prefix>/<instance>/<key hex>-<location hex>/<spec>`.
+//!
+//! An object store allocates on write, so `create` only names objects;
+//! `delete` removes them in bulk requests, `exist` HEADs them, `usage`
+//! lists the prefix (at most [`S3Options::usage_list_limit`] objects) and
+//! `health` puts, reads back and deletes a probe object. Every call is
+//! bounded by [`S3Options::timeout`] (client timeouts, and an outer
+//! deadline around the whole call) and reported as
+//! [`BackendError::Unavailable`] when it runs out: a dead endpoint never
+//! hangs the metadata service.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use kvtier_meta::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path;
+use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig};
+
+use crate::uri::{Uri, bad};
+
+/// Connection settings of an [`S3Backend`].
+#[derive(Debug, Clone)]
+pub struct S3Options {
+    /// Endpoint URL (`http://127.0.0.1:9000`); `None` for AWS itself.
+    pub endpoint: Option<String>,
+    /// Region. Default `us-east-1`.
+    pub region: String,
+    /// Access key id; `None` for unsigned requests.
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    pub secret_access_key: Option<String>,
+    /// Session token, if the credentials are temporary.
+    pub session_token: Option<String>,
+    /// Allow plain `http://` endpoints (loopback test servers). Default false.
+    pub allow_http: bool,
+    /// Limit of every backend call, retries included. Default 5 s.
+    pub timeout: Duration,
+    /// Most objects `usage` lists before it stops counting. Default 100,000.
+    pub usage_list_limit: usize,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            endpoint: None,
+            region: "us-east-1".into(),
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            allow_http: false,
+            timeout: Duration::from_secs(5),
+            usage_list_limit: 100_000,
+        }
+    }
+}
+
+/// A storage in one bucket under one key prefix.
+#[derive(Debug)]
+pub struct S3Backend {
+    bucket: String,
+    /// Key prefix without leading or trailing `/`; may be empty.
+    prefix: String,
+    store: AmazonS3,
+    timeout: Duration,
+    usage_list_limit: usize,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(format!("s3: {e}"))
+}
+
+impl S3Backend {
+    /// Connects (lazily: no request is made here) to the bucket and prefix
+    /// of a storage URI `s3://bucket/prefix`.
+    pub fn open(uri: &str, opts: &S3Options) -> Result<Self, BackendError> {
+        let u = Uri::parse(uri)?;
+        if u.scheme != "s3" {
+            return Err(bad(uri, "S3 URIs start with s3://"));
+        }
+        if u.authority.is_empty() {
+            return Err(bad(uri, "no bucket"));
+        }
+        if !u.query.is_empty() {
+            return Err(bad(uri, "unexpected query"));
+        }
+        let prefix = u.path.trim_matches('/').to_owned();
+        if prefix.split('/').any(|s| s == "." || s == "..") || prefix.contains("//") {
+            return Err(bad(uri, "prefix has empty or relative segments"));
+        }
+        let client = ClientOptions::new()
+            .with_allow_http(opts.allow_http)
+            .with_timeout(opts.timeout)
+            .with_connect_timeout(opts.timeout);
+        let retry = RetryConfig {
+            max_retries: 2,
+            retry_timeout: opts.timeout,
+            ..RetryConfig::default()
+        };
+        let mut b = AmazonS3Builder::new()
+            .with_bucket_name(u.authority)
+            .with_region(&opts.region)
+            .with_allow_http(opts.allow_http)
+            .with_client_options(client)
+            .with_retry(retry);
+        if let Some(e) = &opts.endpoint {
+            b = b.with_endpoint(e);
+        }
+        match (&opts.access_key_id, &opts.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                b = b.with_access_key_id(id).with_secret_access_key(secret);
+                if let Some(t) = &opts.session_token {
+                    b = b.with_token(t);
+                }
+            }
+            _ => b = b.with_skip_signature(true),
+        }
+        let store = b.build().map_err(|e| bad(uri, e.to_string()))?;
+        Ok(S3Backend {
+            bucket: u.authority.to_owned(),
+            prefix,
+            store,
+            timeout: opts.timeout,
+            usage_list_limit: opts.usage_list_limit,
+        })
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = Result<T, BackendError>>,
+    ) -> Result<T, BackendError> {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Unavailable(format!(
+                    "s3 {what}: no answer within {:?}",
+                    self.timeout
+                )))
+            })
+    }
+
+    fn key(&self, rest: &str) -> String {
+        if self.prefix.is_empty() {
+            rest.to_owned()
+        } else {
+            format!("{}/{rest}", self.prefix)
+        }
+    }
+
+    fn uri(&self, r: &CreateRequest) -> Result<String, BackendError> {
+        let ok = |s: &str| {
+            !s.is_empty()
+                && !s.contains(['?', '&', '\\'])
+                && !s
+                    .split('/')
+                    .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+        };
+        if !ok(&r.instance) || !ok(&r.spec) || r.spec.contains('/') {
+            return Err(bad(
+                &format!("s3://{}/{}", self.bucket, self.key(&r.instance)),
+                "instance and spec must be non-empty path segments",
+            ));
+        }
+        Ok(format!(
+            "s3://{}/{}",
+            self.bucket,
+            self.key(&format!(
+                "{}/{:016x}-{:x}/{}",
+                r.instance, r.key.0, r.location.0, r.spec
+            ))
+        ))
+    }
+
+    /// The object path of a part URI of this storage.
+    fn path(&self, uri: &str) -> Result<Path, BackendError> {
+        let u = Uri::parse(uri)?;
+        if u.scheme != "s3" || u.authority != self.bucket || !u.query.is_empty() {
+            return Err(bad(
+                uri,
+                format!("not an object URI in bucket {}", self.bucket),
+            ));
+        }
+        let key = u.path.strip_prefix('/').unwrap_or(u.path);
+        let under_prefix = self.prefix.is_empty()
+            || key
+                .strip_prefix(self.prefix.as_str())
+                .is_some_and(|r| r.starts_with('/'));
+        if !under_prefix {
+            return Err(bad(uri, format!("not under prefix {:?}", self.prefix)));
+        }
+        Path::parse(key).map_err(|e| bad(uri, e.to_string()))
+    }
+
+    async fn delete_paths(&self, paths: Vec<Path>) -> Result<HashMap<Path, bool>, BackendError> {
+        let wanted = paths.clone();
+        let input = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+        let mut done: HashMap<Path, bool> = wanted.into_iter().map(|p| (p, false)).collect();
+        let mut out = self.store.delete_stream(input);
+        while let Some(r) = out.next().await {
+            match r {
+                Ok(p) => {
+                    done.insert(p, true);
+                }
+                // Gone already: deletes are idempotent.
+                Err(object_store::Error::NotFound { path, .. }) => {
+                    if let Ok(p) = Path::parse(&path) {
+                        done.insert(p, true);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "s3 bulk delete item failed"),
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl StorageBackend for S3Backend {
+    fn create<'a>(
+        &'a self,
+        requests: &'a [CreateRequest],
+    ) -> BackendFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move { requests.iter().map(|r| self.uri(r)).collect() })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        uris: &'a [String],
+    ) -> BackendFuture<'a, Vec<Result<(), BackendError>>> {
+        Box::pin(async move {
+            let paths: Vec<Result<Path, BackendError>> =
+                uris.iter().map(|u| self.path(u)).collect();
+            let valid: Vec<Path> = paths
+                .iter()
+                .filter_map(|p| p.as_ref().ok().cloned())
+                .collect();
+            let done = if valid.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                self.bounded("delete", self.delete_paths(valid)).await
+            };
+            paths
+                .into_iter()
+                .map(|p| {
+                    let p = p?;
+                    match &done {
+                        Ok(d) if d.get(&p) == Some(&true) => Ok(()),
+                        Ok(_) => Err(unavailable(format!("delete of {p} not confirmed"))),
+                        Err(e) => Err(BackendError::Unavailable(e.to_string())),
+                    }
+                })
+                .collect()
+        })
+    }
+
+    fn exist<'a>(
+        &'a self,
+        uris: &'a [String],
+    ) -> BackendFuture<'a, Result<Vec<bool>, BackendError>> {
+        Box::pin(async move {
+            let paths = uris
+                .iter()
+                .map(|u| self.path(u))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.bounded("head", async {
+                futures::stream::iter(paths)
+                    .map(|p| async move {
+                        match self.store.head(&p).await {
+                            Ok(_) => Ok(true),
+                            Err(object_store::Error::NotFound { .. }) => Ok(false),
+                            Err(e) => Err(unavailable(e)),
+                        }
+                    })
+                    .buffered(16)
+                    .try_collect()
+                    .await
+            })
+            .await
+        })
+    }
+
+    fn usage(&self) -> BackendFuture<'_, Result<BackendUsage, BackendError>> {
+        Box::pin(async move {
+            let prefix = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+            self.bounded("list", async {
+                let mut list = self.store.list(prefix.as_ref()).take(self.usage_list_limit);
+                let mut usage = BackendUsage::default();
+                while let Some(meta) = list.next().await {
+                    let meta = meta.map_err(unavailable)?;
+                    usage.objects += 1;
+                    usage.used_bytes += meta.size;
+                }
+                Ok(usage)
+            })
+            .await
+        })
+    }
+
+    fn health(&self) -> BackendFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            let path =
+                Path::from(self.key(&format!(".kvtier-probe-{:016x}", rand::random::<u64>())));
+            let data: Vec<u8> = (0..64).map(|_| rand::random::<u8>()).collect();
+            self.bounded("probe", async {
+                self.store
+                    .put(&path, PutPayload::from(data.clone()))
+                    .await
+                    .map_err(unavailable)?;
+                let back = self
+                    .store
+                    .get(&path)
+                    .await
+                    .map_err(unavailable)?
+                    .bytes()
+                    .await
+                    .map_err(unavailable)?;
+                self.store.delete(&path).await.map_err(unavailable)?;
+                if back.as_ref() != data.as_slice() {
+                    return Err(unavailable("probe object read back different bytes"));
+                }
+                Ok(())
+            })
+            .await
+        })
+    }
+}

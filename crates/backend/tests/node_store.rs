@@ -1,0 +1,169 @@
+//! NodeStoreBackend over a real Store (DRAM tier), and the registry.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use kvtier_backend::{BackendOptions, NodeStoreBackend, node_block_hash, open_backend};
+use kvtier_core::{Geometry, MemoryConfig, ModelPreset};
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_meta::{
+    BackendError, BlockKey, CreateRequest, LocationId, Storage, StorageBackend, StorageHealth,
+    StorageKind,
+};
+use kvtier_store::{Store, StoreOptions};
+
+fn store() -> Store {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let g: Geometry = ModelPreset::Tiny.geometry(32);
+    let cfg = MemoryConfig {
+        capacity: kvtier_core::ByteSize(16 * g.block_bytes()),
+        shm_name: format!(
+            "kvtier-backend-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        ..Default::default()
+    };
+    let mem = MemoryTier::create(MemoryTierConfig::new(&cfg, &g)).expect("memory tier");
+    Store::from_parts(g, mem, None, StoreOptions::default())
+}
+
+fn req(instance: &str, key: u64, loc: u64, spec: &str) -> CreateRequest {
+    CreateRequest {
+        instance: instance.into(),
+        key: BlockKey(key),
+        location: LocationId(loc),
+        spec: spec.into(),
+        size: 1,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_node_names_checks_and_deletes_blocks() {
+    let s = store();
+    let block = vec![7u8; s.geometry().block_bytes() as usize];
+    let b = NodeStoreBackend::local("node-1", s.clone());
+    b.health().await.unwrap();
+    let reqs = [
+        req("llama/v1", 0xab, 0x10, "tp0"),
+        req("llama/v1", 0xab, 0x10, "tp1"),
+    ];
+    let uris = b.create(&reqs).await.unwrap();
+    assert_eq!(
+        uris,
+        [
+            "kvtier://node-1/llama/v1/00000000000000ab-10/tp0",
+            "kvtier://node-1/llama/v1/00000000000000ab-10/tp1"
+        ]
+    );
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![false, false]);
+    // The client writes part tp0 into the node's store under its hash.
+    s.put(node_block_hash("llama/v1", "tp0", BlockKey(0xab)), &block)
+        .await
+        .unwrap();
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![true, false]);
+    let used = b.usage().await.unwrap();
+    assert_eq!((used.objects, used.used_bytes), (1, block.len() as u64));
+    for r in b.delete(&uris).await {
+        r.unwrap();
+    }
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![false, false]);
+    assert!(
+        s.contains(node_block_hash("llama/v1", "tp0", BlockKey(0xab)))
+            .is_none()
+    );
+    // Other nodes' URIs and junk are bad URIs here.
+    for bad in [
+        "kvtier://node-2/llama/00000000000000ab-10/tp0",
+        "kvtier://node-1/00000000000000ab-10/tp0",
+        "kvtier://node-1/llama/zz-10/tp0",
+        "kvtier://node-1/llama/ab/tp0",
+        "file:///x",
+    ] {
+        assert!(
+            matches!(
+                b.delete(&[bad.to_owned()]).await.pop().unwrap(),
+                Err(BackendError::BadUri { .. })
+            ),
+            "{bad}"
+        );
+    }
+    assert!(b.create(&[req("i", 1, 1, "a/b")]).await.is_err());
+    // A closed store is unhealthy and takes no new parts.
+    s.close().await.unwrap();
+    assert!(matches!(
+        b.health().await,
+        Err(BackendError::Unavailable(_))
+    ));
+    assert!(matches!(
+        b.create(&reqs).await,
+        Err(BackendError::Unavailable(_))
+    ));
+}
+
+#[tokio::test]
+async fn remote_node_is_unavailable() {
+    let b = NodeStoreBackend::remote("node-9");
+    for r in [
+        b.health().await,
+        b.create(&[req("i", 1, 1, "tp0")]).await.map(drop),
+        b.exist(&["kvtier://node-9/i/01-1/tp0".into()])
+            .await
+            .map(drop),
+        b.usage().await.map(drop),
+    ] {
+        match r {
+            Err(BackendError::Unavailable(m)) => assert!(m.contains("node-9"), "{m}"),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+    }
+}
+
+fn storage(kind: StorageKind, uri: &str) -> Storage {
+    Storage {
+        name: "s".into(),
+        kind,
+        uri: uri.into(),
+        enabled: true,
+        health: StorageHealth::Healthy,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_opens_by_kind_and_rejects_bad_uris() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = BackendOptions::default();
+    opts.file_pool.file_size = 1 << 16;
+    opts.file_pool.files = 1;
+    let s = store();
+    opts.local_node = Some(("node-1".into(), s.clone()));
+    let pool = open_backend(
+        &storage(
+            StorageKind::FilePool,
+            &format!("file://{}", dir.path().display()),
+        ),
+        &opts,
+    )
+    .unwrap();
+    pool.health().await.unwrap();
+    let local = open_backend(&storage(StorageKind::KvtierNode, "kvtier://node-1"), &opts).unwrap();
+    local.health().await.unwrap();
+    let remote = open_backend(&storage(StorageKind::KvtierNode, "kvtier://node-2"), &opts).unwrap();
+    assert!(remote.health().await.is_err());
+    open_backend(&storage(StorageKind::S3, "s3://bucket/prefix"), &opts).unwrap();
+    for (kind, uri) in [
+        (StorageKind::FilePool, "s3://bucket/x"),
+        (StorageKind::FilePool, "file://relative"),
+        (StorageKind::S3, "file:///tmp/x"),
+        (StorageKind::S3, "s3:///nobucket"),
+        (StorageKind::S3, "s3://b/a/../c"),
+        (StorageKind::KvtierNode, "kvtier:///pool"),
+        (StorageKind::KvtierNode, "kvtier://node-1/pool"),
+        (StorageKind::KvtierNode, "node-1"),
+    ] {
+        let r = open_backend(&storage(kind, uri), &opts);
+        assert!(
+            matches!(r, Err(BackendError::BadUri { .. })),
+            "{kind:?} {uri}: {r:?}"
+        );
+    }
+}

@@ -1,0 +1,217 @@
+//! S3Backend against a real S3-compatible server: moto (`moto_server`, from
+//! PyPI `moto[server]`), started here on 127.0.0.1 with a free port and
+//! stopped on drop. The test fails when moto is not installed.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvtier_backend::{S3Backend, S3Options};
+use kvtier_meta::{BackendError, BlockKey, CreateRequest, LocationId, StorageBackend};
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path;
+
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// One raw HTTP/1.1 request; returns the status line.
+fn http(port: u16, method: &str, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out.lines().next().unwrap_or_default().to_owned())
+}
+
+fn start_moto() -> Moto {
+    let port = free_port();
+    let spawn = |prog: &str, args: &[&str]| {
+        Command::new(prog)
+            .args(args)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    let child = spawn("moto_server", &[])
+        .or_else(|_| spawn("python3", &["-m", "moto.server"]))
+        .unwrap_or_else(|e| {
+            panic!("cannot start moto_server ({e}); install it with `pip install 'moto[server]'`")
+        });
+    let mut moto = Moto { child, port };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Some(status)) = moto.child.try_wait() {
+            panic!("moto_server exited with {status}; is `moto[server]` installed?");
+        }
+        if http(port, "GET", "/").is_ok_and(|s| s.contains(" 200")) {
+            return moto;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "moto_server not ready on port {port} after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn opts(port: u16) -> S3Options {
+    S3Options {
+        endpoint: Some(format!("http://127.0.0.1:{port}")),
+        region: "us-east-1".into(),
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        session_token: None,
+        allow_http: true,
+        timeout: Duration::from_secs(2),
+        usage_list_limit: 1000,
+    }
+}
+
+fn req(key: u64, loc: u64, spec: &str) -> CreateRequest {
+    CreateRequest {
+        instance: "llama".into(),
+        key: BlockKey(key),
+        location: LocationId(loc),
+        spec: spec.into(),
+        size: 3,
+    }
+}
+
+/// A client writing the object a grant named, as an engine would.
+async fn client_put(port: u16, bucket: &str, uri: &str, bytes: &[u8]) {
+    let store = AmazonS3Builder::new()
+        .with_endpoint(format!("http://127.0.0.1:{port}"))
+        .with_allow_http(true)
+        .with_region("us-east-1")
+        .with_bucket_name(bucket)
+        .with_access_key_id("testing")
+        .with_secret_access_key("testing")
+        .build()
+        .unwrap();
+    let key = uri.strip_prefix(&format!("s3://{bucket}/")).unwrap();
+    store
+        .put(&Path::from(key), bytes.to_vec().into())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_checks_lists_deletes_and_probes_objects() {
+    let moto = start_moto();
+    let status = http(moto.port, "PUT", "/kvbucket").unwrap();
+    assert!(status.contains(" 200"), "create bucket: {status}");
+    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port)).unwrap();
+    b.health().await.unwrap();
+
+    let uris = b
+        .create(&[
+            req(0xab, 0x10, "tp0"),
+            req(0xab, 0x10, "tp1"),
+            req(0xcd, 0x11, "tp0"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        uris[0],
+        "s3://kvbucket/cache/v1/llama/00000000000000ab-10/tp0"
+    );
+    // Naming allocates nothing.
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![false; 3]);
+    client_put(moto.port, "kvbucket", &uris[0], b"abc").await;
+    client_put(moto.port, "kvbucket", &uris[2], b"defg").await;
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![true, false, true]);
+    let u = b.usage().await.unwrap();
+    assert_eq!((u.objects, u.used_bytes, u.capacity_bytes), (2, 7, None));
+
+    // Batch delete; a missing object deletes fine.
+    for r in b.delete(&uris).await {
+        r.unwrap();
+    }
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![false; 3]);
+    assert_eq!(b.usage().await.unwrap().objects, 0);
+
+    // URIs outside this storage are bad, not deleted.
+    for bad in [
+        "s3://otherbucket/cache/v1/llama/01-1/tp0",
+        "s3://kvbucket/elsewhere/llama/01-1/tp0",
+        "s3://kvbucket/cache/v1x/llama/01-1/tp0",
+        "file:///cache/v1/x",
+    ] {
+        let r = b.delete(&[bad.to_owned()]).await.pop().unwrap();
+        assert!(
+            matches!(r, Err(BackendError::BadUri { .. })),
+            "{bad}: {r:?}"
+        );
+    }
+
+    // A stopped server: every call answers Unavailable (never hangs).
+    drop(moto);
+    let guard = Duration::from_secs(60);
+    let r = tokio::time::timeout(guard, b.health())
+        .await
+        .expect("health hung");
+    assert!(matches!(r, Err(BackendError::Unavailable(_))), "{r:?}");
+    let r = tokio::time::timeout(guard, b.exist(&uris))
+        .await
+        .expect("exist hung");
+    assert!(matches!(r, Err(BackendError::Unavailable(_))), "{r:?}");
+    let r = tokio::time::timeout(guard, b.delete(&uris))
+        .await
+        .expect("delete hung");
+    assert!(
+        r.iter()
+            .all(|r| matches!(r, Err(BackendError::Unavailable(_)))),
+        "{r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_times_out() {
+    // Accepts connections and reads, but never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let mut o = opts(port);
+    o.timeout = Duration::from_millis(500);
+    let b = S3Backend::open("s3://kvbucket/p", &o).unwrap();
+    let guard = Duration::from_secs(60);
+    let r = tokio::time::timeout(guard, b.health())
+        .await
+        .expect("health hung");
+    match r {
+        Err(BackendError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let r = tokio::time::timeout(guard, b.usage())
+        .await
+        .expect("usage hung");
+    assert!(matches!(r, Err(BackendError::Unavailable(_))), "{r:?}");
+}

@@ -1,0 +1,272 @@
+//! The global KV cache manager as the binary runs it: opening the metadata
+//! index the configuration names, bootstrapping a fresh manager (storage and
+//! group `default`, the admin account), attaching storage backends, the
+//! background tasks (reclaimer, health checks) and the four listeners.
+//! `kvtier serve` hosts it next to the node store; `kvtier manager` runs it
+//! alone, typically as a stateless frontend over a shared Redis/Valkey.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_backend::BackendOptions;
+use kvtier_core::Config;
+use kvtier_meta::{
+    DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
+    RedisIndexConfig, Role, Storage, StorageHealth, StorageKind,
+};
+use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
+use kvtier_store::Store;
+
+/// A running manager: the service, its listeners and background tasks.
+/// Dropping it stops the background tasks; call [`Manager::shutdown`] to
+/// finish in-flight requests first.
+pub struct Manager {
+    /// The service.
+    pub svc: Arc<MetaService>,
+    server: RunningServer,
+    _tasks: BackgroundTasks,
+}
+
+/// Handles whose drop stops the service's background tasks.
+struct BackgroundTasks {
+    _reclaimer: kvtier_meta::ReclaimerHandle,
+    _health: kvtier_meta::HealthCheckerHandle,
+    _catalog: Option<kvtier_meta::CatalogRefresherHandle>,
+}
+
+impl Manager {
+    /// Opens the index, bootstraps, attaches backends and starts listening.
+    /// `store` is this node's block store when the process has one (for
+    /// `kvtier://<node>` storages); `node` is this node's name.
+    pub async fn start(config: &Config, store: Option<(String, Store)>) -> Result<Self> {
+        let m = &config.meta;
+        let index = open_index(config)?;
+        let meta_config = MetaConfig {
+            session_timeout: Duration::from_secs(m.session_timeout_secs),
+            max_keys: m.max_keys,
+            ..MetaConfig::default()
+        };
+        // Several frontends over one Redis must not trust a local search
+        // cache for longer than a moment: another frontend may remove a
+        // block. The service's default TTL covers that; see meta-api.md.
+        let svc =
+            Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
+        let mut options = BackendOptions {
+            local_node: store,
+            ..BackendOptions::default()
+        };
+        options.file_pool.files = 4;
+        options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
+        bootstrap(&svc, config)?;
+        attach_backends(&svc, &options).await?;
+        let tasks = BackgroundTasks {
+            _reclaimer: svc.spawn_reclaimer(Duration::from_secs(m.reclaim_interval_secs.max(1))),
+            _health: svc.spawn_health_checker(Duration::from_secs(m.health_interval_secs.max(1))),
+            // Only a shared index changes behind this process's back.
+            _catalog: shared_index(config).then(|| {
+                svc.spawn_catalog_refresher(Duration::from_secs(m.catalog_refresh_secs.max(1)))
+            }),
+        };
+        let server = MetaServer::start(svc.clone(), server_config(config)?)
+            .await
+            .context("starting the meta and admin listeners")?;
+        tracing::info!(
+            meta_grpc = %server.meta_grpc_addr(),
+            meta_http = %server.meta_http_addr(),
+            admin_grpc = %server.admin_grpc_addr(),
+            admin_http = %server.admin_http_addr(),
+            index = %m.index,
+            auth = m.auth,
+            "kv cache manager listening"
+        );
+        Ok(Manager {
+            svc,
+            server,
+            _tasks: tasks,
+        })
+    }
+
+    /// Stops accepting requests and waits for in-flight ones.
+    pub async fn shutdown(self) {
+        if let Err(e) = self.server.shutdown().await {
+            tracing::warn!("stopping the listeners: {e}");
+        }
+        if let Err(e) = self.svc.flush_access() {
+            tracing::warn!("flushing access statistics: {e}");
+        }
+    }
+}
+
+fn shared_index(config: &Config) -> bool {
+    config.meta.index.starts_with("redis://") || config.meta.index.starts_with("rediss://")
+}
+
+fn open_index(config: &Config) -> Result<Arc<dyn MetaIndex>> {
+    let m = &config.meta;
+    Ok(match m.index.as_str() {
+        "memory" => Arc::new(MemoryIndex::new()),
+        "embedded" => {
+            let dir = &config.serve.data_dir;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join("meta.redb");
+            Arc::new(
+                RedbIndex::open(&path, 256 << 20)
+                    .with_context(|| format!("opening the metadata index {}", path.display()))?,
+            )
+        }
+        url => open_redis_index(url, &m.redis_prefix)?,
+    })
+}
+
+/// Opens a Redis/Valkey index at `url` under key prefix `prefix`.
+pub fn open_redis_index(url: &str, prefix: &str) -> Result<Arc<dyn MetaIndex>> {
+    let cfg = RedisIndexConfig {
+        prefix: prefix.to_owned(),
+        ..RedisIndexConfig::default()
+    };
+    Ok(Arc::new(
+        RedisIndex::open(url, cfg).with_context(|| format!("connecting to {url}"))?,
+    ))
+}
+
+fn server_config(config: &Config) -> Result<ServerConfig> {
+    let m = &config.meta;
+    let ip: IpAddr = m.bind.parse().context("meta.bind")?;
+    let at = |port| SocketAddr::new(ip, port);
+    Ok(ServerConfig {
+        meta_grpc: at(m.rpc_port),
+        meta_http: at(m.http_port),
+        admin_grpc: at(m.admin_rpc_port),
+        admin_http: at(m.admin_http_port),
+        auth: if m.auth {
+            AuthMode::ApiKeys
+        } else {
+            AuthMode::Disabled
+        },
+        max_body_bytes: usize::try_from(m.max_body.0).unwrap_or(usize::MAX),
+        ..ServerConfig::default()
+    })
+}
+
+/// The storage of the `default` group: the configured base URI, or a file
+/// pool under the data directory.
+fn default_storage(config: &Config) -> Result<Storage> {
+    let m = &config.meta;
+    let (kind, uri) = if m.default_storage.is_empty() {
+        let dir = absolute(&config.serve.data_dir.join("pool"))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        (StorageKind::FilePool, format!("file://{}", dir.display()))
+    } else {
+        let uri = m.default_storage.clone();
+        let kind = match uri.split_once("://").map(|(s, _)| s) {
+            Some("file") => StorageKind::FilePool,
+            Some("s3") => StorageKind::S3,
+            Some("kvtier") => StorageKind::KvtierNode,
+            _ => bail!("meta.default_storage {uri:?}: expected a file://, s3:// or kvtier:// URI"),
+        };
+        (kind, uri)
+    };
+    Ok(Storage {
+        name: "local".into(),
+        kind,
+        uri,
+        enabled: true,
+        health: StorageHealth::Healthy,
+    })
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
+}
+
+/// Storage and group `default` on a fresh manager (never overwrites), and
+/// the bootstrap admin account when a key is configured.
+fn bootstrap(svc: &MetaService, config: &Config) -> Result<()> {
+    let fresh = svc.get_group(DEFAULT_GROUP).is_err();
+    svc.ensure_default_group(default_storage(config)?)
+        .context("creating the default group")?;
+    if fresh && config.meta.default_group_quota.0 > 0 {
+        let (mut group, _) = svc.get_group(DEFAULT_GROUP)?;
+        group.quota_bytes = config.meta.default_group_quota.0;
+        svc.update_group(group)
+            .context("setting the default group's quota")?;
+    }
+    if let Some(key) = &config.meta.admin_api_key {
+        if svc.list_accounts().iter().any(|a| a.name == "admin") {
+            svc.delete_account("admin")?;
+        }
+        svc.add_account("admin", Role::Admin, key, Vec::new())
+            .context("creating the admin account")?;
+    } else if config.meta.auth && svc.list_accounts().iter().all(|a| a.role != Role::Admin) {
+        bail!(
+            "meta.auth is on but no admin account exists: set KVTIER_META__ADMIN_API_KEY to create one"
+        );
+    }
+    Ok(())
+}
+
+/// Attaches a backend to every storage whose URI this process can serve;
+/// a storage that cannot be opened is marked unhealthy (it gets no writes)
+/// and logged, so one bad storage does not stop the manager.
+async fn attach_backends(svc: &Arc<MetaService>, options: &BackendOptions) -> Result<()> {
+    for storage in svc.list_storages() {
+        // Restores a file pool's allocation map from the index before the
+        // first write, so live extents are never handed out twice.
+        match kvtier_backend::attach_backend(svc, &storage, options) {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(storage = %storage.name, uri = %storage.uri, "storage backend unavailable: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Arguments of `kvtier manager`.
+#[derive(Args)]
+pub struct ManagerArgs {
+    /// Metadata index: `embedded`, `memory` or a `redis://host:port/db`
+    /// URL shared with other frontends (overrides `meta.index`).
+    #[arg(long)]
+    meta: Option<String>,
+    /// Data directory for the embedded index and the default file pool
+    /// (overrides `serve.data_dir`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Address to bind the listeners to (overrides `meta.bind`).
+    #[arg(long)]
+    bind: Option<String>,
+}
+
+/// Runs `kvtier manager` until SIGINT or SIGTERM.
+pub fn run(config_path: Option<&Path>, args: ManagerArgs) -> Result<()> {
+    let mut config = crate::config::load(config_path)?;
+    if let Some(m) = args.meta {
+        config.meta.index = m;
+    }
+    if let Some(d) = args.data_dir {
+        config.serve.data_dir = d;
+    }
+    if let Some(b) = args.bind {
+        config.meta.bind = b;
+    }
+    config.validate().context("invalid configuration")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let signals = crate::serve::Signals::install()?;
+        let manager = Manager::start(&config, None).await?;
+        tracing::info!("kvtier manager ready; Ctrl-C or SIGTERM to stop");
+        signals.wait_only().await;
+        tracing::info!("shutting down");
+        manager.shutdown().await;
+        tracing::info!("stopped cleanly");
+        Ok(())
+    })
+}

@@ -1,0 +1,308 @@
+//! The KV cache manager as the binary runs it: `kvtier serve` hosts it with
+//! a `default` group on a local file pool and no admin step, keeps its
+//! metadata across a restart, and `kvtier manager --meta redis://...` runs
+//! stateless frontends that share one Redis index.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A child process killed on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        self.0.wait().expect("wait for the child")
+    }
+}
+
+fn loopback_ports(cmd: &mut Command) -> &mut Command {
+    cmd.env("KVTIER_META__BIND", "127.0.0.1")
+        .env("KVTIER_META__RPC_PORT", "0")
+        .env("KVTIER_META__HTTP_PORT", "0")
+        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
+        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
+        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
+        .env("KVTIER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+}
+
+fn serve(data: &Path, shm: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+    c.args(["serve", "--data-dir"])
+        .arg(data)
+        .env("KVTIER_GEOMETRY__PRESET", "tiny")
+        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
+        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
+        .env("KVTIER_MEMORY__SHM_NAME", shm)
+        .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
+        .env("KVTIER_DISK__REGION_SIZE", "1MiB");
+    loopback_ports(&mut c);
+    c
+}
+
+/// Starts `cmd` and returns it with the meta HTTP address from its
+/// "listening" log line (read as it comes; no sleeping).
+fn start(cmd: &mut Command) -> (Proc, SocketAddr) {
+    let mut child = cmd.spawn().expect("start kvtier");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let proc = Proc(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("  | {line}");
+            if line.contains("kv cache manager listening") {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("kvtier printed its listening line");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("meta_http="))
+        .expect("listening line names meta_http")
+        .parse()
+        .expect("meta_http is an address");
+    (proc, addr)
+}
+
+/// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer.
+fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /api/{method} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}\n{body}");
+    let v: Value = serde_json::from_str(body).expect("JSON body");
+    assert_eq!(v["header"]["status"]["code"], "OK", "{method}: {v}");
+    v
+}
+
+fn register(addr: SocketAddr, instance: &str) {
+    post(
+        addr,
+        "registerInstance",
+        json!({
+            "instance_id": instance,
+            "instance_group": "default",
+            "block_size": 16,
+            "model_deployment": {"model_name": "tiny"},
+            "location_spec_infos": [{"name": "tp0", "size": 4096}],
+        }),
+    );
+}
+
+/// Writes `keys` in one session; returns their URIs.
+fn write(addr: SocketAddr, instance: &str, keys: &[i64]) -> Vec<String> {
+    let grant = post(
+        addr,
+        "startWriteCache",
+        json!({"instance_id": instance, "block_keys": keys}),
+    );
+    let uris: Vec<String> = grant["locations"]
+        .as_array()
+        .expect("locations")
+        .iter()
+        .map(|l| {
+            l["location_specs"][0]["uri"]
+                .as_str()
+                .expect("uri")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(uris.len(), keys.len(), "{grant}");
+    // Not served before FinishWriteCache.
+    assert_eq!(matched(addr, instance, keys), 0);
+    post(
+        addr,
+        "finishWriteCache",
+        json!({
+            "instance_id": instance,
+            "write_session_id": grant["write_session_id"],
+            "success_blocks": {"bool_masks": {"values": vec![true; keys.len()]}},
+        }),
+    );
+    uris
+}
+
+/// Length of the served prefix of `keys`.
+fn matched(addr: SocketAddr, instance: &str, keys: &[i64]) -> usize {
+    let v = post(
+        addr,
+        "getCacheLocation",
+        json!({"instance_id": instance, "query_type": "QT_PREFIX_MATCH", "block_keys": keys}),
+    );
+    v["locations"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn serve_hosts_the_manager_and_keeps_its_metadata_across_restarts() {
+    let data = tempfile::tempdir().unwrap();
+    let shm = format!("kvt-mgr-{}", std::process::id());
+    let (proc, addr) = start(&mut serve(data.path(), &shm));
+    // No admin step: the default group exists on a fresh server.
+    register(addr, "llama");
+    let first = write(addr, "llama", &[11, 12, 13]);
+    assert!(first.iter().all(|u| u.starts_with("file://")), "{first:?}");
+    assert_eq!(matched(addr, "llama", &[11, 12, 13, 14]), 3);
+    assert!(proc.terminate().success());
+
+    // Same data dir: the blocks are still served, and new writes get
+    // extents no served block holds (the file pool was restored).
+    let (proc, addr) = start(&mut serve(data.path(), &shm));
+    assert_eq!(matched(addr, "llama", &[11, 12, 13]), 3);
+    let second = write(addr, "llama", &[21, 22, 23]);
+    let offset = |u: &str| {
+        u.split("offset=")
+            .nth(1)
+            .map(|r| r.split('&').next().unwrap_or("").to_owned())
+    };
+    for u in &second {
+        assert!(
+            first.iter().all(|f| offset(f) != offset(u)),
+            "{u} reuses a live extent of {first:?}"
+        );
+    }
+    assert!(proc.terminate().success());
+}
+
+/// A redis-server on a free loopback port, stopped on drop.
+struct Redis {
+    _proc: Proc,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn redis() -> Redis {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect(
+            "redis-server is not installed (apt-get install redis-server); .ci/run installs it",
+        );
+    let proc = Proc(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pong = TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .and_then(|mut s| {
+                s.write_all(b"PING\r\n").ok()?;
+                let mut buf = [0u8; 7];
+                s.read_exact(&mut buf).ok()?;
+                Some(buf.starts_with(b"+PONG"))
+            });
+        if pong == Some(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not answer PING"
+        );
+        std::thread::yield_now();
+    }
+    Redis {
+        _proc: proc,
+        port,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn manager_frontends_share_one_redis_index() {
+    let redis = redis();
+    let url = format!("redis://127.0.0.1:{}/0", redis.port);
+    let pool = tempfile::tempdir().unwrap();
+    let frontend = |data: &Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+        c.args(["manager", "--meta", &url, "--data-dir"]).arg(data);
+        // One shared pool directory, as on a shared file system.
+        c.env(
+            "KVTIER_META__DEFAULT_STORAGE",
+            format!("file://{}", pool.path().display()),
+        );
+        loopback_ports(&mut c);
+        c
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, addr_a) = start(&mut frontend(d1.path()));
+    let (b, addr_b) = start(&mut frontend(d2.path()));
+    register(addr_a, "qwen");
+    // B sees A's instance and A's blocks, and a key A is writing is not
+    // granted again through B.
+    let grant = post(
+        addr_a,
+        "startWriteCache",
+        json!({"instance_id": "qwen", "block_keys": [1, 2]}),
+    );
+    let again = post(
+        addr_b,
+        "startWriteCache",
+        json!({"instance_id": "qwen", "block_keys": [1, 2]}),
+    );
+    assert_eq!(
+        again["locations"].as_array().map_or(0, Vec::len),
+        0,
+        "{again}"
+    );
+    post(
+        addr_a,
+        "finishWriteCache",
+        json!({
+            "instance_id": "qwen",
+            "write_session_id": grant["write_session_id"],
+            "success_blocks": {"bool_masks": {"values": [true, true]}},
+        }),
+    );
+    assert_eq!(matched(addr_b, "qwen", &[1, 2, 3]), 2);
+    // A frontend restarts with nothing of its own: B still serves.
+    assert!(a.terminate().success());
+    assert_eq!(matched(addr_b, "qwen", &[1, 2]), 2);
+    assert!(b.terminate().success());
+}

@@ -1,0 +1,32 @@
+//! The transfer engine: moves blocks between G1 (a [`Device`](crate::device::Device)),
+//! G2 (the shared-memory [`MemoryTier`](kvtier_mem::MemoryTier)) and G3 (the
+//! [`DiskTier`](kvtier_disk::DiskTier)).
+//!
+//! - [`TransferEngine`] keeps a queue and a worker per
+//!   [`TransferPath`](crate::TransferPath); [`submit`](TransferEngine::submit)
+//!   a [`TransferRequest`] and get a [`TransferHandle`] to await whole or
+//!   block by block.
+//! - Executors (module `executor`) run one batch per call over the real
+//!   tiers: one device call and one disk submission per batch, every read
+//!   verified; a failed block is a [`BlockFailure`], never delivered.
+//! - [`InFlightHooks`] is where the block pool marks destinations
+//!   unreadable and sources unevictable until a block completes;
+//!   [`InFlightTable`] is a standalone implementation.
+//! - [`PathStats`] are the counters per path (bytes, transfers, blocks,
+//!   queue depth, latency, failures).
+
+pub(crate) mod completion;
+mod engine;
+mod executor;
+mod hooks;
+mod metrics;
+mod request;
+
+pub use completion::{WaitAll, WaitBlock};
+pub use engine::{TransferEngine, TransferEngineBuilder, TransferError};
+pub use executor::Tiers;
+pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket, endpoints};
+pub use metrics::{LatencyHistogram, LatencySummary, PathMetrics, PathStats, TransferMetrics};
+pub use request::{
+    BlockFailure, BlockMove, BlockResult, TransferHandle, TransferOutcome, TransferRequest,
+};

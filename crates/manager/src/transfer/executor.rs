@@ -1,0 +1,441 @@
+//! Executors: one batch of blocks along one path, over the real tiers.
+//!
+//! | path | source | destination | verification |
+//! |---|---|---|---|
+//! | `DeviceToHost` | `Device` download | reserved DRAM slot | against carried sums, or sums computed (block enters kvtier) |
+//! | `HostToDevice` | DRAM `BlockRef` | `Device` upload | whole block or the layer's checksum, before the copy |
+//! | `HostToDisk` | DRAM `BlockRef` | `DiskTier::put_batch` (one call) | carried sums written with it |
+//! | `DiskToHost` | `get_batch_with_sums` (one call) | reserved DRAM slot | disk verifies every byte; committed with those sums |
+//! | `DiskToDevice` | `get_batch` / `read_layers` (one call) | `Device` upload | disk verifies every byte or layer |
+//!
+//! A block that fails anywhere is reported and never made visible at the
+//! destination: DRAM reservations are dropped uncommitted, device uploads
+//! are not issued.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use kvtier_core::{BlockSums, Geometry, Lookup, layer_checksum};
+use kvtier_disk::{DiskPut, DiskTier};
+use kvtier_io::{AlignedBuf, DmaTarget};
+use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+
+use super::request::{BlockFailure, BlockMove, BlockResult};
+use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
+use crate::tier::TransferPath;
+
+/// Alignment of bounce buffers for disk reads (direct I/O).
+const BOUNCE_ALIGN: usize = 4096;
+
+/// The tiers an engine moves bytes between; a path whose tiers are missing
+/// fails its blocks as `Unsupported`.
+#[derive(Clone, Default)]
+pub struct Tiers {
+    /// G1.
+    pub device: Option<Arc<dyn Device>>,
+    /// G2.
+    pub memory: Option<MemoryTier>,
+    /// G3.
+    pub disk: Option<Arc<DiskTier>>,
+}
+
+impl std::fmt::Debug for Tiers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tiers")
+            .field("device", &self.device.as_ref().map(|d| d.name().to_owned()))
+            .field(
+                "memory",
+                &self.memory.as_ref().map(|m| m.shm_name().to_owned()),
+            )
+            .field("disk", &self.disk.is_some())
+            .finish()
+    }
+}
+
+/// A DRAM slot as a direct-I/O target (the disk reads straight into it).
+struct SlotTarget(SlotReservation);
+
+// SAFETY: a reservation owns its slot exclusively until committed or
+// dropped, and the slot's address is fixed inside the shared-memory mapping,
+// which the reservation keeps alive (it holds the tier).
+unsafe impl DmaTarget for SlotTarget {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+fn tier_err(e: impl std::fmt::Display) -> BlockFailure {
+    BlockFailure::Tier(e.to_string())
+}
+
+fn from_put(outcome: Result<PutOutcome, MemError>) -> BlockResult {
+    match outcome {
+        Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => Ok(()),
+        Ok(PutOutcome::Full) => Err(BlockFailure::Full),
+        Err(MemError::ChecksumMismatch { .. }) => Err(BlockFailure::Corrupt),
+        Err(e) => Err(tier_err(e)),
+    }
+}
+
+fn lookup_failure(l: Lookup) -> BlockFailure {
+    match l {
+        Lookup::Corrupt => BlockFailure::Corrupt,
+        Lookup::Miss | Lookup::Hit => BlockFailure::Miss,
+    }
+}
+
+/// Runs one batch; one result per block, in order.
+pub(crate) async fn execute(
+    tiers: &Tiers,
+    geometry: &Geometry,
+    path: TransferPath,
+    span: Span,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    if let Err(e) = check_span(geometry, path, span) {
+        return vec![Err(e); blocks.len()];
+    }
+    let unsupported = || vec![Err(BlockFailure::Unsupported(path.name())); blocks.len()];
+    match path {
+        TransferPath::DeviceToHost => match (&tiers.device, &tiers.memory) {
+            (Some(d), Some(m)) => device_to_host(d.as_ref(), m, geometry, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::HostToDevice => match (&tiers.memory, &tiers.device) {
+            (Some(m), Some(d)) => host_to_device(m, d.as_ref(), geometry, span, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::HostToDisk => match (&tiers.memory, &tiers.disk) {
+            (Some(m), Some(disk)) => host_to_disk(m, disk, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory) {
+            (Some(disk), Some(m)) => disk_to_host(disk, m, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::DiskToDevice => match (&tiers.disk, &tiers.device) {
+            (Some(disk), Some(d)) => disk_to_device(disk, d.as_ref(), geometry, span, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::Remote => unsupported(),
+    }
+}
+
+/// Layer spans only make sense onto the device (layer-wise loading).
+fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(), BlockFailure> {
+    match span {
+        Span::Block => Ok(()),
+        Span::Layer(l) => {
+            if !matches!(
+                path,
+                TransferPath::HostToDevice | TransferPath::DiskToDevice
+            ) {
+                return Err(BlockFailure::InvalidRequest(format!(
+                    "layer spans are for onboarding to the device, not {}",
+                    path.name()
+                )));
+            }
+            if l >= geometry.layers {
+                return Err(BlockFailure::InvalidRequest(format!(
+                    "layer {l} of {}",
+                    geometry.layers
+                )));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn no_device_block() -> BlockFailure {
+    BlockFailure::InvalidRequest("no device block given".into())
+}
+
+async fn device_to_host(
+    device: &dyn Device,
+    memory: &MemoryTier,
+    geometry: &Geometry,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut copies = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let Some(src) = b.device else {
+            results[i] = Err(no_device_block());
+            continue;
+        };
+        match memory.reserve(b.key) {
+            Ok(Reserve::Reserved(slot)) => {
+                copies.push(Download {
+                    src,
+                    dst: Box::new(slot) as Box<dyn HostSink>,
+                });
+                which.push(i);
+            }
+            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
+            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
+            Err(e) => results[i] = Err(tier_err(e)),
+        }
+    }
+    if copies.is_empty() {
+        return results;
+    }
+    match device.download(Span::Block, copies).await {
+        Err(e) => {
+            for i in which {
+                results[i] = Err(BlockFailure::Device(e.to_string()));
+            }
+        }
+        Ok(done) => {
+            for ((sink, copied), i) in done.into_iter().zip(which) {
+                results[i] = match copied {
+                    Err(e) => Err(BlockFailure::Device(e.to_string())),
+                    Ok(()) => commit_download(sink, &blocks[i], geometry),
+                };
+            }
+        }
+    }
+    results
+}
+
+/// Commits a downloaded block: verified against the sums it carries, or
+/// hashed now when it is new to kvtier.
+fn commit_download(sink: Box<dyn HostSink>, block: &BlockMove, geometry: &Geometry) -> BlockResult {
+    let any: Box<dyn Any> = sink;
+    let slot = any
+        .downcast::<SlotReservation>()
+        .map_err(|_| BlockFailure::Device("device returned a foreign buffer".into()))?;
+    match &block.sums {
+        Some(sums) => from_put(slot.commit(sums)),
+        None => {
+            let sums =
+                BlockSums::compute(block.key, geometry.layer_bytes() as usize, slot.as_slice());
+            from_put(slot.commit_verified(&sums))
+        }
+    }
+}
+
+async fn host_to_device(
+    memory: &MemoryTier,
+    device: &dyn Device,
+    geometry: &Geometry,
+    span: Span,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut copies = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let Some(dst) = b.device else {
+            results[i] = Err(no_device_block());
+            continue;
+        };
+        let Some(block) = memory.get_ref(b.key) else {
+            results[i] = Err(BlockFailure::Miss);
+            continue;
+        };
+        // A caller's sums that differ from the stored ones mean a different
+        // block under this key: never deliver it.
+        if b.sums
+            .as_ref()
+            .is_some_and(|s| s.block != block.shared_sums().block)
+        {
+            results[i] = Err(BlockFailure::Corrupt);
+            continue;
+        }
+        let src: Result<Box<dyn HostSource>, BlockFailure> = match span {
+            Span::Block => {
+                if block.verify() {
+                    Ok(Box::new(block))
+                } else {
+                    Err(BlockFailure::Corrupt)
+                }
+            }
+            Span::Layer(l) => {
+                let range = geometry.layer_range(l);
+                let range = range.start as usize..range.end as usize;
+                let intact = block
+                    .get(range.clone())
+                    .zip(block.shared_sums().layers.get(l as usize))
+                    .is_some_and(|(bytes, want)| layer_checksum(b.key, l, bytes) == *want);
+                match (intact, HostSlice::new(block, range)) {
+                    (true, Some(slice)) => Ok(Box::new(slice)),
+                    _ => Err(BlockFailure::Corrupt),
+                }
+            }
+        };
+        match src {
+            Ok(src) => {
+                copies.push(Upload { dst, src });
+                which.push(i);
+            }
+            Err(e) => {
+                // The DRAM copy is bad: drop it so nobody else reads it.
+                memory.remove(b.key);
+                results[i] = Err(e);
+            }
+        }
+    }
+    upload(device, span, copies, which, &mut results).await;
+    results
+}
+
+/// Uploads `copies` (for blocks `which`) and records their results.
+async fn upload(
+    device: &dyn Device,
+    span: Span,
+    copies: Vec<Upload<Box<dyn HostSource>>>,
+    which: Vec<usize>,
+    results: &mut [BlockResult],
+) {
+    if copies.is_empty() {
+        return;
+    }
+    match device.upload(span, copies).await {
+        Err(e) => {
+            for i in which {
+                results[i] = Err(BlockFailure::Device(e.to_string()));
+            }
+        }
+        Ok(done) => {
+            for ((_, copied), i) in done.into_iter().zip(which) {
+                results[i] = copied.map_err(|e| BlockFailure::Device(e.to_string()));
+            }
+        }
+    }
+}
+
+async fn host_to_disk(
+    memory: &MemoryTier,
+    disk: &DiskTier,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut refs = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match memory.get_ref(b.key) {
+            Some(r) => {
+                refs.push(r);
+                which.push(i);
+            }
+            None => results[i] = Err(BlockFailure::Miss),
+        }
+    }
+    if refs.is_empty() {
+        return results;
+    }
+    let puts: Vec<DiskPut<'_>> = refs
+        .iter()
+        .map(|r| DiskPut {
+            key: r.key(),
+            data: r,
+            sums: r.shared_sums(),
+        })
+        .collect();
+    // One disk submission for the whole batch.
+    let written = disk.put_batch(&puts).await;
+    for (i, (r, res)) in which.iter().zip(refs.iter().zip(written)) {
+        results[*i] = match res {
+            Ok(()) => {
+                // A copy now exists below: DRAM may evict it.
+                memory.set_persisted(r.key(), true);
+                Ok(())
+            }
+            Err(e) => Err(tier_err(e)),
+        };
+    }
+    results
+}
+
+async fn disk_to_host(
+    disk: &DiskTier,
+    memory: &MemoryTier,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut reqs = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match memory.reserve(b.key) {
+            Ok(Reserve::Reserved(slot)) => {
+                reqs.push((b.key, SlotTarget(slot)));
+                which.push(i);
+            }
+            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
+            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
+            Err(e) => results[i] = Err(tier_err(e)),
+        }
+    }
+    if reqs.is_empty() {
+        return results;
+    }
+    // One disk submission; every byte verified by the disk tier.
+    let read = disk.get_batch_with_sums(reqs).await;
+    for ((target, lookup, sums), i) in read.into_iter().zip(which) {
+        results[i] = match (lookup, sums) {
+            (Lookup::Hit, Some(sums)) => {
+                // The disk tier verified these very slot bytes against sums.
+                let done = from_put(target.0.commit_verified(&sums));
+                if done.is_ok() {
+                    // It came from disk: a copy exists below.
+                    memory.set_persisted(blocks[i].key, true);
+                }
+                done
+            }
+            (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
+            (other, _) => Err(lookup_failure(other)),
+        };
+    }
+    results
+}
+
+async fn disk_to_device(
+    disk: &DiskTier,
+    device: &dyn Device,
+    geometry: &Geometry,
+    span: Span,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let len = span.bytes(geometry) as usize;
+    let mut reqs = Vec::new();
+    let mut dsts = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let Some(dst) = b.device else {
+            results[i] = Err(no_device_block());
+            continue;
+        };
+        reqs.push((b.key, AlignedBuf::zeroed(len, BOUNCE_ALIGN)));
+        dsts.push(dst);
+        which.push(i);
+    }
+    if reqs.is_empty() {
+        return results;
+    }
+    // One disk submission per batch: the whole blocks, or this one layer of
+    // every block (Tutti: one control step per layer, not per block).
+    let read = match span {
+        Span::Block => disk.get_batch(reqs).await,
+        Span::Layer(l) => disk.read_layers(reqs, l..l + 1).await,
+    };
+    let mut copies = Vec::new();
+    let mut uploading = Vec::new();
+    for (((buf, lookup), dst), i) in read.into_iter().zip(dsts).zip(which) {
+        if lookup.is_hit() {
+            copies.push(Upload {
+                dst,
+                src: Box::new(buf) as Box<dyn HostSource>,
+            });
+            uploading.push(i);
+        } else {
+            results[i] = Err(lookup_failure(lookup));
+        }
+    }
+    upload(device, span, copies, uploading, &mut results).await;
+    results
+}

@@ -1,0 +1,199 @@
+//! What a caller submits ([`TransferRequest`]) and what it gets back
+//! ([`TransferHandle`], [`BlockResult`] per block).
+
+use std::sync::Arc;
+
+use kvtier_core::{BlockHash, BlockSums};
+
+use super::completion::{CompletionCell, WaitAll, WaitBlock};
+use crate::device::{DeviceBlockId, Span};
+use crate::tier::TransferPath;
+
+/// One block of a transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockMove {
+    /// The block's key (its identity in G2 and G3).
+    pub key: BlockHash,
+    /// The device block at the G1 end: the source of a device-to-host
+    /// offload, the destination of an onboard to the device. `None` on
+    /// paths that do not touch G1.
+    pub device: Option<DeviceBlockId>,
+    /// The checksums the block carries, when the caller knows them. A block
+    /// offloaded from G1 without them is entering kvtier: its checksums are
+    /// computed from the bytes downloaded. With them, the bytes are
+    /// verified against them before they are stored.
+    pub sums: Option<BlockSums>,
+}
+
+impl BlockMove {
+    /// A block that lives in G2 / G3 only (no device end).
+    pub fn key(key: BlockHash) -> Self {
+        Self {
+            key,
+            device: None,
+            sums: None,
+        }
+    }
+
+    /// A block with a device end.
+    pub fn with_device(key: BlockHash, device: DeviceBlockId) -> Self {
+        Self {
+            key,
+            device: Some(device),
+            sums: None,
+        }
+    }
+}
+
+/// A batch of blocks to move along one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferRequest {
+    /// The path.
+    pub path: TransferPath,
+    /// Which bytes of each block: whole blocks, or one layer (only onto
+    /// the device: `HostToDevice`, `DiskToDevice`).
+    pub span: Span,
+    /// The blocks.
+    pub blocks: Vec<BlockMove>,
+}
+
+impl TransferRequest {
+    /// Whole blocks along `path`.
+    pub fn blocks(path: TransferPath, blocks: Vec<BlockMove>) -> Self {
+        Self {
+            path,
+            span: Span::Block,
+            blocks,
+        }
+    }
+}
+
+/// Why one block of a transfer was not delivered. The destination never
+/// holds (visibly) the bytes of a failed block: a failure is a miss.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BlockFailure {
+    /// The source tier does not hold the block.
+    #[error("source does not hold the block")]
+    Miss,
+    /// The bytes failed verification against the block's checksums (the
+    /// source dropped its copy where it could).
+    #[error("checksum mismatch")]
+    Corrupt,
+    /// The destination has no room (and nothing evictable).
+    #[error("destination full")]
+    Full,
+    /// The request cannot be carried out as asked (missing device block,
+    /// layer span on an offload, bad layer).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// No executor serves this path (remote transfers, or a tier the engine
+    /// was built without).
+    #[error("path {0} is not served")]
+    Unsupported(&'static str),
+    /// The device reported an error.
+    #[error("device: {0}")]
+    Device(String),
+    /// A tier reported an I/O or storage error.
+    #[error("tier: {0}")]
+    Tier(String),
+    /// The engine shut down before the block completed.
+    #[error("transfer abandoned")]
+    Abandoned,
+}
+
+/// The outcome of one block: `Ok` once its bytes are readable at the
+/// destination (verified), or why not.
+pub type BlockResult = Result<(), BlockFailure>;
+
+/// The outcome of a whole transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferOutcome {
+    /// The path taken.
+    pub path: TransferPath,
+    /// Every block with its result, in request order.
+    pub blocks: Vec<(BlockHash, BlockResult)>,
+}
+
+impl TransferOutcome {
+    /// Blocks delivered.
+    pub fn delivered(&self) -> usize {
+        self.blocks.iter().filter(|(_, r)| r.is_ok()).count()
+    }
+
+    /// Whether every block was delivered.
+    pub fn all_delivered(&self) -> bool {
+        self.delivered() == self.blocks.len()
+    }
+
+    /// The blocks that failed, with why.
+    pub fn failures(&self) -> Vec<(BlockHash, BlockFailure)> {
+        self.blocks
+            .iter()
+            .filter_map(|(k, r)| r.as_ref().err().map(|e| (*k, e.clone())))
+            .collect()
+    }
+}
+
+/// A submitted transfer: await it whole ([`wait`](Self::wait)) or block by
+/// block ([`block`](Self::block)). Cheap to clone; every clone sees the
+/// same results. Dropping it does not cancel the transfer.
+#[derive(Debug, Clone)]
+pub struct TransferHandle {
+    path: TransferPath,
+    keys: Arc<[BlockHash]>,
+    cell: Arc<CompletionCell>,
+}
+
+impl TransferHandle {
+    pub(crate) fn new(
+        path: TransferPath,
+        keys: Arc<[BlockHash]>,
+        cell: Arc<CompletionCell>,
+    ) -> Self {
+        Self { path, keys, cell }
+    }
+
+    /// The path.
+    pub fn path(&self) -> TransferPath {
+        self.path
+    }
+
+    /// The blocks' keys, in request order.
+    pub fn keys(&self) -> &[BlockHash] {
+        &self.keys
+    }
+
+    /// Whether every block has completed (delivered or failed).
+    pub fn is_done(&self) -> bool {
+        self.cell.is_done()
+    }
+
+    /// Blocks completed so far.
+    pub fn completed_blocks(&self) -> usize {
+        self.cell.done_count()
+    }
+
+    /// The outcome, if every block has completed.
+    pub fn try_outcome(&self) -> Option<TransferOutcome> {
+        self.cell.try_all().map(|r| self.outcome(r))
+    }
+
+    /// Waits for every block.
+    pub async fn wait(&self) -> TransferOutcome {
+        let results = WaitAll::new(self.cell.clone()).await;
+        self.outcome(results)
+    }
+
+    /// A future for block `index` alone (an `InvalidRequest` failure for an
+    /// index past the end).
+    pub fn block(&self, index: usize) -> WaitBlock {
+        WaitBlock::new(self.cell.clone(), index)
+    }
+
+    fn outcome(&self, results: Vec<BlockResult>) -> TransferOutcome {
+        TransferOutcome {
+            path: self.path,
+            blocks: self.keys.iter().copied().zip(results).collect(),
+        }
+    }
+}

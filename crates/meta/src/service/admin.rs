@@ -1,0 +1,586 @@
+//! Administration: storages, instance groups and instances (create, update,
+//! remove, list), health, the default bootstrap and statistics.
+//!
+//! Every mutation validates first and changes nothing when refused. Group
+//! settings (quotas, watermark, policy, storages) are read from the catalog
+//! by each write request, so an update applies to the next request.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::catalog::{Change, Maps};
+use super::{GroupUsage, MetaService};
+use crate::error::{MetaError, Result};
+use crate::index::{Modify, RecordKind};
+use crate::model::{
+    CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage, StorageHealth,
+    StorageKind,
+};
+
+/// Name of the group [`MetaService::ensure_default_group`] creates.
+pub const DEFAULT_GROUP: &str = "default";
+
+/// Watermark of the default group: the reclaimer starts at 90 % of quota.
+const DEFAULT_WATERMARK: f64 = 0.9;
+
+/// Keys per index batch when dropping an instance's blocks.
+const SWEEP_BATCH: usize = 4096;
+
+/// Result of [`MetaService::check_health`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthReport {
+    /// The index answered, and at least one storage takes writes (or none
+    /// is configured yet, as on a fresh server).
+    pub healthy: bool,
+    /// Why the index is unreachable; `None` when it answered.
+    pub index_error: Option<String>,
+    /// Every storage, by name.
+    pub storages: Vec<StorageStatus>,
+}
+
+/// One storage in a [`HealthReport`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageStatus {
+    /// Storage name.
+    pub name: String,
+    /// Whether it takes new writes (admin switch).
+    pub enabled: bool,
+    /// Last probe result.
+    pub health: StorageHealth,
+}
+
+/// Usage and limits of one group, in [`MetaStats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Bytes in use (writing + serving).
+    pub usage: GroupUsage,
+    /// Hard limit, all kinds together.
+    pub quota_bytes: u64,
+    /// Hard limits per storage kind.
+    pub kind_quota_bytes: BTreeMap<StorageKind, u64>,
+    /// Registered instances.
+    pub instances: usize,
+}
+
+/// Monotonic counters of administrative events since start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdminCounters {
+    /// Successful catalog mutations (storages, groups, accounts, snapshots,
+    /// instance removals).
+    pub catalog_changes: u64,
+    /// Successful authentications.
+    pub auth_ok: u64,
+    /// Refused authentications.
+    pub auth_failed: u64,
+    /// Instances removed (directly or by a snapshot load).
+    pub instances_removed: u64,
+    /// Block records dropped with removed instances.
+    pub blocks_dropped: u64,
+}
+
+/// Result of [`MetaService::stats`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MetaStats {
+    /// Block records per instance id.
+    pub blocks_per_instance: BTreeMap<String, u64>,
+    /// Instances whose count the index failed to give (left out above).
+    pub count_errors: u64,
+    /// Per group name.
+    pub groups: BTreeMap<String, GroupStats>,
+    /// Open write sessions.
+    pub open_sessions: usize,
+    /// Event counters.
+    pub counters: AdminCounters,
+}
+
+/// Counters behind [`AdminCounters`]; relaxed atomics, no locks.
+#[derive(Debug, Default)]
+pub(crate) struct AdminState {
+    catalog_changes: AtomicU64,
+    auth_ok: AtomicU64,
+    auth_failed: AtomicU64,
+    instances_removed: AtomicU64,
+    blocks_dropped: AtomicU64,
+}
+
+impl AdminState {
+    pub(crate) fn count_change(&self) {
+        self.catalog_changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_auth(&self, ok: bool) {
+        let c = if ok { &self.auth_ok } else { &self.auth_failed };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_removal(&self, blocks: u64) {
+        self.instances_removed.fetch_add(1, Ordering::Relaxed);
+        self.blocks_dropped.fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    fn values(&self) -> AdminCounters {
+        AdminCounters {
+            catalog_changes: self.catalog_changes.load(Ordering::Relaxed),
+            auth_ok: self.auth_ok.load(Ordering::Relaxed),
+            auth_failed: self.auth_failed.load(Ordering::Relaxed),
+            instances_removed: self.instances_removed.load(Ordering::Relaxed),
+            blocks_dropped: self.blocks_dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Checks a storage on its own.
+pub(crate) fn check_storage(s: &Storage) -> Result<()> {
+    if s.name.is_empty() {
+        return Err(MetaError::InvalidArgument("empty storage name".into()));
+    }
+    if s.uri.is_empty() {
+        return Err(MetaError::InvalidArgument(format!(
+            "storage {:?} has no uri",
+            s.name
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a group's settings and that its storages exist
+/// (`storage_exists`).
+pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bool) -> Result<()> {
+    let bad = |why: String| {
+        Err(MetaError::InvalidArgument(format!(
+            "group {:?}: {why}",
+            g.name
+        )))
+    };
+    if g.name.is_empty() {
+        return Err(MetaError::InvalidArgument("empty group name".into()));
+    }
+    // `contains` is false for NaN too.
+    if !(0.0..=1.0).contains(&g.watermark) {
+        return bad(format!("watermark {} outside 0..=1", g.watermark));
+    }
+    if g.quota_bytes == 0 {
+        return bad("quota of 0 bytes".into());
+    }
+    if let Some((kind, q)) = g.kind_quota_bytes.iter().find(|(_, q)| **q > g.quota_bytes) {
+        return bad(format!(
+            "{kind:?} quota {q} above the group quota {}",
+            g.quota_bytes
+        ));
+    }
+    if g.max_instances == 0 {
+        return bad("max_instances of 0".into());
+    }
+    if let EvictionPolicy::Ttl { ttl_secs: 0 } = g.eviction {
+        return bad("ttl of 0 seconds".into());
+    }
+    if g.storages.is_empty() {
+        return bad("no storages".into());
+    }
+    let mut names: Vec<&String> = g.storages.iter().collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return bad("a storage is listed twice".into());
+    }
+    if let Some(missing) = g.storages.iter().find(|s| !storage_exists(s)) {
+        return Err(MetaError::StorageNotFound(missing.clone()));
+    }
+    Ok(())
+}
+
+/// Checks an instance's own configuration (the rules of
+/// `register_instance`).
+pub(crate) fn check_instance(i: &Instance) -> Result<()> {
+    if i.id.is_empty() {
+        return Err(MetaError::InvalidArgument("empty instance id".into()));
+    }
+    if i.block_size == 0 {
+        return Err(MetaError::InvalidArgument(format!(
+            "instance {:?}: block size 0",
+            i.id
+        )));
+    }
+    if i.location_specs.is_empty() {
+        return Err(MetaError::InvalidArgument(format!(
+            "instance {:?}: no location specs",
+            i.id
+        )));
+    }
+    let mut names: Vec<&str> = i.location_specs.iter().map(|s| s.name.as_str()).collect();
+    names.sort_unstable();
+    if names.windows(2).any(|w| w[0] == w[1]) || names.iter().any(|n| n.is_empty()) {
+        return Err(MetaError::InvalidArgument(format!(
+            "instance {:?}: spec names must be unique and non-empty",
+            i.id
+        )));
+    }
+    for g in &i.spec_groups {
+        if let Some(bad) = g
+            .specs
+            .iter()
+            .find(|s| names.binary_search(&s.as_str()).is_err())
+        {
+            return Err(MetaError::InvalidArgument(format!(
+                "instance {:?}: spec group {:?} names unknown spec {bad:?}",
+                i.id, g.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Why a group cannot be removed, if it cannot.
+fn group_users(maps: &Maps, group: &str) -> Option<String> {
+    if let Some(i) = maps.members(group).next() {
+        return Some(format!("group {group:?} (instance {:?})", i.id));
+    }
+    maps.accounts
+        .values()
+        .find(|a| a.allowed_groups.iter().any(|g| g == group))
+        .map(|a| format!("group {group:?} (account {:?})", a.name))
+}
+
+fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
+    v.sort_by_key(key);
+    v
+}
+
+impl MetaService {
+    /// Adds a storage; [`MetaError::AlreadyExists`] if the name is taken.
+    pub fn add_storage(&self, s: Storage) -> Result<()> {
+        check_storage(&s)?;
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            if maps.storages.contains_key(&s.name) {
+                return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
+            }
+            Ok((vec![Change::PutStorage(s)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Replaces a storage's configuration (kind, base URI);
+    /// [`MetaError::StorageNotFound`] if absent. The admin switch
+    /// (`enabled`) and the probed `health` are kept as they are: the wire's
+    /// UpdateStorage carries neither, and an update must not silently
+    /// re-enable a disabled or unhealthy storage (use
+    /// [`MetaService::enable_storage`]). Existing locations keep their URIs
+    /// and kind.
+    pub fn update_storage(&self, s: Storage) -> Result<()> {
+        check_storage(&s)?;
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            let Some(cur) = maps.storages.get(&s.name) else {
+                return Err(MetaError::StorageNotFound(s.name.clone()));
+            };
+            let s = Storage {
+                enabled: cur.enabled,
+                health: cur.health,
+                ..s
+            };
+            Ok((vec![Change::PutStorage(s)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    fn set_storage_enabled(&self, name: &str, enabled: bool) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            let mut s = maps
+                .storages
+                .get(name)
+                .cloned()
+                .ok_or_else(|| MetaError::StorageNotFound(name.to_owned()))?;
+            s.enabled = enabled;
+            Ok((vec![Change::PutStorage(s)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Lets the storage take new writes again.
+    pub fn enable_storage(&self, name: &str) -> Result<()> {
+        self.set_storage_enabled(name, true)
+    }
+
+    /// Stops placing new writes on the storage; its blocks stay readable.
+    pub fn disable_storage(&self, name: &str) -> Result<()> {
+        self.set_storage_enabled(name, false)
+    }
+
+    /// Removes a storage; [`MetaError::InUse`] while a group lists it.
+    /// Locations already on it keep their URIs (removing blocks is the
+    /// reclaimer's or the instance's business).
+    pub fn remove_storage(&self, name: &str) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            if !maps.storages.contains_key(name) {
+                return Err(MetaError::StorageNotFound(name.to_owned()));
+            }
+            if let Some(g) = maps
+                .groups
+                .values()
+                .find(|g| g.storages.iter().any(|s| s == name))
+            {
+                return Err(MetaError::InUse(format!(
+                    "storage {name:?} (group {:?})",
+                    g.name
+                )));
+            }
+            Ok((vec![Change::DeleteStorage(name.to_owned())], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Every storage, by name.
+    pub fn list_storages(&self) -> Vec<Storage> {
+        let maps = self.catalog.snapshot();
+        sorted_by(maps.storages.into_values().collect(), |s| s.name.clone())
+    }
+
+    /// Creates a group; [`MetaError::AlreadyExists`] if the name is taken,
+    /// [`MetaError::StorageNotFound`] if it lists an unknown storage,
+    /// [`MetaError::InvalidArgument`] for bad settings (watermark outside
+    /// 0..=1, quota 0, a kind quota above the total, no storages, ...).
+    pub fn create_group(&self, g: InstanceGroup) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            check_group(&g, |s| maps.storages.contains_key(s))?;
+            if maps.groups.contains_key(&g.name) {
+                return Err(MetaError::AlreadyExists(format!("group {:?}", g.name)));
+            }
+            Ok((vec![Change::PutGroup(g)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Replaces a group's settings (same checks as
+    /// [`MetaService::create_group`]); they apply from the next request.
+    /// Shrinking a quota below current usage refuses new writes until the
+    /// reclaimer or removals bring usage down; `max_instances` may not drop
+    /// below the current number of instances.
+    pub fn update_group(&self, g: InstanceGroup) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            check_group(&g, |s| maps.storages.contains_key(s))?;
+            if !maps.groups.contains_key(&g.name) {
+                return Err(MetaError::GroupNotFound(g.name.clone()));
+            }
+            let members = maps.members(&g.name).count();
+            if members > g.max_instances as usize {
+                return Err(MetaError::InvalidArgument(format!(
+                    "group {:?} has {members} instances, more than max_instances {}",
+                    g.name, g.max_instances
+                )));
+            }
+            Ok((vec![Change::PutGroup(g)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Removes a group; [`MetaError::InUse`] while it has instances or an
+    /// account is restricted to it.
+    pub fn remove_group(&self, name: &str) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            if !maps.groups.contains_key(name) {
+                return Err(MetaError::GroupNotFound(name.to_owned()));
+            }
+            if let Some(why) = group_users(maps, name) {
+                return Err(MetaError::InUse(why));
+            }
+            Ok((vec![Change::DeleteGroup(name.to_owned())], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// A group and its current usage.
+    pub fn get_group(&self, name: &str) -> Result<(InstanceGroup, GroupUsage)> {
+        let g = self.catalog.group(name)?;
+        Ok(((*g).clone(), self.quotas.usage(name)))
+    }
+
+    /// Every group, by name.
+    pub fn list_groups(&self) -> Vec<InstanceGroup> {
+        let maps = self.catalog.snapshot();
+        let groups = maps.groups.into_values().map(|g| (*g).clone()).collect();
+        sorted_by(groups, |g: &InstanceGroup| g.name.clone())
+    }
+
+    /// Instances, by id; only those of `group` when given.
+    pub fn list_instances(&self, group: Option<&str>) -> Vec<Instance> {
+        let all = self.catalog.instances().into_iter();
+        let picked = all
+            .filter(|i| group.is_none_or(|g| i.group == g))
+            .map(|i| (*i).clone())
+            .collect();
+        sorted_by(picked, |i: &Instance| i.id.clone())
+    }
+
+    /// Forgets an instance: cancels its open write sessions, drops every
+    /// block record and releases their bytes from the group's quota.
+    /// Returns the number of block records dropped.
+    ///
+    /// Blocks are dropped before the instance leaves the catalog, so a
+    /// failed index call leaves it registered and the call can be retried;
+    /// a second sweep afterwards catches writes that raced the removal.
+    pub async fn remove_instance(&self, id: &str) -> Result<u64> {
+        let inst = self.catalog.instance_or_load(self.index.as_ref(), id)?;
+        let mut dropped = self.drop_blocks(&inst)?;
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            if !maps.instances.contains_key(id) {
+                return Err(MetaError::InstanceNotFound(id.to_owned()));
+            }
+            Ok((vec![Change::DeleteInstance(id.to_owned())], ()))
+        })?;
+        dropped += self.drop_blocks(&inst)?;
+        // Removes the instance's (now empty) table; anything a request
+        // still in flight wrote after the sweep goes with it.
+        dropped += self.index.drop_instance(id)?;
+        self.admin.count_change();
+        self.admin.count_removal(dropped);
+        tracing::info!(instance = id, dropped, "instance removed");
+        Ok(dropped)
+    }
+
+    /// Cancels the instance's sessions and removes its block records,
+    /// releasing every byte they were charged and, through the storages'
+    /// backends, the space of every removed location (writing ones too:
+    /// their writes are abandoned). Writing locations are charged to their
+    /// session: the charge of a cancelled session is released with it, and
+    /// a session finishing meanwhile finds its records gone and releases
+    /// its own.
+    pub(crate) fn drop_blocks(&self, inst: &Instance) -> Result<u64> {
+        for (_, s) in self.sessions.take_instance(&inst.id) {
+            self.quotas.release(
+                &s.group,
+                s.kind,
+                s.block_bytes.saturating_mul(s.targets.len() as u64),
+            );
+        }
+        let mut dropped = 0u64;
+        loop {
+            // Deleted keys leave the scan, so always start from the top.
+            let keys = self.index.scan(&inst.id, None, SWEEP_BATCH)?;
+            if keys.is_empty() {
+                break;
+            }
+            let mut gone: Vec<CacheLocation> = Vec::new();
+            let mut freed: HashMap<StorageKind, u64> = HashMap::new();
+            let result = self.index.modify(&inst.id, &keys, &mut |_, cur| {
+                let Some(m) = cur else {
+                    return Modify::Keep;
+                };
+                for l in &m.locations {
+                    if l.status != LocationStatus::Writing {
+                        *freed.entry(l.kind).or_default() += l.size();
+                    }
+                }
+                gone.extend(m.locations);
+                dropped += 1;
+                Modify::Delete
+            });
+            self.search_cache.invalidate_instance(&inst.id);
+            // After an index error we cannot tell which chunks were applied:
+            // keep the bytes charged and the space allocated (the startup
+            // rebuild corrects the ledger) rather than free space a record
+            // may still point to.
+            result?;
+            for (kind, bytes) in freed {
+                self.quotas.release(&inst.group, kind, bytes);
+            }
+            self.release_locations(gone);
+        }
+        // No read after this call may see a dropped block.
+        self.search_cache.invalidate_instance(&inst.id);
+        Ok(dropped)
+    }
+
+    /// Whether the index answers, and every storage's state.
+    pub async fn check_health(&self) -> HealthReport {
+        let index_error = self
+            .index
+            .list_records(RecordKind::Storage)
+            .err()
+            .map(|e| e.to_string());
+        let storages: Vec<StorageStatus> = self
+            .list_storages()
+            .into_iter()
+            .map(|s| StorageStatus {
+                name: s.name,
+                enabled: s.enabled,
+                health: s.health,
+            })
+            .collect();
+        let writable = storages.is_empty()
+            || storages
+                .iter()
+                .any(|s| s.enabled && s.health == StorageHealth::Healthy);
+        HealthReport {
+            healthy: index_error.is_none() && writable,
+            index_error,
+            storages,
+        }
+    }
+
+    /// Bootstrap of a fresh server: adds `storage` unless a storage of that
+    /// name exists, and a group [`DEFAULT_GROUP`] on it (no quota limit,
+    /// watermark 0.9, LRU, any number of instances) unless that group
+    /// exists. Idempotent; never overwrites either.
+    pub fn ensure_default_group(&self, storage: Storage) -> Result<()> {
+        check_storage(&storage)?;
+        let changed = self.catalog.apply(self.index.as_ref(), |maps| {
+            let mut changes = Vec::new();
+            if !maps.groups.contains_key(DEFAULT_GROUP) {
+                changes.push(Change::PutGroup(InstanceGroup {
+                    name: DEFAULT_GROUP.into(),
+                    quota_bytes: u64::MAX,
+                    kind_quota_bytes: BTreeMap::new(),
+                    watermark: DEFAULT_WATERMARK,
+                    eviction: EvictionPolicy::Lru,
+                    storages: vec![storage.name.clone()],
+                    max_instances: u32::MAX,
+                }));
+            }
+            if !maps.storages.contains_key(&storage.name) {
+                changes.insert(0, Change::PutStorage(storage));
+            }
+            let changed = !changes.is_empty();
+            Ok((changes, changed))
+        })?;
+        if changed {
+            self.admin.count_change();
+        }
+        Ok(())
+    }
+
+    /// Blocks per instance, usage and limits per group, open sessions and
+    /// counters. Counts every instance's records (one index call each).
+    pub fn stats(&self) -> MetaStats {
+        let maps = self.catalog.snapshot();
+        let mut stats = MetaStats {
+            open_sessions: self.sessions.len(),
+            counters: self.admin.values(),
+            ..MetaStats::default()
+        };
+        for id in maps.instances.keys() {
+            match self.index.count(id) {
+                Ok(n) => {
+                    stats.blocks_per_instance.insert(id.clone(), n);
+                }
+                Err(_) => stats.count_errors += 1,
+            }
+        }
+        for (name, g) in &maps.groups {
+            stats.groups.insert(
+                name.clone(),
+                GroupStats {
+                    usage: self.quotas.usage(name),
+                    quota_bytes: g.quota_bytes,
+                    kind_quota_bytes: g.kind_quota_bytes.clone(),
+                    instances: maps.members(name).count(),
+                },
+            );
+        }
+        stats
+    }
+}

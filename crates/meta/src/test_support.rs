@@ -1,0 +1,189 @@
+//! Test helpers (cargo feature `test-support`): a real `redis-server` on a
+//! free 127.0.0.1 port, started by the test and stopped on drop. For this
+//! crate's tests and for other crates' tests that need a Redis/Valkey
+//! (add `kvtier-meta = { workspace = true, features = ["test-support"] }`
+//! to their dev-dependencies).
+//!
+//! The binary is `redis-server` from `PATH`, or `$KVTIER_REDIS_SERVER`
+//! (e.g. `valkey-server`). A missing binary is an error that says how to
+//! install it; tests should fail on it, not skip.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh server may take to answer `PING`.
+const READY_WITHIN: Duration = Duration::from_secs(15);
+
+/// Why a test server could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisServerError {
+    /// The binary is not installed.
+    #[error(
+        "{0:?} not found: install it (`apt-get install -y redis-server`) or set \
+         KVTIER_REDIS_SERVER to a redis-server/valkey-server binary"
+    )]
+    Missing(String),
+    /// Spawning, a scratch directory, or a socket failed.
+    #[error("redis-server: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server exited or did not answer `PING` in time.
+    #[error("redis-server on port {port} did not become ready: {log}")]
+    NotReady {
+        /// The port it was started on.
+        port: u16,
+        /// The tail of its log.
+        log: String,
+    },
+}
+
+/// A `redis-server` child process with persistence off and its own scratch
+/// directory; killed (and the directory removed) on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    binary: String,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers `PING`.
+    pub fn start() -> Result<Self, RedisServerError> {
+        let binary =
+            std::env::var("KVTIER_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned());
+        let dir = std::env::temp_dir().join(format!(
+            "kvtier-redis-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let mut server = RedisServer {
+            binary,
+            port: 0,
+            dir,
+            child: None,
+        };
+        // A port found free can be taken before the server binds it: retry
+        // on a new one.
+        let mut last = None;
+        for _ in 0..3 {
+            server.port = free_port()?;
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e @ RedisServerError::NotReady { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or(RedisServerError::NotReady {
+            port: server.port,
+            log: String::new(),
+        }))
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server (SIGKILL: no shutdown, like a crash). Its data is
+    /// gone: persistence is off.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port (after [`RedisServer::kill`]).
+    pub fn restart(&mut self) -> Result<(), RedisServerError> {
+        self.kill();
+        self.spawn()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join("redis.log")
+    }
+
+    fn spawn(&mut self) -> Result<(), RedisServerError> {
+        let log = std::fs::File::create(self.log_path())?;
+        let child = Command::new(&self.binary)
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => RedisServerError::Missing(self.binary.clone()),
+                _ => RedisServerError::Io(e),
+            })?;
+        self.child = Some(child);
+        self.wait_ready()
+    }
+
+    /// Polls `PING` until `+PONG`, the child exits, or the deadline.
+    fn wait_ready(&mut self) -> Result<(), RedisServerError> {
+        let deadline = Instant::now() + READY_WITHIN;
+        while Instant::now() < deadline {
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait()?.is_some(),
+                None => true,
+            };
+            if exited {
+                break;
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        Err(RedisServerError::NotReady {
+            port: self.port,
+            log: tail(&self.log_path()),
+        })
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(
+        &(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_millis(200),
+    ) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+fn tail(path: &Path) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let start = log.len().saturating_sub(2000);
+    log.get(start..).unwrap_or(&log).to_owned()
+}

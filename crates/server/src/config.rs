@@ -1,0 +1,90 @@
+//! [`ServerConfig`]: where the four listeners bind and how requests are
+//! admitted.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+/// Default meta gRPC port (Tair KVCM `kvcm.service.rpc_port`).
+pub const DEFAULT_META_GRPC_PORT: u16 = 6381;
+/// Default meta HTTP port (`kvcm.service.http_port`).
+pub const DEFAULT_META_HTTP_PORT: u16 = 6382;
+/// Default admin gRPC port (`kvcm.service.admin_rpc_port`).
+pub const DEFAULT_ADMIN_GRPC_PORT: u16 = 6491;
+/// Default admin HTTP port (`kvcm.service.admin_http_port`).
+pub const DEFAULT_ADMIN_HTTP_PORT: u16 = 6492;
+
+/// How callers prove who they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AuthMode {
+    /// Everything is open, as in Tair KVCM by default. Every call acts as an
+    /// administrator.
+    #[default]
+    Disabled,
+    /// Every request carries an API key (`Authorization: Bearer <key>` or
+    /// `x-api-key: <key>`), checked with `MetaService::authenticate`.
+    ApiKeys,
+}
+
+/// Settings of a [`crate::MetaServer`].
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Meta service over HTTP/JSON. Default `0.0.0.0:6382`.
+    pub meta_http: SocketAddr,
+    /// Meta service over gRPC. Default `0.0.0.0:6381`.
+    pub meta_grpc: SocketAddr,
+    /// Admin service over HTTP/JSON (also `/metrics`). Default `0.0.0.0:6492`.
+    pub admin_http: SocketAddr,
+    /// Admin service over gRPC. Default `0.0.0.0:6491`.
+    pub admin_grpc: SocketAddr,
+    /// Authentication. Default [`AuthMode::Disabled`].
+    pub auth: AuthMode,
+    /// Largest request body (HTTP) or message (gRPC) accepted; larger ones
+    /// are refused with 413 / `OUT_OF_RANGE` before any work is done.
+    /// Default 64 MiB. (The number of keys per request is capped separately
+    /// by `MetaConfig::max_keys`.)
+    pub max_body_bytes: usize,
+    /// A request still running after this long is answered with a timeout
+    /// (HTTP 504, gRPC `CANCELLED`/`DEADLINE_EXCEEDED`). Default 30 s.
+    pub request_timeout: Duration,
+    /// Node id reported by `GetClusterInfo` / `GetManagerClusterInfo`.
+    /// Default `"kvtier-meta-0"`.
+    pub node_id: String,
+    /// Host name advertised to clients in cluster info (the bound IP when
+    /// empty). Default empty.
+    pub advertise_host: String,
+    /// Whether the server runs the service's write-session reaper, so
+    /// unfinished writes are reclaimed after their timeout. Default true.
+    pub run_reaper: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+        ServerConfig {
+            meta_http: any(DEFAULT_META_HTTP_PORT),
+            meta_grpc: any(DEFAULT_META_GRPC_PORT),
+            admin_http: any(DEFAULT_ADMIN_HTTP_PORT),
+            admin_grpc: any(DEFAULT_ADMIN_GRPC_PORT),
+            auth: AuthMode::Disabled,
+            max_body_bytes: 64 << 20,
+            request_timeout: Duration::from_secs(30),
+            node_id: "kvtier-meta-0".into(),
+            advertise_host: String::new(),
+            run_reaper: true,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// All four listeners on `127.0.0.1` with OS-chosen ports: for tests.
+    pub fn localhost_ephemeral() -> Self {
+        let local = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+        ServerConfig {
+            meta_http: local,
+            meta_grpc: local,
+            admin_http: local,
+            admin_grpc: local,
+            ..ServerConfig::default()
+        }
+    }
+}

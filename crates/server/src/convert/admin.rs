@@ -1,0 +1,302 @@
+//! Admin-package messages <-> model: storages, instance groups, accounts.
+//!
+//! The model knows three storage kinds (kvtier node tiers, shared file
+//! pools, S3); the wire knows Tair KVCM's backends. The mapping is lossy in
+//! places and written down in docs/server.md ("Admin mapping").
+
+use std::collections::BTreeMap;
+
+use kvtier_meta::proto::admin as pb;
+use kvtier_meta::{
+    Account, EvictionPolicy, InstanceGroup, MetaError, Role, Storage, StorageHealth, StorageKind,
+};
+
+use super::Fail;
+
+/// Scheme of the URIs given to kvtier-node storages declared as `local`.
+const LOCAL_SCHEME: &str = "kvtier://local/";
+
+fn file_uri(path: &str) -> String {
+    if path.contains("://") {
+        path.to_owned()
+    } else {
+        format!("file://{path}")
+    }
+}
+
+/// A wire storage as a model storage (enabled, healthy).
+pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
+    use pb::storage_config::StorageSpec as S;
+    let name = c.global_unique_name.clone();
+    let (kind, uri) = match &c.storage_spec {
+        Some(S::Local(_)) => (StorageKind::KvtierNode, format!("{LOCAL_SCHEME}{name}")),
+        Some(S::Nfs(n)) => (StorageKind::FilePool, file_uri(&n.root_path)),
+        Some(S::Dummy(d)) => (StorageKind::FilePool, file_uri(&d.root_path)),
+        Some(S::Threefs(t)) => (
+            StorageKind::FilePool,
+            file_uri(&format!(
+                "{}/{}",
+                t.mountpoint.trim_end_matches('/'),
+                t.root_dir
+            )),
+        ),
+        Some(S::Vcnsthreefs(t)) => (
+            StorageKind::FilePool,
+            file_uri(&format!(
+                "{}/{}",
+                t.mountpoint.trim_end_matches('/'),
+                t.root_dir
+            )),
+        ),
+        Some(S::Mooncake(_)) | Some(S::TairMemPool(_)) => {
+            return Err(Fail::unsupported(format!(
+                "storage {name:?}: mooncake and tair_mem_pool backends are not supported"
+            )));
+        }
+        None => return Err(Fail::invalid(format!("storage {name:?} has no spec"))),
+    };
+    Ok(Storage {
+        name,
+        kind,
+        uri,
+        enabled: true,
+        health: StorageHealth::Healthy,
+    })
+}
+
+/// A model storage on the wire: node tiers as `local`, everything else as
+/// `nfs` with the storage URI as its root path.
+pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
+    use pb::storage_config::StorageSpec as S;
+    let spec = match s.kind {
+        StorageKind::KvtierNode => S::Local(pb::LocalStorageSpec {}),
+        StorageKind::FilePool => S::Nfs(pb::NfsStorageSpec {
+            root_path: s.uri.strip_prefix("file://").unwrap_or(&s.uri).to_owned(),
+            key_count_per_file: 0,
+        }),
+        StorageKind::S3 => S::Nfs(pb::NfsStorageSpec {
+            root_path: s.uri.clone(),
+            key_count_per_file: 0,
+        }),
+    };
+    pb::StorageConfig {
+        global_unique_name: s.name.clone(),
+        storage_spec: Some(spec),
+        check_storage_available_when_open: false,
+    }
+}
+
+/// The storage kind a quota entry of `storage_type` limits.
+fn quota_kind(t: i32) -> Option<StorageKind> {
+    match pb::StorageType::try_from(t).ok()? {
+        pb::StorageType::StNfs
+        | pb::StorageType::St3fs
+        | pb::StorageType::StVcns3fs
+        | pb::StorageType::StDummy => Some(StorageKind::FilePool),
+        pb::StorageType::StTairmempool | pb::StorageType::StMooncake => {
+            Some(StorageKind::KvtierNode)
+        }
+        pb::StorageType::StUnspecified => None,
+    }
+}
+
+fn quota_type(k: StorageKind) -> pb::StorageType {
+    match k {
+        StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
+        StorageKind::KvtierNode => pb::StorageType::StTairmempool,
+    }
+}
+
+fn bytes(v: i64, what: &str) -> Result<u64, Fail> {
+    u64::try_from(v).map_err(|_| Fail::invalid(format!("{what} {v} is negative")))
+}
+
+/// A wire group as a model group. Absent or zero capacity means unlimited;
+/// the watermark is `trigger_strategy.used_percentage` (0.9 when unset).
+pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
+    let quota = g.quota.clone().unwrap_or_default();
+    let quota_bytes = match bytes(quota.capacity, "quota capacity")? {
+        0 => u64::MAX,
+        n => n,
+    };
+    let mut kind_quota_bytes = BTreeMap::new();
+    for q in &quota.quota_config {
+        let kind = quota_kind(q.storage_type).ok_or_else(|| {
+            Fail::invalid(format!("quota_config storage_type {}", q.storage_type))
+        })?;
+        kind_quota_bytes.insert(kind, bytes(q.capacity, "quota_config capacity")?);
+    }
+    let reclaim = g
+        .cache_config
+        .as_ref()
+        .and_then(|c| c.reclaim_strategy.clone())
+        .unwrap_or_default();
+    let pct = reclaim
+        .trigger_strategy
+        .as_ref()
+        .map_or(0.0, |t| t.used_percentage);
+    let watermark = if pct > 0.0 { pct } else { 0.9 };
+    let eviction = match pb::ReclaimPolicy::try_from(reclaim.reclaim_policy) {
+        Ok(pb::ReclaimPolicy::PolicyLfu) => EvictionPolicy::Lfu,
+        // The wire has no TTL field: the trigger period doubles as the TTL.
+        Ok(pb::ReclaimPolicy::PolicyTtl) => EvictionPolicy::Ttl {
+            ttl_secs: u64::try_from(reclaim.trigger_period_seconds).unwrap_or(0),
+        },
+        _ => EvictionPolicy::Lru,
+    };
+    let max_instances = match g.max_instance_count {
+        n if n <= 0 => u32::MAX,
+        n => u32::try_from(n).unwrap_or(u32::MAX),
+    };
+    Ok(InstanceGroup {
+        name: g.name.clone(),
+        quota_bytes,
+        kind_quota_bytes,
+        watermark,
+        eviction,
+        storages: g.storage_candidates.clone(),
+        max_instances,
+    })
+}
+
+fn wire_bytes(v: u64) -> i64 {
+    if v == u64::MAX {
+        0
+    } else {
+        i64::try_from(v).unwrap_or(i64::MAX)
+    }
+}
+
+/// A model group on the wire (inverse of [`group_from_wire`]).
+pub fn group_to_wire(g: &InstanceGroup) -> pb::InstanceGroup {
+    let (policy, ttl) = match g.eviction {
+        EvictionPolicy::Lru => (pb::ReclaimPolicy::PolicyLru, 0),
+        EvictionPolicy::Lfu => (pb::ReclaimPolicy::PolicyLfu, 0),
+        EvictionPolicy::Ttl { ttl_secs } => (
+            pb::ReclaimPolicy::PolicyTtl,
+            i32::try_from(ttl_secs).unwrap_or(i32::MAX),
+        ),
+    };
+    pb::InstanceGroup {
+        name: g.name.clone(),
+        storage_candidates: g.storages.clone(),
+        global_quota_group_name: g.name.clone(),
+        max_instance_count: if g.max_instances == u32::MAX {
+            0
+        } else {
+            i64::from(g.max_instances)
+        },
+        quota: Some(pb::InstanceGroupQuota {
+            capacity: wire_bytes(g.quota_bytes),
+            quota_config: g
+                .kind_quota_bytes
+                .iter()
+                .map(|(k, v)| pb::QuotaConfig {
+                    storage_type: quota_type(*k) as i32,
+                    capacity: wire_bytes(*v),
+                })
+                .collect(),
+        }),
+        cache_config: Some(pb::CacheConfig {
+            reclaim_strategy: Some(pb::CacheReclaimStrategy {
+                reclaim_policy: policy as i32,
+                trigger_strategy: Some(pb::TriggerStrategy {
+                    used_size: 0,
+                    used_percentage: g.watermark,
+                }),
+                trigger_period_seconds: ttl,
+                ..Default::default()
+            }),
+            data_storage_strategy: 0,
+            meta_indexer_config: None,
+        }),
+        user_data: String::new(),
+        version: 0,
+        extra_info: String::new(),
+    }
+}
+
+/// The model role of a wire role.
+pub fn role_from_wire(r: i32) -> Result<Role, Fail> {
+    match pb::AccountRole::try_from(r) {
+        Ok(pb::AccountRole::RoleAdmin) => Ok(Role::Admin),
+        Ok(pb::AccountRole::RoleUser) => Ok(Role::User),
+        Err(_) => Err(Fail::invalid(format!("unknown account role {r}"))),
+    }
+}
+
+/// A model account on the wire (name and role; never key material).
+pub fn account_to_wire(a: &Account) -> pb::Account {
+    pb::Account {
+        user_name: a.name.clone(),
+        role: match a.role {
+            Role::Admin => pb::AccountRole::RoleAdmin,
+            Role::User => pb::AccountRole::RoleUser,
+        } as i32,
+    }
+}
+
+/// A service error for a missing name.
+pub fn require_name(name: &str, what: &str) -> Result<(), Fail> {
+    if name.is_empty() {
+        return Err(MetaError::InvalidArgument(format!("empty {what}")).into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_round_trip() {
+        let g = InstanceGroup {
+            name: "g".into(),
+            quota_bytes: 1 << 30,
+            kind_quota_bytes: [(StorageKind::FilePool, 1 << 20)].into_iter().collect(),
+            watermark: 0.75,
+            eviction: EvictionPolicy::Lfu,
+            storages: vec!["s".into()],
+            max_instances: 4,
+        };
+        assert_eq!(group_from_wire(&group_to_wire(&g)).unwrap(), g);
+        let unlimited = InstanceGroup {
+            quota_bytes: u64::MAX,
+            max_instances: u32::MAX,
+            kind_quota_bytes: BTreeMap::new(),
+            eviction: EvictionPolicy::Ttl { ttl_secs: 60 },
+            ..g
+        };
+        assert_eq!(
+            group_from_wire(&group_to_wire(&unlimited)).unwrap(),
+            unlimited
+        );
+    }
+
+    #[test]
+    fn storages_round_trip() {
+        for s in [
+            Storage {
+                name: "nfs".into(),
+                kind: StorageKind::FilePool,
+                uri: "file:///mnt/kv".into(),
+                enabled: true,
+                health: StorageHealth::Healthy,
+            },
+            Storage {
+                name: "node".into(),
+                kind: StorageKind::KvtierNode,
+                uri: "kvtier://local/node".into(),
+                enabled: true,
+                health: StorageHealth::Healthy,
+            },
+        ] {
+            assert_eq!(storage_from_wire(&storage_to_wire(&s)).unwrap(), s);
+        }
+        let none = pb::StorageConfig {
+            global_unique_name: "x".into(),
+            ..Default::default()
+        };
+        assert!(storage_from_wire(&none).is_err());
+    }
+}

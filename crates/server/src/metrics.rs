@@ -1,0 +1,299 @@
+//! [`Metrics`]: request counters and latencies of both transports, plus the
+//! service's own figures (`MetaService::stats`) refreshed at each read.
+//! One instance per server, shared by every handler; exported as
+//! Prometheus text at `GET /metrics` (admin HTTP) and as messages by the
+//! `GetMetrics` admin call, from the same numbers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use kvtier_meta::MetaService;
+use kvtier_meta::proto::admin as pb;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InstanceLabels {
+    instance: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    group: String,
+}
+
+/// Running totals per method, kept beside the Prometheus families because
+/// those cannot be iterated (the `GetMetrics` call needs the values).
+#[derive(Debug, Default)]
+struct Totals {
+    requests: BTreeMap<(String, String), u64>,
+    latency: BTreeMap<String, (u64, f64)>,
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<MethodLabels, Histogram>,
+    in_flight: Gauge,
+    in_flight_now: AtomicI64,
+    blocks: Family<InstanceLabels, Gauge>,
+    group_used: Family<GroupLabels, Gauge>,
+    group_quota: Family<GroupLabels, Gauge>,
+    group_instances: Family<GroupLabels, Gauge>,
+    open_sessions: Gauge,
+    /// Held for one map update, never across an await.
+    totals: parking_lot::Mutex<Totals>,
+}
+
+/// Decrements the in-flight gauge when the request ends, however it ends.
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a Metrics);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+        self.0.in_flight_now.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn clamp(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric under the `kvtier_meta` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("kvtier_meta");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<MethodLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 18))) as fn() -> Histogram,
+        );
+        let in_flight = Gauge::default();
+        let blocks = Family::<InstanceLabels, Gauge>::default();
+        let group_used = Family::<GroupLabels, Gauge>::default();
+        let group_quota = Family::<GroupLabels, Gauge>::default();
+        let group_instances = Family::<GroupLabels, Gauge>::default();
+        let open_sessions = Gauge::default();
+        registry.register(
+            "requests",
+            "Requests by method and wire result code",
+            requests.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "Request handling time by method",
+            latency.clone(),
+        );
+        registry.register(
+            "in_flight_requests",
+            "Requests being handled",
+            in_flight.clone(),
+        );
+        registry.register("blocks", "Block records per instance", blocks.clone());
+        registry.register(
+            "group_used_bytes",
+            "Bytes charged to each instance group (writing + serving)",
+            group_used.clone(),
+        );
+        registry.register(
+            "group_quota_bytes",
+            "Hard quota of each instance group (absent when unlimited)",
+            group_quota.clone(),
+        );
+        registry.register(
+            "group_instances",
+            "Registered instances per group",
+            group_instances.clone(),
+        );
+        registry.register(
+            "open_write_sessions",
+            "Open write sessions",
+            open_sessions.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            in_flight,
+            in_flight_now: AtomicI64::new(0),
+            blocks,
+            group_used,
+            group_quota,
+            group_instances,
+            open_sessions,
+            totals: Default::default(),
+        }
+    }
+
+    /// Counts a request as in flight until the guard drops.
+    pub fn enter(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        self.in_flight_now.fetch_add(1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    /// Records one finished request.
+    pub fn observe(&self, method: &str, code: &str, took: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                method: method.to_owned(),
+                code: code.to_owned(),
+            })
+            .inc();
+        let secs = took.as_secs_f64();
+        self.latency
+            .get_or_create(&MethodLabels {
+                method: method.to_owned(),
+            })
+            .observe(secs);
+        let mut t = self.totals.lock();
+        *t.requests
+            .entry((method.to_owned(), code.to_owned()))
+            .or_default() += 1;
+        let l = t.latency.entry(method.to_owned()).or_default();
+        l.0 += 1;
+        l.1 += secs;
+    }
+
+    /// Reloads the service gauges from `MetaService::stats`.
+    fn refresh(&self, svc: &MetaService) -> kvtier_meta::MetaStats {
+        let stats = svc.stats();
+        self.blocks.clear();
+        self.group_used.clear();
+        self.group_quota.clear();
+        self.group_instances.clear();
+        for (instance, n) in &stats.blocks_per_instance {
+            self.blocks
+                .get_or_create(&InstanceLabels {
+                    instance: instance.clone(),
+                })
+                .set(clamp(*n));
+        }
+        for (group, g) in &stats.groups {
+            let l = GroupLabels {
+                group: group.clone(),
+            };
+            self.group_used.get_or_create(&l).set(clamp(g.usage.total));
+            self.group_instances
+                .get_or_create(&l)
+                .set(clamp(g.instances as u64));
+            if g.quota_bytes != u64::MAX {
+                self.group_quota.get_or_create(&l).set(clamp(g.quota_bytes));
+            }
+        }
+        self.open_sessions.set(clamp(stats.open_sessions as u64));
+        stats
+    }
+
+    /// The Prometheus text exposition, with fresh service gauges.
+    pub fn render(&self, svc: &MetaService) -> String {
+        self.refresh(svc);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The same figures as [`Metrics::render`], as `GetMetrics` entries.
+    pub fn to_wire(&self, svc: &MetaService) -> Vec<pb::MetricsData> {
+        let stats = self.refresh(svc);
+        let int = |name: &str, v: i64, tags: &[(&str, &str)]| pb::MetricsData {
+            metric_name: format!("kvtier_meta_{name}"),
+            metric_value: Some(pb::MetricValue {
+                value: Some(pb::metric_value::Value::IntValue(v)),
+            }),
+            metric_tags: tags
+                .iter()
+                .map(|(k, v)| pb::MetricsTag {
+                    tag_key: (*k).to_owned(),
+                    tag_value: (*v).to_owned(),
+                })
+                .collect(),
+        };
+        let mut out = Vec::new();
+        {
+            let t = self.totals.lock();
+            for ((method, code), n) in &t.requests {
+                out.push(int(
+                    "requests_total",
+                    clamp(*n),
+                    &[("method", method), ("code", code)],
+                ));
+            }
+            for (method, (count, sum)) in &t.latency {
+                out.push(int(
+                    "request_duration_seconds_count",
+                    clamp(*count),
+                    &[("method", method)],
+                ));
+                out.push(pb::MetricsData {
+                    metric_name: "kvtier_meta_request_duration_seconds_sum".into(),
+                    metric_value: Some(pb::MetricValue {
+                        value: Some(pb::metric_value::Value::FloatValue(*sum)),
+                    }),
+                    metric_tags: vec![pb::MetricsTag {
+                        tag_key: "method".into(),
+                        tag_value: method.clone(),
+                    }],
+                });
+            }
+        }
+        out.push(int(
+            "in_flight_requests",
+            self.in_flight_now.load(Ordering::Relaxed),
+            &[],
+        ));
+        for (instance, n) in &stats.blocks_per_instance {
+            out.push(int("blocks", clamp(*n), &[("instance", instance)]));
+        }
+        for (group, g) in &stats.groups {
+            out.push(int(
+                "group_used_bytes",
+                clamp(g.usage.total),
+                &[("group", group)],
+            ));
+            out.push(int(
+                "group_instances",
+                clamp(g.instances as u64),
+                &[("group", group)],
+            ));
+            if g.quota_bytes != u64::MAX {
+                out.push(int(
+                    "group_quota_bytes",
+                    clamp(g.quota_bytes),
+                    &[("group", group)],
+                ));
+            }
+        }
+        out.push(int(
+            "open_write_sessions",
+            clamp(stats.open_sessions as u64),
+            &[],
+        ));
+        out
+    }
+}
