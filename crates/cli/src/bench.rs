@@ -5,6 +5,7 @@ mod measure;
 mod meta;
 mod meta_wire;
 mod store;
+mod trace;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -19,6 +20,9 @@ pub enum BenchCommand {
     /// over HTTP and gRPC on loopback, two-phase write throughput, per
     /// index backend, next to data-structure and transport floors.
     Meta(meta::MetaBenchArgs),
+    /// A request trace through the real block manager (G1/G2/G3 with real
+    /// bytes): hit rates per tier, bytes per path, bubble, modelled TTFT.
+    Trace(trace::TraceBenchArgs),
 }
 
 /// Runs a benchmark command.
@@ -26,5 +30,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::Meta(args) => meta::run(args),
+        BenchCommand::Trace(args) => trace::run(args),
     }
 }

@@ -16,12 +16,15 @@ pub mod admission;
 pub mod block;
 pub mod device;
 pub mod events;
+pub mod manager;
+pub mod offloading;
 pub mod placement;
 pub mod policy;
 pub mod pool;
 pub mod registry;
 pub mod scheduler;
 pub mod tier;
+pub mod trace_bench;
 pub mod transfer;
 
 pub use tier::{Tier, TransferPath};

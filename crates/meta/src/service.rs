@@ -72,7 +72,7 @@ pub struct MetaService {
     /// Serving locations per (instance, key), in front of the index.
     search_cache: SearchCache,
     /// Read hits not yet applied to the index.
-    access: AccessBuffer,
+    access: Arc<AccessBuffer>,
     /// Totals of the reclaimer, for metrics.
     reclaimed: ReclaimCounters,
     /// Data storage backends attached to storages (see `backends`).
@@ -97,7 +97,7 @@ impl MetaService {
         let svc = MetaService {
             index,
             search_cache: SearchCache::new(config.search_cache_entries, config.search_cache_ttl),
-            access: AccessBuffer::new(config.access_flush_keys),
+            access: Arc::new(AccessBuffer::new(config.access_flush_keys)),
             reclaimed: ReclaimCounters::default(),
             backends: Backends::default(),
             config,

@@ -130,10 +130,8 @@ pub async fn match_grpc(
     use pb::meta_service_client::MetaServiceClient;
     let server = start_server(svc).await?;
     let endpoint = format!("http://{}", server.meta_grpc_addr());
-    let mut client = MetaServiceClient::connect(endpoint)
-        .await
-        .context("connecting to the gRPC listener")?
-        .max_decoding_message_size(256 << 20);
+    let mut client =
+        MetaServiceClient::new(grpc_channel(endpoint).await?).max_decoding_message_size(256 << 20);
     let reqs: Vec<pb::GetCacheLocationRequest> = seqs.iter().map(|s| request(s)).collect();
     let mut reply = pb::GetCacheLocationResponse::default();
     for r in &reqs {
@@ -152,9 +150,7 @@ pub async fn match_grpc(
     server.shutdown().await.context("stopping the server")?;
 
     let (addr, task) = noop_grpc::start(reply).await?;
-    let mut floor_client = MetaServiceClient::connect(format!("http://{addr}"))
-        .await
-        .context("connecting to the no-op gRPC server")?
+    let mut floor_client = MetaServiceClient::new(grpc_channel(format!("http://{addr}")).await?)
         .max_decoding_message_size(256 << 20);
     floor_client.get_cache_location(reqs[0].clone()).await?;
     let floor = timed(order, |i| {
@@ -165,6 +161,18 @@ pub async fn match_grpc(
     .await?;
     task.abort();
     Ok((lat, floor))
+}
+
+/// A client channel with the same HTTP/2 windows as the server's.
+async fn grpc_channel(endpoint: String) -> Result<tonic::transport::Channel> {
+    tonic::transport::Endpoint::from_shared(endpoint)
+        .context("gRPC endpoint")?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(4 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .connect()
+        .await
+        .context("connecting over gRPC")
 }
 
 async fn timed<T, F, Fut>(order: &[usize], mut f: F) -> Result<Measured>
@@ -272,10 +280,14 @@ mod noop_grpc {
             .await
             .context("binding the no-op gRPC server")?;
         let addr = listener.local_addr()?;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY small answers wait out delayed ACKs (~40 ms).
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let svc = MetaServiceServer::new(Canned(reply)).max_decoding_message_size(256 << 20);
         let task = tokio::spawn(async move {
             if let Err(e) = tonic::transport::Server::builder()
+                .initial_stream_window_size(Some(4 << 20))
+                .initial_connection_window_size(Some(16 << 20))
                 .add_service(svc)
                 .serve_with_incoming(incoming)
                 .await

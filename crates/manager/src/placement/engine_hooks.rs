@@ -132,8 +132,7 @@ impl<L: PoolLock> InFlightHooks for MoveHooks<L> {
             }
             match (mv, ticket.span) {
                 (Some(mv), Span::Layer(_)) => {
-                    m.layered
-                        .insert(at, Layered { mv, failed: false });
+                    m.layered.insert(at, Layered { mv, failed: false });
                 }
                 (Some(mv), Span::Block) => {
                     m.running.insert((ticket.id, key), mv);

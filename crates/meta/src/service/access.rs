@@ -98,6 +98,11 @@ impl AccessBuffer {
         out
     }
 
+    /// The bound past which `record` asks for a flush.
+    pub(crate) fn flush_at(&self) -> usize {
+        self.flush_at
+    }
+
     /// Keys recorded and not yet drained.
     pub(crate) fn pending(&self) -> usize {
         self.pending_keys.load(Ordering::Relaxed)

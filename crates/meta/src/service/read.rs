@@ -5,9 +5,10 @@
 
 use std::sync::Arc;
 
+use super::access::AccessBuffer;
 use super::{LocationMatch, LocationQuery, MetaService, now_ms};
 use crate::error::{MetaError, Result};
-use crate::index::Modify;
+use crate::index::{MetaIndex, Modify};
 use crate::matching::{MatchMode, prefix_len, sliding_window_end};
 use crate::model::{BlockKey, BlockMeta, CacheLocation, LocationStatus};
 
@@ -62,10 +63,7 @@ impl MetaService {
                 .map(|(_, k)| *k)
                 .collect();
             if self.access.record(instance, hits, now) {
-                // Past the buffer's bound: this read pays for the batch.
-                if let Err(e) = self.flush_access() {
-                    tracing::warn!(error = %e, "flushing access statistics failed");
-                }
+                self.flush_access_soon();
             }
         }
         Ok(LocationMatch {
@@ -119,32 +117,64 @@ impl MetaService {
     /// key (see `access`); returns how many keys it updated. Called by the
     /// reclaimer before every round and by paths that show statistics.
     pub fn flush_access(&self) -> Result<usize> {
-        let _one_at_a_time = self.access.flushing.lock();
-        let touches = self.access.drain();
-        let mut applied = 0usize;
-        let mut first_err = None;
-        for (instance, per_key) in touches {
-            let keys: Vec<BlockKey> = per_key.keys().copied().collect();
-            let result = self.index.modify(&instance, &keys, &mut |key, cur| {
-                let (Some(mut m), Some(t)) = (cur, per_key.get(&key)) else {
-                    return Modify::Keep;
-                };
-                m.last_access_ms = m.last_access_ms.max(t.last_ms);
-                m.access_count = m.access_count.saturating_add(t.count);
-                applied += 1;
-                Modify::Put(m)
-            });
-            // One failing instance does not keep the others' statistics.
-            if let Err(e) = result {
-                first_err.get_or_insert(e);
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(applied),
-        }
+        flush_access_into(self.index.as_ref(), &self.access)
     }
 
+    /// The buffer passed its bound: flush it on a blocking thread so no
+    /// read waits for a batch of index writes. Without a runtime (or when a
+    /// flush is already running and the buffer has grown to four times its
+    /// bound) this read pays for the batch, which bounds the memory held.
+    fn flush_access_soon(&self) {
+        let (index, access) = (self.index.clone(), self.access.clone());
+        let inline = match tokio::runtime::Handle::try_current() {
+            Ok(rt) if access.pending() < 4 * access.flush_at() => {
+                rt.spawn_blocking(move || {
+                    if access.flushing.try_lock().is_none() {
+                        return; // another flush is draining the buffer
+                    }
+                    if let Err(e) = flush_access_into(index.as_ref(), &access) {
+                        tracing::warn!(error = %e, "flushing access statistics failed");
+                    }
+                });
+                false
+            }
+            _ => true,
+        };
+        if inline && let Err(e) = self.flush_access() {
+            tracing::warn!(error = %e, "flushing access statistics failed");
+        }
+    }
+}
+
+/// Drains `access` into `index`: one `modify` per instance.
+fn flush_access_into(index: &dyn MetaIndex, access: &AccessBuffer) -> Result<usize> {
+    let _one_at_a_time = access.flushing.lock();
+    let touches = access.drain();
+    let mut applied = 0usize;
+    let mut first_err = None;
+    for (instance, per_key) in touches {
+        let keys: Vec<BlockKey> = per_key.keys().copied().collect();
+        let result = index.modify(&instance, &keys, &mut |key, cur| {
+            let (Some(mut m), Some(t)) = (cur, per_key.get(&key)) else {
+                return Modify::Keep;
+            };
+            m.last_access_ms = m.last_access_ms.max(t.last_ms);
+            m.access_count = m.access_count.saturating_add(t.count);
+            applied += 1;
+            Modify::Put(m)
+        });
+        // One failing instance does not keep the others' statistics.
+        if let Err(e) = result {
+            first_err.get_or_insert(e);
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(applied),
+    }
+}
+
+impl MetaService {
     /// Entries held by the search cache (for metrics).
     pub fn search_cache_len(&self) -> usize {
         self.search_cache.len()

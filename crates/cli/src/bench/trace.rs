@@ -1,0 +1,154 @@
+//! `kvtier bench trace`: a request trace driven through the real block
+//! manager (G1 on a host-memory device, G2 in shared memory, G3 on disk)
+//! with real bytes; see `kvtier_manager::trace_bench` for what it does.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use kvtier_core::ModelPreset;
+use kvtier_manager::placement::CascadeMode;
+use kvtier_manager::policy::PolicyKind;
+use kvtier_manager::trace_bench::{self, TraceBenchConfig};
+use kvtier_sim::model::GpuKind;
+
+/// Arguments of `kvtier bench trace`.
+#[derive(Args)]
+pub struct TraceBenchArgs {
+    /// The trace (Mooncake, Bailian or kvtier JSONL).
+    #[arg(
+        long,
+        default_value = "../shared/traces/mooncake_conversation_trace.jsonl"
+    )]
+    pub trace: PathBuf,
+    /// Serve only the first N requests.
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Geometry preset: `tiny` (4 layers x 4 KiB) or `small` (8 layers x
+    /// 16 KiB). `--layers` / `--layer-bytes` override it.
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    /// Layers per block.
+    #[arg(long)]
+    pub layers: Option<u32>,
+    /// Bytes per layer of a block (a multiple of 4096).
+    #[arg(long)]
+    pub layer_bytes: Option<u64>,
+    /// G1 (device) blocks.
+    #[arg(long, default_value_t = 256)]
+    pub g1: usize,
+    /// G2 (host DRAM) blocks; 0 for none.
+    #[arg(long, default_value_t = 1024)]
+    pub g2: usize,
+    /// G3 (disk) blocks; 0 for none.
+    #[arg(long, default_value_t = 4096)]
+    pub g3: usize,
+    /// Directory for G3; its disk tier is reset (default: a temporary
+    /// directory, removed afterwards).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Eviction policy of every tier: lru, lfu, arc, s3-fifo, ttl, cost-aware.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    /// Inclusive cascade (lower tiers keep copies of what is above).
+    #[arg(long, conflicts_with = "exclusive")]
+    pub inclusive: bool,
+    /// Exclusive cascade (the default: a block lives in one tier).
+    #[arg(long)]
+    pub exclusive: bool,
+    /// Reuses a block needs before it is written to G3 (0 admits all).
+    #[arg(long, default_value_t = 0)]
+    pub admit_after: u32,
+    /// Watermark pre-offload between requests as LOW,HIGH fractions (e.g.
+    /// 0.75,0.9); off by default (room is made on demand).
+    #[arg(long)]
+    pub watermarks: Option<String>,
+    /// Modelled model for prefill cost: llama3-8b, llama3-70b, qwen3-32b, ...
+    #[arg(long, default_value = "llama3-8b")]
+    pub model: String,
+    /// Modelled GPU: h100, h200, a100, l40s, b200.
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn gpu(name: &str) -> Result<GpuKind> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "h100" | "h100-sxm" => GpuKind::H100Sxm,
+        "h200" => GpuKind::H200,
+        "a100" | "a100-80g" => GpuKind::A100_80G,
+        "l40s" => GpuKind::L40S,
+        "b200" => GpuKind::B200,
+        other => bail!("unknown GPU {other:?} (h100, h200, a100, l40s, b200)"),
+    })
+}
+
+fn watermarks(s: &str) -> Result<(f64, f64)> {
+    let (low, high) = s
+        .split_once(',')
+        .with_context(|| format!("--watermarks {s:?}: expected LOW,HIGH"))?;
+    Ok((
+        low.trim().parse().context("low watermark")?,
+        high.trim().parse().context("high watermark")?,
+    ))
+}
+
+/// The library configuration of `args`.
+fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
+    let (layers, layer_bytes) = match args.preset.as_str() {
+        "tiny" => (4, 4096),
+        "small" => (8, 16384),
+        other => bail!("unknown preset {other:?} (tiny, small)"),
+    };
+    Ok(TraceBenchConfig {
+        trace: args.trace.clone(),
+        requests: args.requests,
+        layers: args.layers.unwrap_or(layers),
+        layer_bytes: args.layer_bytes.unwrap_or(layer_bytes),
+        g1_blocks: args.g1,
+        g2_blocks: args.g2,
+        g3_blocks: args.g3,
+        dir: args.dir.clone(),
+        policy: args
+            .policy
+            .parse::<PolicyKind>()
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        mode: if args.inclusive && !args.exclusive {
+            CascadeMode::Inclusive
+        } else {
+            CascadeMode::Exclusive
+        },
+        admit_after: args.admit_after,
+        watermarks: args.watermarks.as_deref().map(watermarks).transpose()?,
+        model: args
+            .model
+            .parse::<ModelPreset>()
+            .map_err(|e| anyhow::anyhow!("--model: {e}"))?,
+        gpu: gpu(&args.gpu)?,
+    })
+}
+
+/// Runs `kvtier bench trace`.
+pub fn run(args: TraceBenchArgs) -> Result<()> {
+    let cfg = config(&args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let report = rt
+        .block_on(trace_bench::run(&cfg))
+        .with_context(|| format!("trace bench over {}", cfg.trace.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", trace_bench::render_text(&report));
+    }
+    if report.verify_failures > 0 {
+        bail!("{} blocks failed verification", report.verify_failures);
+    }
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! The assembled block manager: pools per tier, the planner, the transfer
+//! engine with its in-flight hooks, the I/O scheduler and the event
+//! publisher, behind one [`BlockManager`].
+//!
+//! A request's life through the manager:
+//!
+//! 1. [`begin_onboard`](BlockManager::begin_onboard) matches the request's
+//!    prefix across the tiers, protects it (G1 blocks are acquired, lower
+//!    copies pinned), makes room in G1 (cascading victims down, see below),
+//!    and loads the blocks not in G1 layer by layer through the scheduler,
+//!    deduplicated against blocks resident or already in flight.
+//! 2. The engine computes layer by layer: [`Onboarding::wait_layer`], then
+//!    [`BlockManager::record_layer_compute`].
+//! 3. [`finish_onboard`](BlockManager::finish_onboard) hands back G1 handles
+//!    to the prefix; a block in flight is neither readable nor evictable
+//!    before then (the pools' incoming / outgoing guards, settled by
+//!    [`MoveHooks`] when the last layer lands).
+//! 4. [`store_computed`](BlockManager::store_computed) registers the new
+//!    blocks in G1 (and copies them down in inclusive mode).
+//! 5. Between iterations, [`step`](BlockManager::step) offloads every tier
+//!    above its high watermark down to its low one.
+//!
+//! Room on demand ([`ManagerConfig::offload_on_demand`]): a tier short of
+//! free slots sends its policy's victims to the tier below (which makes
+//! room the same way first); the last tier drops them; the admission filter
+//! may keep a block out of G3 (then it is dropped). Pool stored / removed
+//! events become [`KvEvent`](crate::events::KvEvent)s with tier, bytes,
+//! location and parent, published through the configured sinks; a block
+//! that leaves G2 or G3 also leaves the arena or the disk.
+
+mod config;
+mod events;
+mod onboard;
+mod room;
+mod stats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvtier_core::{BlockHash, Geometry};
+use parking_lot::Mutex;
+
+pub use config::{ManagerConfig, ManagerError, ManagerTiers};
+pub use onboard::{Onboarded, Onboarding};
+pub use stats::{ManagerStats, TierStats};
+
+use crate::Tier;
+use crate::device::{DeviceBlockId, HostSource, Span, Upload};
+use crate::events::{EventPublisher, EventSink};
+use crate::placement::{MoveHooks, Planner};
+use crate::pool::{BlockPool, ImmutableBlock, PoolConfig, SlotId};
+use crate::registry::{PrefixMatch, Registry};
+use crate::scheduler::{IoScheduler, SystemClock};
+use crate::transfer::TransferEngine;
+use stats::Counters;
+
+/// The node's block manager: see the [module docs](self).
+pub struct BlockManager {
+    geometry: Geometry,
+    registry: Registry,
+    planner: Planner,
+    hooks: Arc<MoveHooks>,
+    scheduler: IoScheduler,
+    tiers: ManagerTiers,
+    /// G1 pool slot -> device block (the manager owns the device's pool).
+    device_blocks: Vec<DeviceBlockId>,
+    publisher: EventPublisher,
+    config: ManagerConfig,
+    counters: Mutex<Counters>,
+    /// Woken whenever an onboarding settles, for requests waiting on a
+    /// block another request is bringing in.
+    arrivals: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for BlockManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockManager")
+            .field("geometry", &self.geometry)
+            .field("registry", &self.registry)
+            .field("tiers", &self.tiers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BlockManager {
+    /// Builds the manager over `tiers`, publishing events to `sinks`. Must
+    /// run inside a tokio runtime (the engine, scheduler and publisher
+    /// spawn tasks). G1's pool takes the whole device: its capacity must
+    /// not exceed the device's free blocks.
+    pub fn new(
+        config: ManagerConfig,
+        tiers: ManagerTiers,
+        sinks: Vec<Arc<dyn EventSink>>,
+    ) -> Result<Self, ManagerError> {
+        let geometry = *tiers.device.geometry();
+        let mut hierarchy = config.hierarchy.clone();
+        let Some(g1) = hierarchy.g1.as_ref() else {
+            return Err(ManagerError::Config("G1 must be configured".into()));
+        };
+        if g1.capacity_blocks > tiers.device.free_blocks() {
+            return Err(ManagerError::Config(format!(
+                "G1 holds {} blocks but the device has {} free",
+                g1.capacity_blocks,
+                tiers.device.free_blocks()
+            )));
+        }
+        if hierarchy.g2.is_some() && tiers.memory.is_none() {
+            return Err(ManagerError::Config(
+                "G2 is configured without a memory tier".into(),
+            ));
+        }
+        if hierarchy.g3.is_some() && tiers.disk.is_none() {
+            return Err(ManagerError::Config(
+                "G3 is configured without a disk tier".into(),
+            ));
+        }
+        if hierarchy.g3.is_some() && hierarchy.g2.is_none() {
+            // Every path to and from the disk except disk-to-device goes
+            // through host memory.
+            return Err(ManagerError::Config("G3 needs G2".into()));
+        }
+        if hierarchy.g4.take().is_some() {
+            return Err(ManagerError::Config("G4 is not supported yet".into()));
+        }
+        // The manager drains every pool's events.
+        for tier in [Tier::G1, Tier::G2, Tier::G3] {
+            if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
+                cfg.record_events = true;
+            }
+        }
+        let registry: Registry = hierarchy.build_registry()?;
+        let capacity = registry.pool(Tier::G1).map_or(0, |p| p.stats().capacity);
+        let device_blocks = tiers.device.allocate(capacity)?;
+        let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
+        let mut builder = TransferEngine::builder(geometry)
+            .with_device(tiers.device.clone())
+            .with_hooks(hooks.clone());
+        if let Some(m) = &tiers.memory {
+            builder = builder.with_memory(m.clone());
+        }
+        if let Some(d) = &tiers.disk {
+            builder = builder.with_disk(d.clone());
+        }
+        let engine = builder.build()?;
+        let scheduler = IoScheduler::new(
+            engine,
+            config.scheduler.clone(),
+            Arc::new(SystemClock::new()),
+        )?;
+        let publisher = EventPublisher::new(config.events, sinks)?;
+        let planner = Planner::new(hierarchy.placement.clone());
+        Ok(Self {
+            geometry,
+            registry,
+            planner,
+            hooks,
+            scheduler,
+            tiers,
+            device_blocks,
+            publisher,
+            config,
+            counters: Mutex::new(Counters::default()),
+            arrivals: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The block geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The pools.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The pool of `tier`, if configured.
+    pub fn pool(&self, tier: Tier) -> Option<&BlockPool> {
+        self.registry.pool(tier)
+    }
+
+    /// The planner (placement rules, admission filter).
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The I/O scheduler.
+    pub fn scheduler(&self) -> &IoScheduler {
+        &self.scheduler
+    }
+
+    /// The event publisher.
+    pub fn publisher(&self) -> &EventPublisher {
+        &self.publisher
+    }
+
+    /// The storage behind the tiers.
+    pub fn tiers(&self) -> &ManagerTiers {
+        &self.tiers
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
+    /// The device block behind G1 slot `slot`.
+    pub fn device_block(&self, slot: SlotId) -> Option<DeviceBlockId> {
+        self.device_blocks.get(slot as usize).copied()
+    }
+
+    /// The longest prefix of `hashes` readable in some tier, with the
+    /// fastest tier of each block. Counts nothing and moves nothing.
+    pub fn lookup(&self, hashes: &[BlockHash]) -> PrefixMatch {
+        self.registry.match_prefix(hashes)
+    }
+
+    /// Reports that the engine computed `layer` for `duration`, so the
+    /// scheduler learns the slack it may fill with writes.
+    pub fn record_layer_compute(&self, layer: u32, duration: Duration) {
+        self.scheduler.record_layer_compute(layer, duration);
+    }
+
+    /// Registers blocks the engine computed into G1, after `parent` (the
+    /// block before the first, `None` at a sequence start), in order: each
+    /// `(hash, bytes)` is written to a fresh device block (`bytes` is one
+    /// whole block) and registered. Makes room first. In inclusive mode the
+    /// new blocks are also copied to the tier below. Returns handles to the
+    /// blocks (an already-registered hash answers with the existing block).
+    pub async fn store_computed(
+        &self,
+        parent: Option<BlockHash>,
+        blocks: Vec<(BlockHash, Vec<u8>)>,
+    ) -> Result<Vec<ImmutableBlock>, ManagerError> {
+        let g1 = self.g1()?;
+        let block_bytes = self.geometry.block_bytes() as usize;
+        if let Some((h, b)) = blocks.iter().find(|(_, b)| b.len() != block_bytes) {
+            return Err(ManagerError::Config(format!(
+                "block {h}: {} bytes given, a block is {block_bytes}",
+                b.len()
+            )));
+        }
+        if self.config.offload_on_demand {
+            self.make_room(Tier::G1, blocks.len()).await;
+        }
+        let mut slots = g1.allocate_many(blocks.len())?;
+        let hashes: Vec<BlockHash> = blocks.iter().map(|(h, _)| *h).collect();
+        let mut uploads = Vec::with_capacity(blocks.len());
+        for (slot, (_, bytes)) in slots.iter().zip(blocks) {
+            let dst = self.device_block(slot.slot()).ok_or_else(|| {
+                ManagerError::Config(format!("G1 slot {} has no device block", slot.slot()))
+            })?;
+            uploads.push(Upload {
+                dst,
+                src: Box::new(bytes) as Box<dyn HostSource>,
+            });
+        }
+        for (_, copied) in self.tiers.device.upload(Span::Block, uploads).await? {
+            copied?;
+        }
+        let mut out = Vec::with_capacity(hashes.len());
+        let mut parent = parent;
+        for (mut slot, hash) in slots.drain(..).zip(&hashes) {
+            slot.complete_external(*hash, parent)?;
+            let block = slot.register().map_err(|r| ManagerError::Block(r.error))?;
+            parent = Some(*hash);
+            out.push(block);
+        }
+        self.copy_down(Tier::G1, &hashes).await;
+        self.publish_events();
+        Ok(out)
+    }
+
+    /// Between engine iterations: offloads every tier above its high
+    /// watermark down to its low one, drops blocks the TTL policy reports
+    /// expired, and publishes the events. With
+    /// [`ManagerConfig::step_waits`] the offloads complete before it
+    /// returns. Returns the blocks it started moving down.
+    pub async fn step(&self) -> usize {
+        let plan = self.planner.plan_offload(&self.registry);
+        {
+            let mut c = self.counters.lock();
+            c.dropped += plan.dropped.len() as u64;
+        }
+        let moved = plan.moves.len();
+        for mv in &plan.moves {
+            self.counters.lock().offloaded[mv.from.index()] += 1;
+        }
+        let handles = self.submit_moves(plan.moves);
+        if self.config.step_waits {
+            for h in handles {
+                h.wait().await;
+            }
+        }
+        let expired = self.planner.expire(&self.registry);
+        self.counters.lock().dropped += expired.len() as u64;
+        self.publish_events();
+        moved
+    }
+
+    /// A snapshot of every counter.
+    pub fn stats(&self) -> ManagerStats {
+        let c = *self.counters.lock();
+        let lookups = c.lookups;
+        let tiers = self
+            .registry
+            .pools()
+            .map(|p| {
+                let i = p.tier().index();
+                TierStats {
+                    tier: p.tier(),
+                    hits: c.hits[i],
+                    hit_rate: ratio(c.hits[i], lookups),
+                    offloaded: c.offloaded[i],
+                    stored_events: c.stored_events[i],
+                    removed_events: c.removed_events[i],
+                    pool: p.stats(),
+                }
+            })
+            .collect();
+        let scheduler = self.scheduler.stats();
+        ManagerStats {
+            tiers,
+            lookups,
+            misses: c.misses,
+            admission_refusals: c.admission_refusals,
+            dropped: c.dropped,
+            onboard_failures: c.onboard_failures,
+            verify_failures: c.verify_failures,
+            paths: self
+                .scheduler
+                .engine()
+                .stats_all()
+                .into_iter()
+                .filter(|p| p.blocks > 0)
+                .collect(),
+            bubble: scheduler.bubble,
+            scheduler,
+        }
+    }
+
+    /// Publishes pending events now and closes nothing.
+    pub fn flush_events(&self) {
+        self.publish_events();
+        self.publisher.flush();
+    }
+
+    fn g1(&self) -> Result<&BlockPool, ManagerError> {
+        self.registry
+            .pool(Tier::G1)
+            .ok_or_else(|| ManagerError::Config("G1 must be configured".into()))
+    }
+}
+
+impl Drop for BlockManager {
+    fn drop(&mut self) {
+        self.publish_events();
+        self.publisher.close();
+    }
+}
+
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 { 0.0 } else { n as f64 / d as f64 }
+}
+
+fn tier_config_mut(
+    h: &mut crate::placement::HierarchyConfig,
+    tier: Tier,
+) -> Option<&mut PoolConfig> {
+    match tier {
+        Tier::G1 => h.g1.as_mut(),
+        Tier::G2 => h.g2.as_mut(),
+        Tier::G3 => h.g3.as_mut(),
+        Tier::G4 => h.g4.as_mut(),
+    }
+}

@@ -1,0 +1,106 @@
+//! What a [`BlockManager`](super::BlockManager) is built from, and why
+//! building or running it can fail.
+
+use std::sync::Arc;
+
+use kvtier_disk::DiskTier;
+use kvtier_mem::MemoryTier;
+
+use crate::Tier;
+use crate::block::BlockError;
+use crate::device::{Device, DeviceError};
+use crate::events::{EventError, PublisherConfig};
+use crate::placement::HierarchyConfig;
+use crate::pool::PoolError;
+use crate::scheduler::{SchedulerConfig, SchedulerError};
+use crate::transfer::TransferError;
+
+/// How the manager places, moves and announces blocks.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// The tiers' pools (capacity, watermarks, policy) and the placement
+    /// rules (cascade mode, admission). G1 must be configured.
+    pub hierarchy: HierarchyConfig,
+    /// Make room on demand: when a tier has too few free slots for an
+    /// onboard or a store, its policy's victims cascade to the tier below
+    /// (and so on down) before the slots are taken, instead of being
+    /// dropped by allocation. Default: true. With it off, only
+    /// [`step`](super::BlockManager::step) moves blocks down.
+    pub offload_on_demand: bool,
+    /// Whether [`step`](super::BlockManager::step) waits for the offloads
+    /// it starts (deterministic; benches and tests) rather than letting
+    /// them run in the background. Default: false.
+    pub step_waits: bool,
+    /// The I/O scheduler in front of the transfer engine.
+    pub scheduler: SchedulerConfig,
+    /// Batching of the events published to the sinks.
+    pub events: PublisherConfig,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            hierarchy: HierarchyConfig::default(),
+            offload_on_demand: true,
+            step_waits: false,
+            scheduler: SchedulerConfig::default(),
+            events: PublisherConfig::default(),
+        }
+    }
+}
+
+/// The storage behind the tiers: G1's device, G2's shared-memory arena and
+/// G3's disk tier. A pool configured without its storage is an error.
+#[derive(Clone)]
+pub struct ManagerTiers {
+    /// G1.
+    pub device: Arc<dyn Device>,
+    /// G2.
+    pub memory: Option<MemoryTier>,
+    /// G3.
+    pub disk: Option<Arc<DiskTier>>,
+}
+
+impl std::fmt::Debug for ManagerTiers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagerTiers")
+            .field("device", &self.device.name())
+            .field("memory", &self.memory.is_some())
+            .field("disk", &self.disk.is_some())
+            .finish()
+    }
+}
+
+/// Why the manager could not be built or could not carry out an operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The configuration cannot work with the tiers given.
+    #[error("invalid manager configuration: {0}")]
+    Config(String),
+    /// A pool refused (exhausted, bad configuration).
+    #[error(transparent)]
+    Pool(#[from] PoolError),
+    /// A block lifecycle transition was refused.
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    /// The device refused.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The transfer engine could not be built.
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    /// The scheduler could not be built.
+    #[error(transparent)]
+    Scheduler(#[from] SchedulerError),
+    /// The event publisher could not be built.
+    #[error(transparent)]
+    Events(#[from] EventError),
+    /// A tier has no room for the blocks asked, even after offloading.
+    #[error("tier {tier}: no room for {wanted} blocks")]
+    NoRoom {
+        /// The tier.
+        tier: Tier,
+        /// Blocks wanted.
+        wanted: usize,
+    },
+}

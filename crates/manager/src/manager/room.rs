@@ -1,0 +1,157 @@
+//! Moving blocks down: room on demand (the cascade), write-through copies,
+//! and handing planned moves to the scheduler.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use kvtier_core::BlockHash;
+
+use super::BlockManager;
+use crate::placement::{CascadeMode, Move};
+use crate::pool::BlockPool;
+use crate::transfer::{BlockMove, TransferHandle, TransferRequest};
+use crate::{Tier, TransferPath};
+
+impl BlockManager {
+    /// Frees slots in `tier` until `n` are free, if it can: the policy's
+    /// victims (inactive, unpinned, leaves first) go to the tier below,
+    /// which makes room the same way first; the last tier, and G3's
+    /// admission filter, drop them. Waits for the copies. Returns the free
+    /// slots after.
+    pub fn make_room(&self, tier: Tier, n: usize) -> Pin<Box<dyn Future<Output = usize> + '_>> {
+        Box::pin(async move {
+            let Some(pool) = self.registry.pool(tier) else {
+                return 0;
+            };
+            let free = free_slots(pool);
+            if free >= n {
+                return free;
+            }
+            let leaving = pool.plan_leaving(n - free);
+            let below = tier
+                .below()
+                .and_then(|t| self.registry.pool(t).map(|p| (t, p)));
+            let Some((to, below_pool)) = below else {
+                self.counters.lock().dropped += leaving.len() as u64;
+                for l in leaving {
+                    l.finish();
+                }
+                self.publish_events();
+                return free_slots(pool);
+            };
+            let mut going = Vec::with_capacity(leaving.len());
+            for l in leaving {
+                if below_pool.presence(l.hash()).is_some() {
+                    // Its copy is already there (or on its way): leave for free.
+                    l.finish();
+                } else if !self.planner.admits(to, l.hash()) {
+                    let mut c = self.counters.lock();
+                    c.admission_refusals += 1;
+                    c.dropped += 1;
+                    drop(c);
+                    l.finish();
+                } else {
+                    going.push(l);
+                }
+            }
+            if !going.is_empty() {
+                self.make_room(to, going.len()).await;
+            }
+            let mut moves = Vec::with_capacity(going.len());
+            for source in going {
+                let hash = source.hash();
+                let parent = pool.parent_of(hash).flatten();
+                let Some(path) = TransferPath::between(tier, to) else {
+                    continue;
+                };
+                match below_pool.begin_incoming(hash, parent) {
+                    Ok(destination) => moves.push(Move {
+                        hash,
+                        from: tier,
+                        to,
+                        path,
+                        source,
+                        destination,
+                    }),
+                    // No room below even now: dropping the guard unfinished
+                    // keeps the block here.
+                    Err(_) => drop(source),
+                }
+            }
+            self.counters.lock().offloaded[tier.index()] += moves.len() as u64;
+            for h in self.submit_moves(moves) {
+                h.wait().await;
+            }
+            self.publish_events();
+            free_slots(pool)
+        })
+    }
+
+    /// Inclusive mode: copies `hashes` of `tier` to the tier below (making
+    /// room there first) and waits for the copies. Nothing in exclusive
+    /// mode.
+    pub(crate) async fn copy_down(&self, tier: Tier, hashes: &[BlockHash]) {
+        if self.planner.config().mode != CascadeMode::Inclusive || hashes.is_empty() {
+            return;
+        }
+        let Some(to) = tier.below().filter(|t| self.registry.pool(*t).is_some()) else {
+            return;
+        };
+        if self.config.offload_on_demand {
+            self.make_room(to, hashes.len()).await;
+        }
+        let refused = hashes
+            .iter()
+            .filter(|h| !self.planner.admits(to, **h))
+            .count();
+        self.counters.lock().admission_refusals += refused as u64;
+        let moves = self.planner.plan_copy_down(&self.registry, tier, hashes);
+        for h in self.submit_moves(moves) {
+            h.wait().await;
+        }
+        self.publish_events();
+    }
+
+    /// Stages `moves` in the hooks and submits one whole-block transfer per
+    /// path through the scheduler (reads first, writes in slack).
+    pub(crate) fn submit_moves(&self, moves: Vec<Move>) -> Vec<TransferHandle> {
+        let mut by_path: BTreeMap<TransferPath, Vec<BlockMove>> = BTreeMap::new();
+        for mv in moves {
+            let Some(block) = self.block_move(&mv) else {
+                // A G1 slot without a device block cannot happen (the
+                // manager maps every slot); dropping the move undoes it.
+                continue;
+            };
+            by_path.entry(mv.path).or_default().push(block);
+            self.hooks.stage(mv);
+        }
+        by_path
+            .into_iter()
+            .map(|(path, blocks)| self.scheduler.submit(TransferRequest::blocks(path, blocks)))
+            .collect()
+    }
+
+    /// The engine's view of a move: its key and, for an end on G1, the
+    /// device block of the G1 slot.
+    pub(crate) fn block_move(&self, mv: &Move) -> Option<BlockMove> {
+        let g1_slot = if mv.from == Tier::G1 {
+            Some(mv.source.slot())
+        } else if mv.to == Tier::G1 {
+            Some(mv.destination.slot())
+        } else {
+            None
+        };
+        match g1_slot {
+            None => Some(BlockMove::key(mv.hash)),
+            Some(slot) => self
+                .device_block(slot)
+                .map(|id| BlockMove::with_device(mv.hash, id)),
+        }
+    }
+}
+
+/// Free slots of `pool` without scanning them.
+fn free_slots(pool: &BlockPool) -> usize {
+    pool.config().capacity_blocks.saturating_sub(pool.used())
+}

@@ -1,0 +1,469 @@
+//! `kvtier bench trace`, the library half: a request trace driven through
+//! a real [`BlockManager`] with real bytes.
+//!
+//! Each request of the trace (read by [`kvtier_sim::trace`]) is served in
+//! order, one at a time:
+//!
+//! 1. its prefix is looked up and onboarded to G1 (G2 / G3 blocks read
+//!    layer by layer through the scheduler, room made in G1 first);
+//! 2. the engine "computes" layer by layer: the bench waits for each layer
+//!    and reports the layer's modelled prefill time (the `kvtier_sim::model`
+//!    prefill cost of the modelled GPU for the request's new tokens after
+//!    its cached ones, split evenly over the layers) to the scheduler;
+//! 3. every onboarded block's device bytes are compared with the bytes it
+//!    was stored with (the tiers also verify checksums on every read);
+//! 4. the blocks after the prefix are written to fresh device blocks and
+//!    registered in G1; then [`BlockManager::step`] runs.
+//!
+//! The geometry is small (`layers` x `layer_bytes`) so that a whole trace
+//! fits this machine; hit rates do not depend on it, bytes do. The TTFTs
+//! are modelled per request with [`kvtier_sim::model::request_ttft`] from
+//! the hits the real manager found, per tier.
+
+mod report;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kvtier_core::{
+    BlockHash, CoreError, EvictionPolicyKind, Geometry, ModelPreset, RegionEvictionKind,
+};
+use kvtier_disk::{DiskError, DiskTier, DiskTierConfig};
+use kvtier_io::PsyncEngine;
+use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
+use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
+use kvtier_sim::trace::{self, TraceError};
+use serde::Serialize;
+
+use crate::Tier;
+use crate::admission::AdmissionConfig;
+use crate::device::{HostDevice, HostDeviceOptions};
+use crate::manager::{BlockManager, ManagerConfig, ManagerError, ManagerStats, ManagerTiers};
+use crate::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
+use crate::policy::{PolicyConfig, PolicyKind};
+use crate::pool::PoolConfig;
+
+pub use report::render_text;
+
+/// Tokens per block of the Mooncake traces.
+pub const TRACE_TOKENS_PER_BLOCK: usize = 512;
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceBenchConfig {
+    /// The trace file (format detected from its first line).
+    pub trace: PathBuf,
+    /// Serve only the first `n` requests. Default: all.
+    pub requests: Option<usize>,
+    /// Layers of the bench geometry. Default: 4.
+    pub layers: u32,
+    /// Bytes per layer of a block (a multiple of 4096 for the disk's direct
+    /// I/O). Default: 4096.
+    pub layer_bytes: u64,
+    /// G1 blocks (the device pool). Default: 256.
+    pub g1_blocks: usize,
+    /// G2 blocks; 0 for no G2 (then no G3 either). Default: 1024.
+    pub g2_blocks: usize,
+    /// G3 blocks; 0 for no G3. Default: 4096.
+    pub g3_blocks: usize,
+    /// Directory for G3 (a temporary directory when `None`).
+    pub dir: Option<PathBuf>,
+    /// Eviction policy of every tier. Default: LRU.
+    pub policy: PolicyKind,
+    /// Inclusive or exclusive cascade. Default: exclusive.
+    pub mode: CascadeMode,
+    /// Reuses a block needs before it is written to G3; 0 admits all.
+    /// Default: 0.
+    pub admit_after: u32,
+    /// `(low, high)` watermarks of every tier for the offload `step` runs
+    /// between requests; `None` turns that pre-offload off (room is then
+    /// made on demand only). Default: `None`.
+    pub watermarks: Option<(f64, f64)>,
+    /// The modelled model (prefill cost, KV bytes per token). Default:
+    /// Llama-3-8B.
+    pub model: ModelPreset,
+    /// The modelled GPU. Default: H100 SXM.
+    pub gpu: GpuKind,
+}
+
+impl Default for TraceBenchConfig {
+    fn default() -> Self {
+        Self {
+            trace: PathBuf::new(),
+            requests: None,
+            layers: 4,
+            layer_bytes: 4096,
+            g1_blocks: 256,
+            g2_blocks: 1024,
+            g3_blocks: 4096,
+            dir: None,
+            policy: PolicyKind::Lru,
+            mode: CascadeMode::Exclusive,
+            admit_after: 0,
+            watermarks: None,
+            model: ModelPreset::Llama3_8B,
+            gpu: GpuKind::H100Sxm,
+        }
+    }
+}
+
+/// Why a bench run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceBenchError {
+    /// The settings cannot work.
+    #[error("invalid trace bench settings: {0}")]
+    Config(String),
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// The geometry is invalid.
+    #[error(transparent)]
+    Geometry(#[from] CoreError),
+    /// The shared-memory tier could not be created.
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    /// The disk tier could not be opened.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// The manager refused.
+    #[error(transparent)]
+    Manager(#[from] ManagerError),
+    /// A file system error (the temporary directory, the I/O engine).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// Modelled time to first token, seconds, averaged over the requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TtftFigures {
+    /// With the cache, loads overlapped with compute layer by layer.
+    pub overlapped_s: f64,
+    /// With the cache, loads before compute.
+    pub serial_s: f64,
+    /// Without any cache (the whole prompt prefilled).
+    pub no_cache_s: f64,
+    /// Modelled GPU bubble of the overlapped case.
+    pub bubble_s: f64,
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceBenchReport {
+    /// The settings, as text.
+    pub settings: String,
+    /// Requests served.
+    pub requests: usize,
+    /// Blocks of those requests (after truncation to G1).
+    pub blocks: u64,
+    /// Blocks cut from requests longer than G1.
+    pub truncated_blocks: u64,
+    /// Per tier, the blocks of matched prefixes it served.
+    pub hits: Vec<(Tier, u64)>,
+    /// Blocks no tier held (after the prefix).
+    pub misses: u64,
+    /// Onboarded blocks whose device bytes differed from what was stored,
+    /// plus blocks the tiers reported corrupt. Must be 0.
+    pub verify_failures: u64,
+    /// Onboarded blocks that did not arrive (recomputed instead).
+    pub onboard_failures: u64,
+    /// Blocks compared byte for byte after onboarding.
+    pub verified_blocks: u64,
+    /// Wall-clock time of the run, seconds.
+    pub elapsed_s: f64,
+    /// Modelled TTFTs.
+    pub ttft: TtftFigures,
+    /// The manager's counters at the end (bytes per path, bubble, ...).
+    pub stats: ManagerStats,
+}
+
+impl TraceBenchReport {
+    /// Hits of `tier` over all blocks.
+    pub fn hit_rate(&self, tier: Tier) -> f64 {
+        let hits = self
+            .hits
+            .iter()
+            .find(|(t, _)| *t == tier)
+            .map_or(0, |(_, h)| *h);
+        if self.blocks == 0 {
+            0.0
+        } else {
+            hits as f64 / self.blocks as f64
+        }
+    }
+}
+
+/// Deterministic bytes of a block, a function of its hash: what the bench
+/// "computes" and later verifies. A 256-byte xorshift pattern seeded by the
+/// hash, repeated (cheap enough for a debug build to replay a whole trace;
+/// any two blocks differ in every pattern).
+pub fn block_content(hash: BlockHash, len: usize) -> Vec<u8> {
+    let mut x = hash.fold64() | 1;
+    let mut pattern = Vec::with_capacity(256);
+    while pattern.len() < 256 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        pattern.extend_from_slice(&x.to_le_bytes());
+    }
+    let mut out = Vec::with_capacity(len + pattern.len());
+    while out.len() < len {
+        out.extend_from_slice(&pattern);
+    }
+    out.truncate(len);
+    out
+}
+
+/// The manager configuration a bench run uses.
+pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
+    let pool = |blocks: usize| {
+        let (low, high) = config.watermarks.unwrap_or((1.0, 1.0));
+        PoolConfig {
+            capacity_blocks: blocks,
+            tokens_per_block: TRACE_TOKENS_PER_BLOCK,
+            high_watermark: high,
+            low_watermark: low,
+            policy: PolicyConfig::of(config.policy),
+            record_events: true,
+        }
+    };
+    let g2 = (config.g2_blocks > 0).then(|| pool(config.g2_blocks));
+    let g3 = (config.g2_blocks > 0 && config.g3_blocks > 0).then(|| pool(config.g3_blocks));
+    ManagerConfig {
+        hierarchy: HierarchyConfig {
+            g1: Some(pool(config.g1_blocks)),
+            g2,
+            g3,
+            g4: None,
+            placement: PlacementConfig {
+                mode: config.mode,
+                admission: AdmissionConfig {
+                    min_reuses: config.admit_after,
+                    ..AdmissionConfig::default()
+                },
+            },
+        },
+        offload_on_demand: true,
+        step_waits: true,
+        ..ManagerConfig::default()
+    }
+}
+
+/// The tiers of a run and what must outlive them.
+struct BenchTiers {
+    device: Arc<HostDevice>,
+    memory: Option<MemoryTier>,
+    disk: Option<Arc<DiskTier>>,
+    _tempdir: Option<tempfile::TempDir>,
+}
+
+fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, TraceBenchError> {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let block_bytes = g.block_bytes();
+    let device = Arc::new(HostDevice::new(
+        g,
+        config.g1_blocks,
+        HostDeviceOptions::default(),
+    ));
+    let memory = if config.g2_blocks > 0 {
+        // Room beyond the pool's capacity: a block the pool released is
+        // removed from the arena right after, never by the arena's own
+        // eviction, which must not find it full meanwhile.
+        let slots = config.g2_blocks + config.g2_blocks / 4 + 64;
+        Some(MemoryTier::create(MemoryTierConfig {
+            shm_name: format!(
+                "kvtier-trace-{}-{}",
+                std::process::id(),
+                RUN.fetch_add(1, Ordering::Relaxed)
+            ),
+            capacity_bytes: slots as u64 * block_bytes,
+            block_bytes: block_bytes as usize,
+            layer_bytes: g.layer_bytes() as usize,
+            hugepages: false,
+            policy: EvictionPolicyKind::Lru,
+        })?)
+    } else {
+        None
+    };
+    let (disk, tempdir) = if config.g2_blocks > 0 && config.g3_blocks > 0 {
+        let (dir, tempdir) = match &config.dir {
+            Some(d) => (d.clone(), None),
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("kvtier-bench-trace")
+                    .tempdir()?;
+                (t.path().join("g3"), Some(t))
+            }
+        };
+        let region_size: u64 = 1 << 20;
+        // The log is written in regions and reclaims whole regions: keep
+        // it several times the pool so live blocks are not reclaimed.
+        let want = 4 * config.g3_blocks as u64 * block_bytes + 4 * region_size;
+        let capacity = want.div_ceil(region_size) * region_size;
+        let cfg = DiskTierConfig {
+            dirs: vec![dir],
+            capacity_per_dir: capacity,
+            region_size,
+            geometry: g,
+            eviction: RegionEvictionKind::Fifo,
+            reinsert_hot: false,
+            checkpoint_interval: Duration::ZERO,
+            sync: false,
+            register_buffers: false,
+            reset: true,
+            buffers_per_dir: 2,
+            layer_sums_cache: 4096,
+        };
+        let engine = Arc::new(
+            PsyncEngine::new(4, 64)
+                .map_err(|e| TraceBenchError::Config(format!("I/O engine: {e}")))?,
+        );
+        (Some(Arc::new(DiskTier::open(cfg, engine)?)), tempdir)
+    } else {
+        (None, None)
+    };
+    Ok(BenchTiers {
+        device,
+        memory,
+        disk,
+        _tempdir: tempdir,
+    })
+}
+
+/// Runs the bench. Must run inside a tokio runtime.
+pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBenchError> {
+    if config.g1_blocks == 0 {
+        return Err(TraceBenchError::Config(
+            "G1 needs at least one block".into(),
+        ));
+    }
+    if config.layer_bytes == 0 || !config.layer_bytes.is_multiple_of(4096) {
+        return Err(TraceBenchError::Config(
+            "layer bytes must be a positive multiple of 4096".into(),
+        ));
+    }
+    let started = Instant::now();
+    let g = Geometry::raw(config.layers, u64::from(config.layers) * config.layer_bytes)?;
+    let block_bytes = g.block_bytes() as usize;
+    let tiers = build_tiers(config, g)?;
+    let manager = BlockManager::new(
+        manager_config(config),
+        ManagerTiers {
+            device: tiers.device.clone(),
+            memory: tiers.memory.clone(),
+            disk: tiers.disk.clone(),
+        },
+        Vec::new(),
+    )?;
+    let serving = ServingModel::new(
+        ModelSpec::preset(config.model),
+        config.gpu.spec(),
+        &["hbm", "dram", "nvme"],
+        TRACE_TOKENS_PER_BLOCK as u32,
+    );
+    let mut requests = 0usize;
+    let (mut blocks, mut truncated, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
+    let mut ttft = TtftFigures::default();
+    let limit = config.requests.unwrap_or(usize::MAX);
+    for request in trace::open(&config.trace, None)?.take(limit) {
+        let request = request?;
+        let mut keys = request.keys.clone();
+        if keys.len() > config.g1_blocks {
+            truncated += (keys.len() - config.g1_blocks) as u64;
+            keys.truncate(config.g1_blocks);
+        }
+        requests += 1;
+        blocks += keys.len() as u64;
+        let onboarding = manager.begin_onboard(&keys).await?;
+        let matched = onboarding.matched().clone();
+        // The modelled prefill of this request: new tokens after the
+        // cached ones, spread over the bench's layers.
+        let input = request.tokens_in_blocks(keys.len()) as u32;
+        let hit_tokens = request.tokens_in_blocks(matched.len()) as u32;
+        let compute = serving.compute_seconds(
+            f64::from(input - hit_tokens).max(1.0),
+            f64::from(hit_tokens),
+        );
+        let per_layer = Duration::from_secs_f64(compute / f64::from(config.layers));
+        for layer in 0..config.layers {
+            onboarding.wait_layer(layer).await;
+            manager.record_layer_compute(layer, per_layer);
+        }
+        let onboarded = manager.finish_onboard(onboarding).await?;
+        for b in &onboarded.blocks {
+            let Some(id) = manager.device_block(b.slot()) else {
+                mismatches += 1;
+                continue;
+            };
+            verified += 1;
+            match tiers.device.read_block(id) {
+                Ok(bytes) if bytes == block_content(b.hash(), block_bytes) => {}
+                _ => mismatches += 1,
+            }
+        }
+        let have = onboarded.blocks.len();
+        let parent = have.checked_sub(1).map(|i| keys[i]);
+        let fresh: Vec<(BlockHash, Vec<u8>)> = keys[have..]
+            .iter()
+            .map(|h| (*h, block_content(*h, block_bytes)))
+            .collect();
+        let stored = manager.store_computed(parent, fresh).await?;
+        drop(stored);
+        drop(onboarded);
+        manager.step().await;
+        let per_tier: Vec<u32> = [Tier::G1, Tier::G2, Tier::G3]
+            .iter()
+            .map(|t| matched.count_in(*t) as u32)
+            .collect();
+        let t = request_ttft(&serving, input, hit_tokens, &per_tier);
+        ttft.overlapped_s += t.with_cache;
+        ttft.serial_s += t.with_cache_serial;
+        ttft.no_cache_s += t.without_cache;
+        ttft.bubble_s += t.bubble;
+    }
+    manager.flush_events();
+    let stats = manager.stats();
+    if requests > 0 {
+        let n = requests as f64;
+        ttft.overlapped_s /= n;
+        ttft.serial_s /= n;
+        ttft.no_cache_s /= n;
+        ttft.bubble_s /= n;
+    }
+    drop(manager);
+    if let Some(d) = &tiers.disk {
+        d.close().await?;
+    }
+    Ok(TraceBenchReport {
+        settings: settings_text(config),
+        requests,
+        blocks,
+        truncated_blocks: truncated,
+        hits: stats.tiers.iter().map(|t| (t.tier, t.hits)).collect(),
+        misses: stats.misses,
+        verify_failures: mismatches + stats.verify_failures,
+        onboard_failures: stats.onboard_failures,
+        verified_blocks: verified,
+        elapsed_s: started.elapsed().as_secs_f64(),
+        ttft,
+        stats,
+    })
+}
+
+fn settings_text(c: &TraceBenchConfig) -> String {
+    format!(
+        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} policy={} mode={:?} admit_after={} watermarks={:?}",
+        c.trace.display(),
+        c.requests.map_or("all".to_owned(), |n| n.to_string()),
+        c.layers,
+        c.layer_bytes,
+        c.g1_blocks,
+        c.g2_blocks,
+        c.g3_blocks,
+        c.policy,
+        c.mode,
+        c.admit_after,
+        c.watermarks,
+    )
+}

@@ -1,0 +1,412 @@
+//! The assembled [`BlockManager`] end to end over real tiers: a host-memory
+//! device (gated where the test decides when copies land), a shared-memory
+//! arena in /dev/shm and a disk tier in a temporary directory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvtier_core::{BlockHash, EvictionPolicyKind, Geometry, RegionEvictionKind};
+use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_io::PsyncEngine;
+use kvtier_manager::Tier;
+use kvtier_manager::admission::AdmissionConfig;
+use kvtier_manager::device::{CopyDirection, Device, GatedDevice, HostDevice, HostDeviceOptions};
+use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
+use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
+use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
+use kvtier_manager::pool::{PoolConfig, Presence};
+use kvtier_manager::trace_bench::block_content;
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use tokio::sync::mpsc;
+
+fn geometry() -> Geometry {
+    Geometry::raw(4, 4 * 4096).expect("geometry")
+}
+
+fn memory(blocks: u64) -> MemoryTier {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let g = geometry();
+    MemoryTier::create(MemoryTierConfig {
+        shm_name: format!(
+            "kvtier-mgr-e2e-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        capacity_bytes: blocks * g.block_bytes(),
+        block_bytes: g.block_bytes() as usize,
+        layer_bytes: g.layer_bytes() as usize,
+        hugepages: false,
+        policy: EvictionPolicyKind::Lru,
+    })
+    .expect("memory tier in /dev/shm")
+}
+
+fn disk() -> (tempfile::TempDir, Arc<DiskTier>) {
+    let t = tempfile::Builder::new()
+        .prefix("kvtier-mgr-e2e")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let cfg = DiskTierConfig {
+        dirs: vec![t.path().join("d0")],
+        capacity_per_dir: 8 << 20,
+        region_size: 1 << 20,
+        geometry: geometry(),
+        eviction: RegionEvictionKind::Fifo,
+        reinsert_hot: false,
+        checkpoint_interval: Duration::ZERO,
+        sync: false,
+        register_buffers: false,
+        reset: false,
+        buffers_per_dir: 2,
+        layer_sums_cache: 1024,
+    };
+    let engine = Arc::new(PsyncEngine::new(2, 64).expect("psync engine"));
+    (t, Arc::new(DiskTier::open(cfg, engine).expect("disk tier")))
+}
+
+fn pool(blocks: usize) -> PoolConfig {
+    PoolConfig {
+        capacity_blocks: blocks,
+        tokens_per_block: 16,
+        // No watermark offload: the cascade here is made on demand.
+        high_watermark: 1.0,
+        low_watermark: 1.0,
+        ..PoolConfig::default()
+    }
+}
+
+fn config(mode: CascadeMode) -> ManagerConfig {
+    ManagerConfig {
+        hierarchy: HierarchyConfig {
+            g1: Some(pool(4)),
+            g2: Some(pool(4)),
+            g3: Some(pool(16)),
+            g4: None,
+            placement: PlacementConfig {
+                mode,
+                admission: AdmissionConfig {
+                    min_reuses: 0,
+                    ..AdmissionConfig::default()
+                },
+            },
+        },
+        events: PublisherConfig {
+            max_batch_events: 1,
+            ..PublisherConfig::default()
+        },
+        ..ManagerConfig::default()
+    }
+}
+
+fn chain(seed: u128, n: usize) -> Vec<BlockHash> {
+    (0..n as u128)
+        .map(|i| BlockHash((seed << 32) | (i + 1)))
+        .collect()
+}
+
+fn with_bytes(keys: &[BlockHash]) -> Vec<(BlockHash, Vec<u8>)> {
+    let len = geometry().block_bytes() as usize;
+    keys.iter().map(|k| (*k, block_content(*k, len))).collect()
+}
+
+struct Rig {
+    manager: BlockManager,
+    host: Arc<HostDevice>,
+    gate: Arc<GatedDevice>,
+    batches: mpsc::Receiver<Arc<EventBatch>>,
+    _dir: tempfile::TempDir,
+}
+
+fn rig(mode: CascadeMode) -> Rig {
+    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
+    let gate = Arc::new(GatedDevice::new(host.clone() as Arc<dyn Device>));
+    let (dir, disk) = disk();
+    let (sink, batches) = ChannelSink::new(1024);
+    let manager = BlockManager::new(
+        config(mode),
+        ManagerTiers {
+            device: gate.clone(),
+            memory: Some(memory(16)),
+            disk: Some(disk),
+        },
+        vec![Arc::new(sink) as Arc<dyn EventSink>],
+    )
+    .expect("manager");
+    Rig {
+        manager,
+        host,
+        gate,
+        batches,
+        _dir: dir,
+    }
+}
+
+/// Every event published so far, in order.
+fn events(rx: &mut mpsc::Receiver<Arc<EventBatch>>) -> Vec<KvEvent> {
+    let mut out = Vec::new();
+    while let Ok(b) = rx.try_recv() {
+        out.extend(b.events.iter().cloned());
+    }
+    out
+}
+
+/// `(tier, stored?, hash)` of each event.
+fn digest(events: &[KvEvent]) -> Vec<(Tier, bool, BlockHash)> {
+    events
+        .iter()
+        .flat_map(|e| match e {
+            KvEvent::Stored(s) => s.block_hashes.iter().map(|h| (s.tier, true, *h)).collect(),
+            KvEvent::Removed(r) => r.block_hashes.iter().map(|h| (r.tier, false, *h)).collect(),
+            KvEvent::AllCleared { .. } => Vec::new(),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_cascade_down_and_onboard_back_layer_by_layer() {
+    let mut rig = rig(CascadeMode::Exclusive);
+    let m = &rig.manager;
+    let a = chain(1, 4);
+    let b = chain(2, 4);
+    let c = chain(3, 4);
+    // A fills G1; B pushes A to G2; C pushes B to G2 and A on to G3.
+    for keys in [&a, &b, &c] {
+        let held = m
+            .store_computed(None, with_bytes(keys))
+            .await
+            .expect("store");
+        drop(held);
+    }
+    let reg = m.registry();
+    for h in &a {
+        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G3]);
+    }
+    for h in &b {
+        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G2]);
+    }
+    for h in &c {
+        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G1]);
+    }
+
+    // Onboard A back from G3, layer by layer.
+    let onboarding = m.begin_onboard(&a).await.expect("begin onboard");
+    assert_eq!(onboarding.matched().count_in(Tier::G3), 4);
+    assert_eq!(onboarding.loading(), 4);
+    for layer in 0..geometry().layers {
+        let results = onboarding.wait_layer(layer).await;
+        assert_eq!(results.len(), 4);
+        assert!(
+            results.iter().all(|(_, r)| r.is_ok()),
+            "layer {layer}: {results:?}"
+        );
+        m.record_layer_compute(layer, Duration::from_micros(50));
+    }
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish onboard");
+    assert!(onboarded.failed.is_empty());
+    assert_eq!(
+        onboarded
+            .blocks
+            .iter()
+            .map(|b| b.hash())
+            .collect::<Vec<_>>(),
+        a
+    );
+    let len = geometry().block_bytes() as usize;
+    for b in &onboarded.blocks {
+        let id = m.device_block(b.slot()).expect("device block");
+        assert_eq!(
+            rig.host.read_block(id).expect("read"),
+            block_content(b.hash(), len),
+            "bytes of {} after G3 -> G1",
+            b.hash()
+        );
+        // Exclusive: the block moved, it is in G1 only.
+        assert_eq!(
+            reg.residency(b.hash()).iter().collect::<Vec<_>>(),
+            vec![Tier::G1]
+        );
+    }
+    drop(onboarded);
+    let stats = m.stats();
+    assert_eq!(stats.tier(Tier::G3).expect("g3").hits, 4);
+    assert!(stats.scheduler.layer_waits >= u64::from(geometry().layers));
+    assert!(
+        stats
+            .paths
+            .iter()
+            .any(|p| p.path == kvtier_manager::TransferPath::DiskToDevice && p.bytes > 0)
+    );
+
+    // Events, in order per tier: each tier's stored / removed history is
+    // what the blocks went through.
+    m.flush_events();
+    let all = events(&mut rig.batches);
+    assert!(!all.is_empty());
+    let log = digest(&all);
+    let per_tier = |t: Tier| -> Vec<(bool, BlockHash)> {
+        log.iter()
+            .filter(|(tier, _, _)| *tier == t)
+            .map(|(_, s, h)| (*s, *h))
+            .collect()
+    };
+    let g1 = per_tier(Tier::G1);
+    let stored = |keys: &[BlockHash]| keys.iter().map(|h| (true, *h)).collect::<Vec<_>>();
+    // G1: A stored, then A removed (4 victims) before B is stored...
+    assert_eq!(&g1[..4], &stored(&a)[..]);
+    assert!(g1[4..8].iter().all(|(s, h)| !s && a.contains(h)));
+    assert_eq!(&g1[8..12], &stored(&b)[..]);
+    // ...and at the end A is stored again (onboarded).
+    assert!(g1[g1.len() - 4..].iter().all(|(s, h)| *s && a.contains(h)));
+    // G3 stored A (pushed down by C), then B (pushed down to make room
+    // for A), then removed A when it moved up. Victims go leaves first, so
+    // a chain arrives below last block first.
+    let g3 = per_tier(Tier::G3);
+    let reversed = |keys: &[BlockHash]| {
+        let mut v = stored(keys);
+        v.reverse();
+        v
+    };
+    assert_eq!(g3.len(), 12, "{g3:?}");
+    assert_eq!(&g3[..4], &reversed(&a)[..]);
+    assert_eq!(&g3[4..8], &reversed(&b)[..]);
+    let mut removed = g3[8..].to_vec();
+    removed.sort_by_key(|(_, h)| *h);
+    assert_eq!(removed, a.iter().map(|h| (false, *h)).collect::<Vec<_>>());
+    // A stored event of every block names its tier's bytes and parent.
+    for e in &all {
+        if let KvEvent::Stored(s) = e {
+            assert_eq!(s.bytes, geometry().block_bytes());
+            let h = s.block_hashes[0];
+            let expected_parent = [&a, &b, &c]
+                .iter()
+                .find_map(|k| {
+                    k.iter()
+                        .position(|x| *x == h)
+                        .map(|i| i.checked_sub(1).map(|j| k[j]))
+                })
+                .flatten();
+            assert_eq!(s.parent_hash, expected_parent, "parent of {h}");
+            if s.tier == Tier::G1 {
+                assert!(s.location.is_some(), "G1 events carry the device slot");
+            }
+        }
+    }
+    // Every block is somewhere: nothing was dropped.
+    assert_eq!(m.stats().dropped, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_in_flight_is_neither_readable_nor_evictable() {
+    let rig = rig(CascadeMode::Exclusive);
+    let m = &rig.manager;
+    let a = chain(7, 4);
+    let b = chain(8, 4);
+    drop(
+        m.store_computed(None, with_bytes(&a))
+            .await
+            .expect("store a"),
+    );
+    drop(
+        m.store_computed(None, with_bytes(&b))
+            .await
+            .expect("store b"),
+    );
+    // A is in G2 now; B in G1. Hold the device's uploads: onboarding A
+    // starts, but its layers do not land.
+    let g1 = m.pool(Tier::G1).expect("g1");
+    let g2 = m.pool(Tier::G2).expect("g2");
+    rig.gate.hold(CopyDirection::Upload, true);
+    let onboarding = m.begin_onboard(&a[..2]).await.expect("begin");
+    rig.gate.wait_held(1).await;
+    for h in &a[..2] {
+        // Not readable in G1 (filling), not matchable there.
+        assert_eq!(g1.presence(*h), Some(Presence::Filling));
+        assert!(g1.acquire(*h).is_none());
+        assert_eq!(m.lookup(&[*h]).blocks[0].tier, Tier::G2);
+    }
+    // The sources in G2 cannot be evicted: making room for A[..2] sent
+    // A[2..] to G3 and two of B to G2, and only those two may go.
+    assert_eq!(g2.available(), 2);
+    let leaving = g2.plan_leaving(4);
+    assert_eq!(leaving.len(), 2);
+    assert!(leaving.iter().all(|l| b.contains(&l.hash())));
+    drop(leaving);
+    // Layer 0 lands; the next layer is held. The block is still not
+    // readable: a layer-wise move settles on its last layer only.
+    let first = rig.gate.release_next(CopyDirection::Upload).await;
+    assert_eq!(first.span, kvtier_manager::device::Span::Layer(0));
+    rig.gate.wait_held(1).await;
+    for h in &a[..2] {
+        assert_eq!(g1.presence(*h), Some(Presence::Filling));
+    }
+    // Let every layer land.
+    rig.gate.hold(CopyDirection::Upload, false);
+    rig.gate.release_all();
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish");
+    assert_eq!(onboarded.blocks.len(), 2);
+    for h in &a[..2] {
+        assert_eq!(g1.presence(*h), Some(Presence::Ready));
+        assert!(g2.presence(*h).is_none(), "exclusive: moved out of G2");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inclusive_mode_keeps_copies_below() {
+    let rig = rig(CascadeMode::Inclusive);
+    let m = &rig.manager;
+    let a = chain(11, 3);
+    drop(m.store_computed(None, with_bytes(&a)).await.expect("store"));
+    for h in &a {
+        let r: Vec<Tier> = m.registry().residency(*h).iter().collect();
+        assert_eq!(r, vec![Tier::G1, Tier::G2], "write-through copy of {h}");
+    }
+    let stats = m.stats();
+    let d2h = stats
+        .paths
+        .iter()
+        .find(|p| p.path == kvtier_manager::TransferPath::DeviceToHost)
+        .expect("d2h used");
+    assert_eq!(d2h.bytes, 3 * geometry().block_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_offloads_down_to_the_low_watermark() {
+    let mut cfg = config(CascadeMode::Exclusive);
+    if let Some(g1) = cfg.hierarchy.g1.as_mut() {
+        g1.high_watermark = 0.5;
+        g1.low_watermark = 0.25;
+    }
+    cfg.step_waits = true;
+    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
+    let (_dir, disk) = disk();
+    let m = BlockManager::new(
+        cfg,
+        ManagerTiers {
+            device: host,
+            memory: Some(memory(16)),
+            disk: Some(disk),
+        },
+        Vec::new(),
+    )
+    .expect("manager");
+    let a = chain(21, 3);
+    drop(m.store_computed(None, with_bytes(&a)).await.expect("store"));
+    // 3 of 4 used is above the high watermark (2): down to the low one (1),
+    // leaves first, so the chain's root stays on the device.
+    assert_eq!(m.step().await, 2);
+    let tiers = |h: BlockHash| m.registry().residency(h).iter().collect::<Vec<_>>();
+    assert_eq!(tiers(a[0]), vec![Tier::G1]);
+    assert_eq!(tiers(a[1]), vec![Tier::G2]);
+    assert_eq!(tiers(a[2]), vec![Tier::G2]);
+    // Below the high watermark now: nothing more to do.
+    assert_eq!(m.step().await, 0);
+    let stats = m.stats();
+    assert_eq!(stats.tier(Tier::G1).expect("g1").offloaded, 2);
+    // The offloaded bytes arrived intact: onboard them back.
+    let onboarding = m.begin_onboard(&a).await.expect("begin");
+    assert_eq!(onboarding.loading(), 2);
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish");
+    assert_eq!(onboarded.blocks.len(), 3);
+    assert!(onboarded.failed.is_empty());
+}

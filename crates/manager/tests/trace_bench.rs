@@ -1,0 +1,264 @@
+//! `kvtier bench trace` against an independent model, on the real
+//! conversation trace.
+//!
+//! Configuration where the manager's behaviour is exactly LRU per tier:
+//! exclusive cascade, LRU in every tier, admission off (`admit_after` 0),
+//! no watermark pre-offload (`watermarks: None`, so `step` never moves a
+//! block), room made on demand only; G1 large enough for the longest
+//! request (256 blocks), G2 2048, G3 2048 blocks, so all three tiers
+//! evict and G3 drops. Under it the model below is a plain LRU list per
+//! tier with the manager's two documented refinements: victims are chosen
+//! leaves first (the least recent block none of whose children sits in
+//! the same tier, else the least recent block), and a request's own
+//! prefix is protected while room is made for it. The test fails (does
+//! not skip) when `../shared` is missing.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+
+use kvtier_core::BlockHash;
+use kvtier_manager::Tier;
+use kvtier_manager::placement::CascadeMode;
+use kvtier_manager::policy::PolicyKind;
+use kvtier_manager::trace_bench::{self, TraceBenchConfig};
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../../shared/traces/mooncake_conversation_trace.jsonl"
+);
+
+/// One tier of the model: an LRU list (oldest first) and the count of
+/// each block's children present in the tier.
+#[derive(Default)]
+struct LruTier {
+    capacity: usize,
+    order: Vec<BlockHash>,
+    children: HashMap<BlockHash, u32>,
+}
+
+impl LruTier {
+    fn holds(&self, h: BlockHash) -> bool {
+        self.order.contains(&h)
+    }
+
+    fn free(&self) -> usize {
+        self.capacity - self.order.len()
+    }
+
+    fn touch(&mut self, h: BlockHash) {
+        if let Some(i) = self.order.iter().position(|x| *x == h) {
+            self.order.remove(i);
+            self.order.push(h);
+        }
+    }
+
+    fn insert(&mut self, h: BlockHash, parent: Option<BlockHash>) {
+        self.order.push(h);
+        if let Some(p) = parent {
+            *self.children.entry(p).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, h: BlockHash, parent: Option<BlockHash>) {
+        if let Some(i) = self.order.iter().position(|x| *x == h) {
+            self.order.remove(i);
+            if let Some(p) = parent
+                && let Some(c) = self.children.get_mut(&p)
+            {
+                *c -= 1;
+            }
+        }
+    }
+
+    /// The least recent unprotected leaf, else the least recent
+    /// unprotected block.
+    fn victim(&self, protected: &HashSet<BlockHash>) -> Option<BlockHash> {
+        let open = |h: &&BlockHash| !protected.contains(*h);
+        let leaf = |h: &&BlockHash| self.children.get(*h).copied().unwrap_or(0) == 0;
+        self.order
+            .iter()
+            .filter(open)
+            .find(leaf)
+            .or_else(|| self.order.iter().find(open))
+            .copied()
+    }
+}
+
+/// Three LRU tiers with an exclusive cascade.
+struct Model {
+    tiers: [LruTier; 3],
+    parent: HashMap<BlockHash, Option<BlockHash>>,
+    protected: [HashSet<BlockHash>; 3],
+    hits: [u64; 3],
+    misses: u64,
+    dropped: u64,
+}
+
+impl Model {
+    fn new(caps: [usize; 3]) -> Self {
+        let tier = |c| LruTier {
+            capacity: c,
+            ..LruTier::default()
+        };
+        Self {
+            tiers: [tier(caps[0]), tier(caps[1]), tier(caps[2])],
+            parent: HashMap::new(),
+            protected: Default::default(),
+            hits: [0; 3],
+            misses: 0,
+            dropped: 0,
+        }
+    }
+
+    fn parent(&self, h: BlockHash) -> Option<BlockHash> {
+        self.parent.get(&h).copied().flatten()
+    }
+
+    fn fastest(&self, h: BlockHash) -> Option<usize> {
+        (0..3).find(|&t| self.tiers[t].holds(h))
+    }
+
+    /// Frees `n` slots of tier `t`: victims go one tier down, which makes
+    /// room first; the last tier drops them.
+    fn make_room(&mut self, t: usize, n: usize) {
+        let free = self.tiers[t].free();
+        if free >= n {
+            return;
+        }
+        let mut victims = Vec::new();
+        for _ in 0..n - free {
+            let Some(v) = self.tiers[t].victim(&self.protected[t]) else {
+                break;
+            };
+            let p = self.parent(v);
+            self.tiers[t].remove(v, p);
+            victims.push(v);
+        }
+        if t == 2 {
+            self.dropped += victims.len() as u64;
+            return;
+        }
+        let going: Vec<BlockHash> = victims
+            .into_iter()
+            .filter(|v| !self.tiers[t + 1].holds(*v))
+            .collect();
+        self.make_room(t + 1, going.len());
+        for v in going {
+            assert!(self.tiers[t + 1].free() > 0, "model: no room below");
+            let p = self.parent(v);
+            self.tiers[t + 1].insert(v, p);
+        }
+    }
+
+    fn serve(&mut self, keys: &[BlockHash]) {
+        let prefix: Vec<(BlockHash, usize)> = keys
+            .iter()
+            .map_while(|h| self.fastest(*h).map(|t| (*h, t)))
+            .collect();
+        for (_, t) in &prefix {
+            self.hits[*t] += 1;
+        }
+        self.misses += (keys.len() - prefix.len()) as u64;
+        for &(h, t) in &prefix {
+            if t == 0 {
+                self.tiers[0].touch(h);
+            }
+            self.protected[t].insert(h);
+        }
+        let below = prefix.iter().filter(|(_, t)| *t != 0).count();
+        self.make_room(0, below + keys.len() - prefix.len());
+        for &(h, t) in &prefix {
+            if t != 0 {
+                let p = self.parent(h);
+                self.tiers[t].remove(h, p);
+                self.tiers[0].insert(h, p);
+            }
+        }
+        for &(h, _) in &prefix {
+            self.tiers[0].touch(h);
+        }
+        self.protected = Default::default();
+        for i in prefix.len()..keys.len() {
+            let h = keys[i];
+            let p = i.checked_sub(1).map(|j| keys[j]);
+            if self.tiers[0].holds(h) {
+                self.tiers[0].touch(h);
+            } else {
+                self.parent.insert(h, p);
+                self.tiers[0].insert(h, p);
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_hit_rates_equal_an_lru_model() {
+    let trace = PathBuf::from(TRACE);
+    assert!(
+        trace.exists(),
+        "the conversation trace is missing at {} (../shared must be checked out next to the repository)",
+        trace.display()
+    );
+    let requests = 300;
+    let caps = [256, 2048, 2048];
+    let config = TraceBenchConfig {
+        trace: trace.clone(),
+        requests: Some(requests),
+        layers: 2,
+        layer_bytes: 4096,
+        g1_blocks: caps[0],
+        g2_blocks: caps[1],
+        g3_blocks: caps[2],
+        policy: PolicyKind::Lru,
+        mode: CascadeMode::Exclusive,
+        admit_after: 0,
+        watermarks: None,
+        ..TraceBenchConfig::default()
+    };
+    let report = trace_bench::run(&config).await.expect("trace bench");
+
+    let mut model = Model::new(caps);
+    let mut blocks = 0u64;
+    for r in kvtier_sim::trace::read_all(&trace, None)
+        .expect("trace")
+        .into_iter()
+        .take(requests)
+    {
+        let keys = &r.keys[..r.keys.len().min(caps[0])];
+        blocks += keys.len() as u64;
+        model.serve(keys);
+    }
+
+    assert_eq!(report.requests, requests);
+    assert_eq!(report.blocks, blocks);
+    let hits: Vec<(Tier, u64)> = vec![
+        (Tier::G1, model.hits[0]),
+        (Tier::G2, model.hits[1]),
+        (Tier::G3, model.hits[2]),
+    ];
+    assert_eq!(report.hits, hits, "hits per tier: manager vs model");
+    assert_eq!(report.misses, model.misses, "misses");
+    assert!(
+        model.hits[1] > 0 && model.hits[2] > 0 && model.dropped > 0,
+        "the configuration exercises every tier: {:?}, dropped {}",
+        model.hits,
+        model.dropped
+    );
+    assert_eq!(
+        report.stats.dropped, model.dropped,
+        "blocks dropped from G3"
+    );
+    for (i, t) in [Tier::G1, Tier::G2, Tier::G3].into_iter().enumerate() {
+        let s = report.stats.tier(t).expect("tier configured");
+        assert_eq!(
+            s.pool.capacity - s.pool.free,
+            model.tiers[i].order.len(),
+            "{t} occupancy"
+        );
+        // Room is always made ahead, so allocation never had to evict.
+        assert_eq!(s.pool.evictions, 0, "{t} evictions by allocation");
+    }
+    assert_eq!(report.verify_failures, 0);
+    assert_eq!(report.onboard_failures, 0);
+    assert!(report.verified_blocks > 0);
+}
