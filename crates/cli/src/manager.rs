@@ -45,14 +45,19 @@ impl Manager {
     pub async fn start(config: &Config, store: Option<(String, Store)>) -> Result<Self> {
         let m = &config.meta;
         let index = open_index(config)?;
-        let meta_config = MetaConfig {
+        let mut meta_config = MetaConfig {
             session_timeout: Duration::from_secs(m.session_timeout_secs),
             max_keys: m.max_keys,
             ..MetaConfig::default()
         };
-        // Several frontends over one Redis must not trust a local search
-        // cache for longer than a moment: another frontend may remove a
-        // block. The service's default TTL covers that; see meta-api.md.
+        if shared_index(config) {
+            // Another frontend's removals are invisible to this cache: bound
+            // how long a location it no longer serves can be handed out.
+            match m.shared_cache_ttl_ms {
+                0 => meta_config.search_cache_entries = 0,
+                ms => meta_config.search_cache_ttl = Some(Duration::from_millis(ms)),
+            }
+        }
         let svc =
             Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
         let mut options = BackendOptions {

@@ -371,6 +371,10 @@ pub struct MetaSectionConfig {
     /// Seconds between re-reads of groups, storages, instances and
     /// accounts when the index is shared with other frontends (Redis).
     pub catalog_refresh_secs: u64,
+    /// With a shared index, how long (ms) a cached location may be served
+    /// before it is read again: another frontend's removals are not seen
+    /// by this one's cache. 0 turns the cache off for shared indexes.
+    pub shared_cache_ttl_ms: u64,
     /// Largest request body accepted.
     pub max_body: ByteSize,
     /// Most block keys in one request.
@@ -403,6 +407,7 @@ impl Default for MetaSectionConfig {
             reclaim_interval_secs: 5,
             health_interval_secs: 10,
             catalog_refresh_secs: 5,
+            shared_cache_ttl_ms: 1000,
             max_body: ByteSize(64 << 20),
             max_keys: 65_536,
             default_group_quota: ByteSize(0),
