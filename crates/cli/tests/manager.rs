@@ -4,12 +4,13 @@
 //! stateless frontends that share one Redis index.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use kvtier_meta::test_support::RedisServer;
 use serde_json::{Value, json};
 
 /// A child process killed on drop.
@@ -191,73 +192,10 @@ fn serve_hosts_the_manager_and_keeps_its_metadata_across_restarts() {
     assert!(proc.terminate().success());
 }
 
-/// A redis-server on a free loopback port, stopped on drop.
-struct Redis {
-    _proc: Proc,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn redis() -> Redis {
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect(
-            "redis-server is not installed (apt-get install redis-server); .ci/run installs it",
-        );
-    let proc = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let pong = TcpStream::connect(("127.0.0.1", port))
-            .ok()
-            .and_then(|mut s| {
-                s.write_all(b"PING\r\n").ok()?;
-                let mut buf = [0u8; 7];
-                s.read_exact(&mut buf).ok()?;
-                Some(buf.starts_with(b"+PONG"))
-            });
-        if pong == Some(true) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "redis-server did not answer PING"
-        );
-        std::thread::yield_now();
-    }
-    Redis {
-        _proc: proc,
-        port,
-        _dir: dir,
-    }
-}
-
 #[test]
 fn manager_frontends_share_one_redis_index() {
-    let redis = redis();
-    let url = format!("redis://127.0.0.1:{}/0", redis.port);
+    let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
+    let url = redis.url();
     let pool = tempfile::tempdir().unwrap();
     let frontend = |data: &Path| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));

@@ -179,6 +179,21 @@ pub fn mask_flags(mask: &BlockMask, n: usize) -> Result<Vec<bool>, MetaError> {
     Ok((0..n).map(|i| mask.is_masked(i)).collect())
 }
 
+/// The keys a wire mask leaves in (the unmarked ones), in order.
+pub fn unmasked_keys(
+    keys: &[BlockKey],
+    mask: Option<&pb::BlockMask>,
+) -> Result<Vec<BlockKey>, MetaError> {
+    let mask = mask_from_wire(mask)?;
+    mask.validate(keys.len())?;
+    Ok(keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !mask.is_masked(*i))
+        .map(|(_, k)| *k)
+        .collect())
+}
+
 /// The matching mode of a query type. `sw_size` is checked against the
 /// number of keys for the sliding window.
 pub fn match_mode(qt: pb::QueryType, sw_size: i32, n_keys: usize) -> Result<MatchMode, Fail> {

@@ -9,7 +9,7 @@
 //! values, and a crash loses the buffer.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -47,6 +47,8 @@ pub(crate) struct AccessBuffer {
     /// the statistics (inspection, the reclaimer) waits for a flush already
     /// applying what it drained instead of returning before it landed.
     pub(crate) flushing: Mutex<()>,
+    /// Whether a background flush is scheduled or running.
+    flush_scheduled: AtomicBool,
 }
 
 impl AccessBuffer {
@@ -58,6 +60,7 @@ impl AccessBuffer {
             pending_keys: AtomicUsize::new(0),
             flush_at: flush_at.max(1),
             flushing: Mutex::new(()),
+            flush_scheduled: AtomicBool::new(false),
         }
     }
 
@@ -96,6 +99,19 @@ impl AccessBuffer {
             }
         }
         out
+    }
+
+    /// Claims the one background flush; false when one is already
+    /// scheduled or running.
+    pub(crate) fn try_schedule_flush(&self) -> bool {
+        self.flush_scheduled
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Releases the claim of [`AccessBuffer::try_schedule_flush`].
+    pub(crate) fn flush_finished(&self) {
+        self.flush_scheduled.store(false, Ordering::Release);
     }
 
     /// The bound past which `record` asks for a flush.

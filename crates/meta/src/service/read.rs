@@ -121,27 +121,31 @@ impl MetaService {
     }
 
     /// The buffer passed its bound: flush it on a blocking thread so no
-    /// read waits for a batch of index writes. Without a runtime (or when a
-    /// flush is already running and the buffer has grown to four times its
-    /// bound) this read pays for the batch, which bounds the memory held.
+    /// read waits for a batch of index writes. One background flush at a
+    /// time: reads arriving while it is scheduled add nothing but their
+    /// hits. Without a runtime, or once the buffer has grown to four times
+    /// its bound, this read pays for the batch, which bounds the memory held.
     fn flush_access_soon(&self) {
-        let (index, access) = (self.index.clone(), self.access.clone());
-        let inline = match tokio::runtime::Handle::try_current() {
-            Ok(rt) if access.pending() < 4 * access.flush_at() => {
-                rt.spawn_blocking(move || {
-                    if access.flushing.try_lock().is_none() {
-                        return; // another flush is draining the buffer
-                    }
-                    if let Err(e) = flush_access_into(index.as_ref(), &access) {
-                        tracing::warn!(error = %e, "flushing access statistics failed");
-                    }
-                });
-                false
+        let rt = tokio::runtime::Handle::try_current();
+        let backlog = self.access.pending() >= 4 * self.access.flush_at();
+        match rt {
+            Ok(rt) if !backlog => {
+                if self.access.try_schedule_flush() {
+                    let (index, access) = (self.index.clone(), self.access.clone());
+                    rt.spawn_blocking(move || {
+                        let result = flush_access_into(index.as_ref(), &access);
+                        access.flush_finished();
+                        if let Err(e) = result {
+                            tracing::warn!(error = %e, "flushing access statistics failed");
+                        }
+                    });
+                }
             }
-            _ => true,
-        };
-        if inline && let Err(e) = self.flush_access() {
-            tracing::warn!(error = %e, "flushing access statistics failed");
+            _ => {
+                if let Err(e) = self.flush_access() {
+                    tracing::warn!(error = %e, "flushing access statistics failed");
+                }
+            }
         }
     }
 }

@@ -204,14 +204,7 @@ impl Api {
         let Keyed { inst, keys } = self
             .keyed(who, &req.instance_id, &req.block_keys, &req.token_ids)
             .await?;
-        let mask = convert::mask_from_wire(req.block_mask.as_ref())?;
-        let flags = convert::mask_flags(&mask, keys.len())?;
-        let wanted: Vec<BlockKey> = keys
-            .iter()
-            .zip(&flags)
-            .filter(|(_, m)| !**m)
-            .map(|(k, _)| *k)
-            .collect();
+        let wanted = convert::unmasked_keys(&keys, req.block_mask.as_ref())?;
         let metas = if wanted.is_empty() {
             Vec::new()
         } else {
@@ -312,14 +305,7 @@ impl Api {
         let Keyed { inst, keys } = self
             .keyed(who, &req.instance_id, &req.block_keys, &req.token_ids)
             .await?;
-        let mask = convert::mask_from_wire(req.block_mask.as_ref())?;
-        let flags = convert::mask_flags(&mask, keys.len())?;
-        let victims: Vec<BlockKey> = keys
-            .iter()
-            .zip(&flags)
-            .filter(|(_, keep)| !**keep)
-            .map(|(k, _)| *k)
-            .collect();
+        let victims = convert::unmasked_keys(&keys, req.block_mask.as_ref())?;
         if !victims.is_empty() {
             self.svc.remove_cache(&inst.id, &victims).await?;
         }
