@@ -3,11 +3,9 @@
 //! arena in /dev/shm and a disk tier in a temporary directory.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, EvictionPolicyKind, Geometry, RegionEvictionKind};
-use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_core::BlockHash;
 use kvtier_io::PsyncEngine;
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
@@ -17,53 +15,11 @@ use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::trace_bench::block_content;
-use kvtier_mem::{MemoryTier, MemoryTierConfig};
 use tokio::sync::mpsc;
 
-fn geometry() -> Geometry {
-    Geometry::raw(4, 4 * 4096).expect("geometry")
-}
-
-fn memory(blocks: u64) -> MemoryTier {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let g = geometry();
-    MemoryTier::create(MemoryTierConfig {
-        shm_name: format!(
-            "kvtier-mgr-e2e-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ),
-        capacity_bytes: blocks * g.block_bytes(),
-        block_bytes: g.block_bytes() as usize,
-        layer_bytes: g.layer_bytes() as usize,
-        hugepages: false,
-        policy: EvictionPolicyKind::Lru,
-    })
-    .expect("memory tier in /dev/shm")
-}
-
-fn disk() -> (tempfile::TempDir, Arc<DiskTier>) {
-    let t = tempfile::Builder::new()
-        .prefix("kvtier-mgr-e2e")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let cfg = DiskTierConfig {
-        dirs: vec![t.path().join("d0")],
-        capacity_per_dir: 8 << 20,
-        region_size: 1 << 20,
-        geometry: geometry(),
-        eviction: RegionEvictionKind::Fifo,
-        reinsert_hot: false,
-        checkpoint_interval: Duration::ZERO,
-        sync: false,
-        register_buffers: false,
-        reset: false,
-        buffers_per_dir: 2,
-        layer_sums_cache: 1024,
-    };
-    let engine = Arc::new(PsyncEngine::new(2, 64).expect("psync engine"));
-    (t, Arc::new(DiskTier::open(cfg, engine).expect("disk tier")))
-}
+#[path = "support/tiers.rs"]
+mod tiers;
+use tiers::{disk, geometry, memory};
 
 fn pool(blocks: usize) -> PoolConfig {
     PoolConfig {
@@ -121,13 +77,17 @@ struct Rig {
 fn rig(mode: CascadeMode) -> Rig {
     let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
     let gate = Arc::new(GatedDevice::new(host.clone() as Arc<dyn Device>));
-    let (dir, disk) = disk();
+    let (dir, disk) = disk(
+        "kvtier-mgr-e2e",
+        8 << 20,
+        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
+    );
     let (sink, batches) = ChannelSink::new(1024);
     let manager = BlockManager::new(
         config(mode),
         ManagerTiers {
             device: gate.clone(),
-            memory: Some(memory(16)),
+            memory: Some(memory("e2e", 16)),
             disk: Some(disk),
         },
         vec![Arc::new(sink) as Arc<dyn EventSink>],
@@ -379,12 +339,16 @@ async fn step_offloads_down_to_the_low_watermark() {
     }
     cfg.step_waits = true;
     let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
-    let (_dir, disk) = disk();
+    let (_dir, disk) = disk(
+        "kvtier-mgr-e2e",
+        8 << 20,
+        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
+    );
     let m = BlockManager::new(
         cfg,
         ManagerTiers {
             device: host,
-            memory: Some(memory(16)),
+            memory: Some(memory("e2e", 16)),
             disk: Some(disk),
         },
         Vec::new(),

@@ -8,11 +8,10 @@
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Geometry, Lookup, RegionEvictionKind};
-use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
+use kvtier_disk::DiskTier;
 use kvtier_io::{IoEngine, PsyncEngine, UringEngine};
 use kvtier_manager::device::{
     CopyDirection, Device, DeviceBlockId, GatedDevice, HostDevice, HostDeviceOptions, HostSource,
@@ -22,12 +21,10 @@ use kvtier_manager::transfer::{
     BlockFailure, BlockMove, InFlightTable, TransferEngine, TransferRequest,
 };
 use kvtier_manager::{Tier, TransferPath};
-use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
-/// 4 layers of 4 KiB: 16 KiB blocks.
-fn geometry() -> Geometry {
-    Geometry::raw(4, 16 << 10).expect("geometry")
-}
+#[path = "support/tiers.rs"]
+mod tiers;
+use tiers::{disk, geometry, memory};
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -42,47 +39,6 @@ impl Kind {
             Kind::Uring => Arc::new(UringEngine::new(64).expect("io_uring engine")),
         }
     }
-}
-
-fn memory(tag: &str, blocks: u64) -> MemoryTier {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let g = geometry();
-    MemoryTier::create(MemoryTierConfig {
-        shm_name: format!(
-            "kvtier-mgr-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ),
-        capacity_bytes: blocks * g.block_bytes(),
-        block_bytes: g.block_bytes() as usize,
-        layer_bytes: g.layer_bytes() as usize,
-        hugepages: false,
-        policy: EvictionPolicyKind::Lru,
-    })
-    .expect("memory tier in /dev/shm")
-}
-
-fn disk(kind: Kind) -> (tempfile::TempDir, Arc<DiskTier>) {
-    let t = tempfile::Builder::new()
-        .prefix("kvtier-mgr-transfer")
-        .tempdir_in("/tmp")
-        .expect("tempdir");
-    let cfg = DiskTierConfig {
-        dirs: vec![t.path().join("d0")],
-        capacity_per_dir: 4 << 20,
-        region_size: 1 << 20,
-        geometry: geometry(),
-        eviction: RegionEvictionKind::Fifo,
-        reinsert_hot: false,
-        checkpoint_interval: Duration::ZERO,
-        sync: false,
-        register_buffers: false,
-        reset: false,
-        buffers_per_dir: 2,
-        layer_sums_cache: 1024,
-    };
-    let tier = DiskTier::open(cfg, kind.engine()).expect("disk tier");
-    (t, Arc::new(tier))
 }
 
 fn key(seed: u64, i: u64) -> BlockHash {
@@ -178,7 +134,7 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     let len = g.block_bytes() as usize;
     let device: Arc<HostDevice> = Arc::new(HostDevice::new(g, 64, HostDeviceOptions::default()));
     let mem = memory("e2e", 32);
-    let (_dir, disk) = disk(kind);
+    let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
     let engine = TransferEngine::builder(g)
         .with_device(device.clone())
         .with_memory(mem.clone())
@@ -314,7 +270,7 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     let len = g.block_bytes() as usize;
     let device: Arc<HostDevice> = Arc::new(HostDevice::new(g, 64, HostDeviceOptions::default()));
     let mem = memory("corrupt", 32);
-    let (_dir, disk) = disk(kind);
+    let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
     let engine = TransferEngine::builder(g)
         .with_device(device.clone())
         .with_memory(mem.clone())

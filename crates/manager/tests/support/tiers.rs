@@ -1,0 +1,64 @@
+//! Real tiers for the manager's integration tests: a shared-memory arena
+//! in /dev/shm and a disk tier in a temporary directory under /tmp (not
+//! tmpfs, so O_DIRECT alignment is real).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use kvtier_core::{EvictionPolicyKind, Geometry, RegionEvictionKind};
+use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_io::IoEngine;
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
+
+/// 4 layers of 4 KiB: 16 KiB blocks.
+pub fn geometry() -> Geometry {
+    Geometry::raw(4, 16 << 10).expect("geometry")
+}
+
+/// A fresh arena of `blocks` slots, named uniquely per process and call.
+pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let g = geometry();
+    MemoryTier::create(MemoryTierConfig {
+        shm_name: format!(
+            "kvtier-mgr-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        capacity_bytes: blocks * g.block_bytes(),
+        block_bytes: g.block_bytes() as usize,
+        layer_bytes: g.layer_bytes() as usize,
+        hugepages: false,
+        policy: EvictionPolicyKind::Lru,
+    })
+    .expect("memory tier in /dev/shm")
+}
+
+/// A disk tier of `capacity` bytes in 1 MiB regions over `engine`.
+pub fn disk(
+    prefix: &str,
+    capacity: u64,
+    engine: Arc<dyn IoEngine>,
+) -> (tempfile::TempDir, Arc<DiskTier>) {
+    let t = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    let cfg = DiskTierConfig {
+        dirs: vec![t.path().join("d0")],
+        capacity_per_dir: capacity,
+        region_size: 1 << 20,
+        geometry: geometry(),
+        eviction: RegionEvictionKind::Fifo,
+        reinsert_hot: false,
+        checkpoint_interval: Duration::ZERO,
+        sync: false,
+        register_buffers: false,
+        reset: false,
+        buffers_per_dir: 2,
+        layer_sums_cache: 1024,
+    };
+    let tier = DiskTier::open(cfg, engine).expect("disk tier");
+    (t, Arc::new(tier))
+}
