@@ -1,81 +1,17 @@
 //! S3Backend against a real S3-compatible server: moto (`moto_server`, from
-//! PyPI `moto[server]`), started here on 127.0.0.1 with a free port and
-//! stopped on drop. The test fails when moto is not installed.
+//! PyPI `moto[server]`), started by `kvtier_remote::test_support::MotoServer`
+//! on 127.0.0.1 with a free port and stopped on drop. The test fails when
+//! moto is not installed.
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::TcpListener;
+use std::time::Duration;
 
 use kvtier_backend::{S3Backend, S3Options};
 use kvtier_meta::{BackendError, BlockKey, CreateRequest, LocationId, StorageBackend};
+use kvtier_remote::test_support::MotoServer;
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
-
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// One raw HTTP/1.1 request; returns the status line.
-fn http(port: u16, method: &str, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out.lines().next().unwrap_or_default().to_owned())
-}
-
-fn start_moto() -> Moto {
-    let port = free_port();
-    let spawn = |prog: &str, args: &[&str]| {
-        Command::new(prog)
-            .args(args)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-    };
-    let child = spawn("moto_server", &[])
-        .or_else(|_| spawn("python3", &["-m", "moto.server"]))
-        .unwrap_or_else(|e| {
-            panic!("cannot start moto_server ({e}); install it with `pip install 'moto[server]'`")
-        });
-    let mut moto = Moto { child, port };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(Some(status)) = moto.child.try_wait() {
-            panic!("moto_server exited with {status}; is `moto[server]` installed?");
-        }
-        if http(port, "GET", "/").is_ok_and(|s| s.contains(" 200")) {
-            return moto;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "moto_server not ready on port {port} after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 fn opts(port: u16) -> S3Options {
     S3Options {
@@ -120,10 +56,9 @@ async fn client_put(port: u16, bucket: &str, uri: &str, bytes: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn names_checks_lists_deletes_and_probes_objects() {
-    let moto = start_moto();
-    let status = http(moto.port, "PUT", "/kvbucket").unwrap();
-    assert!(status.contains(" 200"), "create bucket: {status}");
-    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port)).unwrap();
+    let moto = MotoServer::start();
+    moto.create_bucket("kvbucket");
+    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
     b.health().await.unwrap();
 
     let uris = b
@@ -140,8 +75,8 @@ async fn names_checks_lists_deletes_and_probes_objects() {
     );
     // Naming allocates nothing.
     assert_eq!(b.exist(&uris).await.unwrap(), vec![false; 3]);
-    client_put(moto.port, "kvbucket", &uris[0], b"abc").await;
-    client_put(moto.port, "kvbucket", &uris[2], b"defg").await;
+    client_put(moto.port(), "kvbucket", &uris[0], b"abc").await;
+    client_put(moto.port(), "kvbucket", &uris[2], b"defg").await;
     assert_eq!(b.exist(&uris).await.unwrap(), vec![true, false, true]);
     let u = b.usage().await.unwrap();
     assert_eq!((u.objects, u.used_bytes, u.capacity_bytes), (2, 7, None));

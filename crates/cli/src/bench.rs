@@ -22,7 +22,7 @@ pub enum BenchCommand {
     Meta(meta::MetaBenchArgs),
     /// A request trace through the real block manager (G1/G2/G3 with real
     /// bytes): hit rates per tier, bytes per path, bubble, modelled TTFT.
-    Trace(trace::TraceBenchArgs),
+    Trace(Box<trace::TraceBenchArgs>),
 }
 
 /// Runs a benchmark command.
@@ -30,6 +30,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::Meta(args) => meta::run(args),
-        BenchCommand::Trace(args) => trace::run(args),
+        BenchCommand::Trace(args) => trace::run(*args),
     }
 }

@@ -23,7 +23,9 @@ pub struct DiskTierConfig {
     /// Which sealed region is reclaimed when none is free.
     pub eviction: RegionEvictionKind,
     /// Re-insert blocks read since they were written when their region is
-    /// reclaimed (at most a quarter of a region per reclaim).
+    /// reclaimed (at most a quarter of a region per reclaim, shared with,
+    /// and after, the blocks a
+    /// [`ReclaimListener`](crate::ReclaimListener) wants).
     pub reinsert_hot: bool,
     /// Interval of background index checkpoints; zero disables them (close
     /// always writes one).

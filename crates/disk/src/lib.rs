@@ -29,8 +29,10 @@
 //!   with one operation; a per-directory reaper thread acknowledges extents
 //!   in reservation order once written (module `writer`).
 //! - When no region is free, one is reclaimed FIFO or LRU, never while a
-//!   reader holds it (the latch in module `latch`), optionally re-inserting
-//!   blocks read since they were written (module `reclaim`).
+//!   reader holds it (the latch in module `latch`), re-inserting (within a
+//!   quarter of a region) the blocks a [`ReclaimListener`] still wants and,
+//!   optionally, blocks read since they were written; the listener is told
+//!   which blocks were dropped (module `reclaim`).
 //! - Checkpoints (module `checkpoint`) and recovery (module `recover`)
 //!   rebuild the index at open.
 //! - [`DiskStats`] are the counters; [`DiskError`] the one error type.
@@ -89,5 +91,6 @@ mod writer;
 
 pub use config::DiskTierConfig;
 pub use error::{DiskError, Result};
+pub use reclaim::ReclaimListener;
 pub use stats::DiskStats;
 pub use tier::{DiskPut, DiskTier};

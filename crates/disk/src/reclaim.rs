@@ -1,18 +1,21 @@
 //! Region allocation and reclaim: opening a region for writing, choosing a
-//! victim when none is free, dropping its entries and re-inserting its hot
-//! blocks.
+//! victim when none is free, dropping its entries and re-inserting the
+//! blocks worth keeping.
 //!
 //! A victim is a `SEALED` region (every write finished) with no reader in
 //! flight, chosen by [`RegionEvictionKind`]: FIFO takes the lowest
 //! generation (the oldest written), LRU the oldest last verified read (a
 //! region never read counts from when it was opened). The latch's
 //! `try_reclaim` both checks and excludes readers (see [`crate::latch`]).
-//! Then, with `reinsert_hot`, up to a quarter of a region of blocks read
-//! since they were written are read back, verified, and written again as the
-//! first slots of the region's next life; the region's index entries (only
-//! those still pointing into it) are dropped; and the region reopens with a
-//! new generation.
+//! Then up to a quarter of a region of its *live* blocks (still indexed at
+//! their slot there) are read back, verified, and written again as the first
+//! slots of the region's next life: first those a [`ReclaimListener`] says
+//! it wants (hot ones first), then, with `reinsert_hot`, others read since
+//! they were written. The region's index entries (only those still pointing
+//! into it) are dropped, the listener is told which were dropped for good,
+//! and the region reopens with a new generation.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvtier_core::{BlockHash, RegionEvictionKind, block_checksum, combine_layer_checksums};
@@ -47,11 +50,51 @@ pub(crate) fn choose_victim(
     cands.into_iter().map(|c| c.0).find(|&r| try_reclaim(r))
 }
 
-/// A hot block read back from a victim, to be written again.
+/// Told about blocks that region reclaim drops, and asked which to keep.
+///
+/// Install one with [`DiskTier::set_reclaim_listener`](crate::DiskTier::set_reclaim_listener).
+/// The owner of the tier (the block manager's G3 pool) uses it to keep its
+/// own accounting in step with what is on disk: the blocks it still wants
+/// get a second life in the reclaimed region (within the re-insertion
+/// budget), and it hears about every block a reclaim drops.
+///
+/// Both methods are called on the reclaiming writer's task with the
+/// directory's writer lock held (or, for a failed re-insertion write, on the
+/// directory's reaper thread, which acknowledges writes), never with an
+/// index or region lock held: they must be cheap, must not block, and must not call back into the [`DiskTier`](crate::DiskTier)
+/// other than its read-only queries [`contains`](crate::DiskTier::contains)
+/// and [`location`](crate::DiskTier::location) (a `put_batch`, `close` or
+/// anything that takes the writer lock would deadlock).
+pub trait ReclaimListener: Send + Sync + 'static {
+    /// Whether the owner still wants `key`. Wanted blocks of a victim region
+    /// are re-inserted (read back, verified, rewritten) before merely hot
+    /// ones, hot wanted ones first, within the re-insertion budget (a
+    /// quarter of a region). Asked once per block still indexed in the
+    /// victim, before any of them is dropped. Called during reclaim with the
+    /// directory's writer lock held: must be cheap and must not block or
+    /// call back into the `DiskTier`.
+    fn retain(&self, key: BlockHash) -> bool;
+
+    /// Keys a reclaim dropped from the index (their bytes are gone;
+    /// re-inserted ones are not reported), in the victim's slot order.
+    /// Called once per reclaimed region, after the index no longer holds
+    /// them (possibly with an empty slice), and once more should the write
+    /// that re-inserts blocks fail (for those of its blocks not indexed
+    /// again since). Keys removed with [`DiskTier::remove`](crate::DiskTier::remove)
+    /// or put again elsewhere meanwhile are never reported. Same
+    /// constraints as [`retain`](Self::retain).
+    fn evicted(&self, keys: &[BlockHash]);
+}
+
+/// A block read back from a victim, to be written again.
 pub(crate) struct HotBlock {
     key: BlockHash,
+    /// The victim's slot it was read from.
+    from_slot: u32,
     block_sum: u64,
     layer_sums: Vec<u64>,
+    /// Re-inserted because the listener wants it (else only hot).
+    pub retained: bool,
     /// The whole slot (header + data) as read.
     slot: AlignedBuf,
 }
@@ -84,8 +127,31 @@ impl Drop for ReclaimGuard<'_> {
     }
 }
 
+/// The listener installed, if any (cloned out, so it is never called with
+/// the listener lock held).
+fn listener(shared: &Shared) -> Option<Arc<dyn ReclaimListener>> {
+    shared.reclaim_listener.read().clone()
+}
+
+/// Reports blocks whose re-insertion failed (the write failed, or could
+/// not be queued) as evicted: those of `keys` the index does not hold
+/// (again). Counts them in `blocks_evicted`.
+pub(crate) fn report_lost(shared: &Shared, keys: impl IntoIterator<Item = BlockHash>) {
+    let lost: Vec<BlockHash> = keys
+        .into_iter()
+        .filter(|k| !shared.index.contains(*k))
+        .collect();
+    if lost.is_empty() {
+        return;
+    }
+    add(&shared.stats.blocks_evicted, lost.len() as u64);
+    if let Some(l) = listener(shared) {
+        l.evicted(&lost);
+    }
+}
+
 /// Opens a region for writing in `dir` (a free one, else a reclaimed one);
-/// returns the hot blocks to write first. Call with the writer lock held.
+/// returns the blocks to re-insert first. Call with the writer lock held.
 pub(crate) async fn open_region(
     shared: &Shared,
     dir: &Dir,
@@ -117,7 +183,7 @@ pub(crate) async fn open_region(
     Ok(hot)
 }
 
-/// Reclaims one region of `dir`; returns it and its hot blocks.
+/// Reclaims one region of `dir`; returns it and the blocks to re-insert.
 async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)> {
     let cands: Vec<Candidate> = dir
         .regions
@@ -143,63 +209,121 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
         latch: &region.latch,
         armed: true,
     };
-    let hot = if shared.cfg.reinsert_hot {
-        read_hot(shared, dir, victim).await
+    let listener = listener(shared);
+    let read_back = if shared.cfg.reinsert_hot || listener.is_some() {
+        read_kept(shared, dir, victim, listener.as_deref()).await
     } else {
         Vec::new()
     };
+    // From here on no await: the entries go and the listener hears of it
+    // before anyone else can take the writer lock.
     let keys = std::mem::take(&mut region.fill.lock().keys);
-    let mut evicted = 0u64;
+    let wanted: hashbrown::HashMap<BlockHash, usize> = read_back
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.key, i))
+        .collect();
+    let mut keep = vec![false; read_back.len()];
+    let mut evicted = Vec::new();
     for k in keys {
-        if shared
-            .index
-            .remove_if_in_region(k, dir.index, victim)
-            .is_some()
-        {
-            evicted += 1;
+        let Some(e) = shared.index.remove_if_in_region(k, dir.index, victim) else {
+            // Removed by a caller, or put again elsewhere: not ours to report.
+            continue;
+        };
+        match wanted.get(&k) {
+            // Still the copy that was read back and verified: re-insert it.
+            Some(&i) if read_back[i].from_slot == e.loc.slot && read_back[i].block_sum == e.sum => {
+                keep[i] = true;
+            }
+            _ => evicted.push(k),
         }
     }
+    let hot: Vec<HotBlock> = read_back
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(h, k)| k.then_some(h))
+        .collect();
     guard.armed = false;
     add(&shared.stats.regions_reclaimed, 1);
-    add(&shared.stats.blocks_evicted, evicted);
-    tracing::debug!(dir = %dir.path.display(), region = victim, evicted, hot = hot.len(), "reclaimed region");
+    add(&shared.stats.blocks_evicted, evicted.len() as u64);
+    if let Some(l) = &listener {
+        l.evicted(&evicted);
+    }
+    tracing::debug!(
+        dir = %dir.path.display(),
+        region = victim,
+        evicted = evicted.len(),
+        reinserted = hot.len(),
+        retained = hot.iter().filter(|h| h.retained).count(),
+        "reclaimed region"
+    );
     Ok((victim, hot))
 }
 
-/// Reads back and verifies the blocks of `victim` read since they were
-/// written (at most a quarter of a region).
-async fn read_hot(shared: &Shared, dir: &Dir, victim: u32) -> Vec<HotBlock> {
+/// A live slot of a victim: still indexed there.
+struct Live {
+    slot: u32,
+    key: BlockHash,
+    sum: u64,
+    hot: bool,
+}
+
+/// Chooses the blocks of `victim` to re-insert and reads them back,
+/// verified: with a listener, the live ones it wants (hot ones first);
+/// then, with `reinsert_hot`, the other live blocks read since they were
+/// written; at most a quarter of a region in all. Blocks failing
+/// verification are counted corrupt and left out (so dropped).
+async fn read_kept(
+    shared: &Shared,
+    dir: &Dir,
+    victim: u32,
+    listener: Option<&dyn ReclaimListener>,
+) -> Vec<HotBlock> {
     let l = &shared.layout;
     let budget = (l.slots_per_region / 4) as usize;
     let region = &dir.regions[victim as usize];
     let generation = region.generation();
-    let hot: Vec<(u32, BlockHash, u64)> = {
-        let fill = region.fill.lock();
-        fill.keys
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, &k)| {
-                let e = shared.index.get(k)?;
-                let here =
-                    e.loc.dir == dir.index && e.loc.region == victim && e.loc.slot == slot as u32;
-                (here && e.hot).then_some((slot as u32, k, e.sum))
-            })
-            .take(budget)
-            .collect()
-    };
-    if hot.is_empty() {
+    let live = live_slots(shared, dir, victim);
+    // The listener is asked with no lock held (the slot list was copied).
+    let mut wanted = Vec::new();
+    let mut hot_only = Vec::new();
+    for c in live {
+        if listener.is_some_and(|li| li.retain(c.key)) {
+            wanted.push(c);
+        } else if shared.cfg.reinsert_hot && c.hot {
+            hot_only.push(c);
+        }
+    }
+    // Stable: hot wanted blocks first, each group in slot order.
+    wanted.sort_by_key(|c| !c.hot);
+    let n_wanted = wanted.len();
+    let cands: Vec<(Live, bool)> = wanted
+        .into_iter()
+        .map(|c| (c, true))
+        .chain(hot_only.into_iter().map(|c| (c, false)))
+        .take(budget)
+        .collect();
+    tracing::trace!(
+        victim,
+        n_wanted,
+        candidates = cands.len(),
+        "re-insertion candidates"
+    );
+    if cands.is_empty() {
         return Vec::new();
     }
-    let mut batch = IoBatch::with_capacity(hot.len());
-    for &(slot, _, _) in &hot {
+    let mut batch = IoBatch::with_capacity(cands.len());
+    for (c, _) in &cands {
         let buf = AlignedBuf::zeroed(l.slot_bytes as usize, 4096);
-        batch.read_owned(dir.file, l.slot_offset(victim, slot), buf);
+        batch.read_owned(dir.file, l.slot_offset(victim, c.slot), buf);
     }
-    add(&shared.stats.read_ios, hot.len() as u64);
+    add(&shared.stats.read_ios, cands.len() as u64);
     let mut done = shared.engine.submit(batch).await;
     let mut out = Vec::new();
-    for (i, &(_, key, sum)) in hot.iter().enumerate() {
-        if done.results.len() != hot.len() || done.check_op(i).is_err() {
+    for (i, (c, retained)) in cands.iter().enumerate() {
+        let key = c.key;
+        let sum = c.sum;
+        if done.results.len() != cands.len() || done.check_op(i).is_err() {
             continue;
         }
         let Some(slot) = done.take_owner::<AlignedBuf>(i) else {
@@ -207,6 +331,7 @@ async fn read_hot(shared: &Shared, dir: &Dir, victim: u32) -> Vec<HotBlock> {
         };
         let hb = l.slot_header_bytes as usize;
         let Some(h) = SlotHeader::decode(&slot[..hb], l.layers) else {
+            add(&shared.stats.corrupt, 1);
             continue;
         };
         let data = &slot[hb..hb + l.block_bytes as usize];
@@ -221,12 +346,37 @@ async fn read_hot(shared: &Shared, dir: &Dir, victim: u32) -> Vec<HotBlock> {
         }
         out.push(HotBlock {
             key,
+            from_slot: c.slot,
             block_sum: sum,
             layer_sums: h.layer_sums,
+            retained: *retained,
             slot,
         });
     }
     out
+}
+
+/// The slots of `victim` whose key is still indexed at that very slot, in
+/// slot order. Takes the region's slot lock and, inside it, index shard
+/// locks one at a time (the order the rest of the tier uses).
+fn live_slots(shared: &Shared, dir: &Dir, victim: u32) -> Vec<Live> {
+    let region = &dir.regions[victim as usize];
+    let fill = region.fill.lock();
+    fill.keys
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, &k)| {
+            let e = shared.index.get(k)?;
+            let here =
+                e.loc.dir == dir.index && e.loc.region == victim && e.loc.slot == slot as u32;
+            here.then_some(Live {
+                slot: slot as u32,
+                key: k,
+                sum: e.sum,
+                hot: e.hot,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

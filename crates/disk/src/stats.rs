@@ -29,10 +29,17 @@ pub struct DiskStats {
     pub io_errors: u64,
     /// Regions reclaimed.
     pub regions_reclaimed: u64,
-    /// Blocks dropped by reclaim.
+    /// Blocks dropped by reclaim: exactly the blocks reported to the
+    /// reclaim listener's `evicted` (counted whether or not a listener is
+    /// installed). Re-inserted blocks are not counted; blocks whose
+    /// re-insertion failed are.
     pub blocks_evicted: u64,
-    /// Blocks re-inserted by reclaim.
+    /// Blocks re-inserted by reclaim (acknowledged in their new slot), for
+    /// any reason.
     pub reinserted: u64,
+    /// Of `reinserted`, the blocks re-inserted because the reclaim
+    /// listener's `retain` wanted them.
+    pub reclaim_retained: u64,
     /// Checkpoints written.
     pub checkpoints: u64,
     /// Directories latched as failed (current).
@@ -73,6 +80,7 @@ pub(crate) struct Counters {
     pub regions_reclaimed: AtomicU64,
     pub blocks_evicted: AtomicU64,
     pub reinserted: AtomicU64,
+    pub reclaim_retained: AtomicU64,
     pub checkpoints: AtomicU64,
     pub recovered_from_checkpoint: AtomicU64,
     pub recovered_from_scan: AtomicU64,
@@ -104,6 +112,7 @@ impl Counters {
             regions_reclaimed: g(&self.regions_reclaimed),
             blocks_evicted: g(&self.blocks_evicted),
             reinserted: g(&self.reinserted),
+            reclaim_retained: g(&self.reclaim_retained),
             checkpoints: g(&self.checkpoints),
             recovered_from_checkpoint: g(&self.recovered_from_checkpoint),
             recovered_from_scan: g(&self.recovered_from_scan),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
 use kvtier_io::{DioAlignment, DmaTarget, FileId, IoEngine, IoError};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::checkpoint::{Checkpoint, CkEntry, RegionMark};
@@ -23,6 +23,7 @@ use crate::meta::{
     write_atomic,
 };
 use crate::pool::BufPool;
+use crate::reclaim::ReclaimListener;
 use crate::region::Region;
 use crate::stats::{Counters, DiskStats, add};
 use crate::writer::{DirWriter, Ticket};
@@ -133,6 +134,9 @@ pub(crate) struct Shared {
     pub checkpointer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Verified per-layer checksums of recently read blocks.
     pub layer_sums: crate::layer_sums::LayerSumsCache,
+    /// Told about blocks reclaim drops and asked which to keep; read (and
+    /// the `Arc` cloned out) once per reclaim.
+    pub reclaim_listener: RwLock<Option<Arc<dyn ReclaimListener>>>,
 }
 
 impl Drop for Shared {
@@ -354,6 +358,7 @@ impl DiskTier {
             stop: Arc::new(StopSignal::default()),
             checkpointer: Mutex::new(None),
             layer_sums: crate::layer_sums::LayerSumsCache::new(cfg.layer_sums_cache),
+            reclaim_listener: RwLock::new(None),
             cfg,
         });
         crate::recover::recover(&shared)?;
@@ -430,6 +435,15 @@ impl DiskTier {
     /// reappear after a crash: its bytes are still valid.)
     pub fn remove(&self, key: BlockHash) -> bool {
         self.shared.index.remove(key).is_some()
+    }
+
+    /// Installs (or replaces) the listener region reclaim asks which blocks
+    /// to keep and tells which blocks it dropped (see [`ReclaimListener`]).
+    /// Takes effect from the next reclaim; a reclaim in progress finishes
+    /// with the listener it started with. Without a listener, reclaim
+    /// re-inserts only hot blocks (with `reinsert_hot`) and tells nobody.
+    pub fn set_reclaim_listener(&self, listener: Arc<dyn ReclaimListener>) {
+        *self.shared.reclaim_listener.write() = Some(listener);
     }
 
     /// Where `key`'s slot is, if indexed (for tools and tests).

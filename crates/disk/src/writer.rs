@@ -81,6 +81,9 @@ pub(crate) struct Extent {
     pub has_header: bool,
     /// Written by reclaim's re-insertion (no caller waits).
     pub reinsert: bool,
+    /// Of a re-insertion, the leading blocks re-inserted because the reclaim
+    /// listener wanted them.
+    pub retained: u32,
 }
 
 /// Where a reaper sends an extent's outcome.
@@ -200,6 +203,7 @@ fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) ->
             let n = ext.blocks.len() as u64;
             if ext.reinsert {
                 add(&shared.stats.reinserted, n);
+                add(&shared.stats.reclaim_retained, ext.retained as u64);
             } else {
                 add(&shared.stats.puts, n);
                 add(&shared.stats.put_bytes, n * shared.layout.block_bytes);
@@ -210,6 +214,10 @@ fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) ->
             dir.fail(why);
         }
         Err(NotAcked::DirFailed) => dir.fail("an earlier write of the region failed"),
+    }
+    if ext.reinsert && outcome.is_err() {
+        // Their old copies are gone: the blocks are lost after all.
+        crate::reclaim::report_lost(shared, ext.blocks.iter().map(|(k, _)| *k));
     }
     {
         let mut fill = region.fill.lock();
@@ -245,14 +253,16 @@ struct Reservation {
     completion_tx: mpsc::Sender<Completion>,
 }
 
-/// Reserves up to `want` slots in `dir`'s open region (opening one if
-/// needed) and queues their ticket. Call with the writer lock held.
+/// Reserves up to `blocks.len()` slots in `dir`'s open region and queues
+/// their ticket. `reinsert`: written by reclaim, the first `retained` of
+/// them for the reclaim listener. Call with the writer lock held.
 fn reserve(
     shared: &Shared,
     dir: &Dir,
     w: &mut DirWriter,
     blocks: &[(BlockHash, u64)],
     reinsert: bool,
+    retained: u32,
 ) -> Result<(Reservation, Reply)> {
     let spr = shared.layout.slots_per_region;
     let Some(open) = w.open.as_mut() else {
@@ -288,6 +298,7 @@ fn reserve(
             blocks: blocks[..count as usize].to_vec(),
             has_header: res.has_header,
             reinsert,
+            retained,
         },
         completion: completion_rx,
         reply: Some(reply_tx),
@@ -417,12 +428,19 @@ pub(crate) async fn place_locked(
             if !hot.is_empty() {
                 let keep: Vec<Place<'_>> = hot.iter().map(|h| h.place(&shared.layout)).collect();
                 let hb: Vec<(BlockHash, u64)> = keep.iter().map(|p| (p.key, p.block_sum)).collect();
-                // Fits: at most a quarter of a region is re-inserted.
-                let (res, _ignored_reply) = reserve(shared, dir, w, &hb, true)?;
-                fill_and_submit(shared, dir, res, &keep);
+                let retained = hot.iter().filter(|h| h.retained).count() as u32;
+                // Fits: at most a quarter of a region is re-inserted (the
+                // reaper reports them lost if the write fails).
+                match reserve(shared, dir, w, &hb, true, retained) {
+                    Ok((res, _ignored_reply)) => fill_and_submit(shared, dir, res, &keep),
+                    Err(e) => {
+                        crate::reclaim::report_lost(shared, hb.iter().map(|(k, _)| *k));
+                        return Err(e);
+                    }
+                }
             }
         }
-        let (res, reply) = reserve(shared, dir, w, &blocks, reinsert)?;
+        let (res, reply) = reserve(shared, dir, w, &blocks, reinsert, 0)?;
         let count = res.count as usize;
         out.push(Placed {
             count,

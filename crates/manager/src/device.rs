@@ -118,6 +118,12 @@ impl HostSink for Vec<u8> {
     }
 }
 
+impl HostSource for bytes::Bytes {
+    fn host_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
 impl HostSource for kvtier_io::AlignedBuf {
     fn host_bytes(&self) -> &[u8] {
         self

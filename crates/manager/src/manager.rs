@@ -29,6 +29,7 @@
 //! that leaves G2 or G3 also leaves the arena or the disk.
 
 mod config;
+mod disk_sync;
 mod events;
 mod onboard;
 mod room;
@@ -52,6 +53,7 @@ use crate::pool::{BlockPool, ImmutableBlock, PoolConfig, SlotId};
 use crate::registry::{PrefixMatch, Registry};
 use crate::scheduler::{IoScheduler, SystemClock};
 use crate::transfer::TransferEngine;
+use disk_sync::DiskSync;
 use stats::Counters;
 
 /// The node's block manager: see the [module docs](self).
@@ -70,6 +72,11 @@ pub struct BlockManager {
     /// Woken whenever an onboarding settles, for requests waiting on a
     /// block another request is bringing in.
     arrivals: tokio::sync::Notify,
+    /// The G3 pool's listener on the disk log's region reclaim.
+    disk_sync: Option<Arc<DiskSync>>,
+    /// Background deletes of G4 objects, awaited by
+    /// [`settle`](Self::settle).
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for BlockManager {
@@ -119,11 +126,17 @@ impl BlockManager {
             // through host memory.
             return Err(ManagerError::Config("G3 needs G2".into()));
         }
-        if hierarchy.g4.take().is_some() {
-            return Err(ManagerError::Config("G4 is not supported yet".into()));
+        if hierarchy.g4.is_some() && tiers.remote.is_none() {
+            return Err(ManagerError::Config(
+                "G4 is configured without a remote tier".into(),
+            ));
+        }
+        if hierarchy.g4.is_some() && hierarchy.g2.is_none() {
+            // Offloads to the remote tier go through host memory.
+            return Err(ManagerError::Config("G4 needs G2".into()));
         }
         // The manager drains every pool's events.
-        for tier in [Tier::G1, Tier::G2, Tier::G3] {
+        for tier in Tier::ALL {
             if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
                 cfg.record_events = true;
             }
@@ -141,6 +154,9 @@ impl BlockManager {
         if let Some(d) = &tiers.disk {
             builder = builder.with_disk(d.clone());
         }
+        if let Some(r) = &tiers.remote {
+            builder = builder.with_remote(r.clone());
+        }
         let engine = builder.build()?;
         let scheduler = IoScheduler::new(
             engine,
@@ -148,6 +164,14 @@ impl BlockManager {
             Arc::new(SystemClock::new()),
         )?;
         let publisher = EventPublisher::new(config.events, sinks)?;
+        let disk_sync = match (registry.pool(Tier::G3), &tiers.disk) {
+            (Some(pool), Some(disk)) => {
+                let sync = Arc::new(DiskSync::new(pool.clone()));
+                disk.set_reclaim_listener(sync.clone());
+                Some(sync)
+            }
+            _ => None,
+        };
         let planner = Planner::new(hierarchy.placement.clone());
         Ok(Self {
             geometry,
@@ -161,6 +185,8 @@ impl BlockManager {
             config,
             counters: Mutex::new(Counters::default()),
             arrivals: tokio::sync::Notify::new(),
+            disk_sync,
+            background: Mutex::new(Vec::new()),
         })
     }
 
@@ -325,6 +351,7 @@ impl BlockManager {
             misses: c.misses,
             admission_refusals: c.admission_refusals,
             dropped: c.dropped,
+            reclaimed_by_disk: c.reclaimed_by_disk,
             onboard_failures: c.onboard_failures,
             verify_failures: c.verify_failures,
             paths: self
@@ -336,6 +363,16 @@ impl BlockManager {
                 .collect(),
             bubble: scheduler.bubble,
             scheduler,
+        }
+    }
+
+    /// Waits for the background work started so far (deletes of objects
+    /// of blocks that left G4) to finish.
+    pub async fn settle(&self) {
+        let pending = std::mem::take(&mut *self.background.lock());
+        for task in pending {
+            // A panicked delete leaves its object behind; nothing to undo.
+            let _ = task.await;
         }
     }
 

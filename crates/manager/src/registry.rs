@@ -145,6 +145,15 @@ impl<L: PoolLock> Registry<L> {
             .filter(|t| self.pools[t.index()].is_some())
     }
 
+    /// The next configured tier below `tier` and its pool: where `tier`'s
+    /// evicted blocks cascade (G2 -> G4 when no G3 is configured).
+    pub fn below(&self, tier: Tier) -> Option<(Tier, &BlockPool<L>)> {
+        Tier::ALL
+            .into_iter()
+            .filter(|t| *t > tier)
+            .find_map(|t| self.pool(t).map(|p| (t, p)))
+    }
+
     /// The configured pools, fastest first.
     pub fn pools(&self) -> impl Iterator<Item = &BlockPool<L>> {
         self.pools.iter().flatten()

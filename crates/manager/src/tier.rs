@@ -65,42 +65,64 @@ pub enum TransferPath {
     DiskToHost,
     /// Disk to device (G3 -> G1 onboard, bounced or direct).
     DiskToDevice,
-    /// To or from a remote tier (G4).
-    Remote,
+    /// Host to remote (G2 -> G4 offload, when no G3 is configured).
+    HostToRemote,
+    /// Disk to remote (G3 -> G4 offload).
+    DiskToRemote,
+    /// Remote to host (G4 -> G2 onboard).
+    RemoteToHost,
+    /// Remote to device (G4 -> G1 onboard through a host bounce buffer).
+    RemoteToDevice,
 }
 
 impl TransferPath {
     /// Every path.
-    pub const ALL: [TransferPath; 6] = [
+    pub const ALL: [TransferPath; 9] = [
         TransferPath::DeviceToHost,
         TransferPath::HostToDevice,
         TransferPath::HostToDisk,
         TransferPath::DiskToHost,
         TransferPath::DiskToDevice,
-        TransferPath::Remote,
+        TransferPath::HostToRemote,
+        TransferPath::DiskToRemote,
+        TransferPath::RemoteToHost,
+        TransferPath::RemoteToDevice,
     ];
 
     /// The path from one tier to another, if blocks move that way.
     pub fn between(from: Tier, to: Tier) -> Option<TransferPath> {
+        TransferPath::ALL
+            .into_iter()
+            .find(|p| p.endpoints() == (from, to))
+    }
+
+    /// The source and destination tiers.
+    pub fn endpoints(self) -> (Tier, Tier) {
         use Tier::*;
-        match (from, to) {
-            (G1, G2) => Some(TransferPath::DeviceToHost),
-            (G2, G1) => Some(TransferPath::HostToDevice),
-            (G2, G3) => Some(TransferPath::HostToDisk),
-            (G3, G2) => Some(TransferPath::DiskToHost),
-            (G3, G1) => Some(TransferPath::DiskToDevice),
-            (G4, _) | (_, G4) if from != to => Some(TransferPath::Remote),
-            _ => None,
+        match self {
+            TransferPath::DeviceToHost => (G1, G2),
+            TransferPath::HostToDevice => (G2, G1),
+            TransferPath::HostToDisk => (G2, G3),
+            TransferPath::DiskToHost => (G3, G2),
+            TransferPath::DiskToDevice => (G3, G1),
+            TransferPath::HostToRemote => (G2, G4),
+            TransferPath::DiskToRemote => (G3, G4),
+            TransferPath::RemoteToHost => (G4, G2),
+            TransferPath::RemoteToDevice => (G4, G1),
         }
     }
 
     /// Whether the path reads from storage toward the device (an onboard),
     /// as opposed to an offload. The scheduler serves reads first.
     pub fn is_read(self) -> bool {
-        matches!(
-            self,
-            TransferPath::HostToDevice | TransferPath::DiskToHost | TransferPath::DiskToDevice
-        )
+        let (from, to) = self.endpoints();
+        to < from
+    }
+
+    /// Whether the path ends on the device (the only paths that may move
+    /// one layer of a block at a time).
+    pub fn to_device(self) -> bool {
+        self.endpoints().1 == Tier::G1
     }
 
     /// Metric label (`d2h`, `h2d`, ...).
@@ -111,7 +133,10 @@ impl TransferPath {
             TransferPath::HostToDisk => "h2disk",
             TransferPath::DiskToHost => "disk2h",
             TransferPath::DiskToDevice => "disk2d",
-            TransferPath::Remote => "remote",
+            TransferPath::HostToRemote => "h2remote",
+            TransferPath::DiskToRemote => "disk2remote",
+            TransferPath::RemoteToHost => "remote2h",
+            TransferPath::RemoteToDevice => "remote2d",
         }
     }
 }
@@ -132,12 +157,24 @@ mod tests {
         );
         assert_eq!(
             TransferPath::between(Tier::G4, Tier::G2),
-            Some(TransferPath::Remote)
+            Some(TransferPath::RemoteToHost)
         );
+        assert_eq!(
+            TransferPath::between(Tier::G3, Tier::G4),
+            Some(TransferPath::DiskToRemote)
+        );
+        assert_eq!(TransferPath::between(Tier::G1, Tier::G4), None);
+        for p in TransferPath::ALL {
+            let (from, to) = p.endpoints();
+            assert_eq!(TransferPath::between(from, to), Some(p));
+            assert_eq!(p.is_read(), to < from, "{}", p.name());
+        }
         assert_eq!(TransferPath::between(Tier::G2, Tier::G2), None);
         assert_eq!(TransferPath::between(Tier::G4, Tier::G4), None);
         assert_eq!(TransferPath::between(Tier::G1, Tier::G3), None);
         assert_eq!(Tier::G3.below(), Some(Tier::G4));
         assert!(TransferPath::DiskToHost.is_read() && !TransferPath::HostToDisk.is_read());
+        assert!(TransferPath::RemoteToDevice.is_read() && TransferPath::RemoteToDevice.to_device());
+        assert!(!TransferPath::DiskToRemote.is_read());
     }
 }

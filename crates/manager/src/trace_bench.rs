@@ -33,6 +33,7 @@ use kvtier_core::{
 use kvtier_disk::{DiskError, DiskTier, DiskTierConfig};
 use kvtier_io::PsyncEngine;
 use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
+use kvtier_remote::{RemoteConfig, RemoteError, RemoteTier};
 use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
 use kvtier_sim::trace::{self, TraceError};
 use serde::Serialize;
@@ -68,7 +69,14 @@ pub struct TraceBenchConfig {
     pub g2_blocks: usize,
     /// G3 blocks; 0 for no G3. Default: 4096.
     pub g3_blocks: usize,
-    /// Directory for G3 (a temporary directory when `None`).
+    /// G4 blocks; 0 for no G4. Default: 0.
+    pub g4_blocks: usize,
+    /// Where G4 keeps its objects (`s3://bucket/prefix`, with the endpoint
+    /// and credentials in `remote`, or `file:///dir`). Default: `None`, a
+    /// `g4` directory beside G3's.
+    pub remote: Option<RemoteConfig>,
+    /// Directory holding G3's data (`g3/`) and a file-based G4's objects
+    /// (`g4/`); a temporary directory when `None`.
     pub dir: Option<PathBuf>,
     /// Eviction policy of every tier. Default: LRU.
     pub policy: PolicyKind,
@@ -98,6 +106,8 @@ impl Default for TraceBenchConfig {
             g1_blocks: 256,
             g2_blocks: 1024,
             g3_blocks: 4096,
+            g4_blocks: 0,
+            remote: None,
             dir: None,
             policy: PolicyKind::Lru,
             mode: CascadeMode::Exclusive,
@@ -127,6 +137,9 @@ pub enum TraceBenchError {
     /// The disk tier could not be opened.
     #[error(transparent)]
     Disk(#[from] DiskError),
+    /// The remote tier could not be opened.
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
     /// The manager refused.
     #[error(transparent)]
     Manager(#[from] ManagerError),
@@ -230,12 +243,13 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
     };
     let g2 = (config.g2_blocks > 0).then(|| pool(config.g2_blocks));
     let g3 = (config.g2_blocks > 0 && config.g3_blocks > 0).then(|| pool(config.g3_blocks));
+    let g4 = (config.g2_blocks > 0 && config.g4_blocks > 0).then(|| pool(config.g4_blocks));
     ManagerConfig {
         hierarchy: HierarchyConfig {
             g1: Some(pool(config.g1_blocks)),
             g2,
             g3,
-            g4: None,
+            g4,
             placement: PlacementConfig {
                 mode: config.mode,
                 admission: AdmissionConfig {
@@ -255,6 +269,7 @@ struct BenchTiers {
     device: Arc<HostDevice>,
     memory: Option<MemoryTier>,
     disk: Option<Arc<DiskTier>>,
+    remote: Option<Arc<RemoteTier>>,
     _tempdir: Option<tempfile::TempDir>,
 }
 
@@ -286,16 +301,20 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
     } else {
         None
     };
-    let (disk, tempdir) = if config.g2_blocks > 0 && config.g3_blocks > 0 {
-        let (dir, tempdir) = match &config.dir {
-            Some(d) => (d.clone(), None),
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("kvtier-bench-trace")
-                    .tempdir()?;
-                (t.path().join("g3"), Some(t))
-            }
-        };
+    let wants_dir = config.g2_blocks > 0
+        && (config.g3_blocks > 0 || (config.g4_blocks > 0 && config.remote.is_none()));
+    let (base, tempdir) = match (&config.dir, wants_dir) {
+        (_, false) => (PathBuf::new(), None),
+        (Some(d), true) => (d.clone(), None),
+        (None, true) => {
+            let t = tempfile::Builder::new()
+                .prefix("kvtier-bench-trace")
+                .tempdir()?;
+            (t.path().to_path_buf(), Some(t))
+        }
+    };
+    let disk = if config.g2_blocks > 0 && config.g3_blocks > 0 {
+        let dir = base.join("g3");
         let region_size: u64 = 1 << 20;
         // The log is written in regions and reclaims whole regions: keep
         // it several times the pool so live blocks are not reclaimed.
@@ -319,14 +338,31 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             PsyncEngine::new(4, 64)
                 .map_err(|e| TraceBenchError::Config(format!("I/O engine: {e}")))?,
         );
-        (Some(Arc::new(DiskTier::open(cfg, engine)?)), tempdir)
+        Some(Arc::new(DiskTier::open(cfg, engine)?))
     } else {
-        (None, None)
+        None
+    };
+    let remote = if config.g2_blocks > 0 && config.g4_blocks > 0 {
+        let cfg = match &config.remote {
+            Some(c) => c.clone(),
+            None => {
+                let dir = base.join("g4");
+                std::fs::create_dir_all(&dir)?;
+                RemoteConfig {
+                    url: format!("file://{}", dir.display()),
+                    ..RemoteConfig::default()
+                }
+            }
+        };
+        Some(Arc::new(RemoteTier::open(&cfg, g)?))
+    } else {
+        None
     };
     Ok(BenchTiers {
         device,
         memory,
         disk,
+        remote,
         _tempdir: tempdir,
     })
 }
@@ -353,13 +389,14 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
             device: tiers.device.clone(),
             memory: tiers.memory.clone(),
             disk: tiers.disk.clone(),
+            remote: tiers.remote.clone(),
         },
         Vec::new(),
     )?;
     let serving = ServingModel::new(
         ModelSpec::preset(config.model),
         config.gpu.spec(),
-        &["hbm", "dram", "nvme"],
+        &["hbm", "dram", "nvme", "remote"],
         TRACE_TOKENS_PER_BLOCK as u32,
     );
     let mut requests = 0usize;
@@ -412,7 +449,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         drop(stored);
         drop(onboarded);
         manager.step().await;
-        let per_tier: Vec<u32> = [Tier::G1, Tier::G2, Tier::G3]
+        let per_tier: Vec<u32> = Tier::ALL
             .iter()
             .map(|t| matched.count_in(*t) as u32)
             .collect();
@@ -453,7 +490,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
 
 fn settings_text(c: &TraceBenchConfig) -> String {
     format!(
-        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} policy={} mode={:?} admit_after={} watermarks={:?}",
+        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} g4={} policy={} mode={:?} admit_after={} watermarks={:?}",
         c.trace.display(),
         c.requests.map_or("all".to_owned(), |n| n.to_string()),
         c.layers,
@@ -461,6 +498,7 @@ fn settings_text(c: &TraceBenchConfig) -> String {
         c.g1_blocks,
         c.g2_blocks,
         c.g3_blocks,
+        c.g4_blocks,
         c.policy,
         c.mode,
         c.admit_after,

@@ -25,7 +25,7 @@ mod request;
 pub use completion::{WaitAll, WaitBlock};
 pub use engine::{TransferEngine, TransferEngineBuilder, TransferError};
 pub use executor::Tiers;
-pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket, endpoints};
+pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket};
 pub use metrics::{LatencyHistogram, LatencySummary, PathMetrics, PathStats, TransferMetrics};
 pub use request::{
     BlockFailure, BlockMove, BlockResult, TransferHandle, TransferOutcome, TransferRequest,

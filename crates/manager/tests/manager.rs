@@ -89,6 +89,7 @@ fn rig(mode: CascadeMode) -> Rig {
             device: gate.clone(),
             memory: Some(memory("e2e", 16)),
             disk: Some(disk),
+            remote: None,
         },
         vec![Arc::new(sink) as Arc<dyn EventSink>],
     )
@@ -350,6 +351,7 @@ async fn step_offloads_down_to_the_low_watermark() {
             device: host,
             memory: Some(memory("e2e", 16)),
             disk: Some(disk),
+            remote: None,
         },
         Vec::new(),
     )

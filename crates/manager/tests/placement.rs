@@ -152,7 +152,7 @@ fn cascade_reaches_g4_only_when_configured() {
             assert!(
                 plan.moves
                     .iter()
-                    .all(|m| m.to == Tier::G4 && m.path == TransferPath::Remote)
+                    .all(|m| m.to == Tier::G4 && m.path == TransferPath::DiskToRemote)
             );
         } else {
             assert!(plan.moves.is_empty());

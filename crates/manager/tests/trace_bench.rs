@@ -6,7 +6,8 @@
 //! no watermark pre-offload (`watermarks: None`, so `step` never moves a
 //! block), room made on demand only; G1 large enough for the longest
 //! request (256 blocks), G2 2048, G3 2048 blocks, so all three tiers
-//! evict and G3 drops. Under it the model below is a plain LRU list per
+//! evict and G3 drops (a second run adds G4, in a directory, below G3).
+//! Under it the model below is a plain LRU list per
 //! tier with the manager's two documented refinements: victims are chosen
 //! leaves first (the least recent block none of whose children sits in
 //! the same tier, else the least recent block), and a request's own
@@ -84,27 +85,29 @@ impl LruTier {
     }
 }
 
-/// Three LRU tiers with an exclusive cascade.
+/// LRU tiers with an exclusive cascade.
 struct Model {
-    tiers: [LruTier; 3],
+    tiers: Vec<LruTier>,
     parent: HashMap<BlockHash, Option<BlockHash>>,
-    protected: [HashSet<BlockHash>; 3],
-    hits: [u64; 3],
+    protected: Vec<HashSet<BlockHash>>,
+    hits: Vec<u64>,
     misses: u64,
     dropped: u64,
 }
 
 impl Model {
-    fn new(caps: [usize; 3]) -> Self {
-        let tier = |c| LruTier {
-            capacity: c,
-            ..LruTier::default()
-        };
+    fn new(caps: &[usize]) -> Self {
         Self {
-            tiers: [tier(caps[0]), tier(caps[1]), tier(caps[2])],
+            tiers: caps
+                .iter()
+                .map(|&c| LruTier {
+                    capacity: c,
+                    ..LruTier::default()
+                })
+                .collect(),
             parent: HashMap::new(),
-            protected: Default::default(),
-            hits: [0; 3],
+            protected: vec![HashSet::new(); caps.len()],
+            hits: vec![0; caps.len()],
             misses: 0,
             dropped: 0,
         }
@@ -115,7 +118,7 @@ impl Model {
     }
 
     fn fastest(&self, h: BlockHash) -> Option<usize> {
-        (0..3).find(|&t| self.tiers[t].holds(h))
+        (0..self.tiers.len()).find(|&t| self.tiers[t].holds(h))
     }
 
     /// Frees `n` slots of tier `t`: victims go one tier down, which makes
@@ -134,7 +137,7 @@ impl Model {
             self.tiers[t].remove(v, p);
             victims.push(v);
         }
-        if t == 2 {
+        if t + 1 == self.tiers.len() {
             self.dropped += victims.len() as u64;
             return;
         }
@@ -177,7 +180,7 @@ impl Model {
         for &(h, _) in &prefix {
             self.tiers[0].touch(h);
         }
-        self.protected = Default::default();
+        self.protected.iter_mut().for_each(HashSet::clear);
         for i in prefix.len()..keys.len() {
             let h = keys[i];
             let p = i.checked_sub(1).map(|j| keys[j]);
@@ -191,16 +194,16 @@ impl Model {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trace_hit_rates_equal_an_lru_model() {
+/// Runs the bench and the model over the first `requests` requests with
+/// tier capacities `caps` (G1, G2, G3 and, when given, G4 in a directory)
+/// and checks they agree block for block.
+async fn bench_equals_model(requests: usize, caps: &[usize]) {
     let trace = PathBuf::from(TRACE);
     assert!(
         trace.exists(),
         "the conversation trace is missing at {} (../shared must be checked out next to the repository)",
         trace.display()
     );
-    let requests = 300;
-    let caps = [256, 2048, 2048];
     let config = TraceBenchConfig {
         trace: trace.clone(),
         requests: Some(requests),
@@ -209,6 +212,7 @@ async fn trace_hit_rates_equal_an_lru_model() {
         g1_blocks: caps[0],
         g2_blocks: caps[1],
         g3_blocks: caps[2],
+        g4_blocks: caps.get(3).copied().unwrap_or(0),
         policy: PolicyKind::Lru,
         mode: CascadeMode::Exclusive,
         admit_after: 0,
@@ -229,26 +233,23 @@ async fn trace_hit_rates_equal_an_lru_model() {
         model.serve(keys);
     }
 
+    let tiers = &Tier::ALL[..caps.len()];
     assert_eq!(report.requests, requests);
     assert_eq!(report.blocks, blocks);
-    let hits: Vec<(Tier, u64)> = vec![
-        (Tier::G1, model.hits[0]),
-        (Tier::G2, model.hits[1]),
-        (Tier::G3, model.hits[2]),
-    ];
+    let hits: Vec<(Tier, u64)> = tiers.iter().copied().zip(model.hits.clone()).collect();
     assert_eq!(report.hits, hits, "hits per tier: manager vs model");
     assert_eq!(report.misses, model.misses, "misses");
     assert!(
-        model.hits[1] > 0 && model.hits[2] > 0 && model.dropped > 0,
+        model.hits.iter().all(|h| *h > 0) && model.dropped > 0,
         "the configuration exercises every tier: {:?}, dropped {}",
         model.hits,
         model.dropped
     );
     assert_eq!(
         report.stats.dropped, model.dropped,
-        "blocks dropped from G3"
+        "blocks dropped from the last tier"
     );
-    for (i, t) in [Tier::G1, Tier::G2, Tier::G3].into_iter().enumerate() {
+    for (i, t) in tiers.iter().copied().enumerate() {
         let s = report.stats.tier(t).expect("tier configured");
         assert_eq!(
             s.pool.capacity - s.pool.free,
@@ -261,4 +262,16 @@ async fn trace_hit_rates_equal_an_lru_model() {
     assert_eq!(report.verify_failures, 0);
     assert_eq!(report.onboard_failures, 0);
     assert!(report.verified_blocks > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_hit_rates_equal_an_lru_model() {
+    bench_equals_model(300, &[256, 2048, 2048]).await;
+}
+
+/// The same with a fourth tier: G3 cascades into G4 (objects in a
+/// directory through the remote tier) and G4 drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_hit_rates_with_g4_equal_an_lru_model() {
+    bench_equals_model(300, &[256, 2048, 1024, 1024]).await;
 }

@@ -1,6 +1,6 @@
 //! `kvtier bench trace`: a request trace driven through the real block
-//! manager (G1 on a host-memory device, G2 in shared memory, G3 on disk)
-//! with real bytes; see `kvtier_manager::trace_bench` for what it does.
+//! manager (G1 on a host-memory device, G2 in shared memory, G3 on disk,
+//! G4 in an object store or directory) with real bytes; see `kvtier_manager::trace_bench` for what it does.
 
 use std::path::PathBuf;
 
@@ -11,6 +11,7 @@ use kvtier_core::ModelPreset;
 use kvtier_manager::placement::CascadeMode;
 use kvtier_manager::policy::PolicyKind;
 use kvtier_manager::trace_bench::{self, TraceBenchConfig};
+use kvtier_remote::RemoteConfig;
 use kvtier_sim::model::GpuKind;
 
 /// Arguments of `kvtier bench trace`.
@@ -44,8 +45,20 @@ pub struct TraceBenchArgs {
     /// G3 (disk) blocks; 0 for none.
     #[arg(long, default_value_t = 4096)]
     pub g3: usize,
-    /// Directory for G3; its disk tier is reset (default: a temporary
-    /// directory, removed afterwards).
+    /// G4 (remote) blocks; 0 for none.
+    #[arg(long, default_value_t = 0)]
+    pub g4: usize,
+    /// Where G4 keeps its objects: `s3://bucket/prefix` (credentials from
+    /// AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_REGION) or
+    /// `file:///dir` (default: `<dir>/g4`).
+    #[arg(long)]
+    pub g4_url: Option<String>,
+    /// S3 endpoint for `--g4-url s3://...` (e.g. http://127.0.0.1:9000 for
+    /// MinIO or moto); plain http is allowed for it.
+    #[arg(long)]
+    pub s3_endpoint: Option<String>,
+    /// Directory for G3 (`g3/`, its disk tier is reset) and a file-based G4
+    /// (`g4/`); default: a temporary directory, removed afterwards.
     #[arg(long)]
     pub dir: Option<PathBuf>,
     /// Eviction policy of every tier: lru, lfu, arc, s3-fifo, ttl, cost-aware.
@@ -96,6 +109,24 @@ fn watermarks(s: &str) -> Result<(f64, f64)> {
     ))
 }
 
+/// The G4 settings of `--g4-url`, with credentials from the environment.
+fn remote_config(url: &str, args: &TraceBenchArgs) -> RemoteConfig {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    RemoteConfig {
+        url: url.to_owned(),
+        endpoint: args.s3_endpoint.clone(),
+        allow_http: args
+            .s3_endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://")),
+        region: env("AWS_REGION").unwrap_or_else(|| RemoteConfig::default().region),
+        access_key_id: env("AWS_ACCESS_KEY_ID"),
+        secret_access_key: env("AWS_SECRET_ACCESS_KEY"),
+        session_token: env("AWS_SESSION_TOKEN"),
+        ..RemoteConfig::default()
+    }
+}
+
 /// The library configuration of `args`.
 fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
     let (layers, layer_bytes) = match args.preset.as_str() {
@@ -111,6 +142,8 @@ fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
         g1_blocks: args.g1,
         g2_blocks: args.g2,
         g3_blocks: args.g3,
+        g4_blocks: args.g4,
+        remote: args.g4_url.as_ref().map(|url| remote_config(url, args)),
         dir: args.dir.clone(),
         policy: args
             .policy

@@ -7,5 +7,6 @@ mod common;
 mod basic;
 mod corruption;
 mod crash;
+mod listener;
 mod reclaim;
 mod recovery;

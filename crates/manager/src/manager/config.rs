@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kvtier_disk::DiskTier;
 use kvtier_mem::MemoryTier;
+use kvtier_remote::RemoteTier;
 
 use crate::Tier;
 use crate::block::BlockError;
@@ -49,8 +50,9 @@ impl Default for ManagerConfig {
     }
 }
 
-/// The storage behind the tiers: G1's device, G2's shared-memory arena and
-/// G3's disk tier. A pool configured without its storage is an error.
+/// The storage behind the tiers: G1's device, G2's shared-memory arena,
+/// G3's disk tier and G4's remote tier. A pool configured without its
+/// storage is an error.
 #[derive(Clone)]
 pub struct ManagerTiers {
     /// G1.
@@ -59,6 +61,9 @@ pub struct ManagerTiers {
     pub memory: Option<MemoryTier>,
     /// G3.
     pub disk: Option<Arc<DiskTier>>,
+    /// G4: an object store or shared file system. Its pool owns every
+    /// block object under the tier's prefix (give each node its own).
+    pub remote: Option<Arc<RemoteTier>>,
 }
 
 impl std::fmt::Debug for ManagerTiers {
@@ -67,6 +72,7 @@ impl std::fmt::Debug for ManagerTiers {
             .field("device", &self.device.name())
             .field("memory", &self.memory.is_some())
             .field("disk", &self.disk.is_some())
+            .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
             .finish()
     }
 }

@@ -9,9 +9,11 @@ use super::BlockManager;
 
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
-    /// removes the bytes of blocks that left G2 or G3 from the arena or the
-    /// disk, and publishes the events.
+    /// removes the bytes of blocks that left G2, G3 or G4 from the arena,
+    /// the disk or the remote store, and publishes the events.
     pub(crate) fn publish_events(&self) {
+        self.forget_reclaimed();
+        let mut remote_gone = Vec::new();
         for pool in self.registry.pools() {
             let tier = pool.tier();
             for event in pool.drain_events() {
@@ -25,6 +27,9 @@ impl BlockManager {
                                 .map(|id| BlockLocation::DeviceSlot {
                                     slot: u64::from(id.0),
                                 }),
+                            Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
+                                uri: r.object_uri(hash),
+                            }),
                             _ => None,
                         };
                         self.counters.lock().stored_events[tier.index()] += 1;
@@ -43,7 +48,11 @@ impl BlockManager {
                         // receive) the block again by now: the pool is the
                         // authority, the arena and the disk follow it.
                         if pool.presence(hash).is_none() {
-                            self.forget_bytes(tier, hash);
+                            if tier == Tier::G4 {
+                                remote_gone.push(hash);
+                            } else {
+                                self.forget_bytes(tier, hash);
+                            }
                         }
                         self.counters.lock().removed_events[tier.index()] += 1;
                         self.publisher.emit(KvEvent::Removed(BlockRemoved {
@@ -54,6 +63,68 @@ impl BlockManager {
                 }
             }
         }
+        if !remote_gone.is_empty() {
+            self.forget_remote(remote_gone);
+        }
+    }
+
+    /// Takes the blocks the disk log dropped in a region reclaim out of the
+    /// G3 pool (unless they were written to the disk again since). A block
+    /// held, pinned or in flight stays until its read fails as a miss.
+    fn forget_reclaimed(&self) {
+        let (Some(sync), Some(disk), Some(g3)) = (
+            &self.disk_sync,
+            &self.tiers.disk,
+            self.registry.pool(Tier::G3),
+        ) else {
+            return;
+        };
+        let evicted = sync.take_evicted();
+        if evicted.is_empty() {
+            return;
+        }
+        let mut forgotten = 0;
+        for hash in evicted {
+            if !disk.contains(hash) && g3.remove_inactive(hash) {
+                forgotten += 1;
+            }
+        }
+        let mut c = self.counters.lock();
+        c.reclaimed_by_disk += forgotten;
+        c.dropped += forgotten;
+    }
+
+    /// Deletes the objects of blocks that left G4, in the background (a
+    /// remote call must not stall the caller). A block stored into G4
+    /// again before its delete runs keeps its object: each key is checked
+    /// against the pool right before the delete is sent.
+    fn forget_remote(&self, keys: Vec<kvtier_core::BlockHash>) {
+        let (Some(remote), Some(pool)) = (self.tiers.remote.clone(), self.registry.pool(Tier::G4))
+        else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                blocks = keys.len(),
+                "no runtime to delete G4 objects; they stay behind"
+            );
+            return;
+        };
+        let pool = pool.clone();
+        let task = runtime.spawn(async move {
+            let keys: Vec<_> = keys
+                .into_iter()
+                .filter(|k| pool.presence(*k).is_none())
+                .collect();
+            for (key, res) in keys.iter().zip(remote.remove_batch(&keys).await) {
+                if let Err(e) = res {
+                    tracing::warn!(%key, error = %e, "deleting a G4 object failed");
+                }
+            }
+        });
+        let mut background = self.background.lock();
+        background.retain(|t| !t.is_finished());
+        background.push(task);
     }
 
     fn forget_bytes(&self, tier: Tier, hash: kvtier_core::BlockHash) {

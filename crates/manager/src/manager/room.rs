@@ -29,9 +29,7 @@ impl BlockManager {
                 return free;
             }
             let leaving = pool.plan_leaving(n - free);
-            let below = tier
-                .below()
-                .and_then(|t| self.registry.pool(t).map(|p| (t, p)));
+            let below = self.registry.below(tier);
             let Some((to, below_pool)) = below else {
                 self.counters.lock().dropped += leaving.len() as u64;
                 for l in leaving {
@@ -95,7 +93,7 @@ impl BlockManager {
         if self.planner.config().mode != CascadeMode::Inclusive || hashes.is_empty() {
             return;
         }
-        let Some(to) = tier.below().filter(|t| self.registry.pool(*t).is_some()) else {
+        let Some((to, _)) = self.registry.below(tier) else {
             return;
         };
         if self.config.offload_on_demand {

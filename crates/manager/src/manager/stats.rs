@@ -23,6 +23,8 @@ pub(crate) struct Counters {
     pub admission_refusals: u64,
     /// Blocks that left the hierarchy from its last tier (or refused).
     pub dropped: u64,
+    /// Of those, G3 blocks the disk log reclaimed under the pool.
+    pub reclaimed_by_disk: u64,
     /// Blocks moved down a tier on demand or by watermark.
     pub offloaded: [u64; 4],
     /// Onboarded blocks that failed to arrive (source lost or corrupt).
@@ -67,6 +69,9 @@ pub struct ManagerStats {
     pub admission_refusals: u64,
     /// Blocks that left the hierarchy.
     pub dropped: u64,
+    /// Of those, G3 blocks the disk log reclaimed under the pool (its
+    /// region was reused and the block was not re-inserted).
+    pub reclaimed_by_disk: u64,
     /// Onboarded blocks that did not arrive.
     pub onboard_failures: u64,
     /// Blocks whose bytes failed verification on the way.

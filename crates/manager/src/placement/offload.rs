@@ -106,7 +106,7 @@ impl Planner {
         plan: &mut OffloadPlan<L>,
     ) {
         let hash = leaving.hash();
-        let below = tier.below().and_then(|t| registry.pool(t).map(|p| (t, p)));
+        let below = registry.below(tier);
         let Some((to, below_pool)) = below else {
             leaving.finish();
             plan.dropped.push((tier, hash));
@@ -162,11 +162,11 @@ impl Planner {
         if self.config.mode != CascadeMode::Inclusive {
             return moves;
         }
-        let (Some(pool), Some(to)) = (registry.pool(tier), tier.below()) else {
+        let (Some(pool), Some((to, below_pool))) = (registry.pool(tier), registry.below(tier))
+        else {
             return moves;
         };
-        let (Some(below_pool), Some(path)) = (registry.pool(to), TransferPath::between(tier, to))
-        else {
+        let Some(path) = TransferPath::between(tier, to) else {
             return moves;
         };
         for &hash in hashes {

@@ -51,8 +51,8 @@ pub fn render_text(r: &TraceBenchReport) -> String {
     }
     let _ = writeln!(
         out,
-        "  dropped from the hierarchy {}  admission refusals {}",
-        r.stats.dropped, r.stats.admission_refusals
+        "  dropped from the hierarchy {} (of which reclaimed by the disk log {})  admission refusals {}",
+        r.stats.dropped, r.stats.reclaimed_by_disk, r.stats.admission_refusals
     );
     let _ = writeln!(out, "\nbytes moved per path:");
     for p in &r.stats.paths {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use kvtier_core::{BlockHash, Geometry};
 use kvtier_disk::DiskTier;
 use kvtier_mem::MemoryTier;
+use kvtier_remote::RemoteTier;
 use tokio::sync::mpsc;
 
 use super::completion::{Completer, CompletionCell};
@@ -63,6 +64,12 @@ impl TransferEngineBuilder {
     /// G3. Default: none.
     pub fn with_disk(mut self, disk: Arc<DiskTier>) -> Self {
         self.tiers.disk = Some(disk);
+        self
+    }
+
+    /// G4. Default: none.
+    pub fn with_remote(mut self, remote: Arc<RemoteTier>) -> Self {
+        self.tiers.remote = Some(remote);
         self
     }
 
@@ -125,6 +132,14 @@ impl TransferEngineBuilder {
             return Err(TransferError::GeometryMismatch {
                 tier: "disk",
                 detail: format!("{} vs {g}", d.geometry()),
+            });
+        }
+        if let Some(r) = &self.tiers.remote
+            && r.geometry() != &g
+        {
+            return Err(TransferError::GeometryMismatch {
+                tier: "remote",
+                detail: format!("{} vs {g}", r.geometry()),
             });
         }
         let runtime =

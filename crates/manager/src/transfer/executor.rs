@@ -7,6 +7,10 @@
 //! | `HostToDisk` | DRAM `BlockRef` | `DiskTier::put_batch` (one call) | carried sums written with it |
 //! | `DiskToHost` | `get_batch_with_sums` (one call) | reserved DRAM slot | disk verifies every byte; committed with those sums |
 //! | `DiskToDevice` | `get_batch` / `read_layers` (one call) | `Device` upload | disk verifies every byte or layer |
+//! | `HostToRemote` | DRAM `BlockRef` | `RemoteTier::put_batch` (one call) | carried sums written with it |
+//! | `DiskToRemote` | `get_batch_with_sums` (one call) | `RemoteTier::put_batch` (one call) | disk verifies; its sums written with it |
+//! | `RemoteToHost` | `RemoteTier::get_batch` (one call) | reserved DRAM slot | remote tier verifies every byte |
+//! | `RemoteToDevice` | `get_batch` / `read_layers` (ranged reads) | `Device` upload | remote tier verifies every byte or layer |
 //!
 //! A block that fails anywhere is reported and never made visible at the
 //! destination: DRAM reservations are dropped uncommitted, device uploads
@@ -15,10 +19,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use kvtier_core::{BlockSums, Geometry, Lookup, layer_checksum};
+use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
 use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{AlignedBuf, DmaTarget};
 use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+use kvtier_remote::{RemotePut, RemoteRead, RemoteTier};
 
 use super::request::{BlockFailure, BlockMove, BlockResult};
 use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
@@ -37,6 +42,8 @@ pub struct Tiers {
     pub memory: Option<MemoryTier>,
     /// G3.
     pub disk: Option<Arc<DiskTier>>,
+    /// G4.
+    pub remote: Option<Arc<RemoteTier>>,
 }
 
 impl std::fmt::Debug for Tiers {
@@ -48,6 +55,7 @@ impl std::fmt::Debug for Tiers {
                 &self.memory.as_ref().map(|m| m.shm_name().to_owned()),
             )
             .field("disk", &self.disk.is_some())
+            .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
             .finish()
     }
 }
@@ -120,7 +128,22 @@ pub(crate) async fn execute(
             (Some(disk), Some(d)) => disk_to_device(disk, d.as_ref(), geometry, span, blocks).await,
             _ => unsupported(),
         },
-        TransferPath::Remote => unsupported(),
+        TransferPath::HostToRemote => match (&tiers.memory, &tiers.remote) {
+            (Some(m), Some(r)) => host_to_remote(m, r, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::DiskToRemote => match (&tiers.disk, &tiers.remote) {
+            (Some(disk), Some(r)) => disk_to_remote(disk, r, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::RemoteToHost => match (&tiers.remote, &tiers.memory) {
+            (Some(r), Some(m)) => remote_to_host(r, m, blocks).await,
+            _ => unsupported(),
+        },
+        TransferPath::RemoteToDevice => match (&tiers.remote, &tiers.device) {
+            (Some(r), Some(d)) => remote_to_device(r, d.as_ref(), span, blocks).await,
+            _ => unsupported(),
+        },
     }
 }
 
@@ -129,10 +152,7 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !matches!(
-                path,
-                TransferPath::HostToDevice | TransferPath::DiskToDevice
-            ) {
+            if !path.to_device() || path == TransferPath::DeviceToHost {
                 return Err(BlockFailure::InvalidRequest(format!(
                     "layer spans are for onboarding to the device, not {}",
                     path.name()
@@ -434,6 +454,198 @@ async fn disk_to_device(
             uploading.push(i);
         } else {
             results[i] = Err(lookup_failure(lookup));
+        }
+    }
+    upload(device, span, copies, uploading, &mut results).await;
+    results
+}
+
+async fn host_to_remote(
+    memory: &MemoryTier,
+    remote: &RemoteTier,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut refs = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match memory.get_ref(b.key) {
+            Some(r) => {
+                refs.push(r);
+                which.push(i);
+            }
+            None => results[i] = Err(BlockFailure::Miss),
+        }
+    }
+    if refs.is_empty() {
+        return results;
+    }
+    let puts: Vec<RemotePut<'_>> = refs
+        .iter()
+        .map(|r| RemotePut {
+            key: r.key(),
+            data: r,
+            sums: r.shared_sums(),
+        })
+        .collect();
+    let written = remote.put_batch(&puts).await;
+    for (i, (r, res)) in which.iter().zip(refs.iter().zip(written)) {
+        results[*i] = match res {
+            Ok(()) => {
+                memory.set_persisted(r.key(), true);
+                Ok(())
+            }
+            Err(kvtier_remote::RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
+            Err(e) => Err(tier_err(e)),
+        };
+    }
+    results
+}
+
+async fn disk_to_remote(
+    disk: &DiskTier,
+    remote: &RemoteTier,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let len = disk.geometry().block_bytes() as usize;
+    let reqs: Vec<(BlockHash, AlignedBuf)> = blocks
+        .iter()
+        .map(|b| (b.key, AlignedBuf::zeroed(len, BOUNCE_ALIGN)))
+        .collect();
+    if reqs.is_empty() {
+        return results;
+    }
+    // One disk submission; every byte verified by the disk tier, then one
+    // remote batch with the sums the disk verified them against.
+    let read = disk.get_batch_with_sums(reqs).await;
+    let mut hits = Vec::new();
+    for ((buf, lookup, sums), i) in read.into_iter().zip(0..) {
+        match (lookup, sums) {
+            (Lookup::Hit, Some(sums)) => hits.push((i, buf, sums)),
+            (Lookup::Hit, None) => {
+                results[i] = Err(BlockFailure::Tier("disk hit without checksums".into()))
+            }
+            (other, _) => results[i] = Err(lookup_failure(other)),
+        }
+    }
+    let puts: Vec<RemotePut<'_>> = hits
+        .iter()
+        .map(|(i, buf, sums)| RemotePut {
+            key: blocks[*i].key,
+            data: buf,
+            sums,
+        })
+        .collect();
+    let written = remote.put_batch(&puts).await;
+    for ((i, _, _), res) in hits.iter().zip(written) {
+        results[*i] = match res {
+            Ok(()) => Ok(()),
+            Err(kvtier_remote::RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
+            Err(e) => Err(tier_err(e)),
+        };
+    }
+    results
+}
+
+fn remote_failure(read: RemoteRead) -> BlockFailure {
+    match read {
+        RemoteRead::Hit { .. } => BlockFailure::Tier("unexpected remote hit".into()),
+        RemoteRead::Miss => BlockFailure::Miss,
+        RemoteRead::Corrupt => BlockFailure::Corrupt,
+        RemoteRead::Failed(e) => tier_err(e),
+    }
+}
+
+async fn remote_to_host(
+    remote: &RemoteTier,
+    memory: &MemoryTier,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut slots = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match memory.reserve(b.key) {
+            Ok(Reserve::Reserved(slot)) => {
+                slots.push(slot);
+                which.push(i);
+            }
+            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
+            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
+            Err(e) => results[i] = Err(tier_err(e)),
+        }
+    }
+    if slots.is_empty() {
+        return results;
+    }
+    let keys: Vec<BlockHash> = which.iter().map(|&i| blocks[i].key).collect();
+    let read = remote.get_batch(&keys).await;
+    for ((mut slot, got), i) in slots.into_iter().zip(read).zip(which) {
+        results[i] = match got {
+            RemoteRead::Hit { bytes, sums } => {
+                if bytes.len() != slot.len() {
+                    Err(BlockFailure::Tier(format!(
+                        "remote block of {} bytes, a slot holds {}",
+                        bytes.len(),
+                        slot.len()
+                    )))
+                } else {
+                    slot.as_mut_slice().copy_from_slice(&bytes);
+                    // The remote tier verified these bytes against `sums`.
+                    let done = from_put(slot.commit_verified(&sums));
+                    if done.is_ok() {
+                        memory.set_persisted(blocks[i].key, true);
+                    }
+                    done
+                }
+            }
+            other => Err(remote_failure(other)),
+        };
+    }
+    results
+}
+
+async fn remote_to_device(
+    remote: &RemoteTier,
+    device: &dyn Device,
+    span: Span,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut keys = Vec::new();
+    let mut dsts = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        let Some(dst) = b.device else {
+            results[i] = Err(no_device_block());
+            continue;
+        };
+        keys.push(b.key);
+        dsts.push(dst);
+        which.push(i);
+    }
+    if keys.is_empty() {
+        return results;
+    }
+    // One remote batch: whole objects, or one ranged read of this layer per
+    // object; the remote tier verifies every byte it returns.
+    let read = match span {
+        Span::Block => remote.get_batch(&keys).await,
+        Span::Layer(l) => remote.read_layers(&keys, l..l + 1).await,
+    };
+    let mut copies = Vec::new();
+    let mut uploading = Vec::new();
+    for ((got, dst), i) in read.into_iter().zip(dsts).zip(which) {
+        match got {
+            RemoteRead::Hit { bytes, .. } => {
+                copies.push(Upload {
+                    dst,
+                    src: Box::new(bytes) as Box<dyn HostSource>,
+                });
+                uploading.push(i);
+            }
+            other => results[i] = Err(remote_failure(other)),
         }
     }
     upload(device, span, copies, uploading, &mut results).await;

@@ -25,19 +25,6 @@ use super::request::BlockResult;
 use crate::device::Span;
 use crate::tier::{Tier, TransferPath};
 
-/// The source and destination tiers of a path (`None` for remote, whose
-/// tiers depend on the peer).
-pub fn endpoints(path: TransferPath) -> Option<(Tier, Tier)> {
-    match path {
-        TransferPath::DeviceToHost => Some((Tier::G1, Tier::G2)),
-        TransferPath::HostToDevice => Some((Tier::G2, Tier::G1)),
-        TransferPath::HostToDisk => Some((Tier::G2, Tier::G3)),
-        TransferPath::DiskToHost => Some((Tier::G3, Tier::G2)),
-        TransferPath::DiskToDevice => Some((Tier::G3, Tier::G1)),
-        TransferPath::Remote => None,
-    }
-}
-
 /// A transfer as the hooks see it when it starts.
 #[derive(Debug, Clone, Copy)]
 pub struct TransferTicket<'a> {
@@ -135,9 +122,7 @@ impl InFlightTable {
 
 impl InFlightHooks for InFlightTable {
     fn begin_transfer(&self, ticket: &TransferTicket<'_>) {
-        let Some((from, to)) = endpoints(ticket.path) else {
-            return;
-        };
+        let (from, to) = ticket.path.endpoints();
         let mut c = self.inner.lock();
         for &k in ticket.keys {
             bump(&mut c.inbound, (to, k));
@@ -146,9 +131,7 @@ impl InFlightHooks for InFlightTable {
     }
 
     fn finish_transfer(&self, _id: u64, path: TransferPath, key: BlockHash, _: &BlockResult) {
-        let Some((from, to)) = endpoints(path) else {
-            return;
-        };
+        let (from, to) = path.endpoints();
         let mut c = self.inner.lock();
         drop_one(&mut c.inbound, (to, key));
         drop_one(&mut c.outbound, (from, key));
