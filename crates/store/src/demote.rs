@@ -11,7 +11,8 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use kvtier_disk::DiskPut;
+use kvtier_disk::{DiskError, DiskPut, DiskTier};
+use kvtier_mem::{BlockRef, MemoryTier};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 
@@ -29,26 +30,13 @@ pub(crate) async fn demote_round(inner: &Inner, max: usize) -> usize {
     if candidates.is_empty() {
         return 0;
     }
-    let sums: Vec<_> = candidates.iter().map(|r| r.sums()).collect();
-    let puts: Vec<DiskPut<'_>> = candidates
-        .iter()
-        .zip(&sums)
-        .map(|(r, s)| DiskPut {
-            key: r.key(),
-            data: &r[..],
-            sums: s,
-        })
-        .collect();
-    let results = disk.put_batch(&puts).await;
+    let results = persist(&inner.memory, disk, &candidates).await;
     let c = &inner.counters;
     StoreCounters::add(&c.demotion_batches, 1);
     let mut ok = 0;
     for (r, res) in candidates.iter().zip(results) {
         match res {
-            Ok(()) => {
-                inner.memory.set_persisted(r.key(), true);
-                ok += 1;
-            }
+            Ok(()) => ok += 1,
             Err(e) => {
                 StoreCounters::add(&c.demotion_errors, 1);
                 tracing::warn!(key = %r.key(), error = %e, "write-behind failed; block stays in DRAM");
@@ -57,6 +45,35 @@ pub(crate) async fn demote_round(inner: &Inner, max: usize) -> usize {
     }
     StoreCounters::add(&c.demotions, ok as u64);
     ok
+}
+
+/// Writes DRAM blocks to disk in one batch (one disk submission) with the
+/// checksums they were stored with, and marks each block the disk
+/// acknowledged as persisted, so DRAM may evict it. One result per block,
+/// in order; a failed block stays DRAM-only. The write-behind above and
+/// the block manager's host-to-disk transfers both move blocks down this
+/// way.
+pub async fn persist(
+    memory: &MemoryTier,
+    disk: &DiskTier,
+    blocks: &[BlockRef],
+) -> Vec<Result<(), DiskError>> {
+    let puts: Vec<DiskPut<'_>> = blocks
+        .iter()
+        .map(|r| DiskPut {
+            key: r.key(),
+            data: r,
+            sums: r.shared_sums(),
+        })
+        .collect();
+    let results = disk.put_batch(&puts).await;
+    for (r, res) in blocks.iter().zip(&results) {
+        if res.is_ok() {
+            // A copy now exists below: DRAM may evict it.
+            memory.set_persisted(r.key(), true);
+        }
+    }
+    results
 }
 
 /// The background task that keeps DRAM slots free.

@@ -20,7 +20,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
-use kvtier_disk::{DiskPut, DiskTier};
+use kvtier_disk::DiskTier;
 use kvtier_io::{AlignedBuf, DmaTarget};
 use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemotePut, RemoteRead, RemoteTier};
@@ -348,25 +348,10 @@ async fn host_to_disk(
     if refs.is_empty() {
         return results;
     }
-    let puts: Vec<DiskPut<'_>> = refs
-        .iter()
-        .map(|r| DiskPut {
-            key: r.key(),
-            data: r,
-            sums: r.shared_sums(),
-        })
-        .collect();
-    // One disk submission for the whole batch.
-    let written = disk.put_batch(&puts).await;
-    for (i, (r, res)) in which.iter().zip(refs.iter().zip(written)) {
-        results[*i] = match res {
-            Ok(()) => {
-                // A copy now exists below: DRAM may evict it.
-                memory.set_persisted(r.key(), true);
-                Ok(())
-            }
-            Err(e) => Err(tier_err(e)),
-        };
+    // One disk submission for the whole batch, as the store's write-behind.
+    let written = kvtier_store::demote::persist(memory, disk, &refs).await;
+    for (i, res) in which.into_iter().zip(written) {
+        results[i] = res.map_err(tier_err);
     }
     results
 }
