@@ -22,8 +22,8 @@ use std::sync::Arc;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
 use kvtier_disk::DiskTier;
 use kvtier_io::{AlignedBuf, DmaTarget};
-use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
-use kvtier_remote::{RemotePut, RemoteRead, RemoteTier};
+use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
 use super::request::{BlockFailure, BlockMove, BlockResult};
 use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
@@ -84,6 +84,52 @@ fn from_put(outcome: Result<PutOutcome, MemError>) -> BlockResult {
         Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => Ok(()),
         Ok(PutOutcome::Full) => Err(BlockFailure::Full),
         Err(MemError::ChecksumMismatch { .. }) => Err(BlockFailure::Corrupt),
+        Err(e) => Err(tier_err(e)),
+    }
+}
+
+/// A DRAM slot reserved for `key`, or `None` with `result` set: `Ok` when
+/// the block is already in DRAM, else why no slot could be had.
+fn reserve_slot(
+    memory: &MemoryTier,
+    key: BlockHash,
+    result: &mut BlockResult,
+) -> Option<SlotReservation> {
+    match memory.reserve(key) {
+        Ok(Reserve::Reserved(slot)) => return Some(slot),
+        Ok(Reserve::AlreadyPresent) => *result = Ok(()),
+        Ok(Reserve::Full) => *result = Err(BlockFailure::Full),
+        Err(e) => *result = Err(tier_err(e)),
+    }
+    None
+}
+
+/// The DRAM copies of `blocks` and their indices; a block DRAM does not
+/// hold is a `Miss` in `results`.
+fn dram_blocks(
+    memory: &MemoryTier,
+    blocks: &[BlockMove],
+    results: &mut [BlockResult],
+) -> (Vec<BlockRef>, Vec<usize>) {
+    let mut refs = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match memory.get_ref(b.key) {
+            Some(r) => {
+                refs.push(r);
+                which.push(i);
+            }
+            None => results[i] = Err(BlockFailure::Miss),
+        }
+    }
+    (refs, which)
+}
+
+/// A remote write's outcome as a block result.
+fn remote_put_result(res: Result<(), RemoteError>) -> BlockResult {
+    match res {
+        Ok(()) => Ok(()),
+        Err(RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
         Err(e) => Err(tier_err(e)),
     }
 }
@@ -152,7 +198,7 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !path.to_device() || path == TransferPath::DeviceToHost {
+            if !path.to_device() {
                 return Err(BlockFailure::InvalidRequest(format!(
                     "layer spans are for onboarding to the device, not {}",
                     path.name()
@@ -187,17 +233,12 @@ async fn device_to_host(
             results[i] = Err(no_device_block());
             continue;
         };
-        match memory.reserve(b.key) {
-            Ok(Reserve::Reserved(slot)) => {
-                copies.push(Download {
-                    src,
-                    dst: Box::new(slot) as Box<dyn HostSink>,
-                });
-                which.push(i);
-            }
-            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
-            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
-            Err(e) => results[i] = Err(tier_err(e)),
+        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
+            copies.push(Download {
+                src,
+                dst: Box::new(slot) as Box<dyn HostSink>,
+            });
+            which.push(i);
         }
     }
     if copies.is_empty() {
@@ -334,17 +375,7 @@ async fn host_to_disk(
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
     let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut refs = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        match memory.get_ref(b.key) {
-            Some(r) => {
-                refs.push(r);
-                which.push(i);
-            }
-            None => results[i] = Err(BlockFailure::Miss),
-        }
-    }
+    let (refs, which) = dram_blocks(memory, blocks, &mut results);
     if refs.is_empty() {
         return results;
     }
@@ -365,14 +396,9 @@ async fn disk_to_host(
     let mut reqs = Vec::new();
     let mut which = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
-        match memory.reserve(b.key) {
-            Ok(Reserve::Reserved(slot)) => {
-                reqs.push((b.key, SlotTarget(slot)));
-                which.push(i);
-            }
-            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
-            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
-            Err(e) => results[i] = Err(tier_err(e)),
+        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
+            reqs.push((b.key, SlotTarget(slot)));
+            which.push(i);
         }
     }
     if reqs.is_empty() {
@@ -451,17 +477,7 @@ async fn host_to_remote(
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
     let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut refs = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        match memory.get_ref(b.key) {
-            Some(r) => {
-                refs.push(r);
-                which.push(i);
-            }
-            None => results[i] = Err(BlockFailure::Miss),
-        }
-    }
+    let (refs, which) = dram_blocks(memory, blocks, &mut results);
     if refs.is_empty() {
         return results;
     }
@@ -475,14 +491,10 @@ async fn host_to_remote(
         .collect();
     let written = remote.put_batch(&puts).await;
     for (i, (r, res)) in which.iter().zip(refs.iter().zip(written)) {
-        results[*i] = match res {
-            Ok(()) => {
-                memory.set_persisted(r.key(), true);
-                Ok(())
-            }
-            Err(kvtier_remote::RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
-            Err(e) => Err(tier_err(e)),
-        };
+        if res.is_ok() {
+            memory.set_persisted(r.key(), true);
+        }
+        results[*i] = remote_put_result(res);
     }
     results
 }
@@ -524,11 +536,7 @@ async fn disk_to_remote(
         .collect();
     let written = remote.put_batch(&puts).await;
     for ((i, _, _), res) in hits.iter().zip(written) {
-        results[*i] = match res {
-            Ok(()) => Ok(()),
-            Err(kvtier_remote::RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
-            Err(e) => Err(tier_err(e)),
-        };
+        results[*i] = remote_put_result(res);
     }
     results
 }
@@ -551,14 +559,9 @@ async fn remote_to_host(
     let mut slots = Vec::new();
     let mut which = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
-        match memory.reserve(b.key) {
-            Ok(Reserve::Reserved(slot)) => {
-                slots.push(slot);
-                which.push(i);
-            }
-            Ok(Reserve::AlreadyPresent) => results[i] = Ok(()),
-            Ok(Reserve::Full) => results[i] = Err(BlockFailure::Full),
-            Err(e) => results[i] = Err(tier_err(e)),
+        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
+            slots.push(slot);
+            which.push(i);
         }
     }
     if slots.is_empty() {
