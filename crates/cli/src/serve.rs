@@ -11,8 +11,11 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 /// Arguments of `kvtier serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Data directory (overrides `serve.data_dir`); the disk tier lives in
-    /// `<data-dir>/disk` unless `disk.dirs` is set.
+    /// Data directory (overrides `serve.data_dir`, default `./kvtier-data`).
+    /// It holds the disk tier (`<data-dir>/disk`, unless `disk.dirs` is
+    /// set), the metadata index (`<data-dir>/meta.redb`) and the KV cache
+    /// manager's file pool (`<data-dir>/pool`, `meta.pool_capacity`
+    /// reserved, unless `meta.default_storage` is set).
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Seconds between statistics lines in the log (0: none).

@@ -40,12 +40,18 @@ pub enum MetaError {
         /// The limit that refused it.
         limit: u64,
     },
-    /// No candidate storage of the group is enabled and healthy.
-    #[error("no writable storage for group {0:?}")]
-    NoAvailableStorage(String),
+    /// No candidate storage of the group could take the write.
+    #[error("no writable storage for group {group:?}: {why}")]
+    NoAvailableStorage {
+        /// Group name.
+        group: String,
+        /// Why each candidate was passed over (disabled, unhealthy, or what
+        /// its backend answered, e.g. that its pool is full).
+        why: String,
+    },
     /// The write session is unknown: finished already, timed out, or never
-    /// existed.
-    #[error("write session {0} not found")]
+    /// existed. Shown in hex, as clients send it.
+    #[error("write session {0:016x} not found")]
     SessionNotFound(u64),
     /// A stored record could not be decoded.
     #[error("corrupt record for block {key:?}: {reason}")]
@@ -85,7 +91,7 @@ impl MetaError {
             MetaError::InstanceConflict(_) => "INSTANCE_CONFLICT",
             MetaError::GroupFull(_) => "GROUP_FULL",
             MetaError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
-            MetaError::NoAvailableStorage(_) => "NO_AVAILABLE_STORAGE",
+            MetaError::NoAvailableStorage { .. } => "NO_AVAILABLE_STORAGE",
             MetaError::SessionNotFound(_) => "SESSION_NOT_FOUND",
             MetaError::Corrupt { .. } => "CORRUPT",
             MetaError::AlreadyExists(_) => "ALREADY_EXISTS",

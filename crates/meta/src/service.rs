@@ -37,7 +37,8 @@ use self::access::AccessBuffer;
 pub use self::accounts::{MIN_API_KEY_LEN, Principal};
 use self::admin::AdminState;
 pub use self::admin::{
-    AdminCounters, DEFAULT_GROUP, GroupStats, HealthReport, MetaStats, StorageStatus,
+    AdminCounters, DEFAULT_GROUP, GroupStats, HealthReport, MAX_NAME_BYTES, MetaStats,
+    StorageStatus,
 };
 use self::backends::Backends;
 pub use self::backends::{BackendStats, HealthCheckerHandle};
@@ -158,17 +159,13 @@ impl MetaService {
 
     /// Adds or replaces a storage (admin API later).
     pub fn put_storage(&self, storage: Storage) -> Result<()> {
-        if storage.name.is_empty() {
-            return Err(MetaError::InvalidArgument("empty storage name".into()));
-        }
+        admin::check_name("storage name", &storage.name)?;
         self.catalog.put_storage(self.index.as_ref(), storage)
     }
 
     /// Adds or replaces an instance group (admin API later).
     pub fn put_group(&self, group: InstanceGroup) -> Result<()> {
-        if group.name.is_empty() {
-            return Err(MetaError::InvalidArgument("empty group name".into()));
-        }
+        admin::check_name("group name", &group.name)?;
         if !(0.0..=1.0).contains(&group.watermark) {
             return Err(MetaError::InvalidArgument("watermark outside 0..=1".into()));
         }
@@ -178,38 +175,7 @@ impl MetaService {
     /// Registers an instance. Idempotent for an identical configuration;
     /// a different one under the same id is [`MetaError::InstanceConflict`].
     pub async fn register_instance(&self, instance: Instance) -> Result<Instance> {
-        if instance.id.is_empty() {
-            return Err(MetaError::InvalidArgument("empty instance id".into()));
-        }
-        if instance.block_size == 0 {
-            return Err(MetaError::InvalidArgument("block size 0".into()));
-        }
-        if instance.location_specs.is_empty() {
-            return Err(MetaError::InvalidArgument("no location specs".into()));
-        }
-        let mut names: Vec<&str> = instance
-            .location_specs
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) || names.iter().any(|n| n.is_empty()) {
-            return Err(MetaError::InvalidArgument(
-                "spec names must be unique and non-empty".into(),
-            ));
-        }
-        for g in &instance.spec_groups {
-            if let Some(bad) = g
-                .specs
-                .iter()
-                .find(|s| names.binary_search(&s.as_str()).is_err())
-            {
-                return Err(MetaError::InvalidArgument(format!(
-                    "spec group {:?} names unknown spec {bad:?}",
-                    g.name
-                )));
-            }
-        }
+        admin::check_instance(&instance)?;
         match self
             .catalog
             .instance_or_load(self.index.as_ref(), &instance.id)
@@ -234,7 +200,7 @@ impl MetaService {
         self.quotas.usage(group)
     }
 
-    /// Open write sessions.
+    /// Open write sessions that hold locations (empty grants not counted).
     pub fn open_sessions(&self) -> usize {
         self.sessions.len()
     }

@@ -150,7 +150,7 @@ async fn disabled_storage_takes_no_writes_but_serves() {
     svc.disable_storage("a").unwrap();
     assert!(matches!(
         svc.start_write_cache("i", &keys(2..3)).await,
-        Err(MetaError::NoAvailableStorage(_))
+        Err(MetaError::NoAvailableStorage { .. })
     ));
     let hit = svc
         .get_cache_location("i", &LocationQuery::prefix(keys(0..2)))

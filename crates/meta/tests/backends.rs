@@ -202,7 +202,7 @@ async fn a_full_pool_is_skipped_and_nothing_stays_charged() {
     let t = setup(&["pool"], 8192, MetaConfig::default()).await;
     t.svc.start_write_cache("i", &keys(0..1)).await.unwrap();
     let err = t.svc.start_write_cache("i", &keys(1..3)).await.unwrap_err();
-    assert!(matches!(err, MetaError::NoAvailableStorage(_)), "{err}");
+    assert!(matches!(err, MetaError::NoAvailableStorage { .. }), "{err}");
     assert_eq!(t.svc.group_usage("g").total, 2 * SPEC);
     assert_eq!(objects(&t.pool).await, 2);
     let meta = t.svc.get_cache_meta("i", &keys(1..3)).await.unwrap();
@@ -295,7 +295,7 @@ async fn unhealthy_storage_gets_no_writes_or_reads_until_it_recovers() {
     assert_eq!(s.svc.check_backends(probe).await, vec!["pool".to_owned()]);
     assert_eq!(health_of(&s.svc, "pool"), StorageHealth::Unhealthy);
     let err = s.svc.start_write_cache("i", &keys(5..6)).await.unwrap_err();
-    assert!(matches!(err, MetaError::NoAvailableStorage(_)), "{err}");
+    assert!(matches!(err, MetaError::NoAvailableStorage { .. }), "{err}");
     let hit = s
         .svc
         .get_cache_location("i", &LocationQuery::prefix(keys(0..2)))

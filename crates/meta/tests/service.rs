@@ -324,7 +324,7 @@ async fn kind_quota_moves_writes_to_next_storage() {
     svc.put_storage(a).unwrap();
     assert!(matches!(
         svc.start_write_cache("i", &keys(5..6)).await,
-        Err(MetaError::NoAvailableStorage(_))
+        Err(MetaError::NoAvailableStorage { .. })
     ));
 }
 
@@ -572,4 +572,111 @@ proptest! {
             }
         });
     }
+}
+
+/// Names that log or display as something else, and zero-sized specs, are
+/// refused at registration and change nothing.
+#[tokio::test]
+async fn registration_refuses_hidden_characters_and_empty_specs() {
+    let svc = setup(100).await;
+    let hidden = [
+        "a\0b",
+        "tab\there",
+        "line\nbreak",
+        "del\u{7f}",
+        "c1\u{85}",
+        "rlo\u{202E}gpj.exe",
+        "lri\u{2066}x",
+        "alm\u{061C}x",
+        "zw\u{200B}sp",
+        "bom\u{FEFF}",
+    ];
+    for id in hidden {
+        let err = svc.register_instance(instance(id)).await.unwrap_err();
+        assert!(
+            matches!(err, MetaError::InvalidArgument(_)),
+            "{id:?}: {err}"
+        );
+        let mut spec = instance("ok");
+        spec.location_specs[0].name = id.into();
+        let err = svc.register_instance(spec).await.unwrap_err();
+        assert!(
+            matches!(err, MetaError::InvalidArgument(_)),
+            "spec {id:?}: {err}"
+        );
+    }
+    let long = "x".repeat(MAX_NAME_BYTES + 1);
+    assert!(matches!(
+        svc.register_instance(instance(&long)).await,
+        Err(MetaError::InvalidArgument(_))
+    ));
+    let mut zero = instance("zero");
+    zero.location_specs[0].size = 0;
+    let err = svc.register_instance(zero).await.unwrap_err();
+    assert!(err.to_string().contains("size 0"), "{err}");
+    // Ordinary non-ASCII names are fine.
+    svc.register_instance(instance("modèle-7b/テスト"))
+        .await
+        .unwrap();
+    // Nothing refused was registered.
+    assert!(svc.get_instance_info("zero").await.is_err());
+    for id in hidden {
+        assert!(svc.get_instance_info(id).await.is_err());
+    }
+    for bad in ["g\u{202E}", "g\0"] {
+        let mut g = group(10, &["a"]);
+        g.name = bad.into();
+        assert!(svc.put_group(g).is_err(), "group {bad:?}");
+        let err = svc.add_account(bad, Role::User, "0123456789abcdef", vec![]);
+        assert!(err.is_err(), "account {bad:?}");
+    }
+}
+
+/// Finishing a session that was never issued is refused, also with zero
+/// flags; an empty grant's own session finishes once.
+#[tokio::test]
+async fn finish_checks_the_session_even_when_empty() {
+    let svc = setup(100).await;
+    let err = svc
+        .finish_write_cache("i", SessionId(0xdead_beef), &[])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, MetaError::SessionNotFound(_)), "{err}");
+    // Shown in hex, as the wire carries it.
+    assert!(err.to_string().contains("00000000deadbeef"), "{err}");
+    let g = svc.start_write_cache("i", &keys(0..2)).await.unwrap();
+    svc.finish_write_cache("i", g.session, &[true, true])
+        .await
+        .unwrap();
+    let empty = svc.start_write_cache("i", &keys(0..2)).await.unwrap();
+    assert!(empty.blocks.is_empty());
+    assert_ne!(empty.session, g.session);
+    svc.finish_write_cache("i", empty.session, &[])
+        .await
+        .unwrap();
+    assert!(matches!(
+        svc.finish_write_cache("i", empty.session, &[]).await,
+        Err(MetaError::SessionNotFound(_))
+    ));
+}
+
+/// The refusal says why each candidate storage could not take the write:
+/// disabled and unhealthy read differently.
+#[tokio::test]
+async fn no_writable_storage_names_each_reason() {
+    let svc = setup(100).await;
+    let mut a = storage("a", StorageKind::FilePool);
+    a.enabled = false;
+    svc.put_storage(a).unwrap();
+    let mut b = storage("b", StorageKind::S3);
+    b.health = StorageHealth::Unhealthy;
+    svc.put_storage(b).unwrap();
+    let err = svc.start_write_cache("i", &keys(0..1)).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, MetaError::NoAvailableStorage { .. }),
+        "{text}"
+    );
+    assert!(text.contains("\"a\" is disabled"), "{text}");
+    assert!(text.contains("\"b\" is unhealthy"), "{text}");
 }

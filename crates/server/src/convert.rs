@@ -401,7 +401,11 @@ pub fn session_to_wire(id: kvtier_meta::SessionId, blocks: usize) -> String {
 
 /// Inverse of [`session_to_wire`].
 pub fn session_from_wire(s: &str) -> Result<(kvtier_meta::SessionId, usize), MetaError> {
-    let bad = || invalid(format!("write session {s:?} not found"));
+    let bad = || {
+        invalid(format!(
+            "write session {s:?} not found (expected <hex id>-<blocks>)"
+        ))
+    };
     let (id, n) = s.split_once('-').ok_or_else(bad)?;
     let id = u64::from_str_radix(id, 16).map_err(|_| bad())?;
     let n = n.parse::<usize>().map_err(|_| bad())?;

@@ -202,6 +202,33 @@ async fn every_meta_method(ts: &TestServer) {
     )
     .await;
     assert_eq!(code(&r), "INVALID_ARGUMENT", "finished twice");
+    // A session id that was never issued is refused, also for zero blocks,
+    // and the message shows it in hex as sent.
+    for never in ["00000000deadbeef-0", "00000000deadbeef-1"] {
+        let (_, r) = post(
+            a,
+            "/api/finishWriteCache",
+            &json!({"instance_id": "llama", "write_session_id": never, "success_blocks": {"offset": 0}}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "INVALID_ARGUMENT", "{never}: {r}");
+        assert!(r.to_string().contains("deadbeef"), "{r}");
+    }
+    // A grant of nothing (every key stored) finishes once.
+    let (_, r) = post(
+        a,
+        "/api/startWriteCache",
+        &json!({"instance_id": "llama", "token_ids": [1, 2, 3, 4]}),
+        None,
+    )
+    .await;
+    assert_eq!(r["locations"].as_array().map(Vec::len), Some(0), "{r}");
+    let empty = json!({"instance_id": "llama", "write_session_id": r["write_session_id"], "success_blocks": {"offset": 0}});
+    let (_, r) = post(a, "/api/finishWriteCache", &empty, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let (_, r) = post(a, "/api/finishWriteCache", &empty, None).await;
+    assert_eq!(code(&r), "INVALID_ARGUMENT", "empty session finished twice");
 
     // RemoveCache keeps the marked block 0.
     let (_, r) = post(

@@ -142,9 +142,7 @@ impl MetaService {
         api_key: &str,
         groups: Vec<String>,
     ) -> Result<()> {
-        if name.is_empty() {
-            return Err(MetaError::InvalidArgument("empty account name".into()));
-        }
+        super::admin::check_name("account name", name)?;
         if api_key.chars().count() < MIN_API_KEY_LEN {
             return Err(MetaError::InvalidArgument(format!(
                 "api key shorter than {MIN_API_KEY_LEN} characters"

@@ -131,9 +131,7 @@ impl AdminState {
 
 /// Checks a storage on its own.
 pub(crate) fn check_storage(s: &Storage) -> Result<()> {
-    if s.name.is_empty() {
-        return Err(MetaError::InvalidArgument("empty storage name".into()));
-    }
+    check_name("storage name", &s.name)?;
     if s.uri.is_empty() {
         return Err(MetaError::InvalidArgument(format!(
             "storage {:?} has no uri",
@@ -152,9 +150,7 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
             g.name
         )))
     };
-    if g.name.is_empty() {
-        return Err(MetaError::InvalidArgument("empty group name".into()));
-    }
+    check_name("group name", &g.name)?;
     // `contains` is false for NaN too.
     if !(0.0..=1.0).contains(&g.watermark) {
         return bad(format!("watermark {} outside 0..=1", g.watermark));
@@ -188,12 +184,44 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
     Ok(())
 }
 
+/// Longest name (instance id, spec name, ...) accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// Whether `c` may not appear in a name: control characters (NUL, C0, DEL,
+/// C1), bidirectional overrides and isolates, and the invisible separators
+/// and joiners. Such names log and display as something they are not.
+fn forbidden_in_name(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
+/// Checks a client-supplied name: not empty, at most [`MAX_NAME_BYTES`],
+/// no [`forbidden_in_name`] character. `what` names it in the error.
+pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(MetaError::InvalidArgument(format!("empty {what}")));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(MetaError::InvalidArgument(format!(
+            "{what} longer than {MAX_NAME_BYTES} bytes"
+        )));
+    }
+    if let Some(c) = name.chars().find(|&c| forbidden_in_name(c)) {
+        return Err(MetaError::InvalidArgument(format!(
+            "{what} {name:?} contains the control or invisible character U+{:04X}",
+            u32::from(c)
+        )));
+    }
+    Ok(())
+}
+
 /// Checks an instance's own configuration (the rules of
 /// `register_instance`).
 pub(crate) fn check_instance(i: &Instance) -> Result<()> {
-    if i.id.is_empty() {
-        return Err(MetaError::InvalidArgument("empty instance id".into()));
-    }
+    check_name("instance id", &i.id)?;
     if i.block_size == 0 {
         return Err(MetaError::InvalidArgument(format!(
             "instance {:?}: block size 0",
@@ -206,15 +234,25 @@ pub(crate) fn check_instance(i: &Instance) -> Result<()> {
             i.id
         )));
     }
+    for spec in &i.location_specs {
+        check_name("location spec name", &spec.name)?;
+        if spec.size == 0 {
+            return Err(MetaError::InvalidArgument(format!(
+                "instance {:?}: location spec {:?} has size 0",
+                i.id, spec.name
+            )));
+        }
+    }
     let mut names: Vec<&str> = i.location_specs.iter().map(|s| s.name.as_str()).collect();
     names.sort_unstable();
-    if names.windows(2).any(|w| w[0] == w[1]) || names.iter().any(|n| n.is_empty()) {
+    if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(MetaError::InvalidArgument(format!(
-            "instance {:?}: spec names must be unique and non-empty",
+            "instance {:?}: spec names must be unique",
             i.id
         )));
     }
     for g in &i.spec_groups {
+        check_name("spec group name", &g.name)?;
         if let Some(bad) = g
             .specs
             .iter()

@@ -20,6 +20,26 @@ pub struct GroupUsage {
     pub by_kind: BTreeMap<StorageKind, u64>,
 }
 
+/// Why none of `candidates` takes writes, one clause per storage: an
+/// operator must tell a disabled storage from a failing one.
+fn unwritable_reasons(candidates: &[Storage]) -> String {
+    if candidates.is_empty() {
+        return "the group lists no existing storage".into();
+    }
+    let why: Vec<String> = candidates
+        .iter()
+        .map(|s| match (s.enabled, s.health) {
+            (false, _) => format!("storage {:?} is disabled", s.name),
+            (true, h) => format!(
+                "storage {:?} is {} (see its health probe)",
+                s.name,
+                format!("{h:?}").to_lowercase()
+            ),
+        })
+        .collect();
+    why.join("; ")
+}
+
 /// The ledger. One mutex: reservations are a few arithmetic operations.
 #[derive(Debug, Default)]
 pub(crate) struct Quotas {
@@ -68,7 +88,10 @@ impl Quotas {
                 used,
                 limit,
             },
-            None => MetaError::NoAvailableStorage(group.name.clone()),
+            None => MetaError::NoAvailableStorage {
+                group: group.name.clone(),
+                why: unwritable_reasons(candidates),
+            },
         })
     }
 

@@ -11,7 +11,8 @@ use super::{FinishSummary, MetaService, ReaperHandle, SessionId, WriteGrant, Wri
 use crate::error::{MetaError, Result};
 use crate::index::Modify;
 use crate::model::{
-    BlockKey, BlockMeta, CacheLocation, Instance, LocationId, LocationSpec, LocationStatus, Storage,
+    BlockKey, BlockMeta, CacheLocation, Instance, LocationId, LocationSpec, LocationStatus,
+    Storage, StorageKind,
 };
 
 impl MetaService {
@@ -21,7 +22,8 @@ impl MetaService {
     ///
     /// Refused with [`MetaError::QuotaExceeded`] (or
     /// [`MetaError::NoAvailableStorage`]) if the writable keys do not fit;
-    /// then nothing changes. An empty grant opens no session.
+    /// then nothing changes. An empty grant opens an empty session, so its
+    /// finish is checked like any other.
     pub async fn start_write_cache(&self, instance: &str, keys: &[BlockKey]) -> Result<WriteGrant> {
         self.check_keys(keys)?;
         let inst = self
@@ -38,20 +40,31 @@ impl MetaService {
             .filter(|(k, cur)| !cur.as_ref().is_some_and(BlockMeta::is_live) && seen.insert(**k))
             .map(|(k, _)| *k)
             .collect();
+        let block_bytes = inst.block_bytes();
         if candidates.is_empty() {
+            // An empty session still exists until it is finished or times
+            // out, so finishing an id that was never issued is an error.
+            // It charges nothing, so its kind is never used.
+            let empty = self.new_session(&inst, &group.name, StorageKind::FilePool, 0, Vec::new());
+            self.sessions.insert(session, empty);
             return Ok(WriteGrant {
                 session,
                 blocks: Vec::new(),
                 skipped: keys.to_vec(),
             });
         }
-        let block_bytes = inst.block_bytes();
         let mut storages = self.catalog.candidates(&group);
         let reserved = block_bytes.saturating_mul(candidates.len() as u64);
         // Place the parts before touching the index; a storage whose
-        // backend cannot place them is skipped (its charge returned).
+        // backend cannot place them is skipped (its charge returned), and
+        // what it said is kept for the refusal if no storage is left.
+        let mut refusals = Vec::new();
         let (storage, mut planned) = loop {
-            let storage = self.quotas.reserve(&group, &storages, reserved)?.clone();
+            let storage = self
+                .quotas
+                .reserve(&group, &storages, reserved)
+                .map_err(|e| with_refusals(e, &refusals))?
+                .clone();
             let mut planned: HashMap<BlockKey, CacheLocation> = candidates
                 .iter()
                 .map(|&k| (k, self.new_location(&inst, &storage, k)))
@@ -62,6 +75,7 @@ impl MetaService {
                     tracing::warn!(storage = storage.name, error = %e, "storage backend refused a write; skipping it");
                     self.quotas.release(&group.name, storage.kind, reserved);
                     storages.retain(|s| s.name != storage.name);
+                    refusals.push(format!("storage {:?} refused the write: {e}", storage.name));
                 }
             }
         };
@@ -116,26 +130,16 @@ impl MetaService {
             planned.remove(&b.key);
         }
         self.release_locations(planned.into_values().collect());
-        if !blocks.is_empty() {
-            // Registered even on error so the reaper reclaims what was made.
-            self.sessions.insert(
-                session,
-                Session {
-                    instance: instance.to_owned(),
-                    group: group.name.clone(),
-                    kind: storage.kind,
-                    block_bytes,
-                    deadline: Instant::now() + self.config.session_timeout,
-                    targets: blocks
-                        .iter()
-                        .map(|b| Target {
-                            key: b.key,
-                            location: b.location.id,
-                        })
-                        .collect(),
-                },
-            );
-        }
+        // Registered even on error so the reaper reclaims what was made.
+        let targets = blocks
+            .iter()
+            .map(|b| Target {
+                key: b.key,
+                location: b.location.id,
+            })
+            .collect();
+        let open = self.new_session(&inst, &group.name, storage.kind, block_bytes, targets);
+        self.sessions.insert(session, open);
         result?;
         let granted_keys: std::collections::HashSet<BlockKey> =
             blocks.iter().map(|b| b.key).collect();
@@ -150,6 +154,26 @@ impl MetaService {
             blocks,
             skipped,
         })
+    }
+
+    /// A session of `inst` holding `targets`, open until the configured
+    /// timeout.
+    fn new_session(
+        &self,
+        inst: &Instance,
+        group: &str,
+        kind: StorageKind,
+        block_bytes: u64,
+        targets: Vec<Target>,
+    ) -> Session {
+        Session {
+            instance: inst.id.clone(),
+            group: group.to_owned(),
+            kind,
+            block_bytes,
+            deadline: Instant::now() + self.config.session_timeout,
+            targets,
+        }
     }
 
     fn new_location(&self, inst: &Instance, storage: &Storage, key: BlockKey) -> CacheLocation {
@@ -206,6 +230,9 @@ impl MetaService {
     /// Applies a session's outcome and releases the charge of every target
     /// that did not turn serving.
     fn close_session(&self, s: &Session, success: &[bool]) -> Result<FinishSummary> {
+        if s.targets.is_empty() {
+            return Ok(FinishSummary::default());
+        }
         let wanted: HashMap<BlockKey, (LocationId, bool)> = s
             .targets
             .iter()
@@ -253,10 +280,14 @@ impl MetaService {
         Ok(FinishSummary { served, dropped })
     }
 
-    /// Fails every session past its deadline; returns how many.
+    /// Fails every session past its deadline; returns how many held
+    /// locations.
     pub async fn reap_expired(&self) -> usize {
         let expired = self.sessions.take_expired(Instant::now());
-        let n = expired.len();
+        let n = expired
+            .iter()
+            .filter(|(_, s)| !s.targets.is_empty())
+            .count();
         for (id, s) in expired {
             let fails = vec![false; s.targets.len()];
             if let Err(e) = self.close_session(&s, &fails) {
@@ -280,5 +311,18 @@ impl MetaService {
                 svc.reap_expired().await;
             }
         }))
+    }
+}
+
+/// `e`, with the backends' refusals added when no storage was left.
+fn with_refusals(e: MetaError, refusals: &[String]) -> MetaError {
+    match e {
+        MetaError::NoAvailableStorage { group, why } if !refusals.is_empty() => {
+            MetaError::NoAvailableStorage {
+                group,
+                why: format!("{}; {why}", refusals.join("; ")),
+            }
+        }
+        e => e,
     }
 }

@@ -288,11 +288,10 @@ impl Api {
         let (session, n) = convert::session_from_wire(&req.write_session_id)?;
         let mask = convert::mask_from_wire(req.success_blocks.as_ref())?;
         let success = convert::mask_flags(&mask, n)?;
-        if n > 0 {
-            self.svc
-                .finish_write_cache(&inst.id, session, &success)
-                .await?;
-        }
+        // Also for an empty grant: an id that was never issued is refused.
+        self.svc
+            .finish_write_cache(&inst.id, session, &success)
+            .await?;
         Ok(pb::CommonResponse::default())
     }
 
