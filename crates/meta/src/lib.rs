@@ -75,8 +75,8 @@ pub use index::{
 pub use matching::{BlockMask, MatchMode};
 pub use model::*;
 pub use service::{
-    AdminCounters, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport, MIN_API_KEY_LEN,
-    MetaStats, Principal, StorageStatus,
+    AdminCounters, ApiKey, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport,
+    MIN_API_KEY_LEN, MetaStats, Principal, StorageStatus,
 };
 pub use service::{BackendStats, HealthCheckerHandle};
 pub use service::{

@@ -47,6 +47,7 @@ macro_rules! for_admin_methods {
             AddAccount, add_account, add_account, AddAccountRequest, CommonResponse;
             DeleteAccount, delete_account, delete_account, DeleteAccountRequest, CommonResponse;
             ListAccount, list_account, list_account, ListAccountRequest, ListAccountResponse;
+            SetAccountGroups, set_account_groups, set_account_groups, SetAccountGroupsRequest, CommonResponse;
             GenConfigSnapshot, gen_config_snapshot, gen_config_snapshot, GenConfigSnapshotRequest, ConfigSnapShotResponse;
             LoadConfigSnapshot, load_config_snapshot, load_config_snapshot, LoadConfigSnapshotRequest, CommonResponse;
             GetMetrics, get_metrics, get_metrics, GetMetricsRequest, GetMetricsResponse;
