@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_backend::BackendOptions;
-use kvtier_core::Config;
+use kvtier_core::{AccountRole, Config, MetaAccountConfig};
 use kvtier_meta::{
-    DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
+    ApiKey, DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
     RedisIndexConfig, Role, Storage, StorageHealth, StorageKind,
 };
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
@@ -44,6 +44,7 @@ impl Manager {
     /// `kvtier://<node>` storages); `node` is this node's name.
     pub async fn start(config: &Config, store: Option<(String, Store)>) -> Result<Self> {
         let m = &config.meta;
+        let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
         let mut meta_config = MetaConfig {
             session_timeout: Duration::from_secs(m.session_timeout_secs),
@@ -66,7 +67,7 @@ impl Manager {
         };
         options.file_pool.files = 4;
         options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
-        bootstrap(&svc, config)?;
+        bootstrap(&svc, config, &accounts)?;
         attach_backends(&svc, &options).await?;
         let tasks = BackgroundTasks {
             _reclaimer: svc.spawn_reclaimer(Duration::from_secs(m.reclaim_interval_secs.max(1))),
@@ -152,6 +153,7 @@ fn server_config(config: &Config) -> Result<ServerConfig> {
         } else {
             AuthMode::Disabled
         },
+        allow_unauthenticated_remote: m.allow_unauthenticated_remote,
         max_body_bytes: usize::try_from(m.max_body.0).unwrap_or(usize::MAX),
         ..ServerConfig::default()
     })
@@ -188,9 +190,61 @@ fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
 }
 
-/// Storage and group `default` on a fresh manager (never overwrites), and
-/// the bootstrap admin account when a key is configured.
-fn bootstrap(svc: &MetaService, config: &Config) -> Result<()> {
+/// A `[[meta.accounts]]` entry with its key read.
+pub struct ConfiguredAccount<'a> {
+    entry: &'a MetaAccountConfig,
+    /// The key from `key_env`, or `None` when the entry gives `key_hash`.
+    key: Option<String>,
+}
+
+/// The configured accounts with their keys read from the environment; an
+/// unset or empty `key_env` variable is an error naming it. Called before
+/// anything is created, so a missing key leaves no state behind.
+pub fn configured_accounts(config: &Config) -> Result<Vec<ConfiguredAccount<'_>>> {
+    config
+        .meta
+        .accounts
+        .iter()
+        .map(|entry| {
+            let key = match &entry.key_env {
+                Some(var) => Some(
+                    std::env::var(var)
+                        .ok()
+                        .filter(|k| !k.is_empty())
+                        .with_context(|| {
+                            format!(
+                                "meta.accounts {:?}: environment variable {var} (key_env) is not set",
+                                entry.name
+                            )
+                        })?,
+                ),
+                None => None,
+            };
+            Ok(ConfiguredAccount { entry, key })
+        })
+        .collect()
+}
+
+/// Creates or replaces one configured account.
+fn provision(svc: &MetaService, account: &ConfiguredAccount<'_>) -> Result<()> {
+    let e = account.entry;
+    let key = match (&account.key, &e.key_hash) {
+        (Some(k), _) => ApiKey::Clear(k),
+        (None, Some(h)) => ApiKey::Hashed(h),
+        (None, None) => bail!("meta.accounts {:?}: no key", e.name),
+    };
+    let role = match e.role {
+        AccountRole::User => Role::User,
+        AccountRole::Admin => Role::Admin,
+    };
+    svc.put_account(&e.name, role, key, e.groups.clone())
+        .with_context(|| format!("provisioning account {:?} from meta.accounts", e.name))
+}
+
+/// Storage and group `default` on a fresh manager (never overwrites), the
+/// bootstrap admin account when a key is configured, and the configured
+/// accounts (created or replaced).
+fn bootstrap(svc: &MetaService, config: &Config, accounts: &[ConfiguredAccount<'_>]) -> Result<()> {
     let fresh = svc.get_group(DEFAULT_GROUP).is_err();
     svc.ensure_default_group(default_storage(config)?)
         .context("creating the default group")?;
@@ -200,11 +254,11 @@ fn bootstrap(svc: &MetaService, config: &Config) -> Result<()> {
         svc.update_group(group)
             .context("setting the default group's quota")?;
     }
+    for account in accounts {
+        provision(svc, account)?;
+    }
     if let Some(key) = &config.meta.admin_api_key {
-        if svc.list_accounts().iter().any(|a| a.name == "admin") {
-            svc.delete_account("admin")?;
-        }
-        svc.add_account("admin", Role::Admin, key, Vec::new())
+        svc.put_account("admin", Role::Admin, ApiKey::Clear(key), Vec::new())
             .context("creating the admin account")?;
     } else if config.meta.auth && svc.list_accounts().iter().all(|a| a.role != Role::Admin) {
         bail!(

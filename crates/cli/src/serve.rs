@@ -33,6 +33,11 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if config.meta.enabled {
+        // Before the arena and the disk tier exist: a missing account key
+        // must leave nothing behind.
+        crate::manager::configured_accounts(&config)?;
+    }
     rt.block_on(async move {
         let geometry = config.geometry.resolve()?;
         for dir in config.disk_dirs() {

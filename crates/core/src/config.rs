@@ -346,7 +346,9 @@ pub struct MetaSectionConfig {
     pub index: String,
     /// Key prefix in Redis/Valkey, so several clusters can share a server.
     pub redis_prefix: String,
-    /// Address the four listeners bind to.
+    /// Address the four listeners bind to. Default `127.0.0.1`: only this
+    /// host. Any other address (`0.0.0.0` included) with `auth` off is
+    /// refused unless `allow_unauthenticated_remote` is set.
     pub bind: String,
     /// Meta service gRPC port (Tair KVCM `rpc_port`).
     pub rpc_port: u16,
@@ -361,6 +363,12 @@ pub struct MetaSectionConfig {
     /// Key of the bootstrap `admin` account, created or updated at start
     /// (set it through `KVTIER_META__ADMIN_API_KEY`, not in a file).
     pub admin_api_key: Option<String>,
+    /// Start with `auth` off although `bind` is not a loopback address, so
+    /// that everyone who reaches the ports is an administrator (a warning
+    /// is logged). For a network that is itself the access control.
+    pub allow_unauthenticated_remote: bool,
+    /// `[[meta.accounts]]`: accounts created or replaced at every start.
+    pub accounts: Vec<MetaAccountConfig>,
     /// Seconds a write session may stay open before it fails and its
     /// locations are reclaimed.
     pub session_timeout_secs: u64,
@@ -396,13 +404,15 @@ impl Default for MetaSectionConfig {
             enabled: true,
             index: "embedded".into(),
             redis_prefix: "kvtier".into(),
-            bind: "0.0.0.0".into(),
+            bind: "127.0.0.1".into(),
             rpc_port: 6381,
             http_port: 6382,
             admin_rpc_port: 6491,
             admin_http_port: 6492,
             auth: false,
             admin_api_key: None,
+            allow_unauthenticated_remote: false,
+            accounts: Vec::new(),
             session_timeout_secs: 30,
             reclaim_interval_secs: 5,
             health_interval_secs: 10,
@@ -414,6 +424,89 @@ impl Default for MetaSectionConfig {
             pool_capacity: ByteSize(4 << 30),
             default_storage: String::new(),
         }
+    }
+}
+
+/// Role of a configured account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountRole {
+    /// Meta calls on instances of the account's `groups`.
+    #[default]
+    User,
+    /// Everything, on every listener.
+    Admin,
+}
+
+/// One `[[meta.accounts]]` entry: an API account the manager creates, or
+/// replaces whole, at every start. The key is never in the file: either the
+/// name of an environment variable that holds it, or its salted hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaAccountConfig {
+    /// Account name.
+    pub name: String,
+    /// Role; default `user`.
+    #[serde(default)]
+    pub role: AccountRole,
+    /// Instance groups a `user` may use: group names, or `"*"` for every
+    /// group. Empty (the default): none.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_env: Option<String>,
+    /// The key's stored form, `sha256$<salt hex>$<SHA-256(salt || key) hex>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_hash: Option<String>,
+}
+
+impl MetaSectionConfig {
+    /// Refuses `auth` off on a non-loopback `bind` unless
+    /// `allow_unauthenticated_remote` accepts it.
+    fn check_exposure(&self) -> Result<()> {
+        let loopback = self
+            .bind
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+        if loopback || self.auth || self.allow_unauthenticated_remote {
+            return Ok(());
+        }
+        Err(CoreError::InvalidConfig(format!(
+            "meta.bind = {:?} exposes the meta and admin APIs to other hosts with meta.auth off, \
+             so anyone who reaches them could administer this server; set meta.auth = true \
+             (with an admin key and accounts), bind 127.0.0.1, or accept it explicitly with \
+             meta.allow_unauthenticated_remote = true",
+            self.bind
+        )))
+    }
+
+    /// Each `[[meta.accounts]]` entry: a unique non-empty name (not the
+    /// bootstrap `admin` when `admin_api_key` is set) and exactly one of
+    /// `key_env`, `key_hash`.
+    fn check_accounts(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.accounts {
+            let bad = |why: &str| {
+                Err(CoreError::InvalidConfig(format!(
+                    "meta.accounts entry {:?}: {why}",
+                    a.name
+                )))
+            };
+            if a.name.is_empty() {
+                return bad("empty name");
+            }
+            if !seen.insert(a.name.as_str()) {
+                return bad("name listed twice");
+            }
+            if a.name == "admin" && self.admin_api_key.is_some() {
+                return bad("\"admin\" is the account meta.admin_api_key creates");
+            }
+            if a.key_env.is_some() == a.key_hash.is_some() {
+                return bad("give exactly one of key_env and key_hash");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -513,7 +606,8 @@ impl Config {
         if m.auth && m.admin_api_key.as_ref().is_some_and(|k| k.len() < 16) {
             return bad("meta.admin_api_key must have at least 16 characters");
         }
-        Ok(())
+        m.check_exposure()?;
+        m.check_accounts()
     }
 
     /// The disk directories, defaulting to `<data_dir>/disk`.
@@ -627,9 +721,66 @@ mod tests {
             "[meta]\nindex = \"postgres://x\"",
             "[meta]\nauth = true\nadmin_api_key = \"short\"",
             "[meta]\nmax_keys = 0",
+            "[meta]\nbind = \"0.0.0.0\"",
+            "[[meta.accounts]]\nname = \"a\"",
+            "[[meta.accounts]]\nname = \"a\"\nkey_env = \"K\"\nkey_hash = \"h\"",
+            "[[meta.accounts]]\nname = \"a\"\nkey_env = \"K\"\n[[meta.accounts]]\nname = \"a\"\nkey_env = \"L\"",
+            "[[meta.accounts]]\nname = \"\"\nkey_env = \"K\"",
+            "[[meta.accounts]]\nname = \"a\"\nkey_env = \"K\"\nscopes = []",
         ] {
             assert!(Config::from_toml_with_env(bad, env(&[])).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn meta_binds_loopback_unless_told_and_remote_needs_auth_or_consent() {
+        let c = Config::from_toml_with_env("", env(&[])).unwrap();
+        assert_eq!(c.meta.bind, "127.0.0.1");
+        assert!(!c.meta.auth && !c.meta.allow_unauthenticated_remote);
+        let open = Config::from_toml_with_env("", env(&[("KVTIER_META__BIND", "0.0.0.0")]));
+        let e = open.unwrap_err().to_string();
+        assert!(
+            e.contains("meta.bind") && e.contains("meta.allow_unauthenticated_remote"),
+            "{e}"
+        );
+        for ok in [
+            "[meta]\nbind = \"::1\"",
+            "[meta]\nbind = \"0.0.0.0\"\nauth = true",
+            "[meta]\nbind = \"0.0.0.0\"\nallow_unauthenticated_remote = true",
+        ] {
+            assert!(Config::from_toml_with_env(ok, env(&[])).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn accounts_parse_from_file_and_env() {
+        let text = "[[meta.accounts]]\nname = \"engine-a\"\ngroups = [\"a\"]\nkey_env = \"KEY_A\"\n\
+                    [[meta.accounts]]\nname = \"ops\"\nrole = \"admin\"\nkey_hash = \"sha256$00$11\"";
+        let c = Config::from_toml_with_env(text, env(&[])).unwrap();
+        let a = &c.meta.accounts;
+        assert_eq!(
+            (a[0].role, a[0].groups.as_slice()),
+            (AccountRole::User, &["a".to_string()][..])
+        );
+        assert_eq!(a[0].key_env.as_deref(), Some("KEY_A"));
+        assert_eq!(
+            (a[1].role, a[1].key_hash.as_deref()),
+            (AccountRole::Admin, Some("sha256$00$11"))
+        );
+        let from_env = Config::from_toml_with_env(
+            "",
+            env(&[(
+                "KVTIER_META__ACCOUNTS",
+                r#"[{name = "b", groups = ["*"], key_env = "KEY_B"}]"#,
+            )]),
+        )
+        .unwrap();
+        assert_eq!(from_env.meta.accounts[0].groups, ["*"]);
+        // Printed and read back unchanged.
+        assert_eq!(
+            Config::from_toml_with_env(&c.to_toml(), env(&[])).unwrap(),
+            c
+        );
     }
 
     #[test]

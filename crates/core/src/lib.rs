@@ -44,8 +44,8 @@ pub use checksum::{
     layer_checksums,
 };
 pub use config::{
-    ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind, MemoryConfig,
-    MetaSectionConfig, RegionEvictionKind, ServeConfig,
+    AccountRole, ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind,
+    MemoryConfig, MetaAccountConfig, MetaSectionConfig, RegionEvictionKind, ServeConfig,
 };
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};

@@ -75,7 +75,7 @@ pub use index::{
 pub use matching::{BlockMask, MatchMode};
 pub use model::*;
 pub use service::{
-    AdminCounters, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport, MAX_NAME_BYTES,
+    AdminCounters, ApiKey, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport, MAX_NAME_BYTES,
     MIN_API_KEY_LEN, MetaStats, Principal, StorageStatus,
 };
 pub use service::{BackendStats, HealthCheckerHandle};

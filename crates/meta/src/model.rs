@@ -13,7 +13,7 @@ mod group;
 mod instance;
 mod storage;
 
-pub use account::{Account, Role};
+pub use account::{ALL_GROUPS, Account, Role, group_allowed};
 pub use block::{BlockKey, BlockMeta, CacheLocation, LocationId, LocationSpec, LocationStatus};
 pub use group::{EvictionPolicy, InstanceGroup};
 pub use instance::{Instance, LocationSpecInfo, SpecGroup};

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use self::access::AccessBuffer;
-pub use self::accounts::{MIN_API_KEY_LEN, Principal};
+pub use self::accounts::{ApiKey, MIN_API_KEY_LEN, Principal};
 use self::admin::AdminState;
 pub use self::admin::{
     AdminCounters, DEFAULT_GROUP, GroupStats, HealthReport, MAX_NAME_BYTES, MetaStats,

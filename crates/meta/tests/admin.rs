@@ -455,14 +455,36 @@ async fn accounts_and_authentication() {
             .all(|a| a.api_key_hash.starts_with("sha256$"))
     );
 
-    // A user with no groups may use every group.
+    // A user with no groups may use none (fail closed); "*" means every
+    // group; a group cannot be named "*".
     svc.add_account("any", Role::User, "any-key-0123456789abcdef", vec![])
         .unwrap();
+    let none = svc.authenticate("any-key-0123456789abcdef").unwrap();
+    assert!(!none.may_use_group("g") && !none.may_use_group("h"));
+    svc.set_account_groups("any", vec![ALL_GROUPS.into()])
+        .unwrap();
+    let all = svc.authenticate("any-key-0123456789abcdef").unwrap();
+    assert!(all.may_use_group("g") && all.may_use_group("h"));
+    assert!(matches!(
+        svc.set_account_groups("any", vec!["nope".into()]),
+        Err(MetaError::GroupNotFound(_))
+    ));
+    assert!(matches!(
+        svc.set_account_groups("nobody", vec![]),
+        Err(MetaError::AccountNotFound(_))
+    ));
     assert!(
         svc.authenticate("any-key-0123456789abcdef")
             .unwrap()
-            .may_use_group("h")
+            .may_use_group("h"),
+        "refused changes kept the groups"
     );
+    let mut star = svc.get_group("g").unwrap().0;
+    star.name = ALL_GROUPS.into();
+    assert!(matches!(
+        svc.create_group(star),
+        Err(MetaError::InvalidArgument(_))
+    ));
 
     // Deleted: the (cached) key stops working at once.
     svc.delete_account("u").unwrap();
@@ -473,7 +495,56 @@ async fn accounts_and_authentication() {
     let names: Vec<String> = svc.list_accounts().into_iter().map(|a| a.name).collect();
     assert_eq!(names, ["any", "root"]);
     let c = svc.stats().counters;
-    assert_eq!((c.auth_ok, c.auth_failed), (5, 3));
+    assert_eq!((c.auth_ok, c.auth_failed), (7, 3));
+}
+
+#[test]
+fn put_account_creates_or_replaces_whole() {
+    let svc = memory_service();
+    svc.ensure_default_group(storage("local", StorageKind::FilePool))
+        .unwrap();
+    let old_key = "provisioned-key-0123456789";
+    svc.put_account(
+        "p",
+        Role::User,
+        ApiKey::Clear(old_key),
+        vec![DEFAULT_GROUP.into()],
+    )
+    .unwrap();
+    assert!(
+        svc.authenticate(old_key)
+            .unwrap()
+            .may_use_group(DEFAULT_GROUP)
+    );
+    // Replaced with a hashed key (taken from another account's snapshot
+    // record) and no groups: the old key stops working at once.
+    svc.add_account("donor", Role::User, KEY_U, vec![]).unwrap();
+    let snap = svc.gen_config_snapshot();
+    let hash = &snap
+        .accounts
+        .iter()
+        .find(|a| a.name == "donor")
+        .unwrap()
+        .api_key_hash;
+    svc.put_account("p", Role::Admin, ApiKey::Hashed(hash), vec![])
+        .unwrap();
+    assert!(matches!(
+        svc.authenticate(old_key),
+        Err(MetaError::Unauthenticated)
+    ));
+    let names: Vec<String> = svc.list_accounts().into_iter().map(|a| a.name).collect();
+    assert_eq!(names, ["donor", "p"]);
+    // Refusals change nothing.
+    let before = svc.list_accounts();
+    for bad in [
+        svc.put_account("p", Role::User, ApiKey::Hashed("sha256$zz$00"), vec![]),
+        svc.put_account("p", Role::User, ApiKey::Clear("short"), vec![]),
+        svc.put_account("p", Role::User, ApiKey::Clear(old_key), vec!["nope".into()]),
+        svc.put_account("", Role::User, ApiKey::Clear(old_key), vec![]),
+    ] {
+        assert!(bad.is_err());
+    }
+    assert_eq!(svc.list_accounts(), before);
 }
 
 #[tokio::test]

@@ -134,6 +134,7 @@ wire_requests!(
     apb::AddAccountRequest,
     apb::DeleteAccountRequest,
     apb::ListAccountRequest,
+    apb::SetAccountGroupsRequest,
     apb::GenConfigSnapshotRequest,
     apb::LoadConfigSnapshotRequest,
     apb::GetMetricsRequest,
@@ -207,18 +208,23 @@ impl Api {
         resp
     }
 
-    /// Checks that `who` may act on instances of `group`.
+    /// Checks that `who` may act on instances of `group`; the refusal says
+    /// why (an account with no groups is told how to get some).
     pub fn check_group(&self, who: &Caller, group: &str) -> Result<(), Fail> {
         if who.may_use_group(group) {
-            Ok(())
-        } else {
-            Err(Fail::from(kvtier_meta::MetaError::PermissionDenied(
-                format!(
-                    "account {:?} may not use instance group {group:?}",
-                    who.account()
-                ),
-            )))
+            return Ok(());
         }
+        let why = if who.has_no_groups() {
+            "it is allowed no instance group (an administrator grants groups with SetAccountGroups)"
+        } else {
+            "the group is not among its allowed groups"
+        };
+        Err(Fail::from(kvtier_meta::MetaError::PermissionDenied(
+            format!(
+                "account {:?} may not use instance group {group:?}: {why}",
+                who.account()
+            ),
+        )))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Who is calling: API keys from HTTP headers or gRPC metadata, checked with
 //! `MetaService::authenticate` (docs/server.md, "Authentication").
 
-use kvtier_meta::{MetaService, Role};
+use kvtier_meta::{MetaService, Principal};
 
 use crate::config::AuthMode;
 
@@ -10,15 +10,8 @@ use crate::config::AuthMode;
 pub enum Caller {
     /// Authentication is off: every call is allowed, as an administrator.
     Open,
-    /// An authenticated account.
-    Account {
-        /// Account name.
-        name: String,
-        /// Whether it has the admin role.
-        admin: bool,
-        /// Groups a user may use; empty means every group.
-        groups: Vec<String>,
-    },
+    /// An authenticated account, with its role and groups.
+    Account(Principal),
 }
 
 impl Caller {
@@ -26,25 +19,30 @@ impl Caller {
     pub fn is_admin(&self) -> bool {
         match self {
             Caller::Open => true,
-            Caller::Account { admin, .. } => *admin,
+            Caller::Account(p) => p.is_admin(),
         }
     }
 
-    /// Whether the caller may act on instances of `group`.
+    /// Whether the caller may act on instances of `group`
+    /// ([`Principal::may_use_group`]: a user without groups may use none).
     pub fn may_use_group(&self, group: &str) -> bool {
         match self {
             Caller::Open => true,
-            Caller::Account { admin, groups, .. } => {
-                *admin || groups.is_empty() || groups.iter().any(|g| g == group)
-            }
+            Caller::Account(p) => p.may_use_group(group),
         }
+    }
+
+    /// Whether the caller is a user account that may use no group at all,
+    /// so a refusal can say how to fix it.
+    pub fn has_no_groups(&self) -> bool {
+        matches!(self, Caller::Account(p) if !p.is_admin() && p.groups.is_empty())
     }
 
     /// Account name for messages (`-` when open).
     pub fn account(&self) -> &str {
         match self {
             Caller::Open => "-",
-            Caller::Account { name, .. } => name,
+            Caller::Account(p) => &p.account,
         }
     }
 }
@@ -93,12 +91,7 @@ pub fn authenticate(
         AuthMode::Disabled => Caller::Open,
         AuthMode::ApiKeys => {
             let key = key.ok_or(AuthError::Missing)?;
-            let p = svc.authenticate(key).map_err(|_| AuthError::Invalid)?;
-            Caller::Account {
-                name: p.account,
-                admin: p.role == Role::Admin,
-                groups: p.groups,
-            }
+            Caller::Account(svc.authenticate(key).map_err(|_| AuthError::Invalid)?)
         }
     };
     if admin_only && !caller.is_admin() {
@@ -110,6 +103,7 @@ pub fn authenticate(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvtier_meta::Role;
 
     #[test]
     fn keys_are_read_from_either_header() {
@@ -121,20 +115,30 @@ mod tests {
         assert_eq!(key_from_headers(None, None), None);
     }
 
+    fn caller(role: Role, groups: &[&str]) -> Caller {
+        Caller::Account(Principal {
+            account: "x".into(),
+            role,
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+        })
+    }
+
     #[test]
     fn groups_limit_users_not_admins() {
-        let user = Caller::Account {
-            name: "u".into(),
-            admin: false,
-            groups: vec!["a".into()],
-        };
+        let user = caller(Role::User, &["a"]);
         assert!(user.may_use_group("a") && !user.may_use_group("b") && !user.is_admin());
-        let admin = Caller::Account {
-            name: "x".into(),
-            admin: true,
-            groups: vec!["a".into()],
-        };
+        let admin = caller(Role::Admin, &["a"]);
         assert!(admin.may_use_group("b") && admin.is_admin());
         assert!(Caller::Open.may_use_group("b"));
+    }
+
+    #[test]
+    fn users_without_groups_reach_none_and_star_reaches_all() {
+        let none = caller(Role::User, &[]);
+        assert!(!none.may_use_group("a") && !none.may_use_group("default"));
+        assert!(none.has_no_groups());
+        let all = caller(Role::User, &[kvtier_meta::ALL_GROUPS]);
+        assert!(all.may_use_group("a") && all.may_use_group("default"));
+        assert!(!all.has_no_groups() && !caller(Role::Admin, &[]).has_no_groups());
     }
 }

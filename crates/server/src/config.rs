@@ -4,6 +4,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use crate::error::ServerError;
+
 /// Default meta gRPC port (Tair KVCM `kvcm.service.rpc_port`).
 pub const DEFAULT_META_GRPC_PORT: u16 = 6381;
 /// Default meta HTTP port (`kvcm.service.http_port`).
@@ -28,16 +30,22 @@ pub enum AuthMode {
 /// Settings of a [`crate::MetaServer`].
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Meta service over HTTP/JSON. Default `0.0.0.0:6382`.
+    /// Meta service over HTTP/JSON. Default `127.0.0.1:6382`.
     pub meta_http: SocketAddr,
-    /// Meta service over gRPC. Default `0.0.0.0:6381`.
+    /// Meta service over gRPC. Default `127.0.0.1:6381`.
     pub meta_grpc: SocketAddr,
-    /// Admin service over HTTP/JSON (also `/metrics`). Default `0.0.0.0:6492`.
+    /// Admin service over HTTP/JSON (also `/metrics`). Default `127.0.0.1:6492`.
     pub admin_http: SocketAddr,
-    /// Admin service over gRPC. Default `0.0.0.0:6491`.
+    /// Admin service over gRPC. Default `127.0.0.1:6491`.
     pub admin_grpc: SocketAddr,
     /// Authentication. Default [`AuthMode::Disabled`].
     pub auth: AuthMode,
+    /// Whether the server may start with [`AuthMode::Disabled`] on a
+    /// listener that is not a loopback address, where anyone who can reach
+    /// it is an administrator. Default false: such a configuration is
+    /// refused ([`ServerConfig::check_exposure`]); true starts it with a
+    /// warning in the log.
+    pub allow_unauthenticated_remote: bool,
     /// Largest request body (HTTP) or message (gRPC) accepted; larger ones
     /// are refused with 413 / `OUT_OF_RANGE` before any work is done.
     /// Default 64 MiB. (The number of keys per request is capped separately
@@ -59,13 +67,16 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+        // Loopback: an unauthenticated server is reachable from this host
+        // only until an operator binds it elsewhere on purpose.
+        let local = |port| SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         ServerConfig {
-            meta_http: any(DEFAULT_META_HTTP_PORT),
-            meta_grpc: any(DEFAULT_META_GRPC_PORT),
-            admin_http: any(DEFAULT_ADMIN_HTTP_PORT),
-            admin_grpc: any(DEFAULT_ADMIN_GRPC_PORT),
+            meta_http: local(DEFAULT_META_HTTP_PORT),
+            meta_grpc: local(DEFAULT_META_GRPC_PORT),
+            admin_http: local(DEFAULT_ADMIN_HTTP_PORT),
+            admin_grpc: local(DEFAULT_ADMIN_GRPC_PORT),
             auth: AuthMode::Disabled,
+            allow_unauthenticated_remote: false,
             max_body_bytes: 64 << 20,
             request_timeout: Duration::from_secs(30),
             node_id: "kvtier-meta-0".into(),
@@ -85,6 +96,35 @@ impl ServerConfig {
             admin_http: local,
             admin_grpc: local,
             ..ServerConfig::default()
+        }
+    }
+
+    /// The listeners (by name) bound to an address other hosts may reach:
+    /// anything but a loopback address (`0.0.0.0` and `::` included).
+    pub fn remote_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        [
+            ("meta http", self.meta_http),
+            ("meta grpc", self.meta_grpc),
+            ("admin http", self.admin_http),
+            ("admin grpc", self.admin_grpc),
+        ]
+        .into_iter()
+        .filter(|(_, a)| !a.ip().is_loopback())
+        .collect()
+    }
+
+    /// Refuses a server that would be open to other hosts: authentication
+    /// off on a non-loopback listener, unless
+    /// [`ServerConfig::allow_unauthenticated_remote`] accepts it.
+    pub fn check_exposure(&self) -> Result<(), ServerError> {
+        let remote = self.remote_listeners();
+        match remote.first() {
+            Some((what, addr))
+                if self.auth == AuthMode::Disabled && !self.allow_unauthenticated_remote =>
+            {
+                Err(ServerError::UnauthenticatedRemote { what, addr: *addr })
+            }
+            _ => Ok(()),
         }
     }
 }

@@ -15,6 +15,20 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// Authentication is off and a listener is reachable from other hosts,
+    /// without `allow_unauthenticated_remote`.
+    #[error(
+        "refusing to serve the {what} listener on {addr} without authentication: \
+         anyone who can reach it could administer this server. Turn on API keys \
+         (auth), bind a loopback address, or accept the exposure explicitly \
+         (allow_unauthenticated_remote; meta.allow_unauthenticated_remote in kvtier's configuration)"
+    )]
+    UnauthenticatedRemote {
+        /// Which listener (`meta http`, `admin grpc`, ...).
+        what: &'static str,
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+    },
     /// The configuration is inconsistent.
     #[error("invalid server configuration: {0}")]
     Config(String),

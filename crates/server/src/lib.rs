@@ -48,4 +48,5 @@ pub use config::{
     DEFAULT_META_HTTP_PORT, ServerConfig,
 };
 pub use error::{Result, ServerError};
+pub use methods::{ADMIN_RPCS, META_RPCS, lower_camel};
 pub use server::{MetaServer, RunningServer};

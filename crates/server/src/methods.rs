@@ -47,6 +47,7 @@ macro_rules! for_admin_methods {
             AddAccount, add_account, add_account, AddAccountRequest, CommonResponse;
             DeleteAccount, delete_account, delete_account, DeleteAccountRequest, CommonResponse;
             ListAccount, list_account, list_account, ListAccountRequest, ListAccountResponse;
+            SetAccountGroups, set_account_groups, set_account_groups, SetAccountGroupsRequest, CommonResponse;
             GenConfigSnapshot, gen_config_snapshot, gen_config_snapshot, GenConfigSnapshotRequest, ConfigSnapShotResponse;
             LoadConfigSnapshot, load_config_snapshot, load_config_snapshot, LoadConfigSnapshotRequest, CommonResponse;
             GetMetrics, get_metrics, get_metrics, GetMetricsRequest, GetMetricsResponse;
@@ -59,6 +60,21 @@ macro_rules! for_admin_methods {
         }
     };
 }
+
+/// The RPC names of one list, in its order.
+macro_rules! rpc_names {
+    ($($rpc:ident, $trait_fn:ident, $api_fn:ident, $req:ident, $resp:ident;)*) => {
+        &[$(stringify!($rpc)),*]
+    };
+}
+
+/// Every meta RPC by name (UpperCamel), from the table the transports
+/// serve, so tests can insist that each one is covered.
+pub const META_RPCS: &[&str] = for_meta_methods!(rpc_names);
+
+/// Every admin RPC by name (UpperCamel), from the table the transports
+/// serve.
+pub const ADMIN_RPCS: &[&str] = for_admin_methods!(rpc_names);
 
 /// The RPC name in lowerCamelCase, as HTTP paths spell it.
 pub fn lower_camel(rpc: &str) -> String {

@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::{Api, NodeInfo};
-use crate::config::ServerConfig;
+use crate::config::{AuthMode, ServerConfig};
 use crate::error::{Result, ServerError};
 use crate::grpc::{AdminGrpc, MetaGrpc};
 use crate::http::{HttpOptions, Services, router};
@@ -84,6 +84,17 @@ impl MetaServer {
         }
         if cfg.max_body_bytes == 0 {
             return Err(ServerError::Config("max_body_bytes is 0".into()));
+        }
+        cfg.check_exposure()?;
+        if cfg.auth == AuthMode::Disabled {
+            for (what, addr) in cfg.remote_listeners() {
+                tracing::warn!(
+                    listener = what,
+                    %addr,
+                    "authentication is off on a listener other hosts can reach \
+                     (allow_unauthenticated_remote): anyone who reaches it is an administrator"
+                );
+            }
         }
         let meta_http_l = bind("meta http", cfg.meta_http).await?;
         let meta_grpc_l = bind("meta grpc", cfg.meta_grpc).await?;

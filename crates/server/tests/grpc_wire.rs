@@ -304,7 +304,7 @@ async fn admin_service_over_grpc_and_http() {
     let (_, r) = post(a, "/api/listAccount", &json!({}), None).await;
     assert_eq!(
         r["accounts"],
-        json!([{"user_name": "ops", "role": "ROLE_ADMIN"}])
+        json!([{"user_name": "ops", "role": "ROLE_ADMIN", "allowed_groups": []}])
     );
 
     let snap = c

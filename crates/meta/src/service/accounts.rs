@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use super::MetaService;
 use super::catalog::{Change, KeyDigest};
 use crate::error::{MetaError, Result};
-use crate::model::{Account, Role};
+use crate::model::{ALL_GROUPS, Account, Role, group_allowed};
 
 /// Shortest API key accepted.
 pub const MIN_API_KEY_LEN: usize = 16;
@@ -35,7 +35,8 @@ pub struct Principal {
     pub account: String,
     /// Role of the account.
     pub role: Role,
-    /// Groups a [`Role::User`] may use; empty means every group.
+    /// Groups a [`Role::User`] may use ([`Account::allowed_groups`]:
+    /// empty means none, [`ALL_GROUPS`] every group).
     pub groups: Vec<String>,
 }
 
@@ -46,10 +47,12 @@ impl Principal {
     }
 
     /// Whether the principal may act on instances of `group`: admins always;
-    /// users when their account lists the group or lists none (the Tair KVCM
-    /// `AddAccount` call carries no groups, and such a user may use all).
+    /// users when their account lists the group or [`ALL_GROUPS`]. A user
+    /// listing no group may use none (fail closed: the Tair KVCM
+    /// `AddAccount` call carries no groups, and such an account must be
+    /// granted some before it reaches anything).
     pub fn may_use_group(&self, group: &str) -> bool {
-        self.is_admin() || self.groups.is_empty() || self.groups.iter().any(|g| g == group)
+        group_allowed(self.role, &self.groups, group)
     }
 }
 
@@ -119,6 +122,45 @@ fn key_matches(account: &Account, key: &str) -> bool {
         .is_some_and(|(salt, digest)| ct_eq(&salted(&salt, key), &digest))
 }
 
+/// An API key as given to [`MetaService::put_account`].
+#[derive(Debug, Clone, Copy)]
+pub enum ApiKey<'a> {
+    /// The key itself; it is stored salted and hashed.
+    Clear(&'a str),
+    /// The stored form, `sha256$<salt hex>$<SHA-256(salt || key) hex>`, for
+    /// operators who keep the key itself off the server.
+    Hashed(&'a str),
+}
+
+impl ApiKey<'_> {
+    /// The stored form, or [`MetaError::InvalidArgument`] for a key shorter
+    /// than [`MIN_API_KEY_LEN`] or a malformed hash.
+    fn stored(self) -> Result<String> {
+        match self {
+            ApiKey::Clear(key) if key.chars().count() < MIN_API_KEY_LEN => {
+                Err(MetaError::InvalidArgument(format!(
+                    "api key shorter than {MIN_API_KEY_LEN} characters"
+                )))
+            }
+            ApiKey::Clear(key) => Ok(hash_api_key(key)),
+            ApiKey::Hashed(h) if valid_hash(h) => Ok(h.to_owned()),
+            ApiKey::Hashed(_) => Err(MetaError::InvalidArgument(
+                "malformed key hash (expected sha256$<salt hex>$<64 hex digits>)".into(),
+            )),
+        }
+    }
+}
+
+/// Checks an account's group list against the groups that exist: every
+/// entry names one, or is [`ALL_GROUPS`]. [`MetaError::GroupNotFound`]
+/// names the first that does not.
+pub(crate) fn check_account_groups(groups: &[String], exists: impl Fn(&str) -> bool) -> Result<()> {
+    match groups.iter().find(|g| *g != ALL_GROUPS && !exists(g)) {
+        Some(g) => Err(MetaError::GroupNotFound(g.clone())),
+        None => Ok(()),
+    }
+}
+
 fn principal(a: &Account) -> Principal {
     Principal {
         account: a.name.clone(),
@@ -127,10 +169,23 @@ fn principal(a: &Account) -> Principal {
     }
 }
 
+/// A validated account record (name and key checked, key hashed); its
+/// groups are checked against the catalog by the caller.
+fn new_account(name: &str, role: Role, key: ApiKey<'_>, groups: Vec<String>) -> Result<Account> {
+    super::admin::check_name("account name", name)?;
+    Ok(Account {
+        name: name.to_owned(),
+        role,
+        api_key_hash: key.stored()?,
+        allowed_groups: groups,
+    })
+}
+
 impl MetaService {
     /// Adds an account whose API key is `api_key` (stored salted and
-    /// hashed, never in clear). `groups` restricts a [`Role::User`] (empty:
-    /// every group) and must name existing groups.
+    /// hashed, never in clear). `groups` are the instance groups a
+    /// [`Role::User`] may use: existing groups, or [`ALL_GROUPS`]; empty
+    /// means none.
     ///
     /// [`MetaError::InvalidArgument`] for an empty name or a key shorter
     /// than [`MIN_API_KEY_LEN`], [`MetaError::GroupNotFound`],
@@ -142,29 +197,55 @@ impl MetaService {
         api_key: &str,
         groups: Vec<String>,
     ) -> Result<()> {
-        super::admin::check_name("account name", name)?;
-        if api_key.chars().count() < MIN_API_KEY_LEN {
-            return Err(MetaError::InvalidArgument(format!(
-                "api key shorter than {MIN_API_KEY_LEN} characters"
-            )));
-        }
-        let account = Account {
-            name: name.to_owned(),
-            role,
-            api_key_hash: hash_api_key(api_key),
-            allowed_groups: groups,
-        };
+        let account = new_account(name, role, ApiKey::Clear(api_key), groups)?;
         self.catalog.apply(self.index.as_ref(), |maps| {
             if maps.accounts.contains_key(name) {
                 return Err(MetaError::AlreadyExists(format!("account {name:?}")));
             }
-            if let Some(g) = account
-                .allowed_groups
-                .iter()
-                .find(|g| !maps.groups.contains_key(*g))
-            {
-                return Err(MetaError::GroupNotFound(g.clone()));
-            }
+            check_account_groups(&account.allowed_groups, |g| maps.groups.contains_key(g))?;
+            Ok((vec![Change::PutAccount(account)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Creates account `name`, or replaces it whole (role, key, groups):
+    /// how accounts listed in the configuration are provisioned at every
+    /// start. The old key of a replaced account stops authenticating at
+    /// once. Same checks as [`MetaService::add_account`]; a refusal changes
+    /// nothing.
+    pub fn put_account(
+        &self,
+        name: &str,
+        role: Role,
+        api_key: ApiKey<'_>,
+        groups: Vec<String>,
+    ) -> Result<()> {
+        let account = new_account(name, role, api_key, groups)?;
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            check_account_groups(&account.allowed_groups, |g| maps.groups.contains_key(g))?;
+            Ok((vec![Change::PutAccount(account)], ()))
+        })?;
+        self.admin.count_change();
+        Ok(())
+    }
+
+    /// Replaces the instance groups account `name` may use (a kvtier
+    /// extension of the admin API: Tair KVCM accounts carry no groups).
+    /// Takes effect on the account's next request.
+    ///
+    /// [`MetaError::AccountNotFound`], [`MetaError::GroupNotFound`]; then
+    /// nothing changes.
+    pub fn set_account_groups(&self, name: &str, groups: Vec<String>) -> Result<()> {
+        self.catalog.apply(self.index.as_ref(), |maps| {
+            let Some(current) = maps.accounts.get(name) else {
+                return Err(MetaError::AccountNotFound(name.to_owned()));
+            };
+            check_account_groups(&groups, |g| maps.groups.contains_key(g))?;
+            let account = Account {
+                allowed_groups: groups,
+                ..(**current).clone()
+            };
             Ok((vec![Change::PutAccount(account)], ()))
         })?;
         self.admin.count_change();

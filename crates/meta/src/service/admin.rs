@@ -13,8 +13,8 @@ use super::{GroupUsage, MetaService};
 use crate::error::{MetaError, Result};
 use crate::index::{Modify, RecordKind};
 use crate::model::{
-    CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage, StorageHealth,
-    StorageKind,
+    ALL_GROUPS, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage,
+    StorageHealth, StorageKind,
 };
 
 /// Name of the group [`MetaService::ensure_default_group`] creates.
@@ -151,6 +151,10 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
         )))
     };
     check_name("group name", &g.name)?;
+    if g.name == ALL_GROUPS {
+        // Reserved: in an account's groups it means every group.
+        return bad(format!("{ALL_GROUPS:?} is reserved (it means every group)"));
+    }
     // `contains` is false for NaN too.
     if !(0.0..=1.0).contains(&g.watermark) {
         return bad(format!("watermark {} outside 0..=1", g.watermark));

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use super::MetaService;
-use super::accounts::valid_hash;
+use super::accounts::{check_account_groups, valid_hash};
 use super::admin::{check_group, check_instance, check_storage};
 use super::catalog::{Change, Maps};
 use crate::error::{MetaError, Result};
@@ -119,13 +119,7 @@ fn validate(snap: &ConfigSnapshot, current: &Maps) -> Result<()> {
                 a.name
             )));
         }
-        if let Some(g) = a
-            .allowed_groups
-            .iter()
-            .find(|g| !groups.contains(g.as_str()))
-        {
-            return Err(MetaError::GroupNotFound(g.clone()));
-        }
+        check_account_groups(&a.allowed_groups, |g| groups.contains(g))?;
     }
     Ok(())
 }

@@ -254,8 +254,10 @@ impl Api {
         })
     }
 
-    /// `AddAccount`: `password` is the account's API key. The wire carries
-    /// no groups, so such a user may use every group (docs/server.md).
+    /// `AddAccount`: `password` is the account's API key; the kvtier
+    /// extension `allowed_groups` scopes a user. Without it (Tair KVCM
+    /// clients) a user may use no group until granted some
+    /// (docs/server.md, "Trust model").
     pub async fn add_account(
         &self,
         req: pb::AddAccountRequest,
@@ -263,7 +265,19 @@ impl Api {
         conv::require_name(&req.user_name, "user_name")?;
         let role = conv::role_from_wire(req.role)?;
         self.svc
-            .add_account(&req.user_name, role, &req.password, Vec::new())?;
+            .add_account(&req.user_name, role, &req.password, req.allowed_groups)?;
+        Ok(pb::CommonResponse::default())
+    }
+
+    /// `SetAccountGroups` (kvtier extension): replaces the groups an
+    /// account may use.
+    pub async fn set_account_groups(
+        &self,
+        req: pb::SetAccountGroupsRequest,
+    ) -> Result<pb::CommonResponse, Fail> {
+        conv::require_name(&req.user_name, "user_name")?;
+        self.svc
+            .set_account_groups(&req.user_name, req.allowed_groups)?;
         Ok(pb::CommonResponse::default())
     }
 
@@ -276,7 +290,7 @@ impl Api {
         Ok(pb::CommonResponse::default())
     }
 
-    /// `ListAccount`: names and roles only.
+    /// `ListAccount`: names, roles and groups; never keys.
     pub async fn list_account(
         &self,
         _req: pb::ListAccountRequest,

@@ -233,6 +233,7 @@ pub fn account_to_wire(a: &Account) -> pb::Account {
             Role::Admin => pb::AccountRole::RoleAdmin,
             Role::User => pb::AccountRole::RoleUser,
         } as i32,
+        allowed_groups: a.allowed_groups.clone(),
     }
 }
 
