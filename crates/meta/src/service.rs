@@ -26,6 +26,7 @@ mod remove;
 mod search_cache;
 mod session;
 mod snapshot;
+mod storage_admin;
 mod types;
 mod write;
 
@@ -187,6 +188,7 @@ impl MetaService {
         if instance.location_specs.is_empty() {
             return Err(MetaError::InvalidArgument("no location specs".into()));
         }
+        admin::check_path_names(&instance)?;
         let mut names: Vec<&str> = instance
             .location_specs
             .iter()
