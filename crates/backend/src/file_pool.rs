@@ -22,6 +22,8 @@ use std::time::Duration;
 use kvtier_meta::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
 use parking_lot::Mutex;
 
+use kvtier_meta::path_safe::check_absolute_dir;
+
 use crate::allocator::ExtentAllocator;
 use crate::uri::{Uri, bad};
 
@@ -99,12 +101,15 @@ impl FilePool {
     /// Starts with every extent free; see [`FilePool::restore`].
     pub fn open(dir: impl Into<PathBuf>, opts: &FilePoolOptions) -> Result<Self, BackendError> {
         let dir = dir.into();
-        if !dir.is_absolute() {
-            return Err(bad(
+        // The one place a pool's paths are formed from (admin) input: the
+        // directory must be absolute with no `.` or `..`, so every pool
+        // file (`<dir>/pool-NNNN.kv`) lies under it.
+        check_absolute_dir(&dir).map_err(|e| {
+            bad(
                 &dir.display().to_string(),
-                "pool directory must be absolute",
-            ));
-        }
+                format!("pool directory must be absolute and normal: {e}"),
+            )
+        })?;
         let file_size = opts.file_size / EXTENT_ALIGN * EXTENT_ALIGN;
         if file_size == 0 || opts.files == 0 {
             return Err(BackendError::Io(std::io::Error::new(

@@ -1,6 +1,7 @@
 //! [`NodeStoreBackend`]: block parts kept in a kvtier node's own block
 //! store (its G2 DRAM and G3 disk tiers), named
-//! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`.
+//! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`, the
+//! instance id and spec name escaped (`kvtier_meta::path_safe`).
 //!
 //! Only the node this process runs on is reachable: its [`Store`] is
 //! handed in. Any other node answers [`BackendError::Unavailable`] until
@@ -19,6 +20,7 @@ use kvtier_store::{Store, StoreError};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::uri::{Uri, bad};
+use kvtier_meta::path_safe::{part_path, unescape_component};
 
 /// The store key of one block part: the metadata service keys blocks per
 /// instance by a 64-bit [`BlockKey`], a node store by a 128-bit
@@ -30,6 +32,13 @@ pub fn node_block_hash(instance: &str, spec: &str, key: BlockKey) -> BlockHash {
     ns.push(0);
     ns.extend_from_slice(spec.as_bytes());
     BlockHash::external_in(xxh3_128(&ns), u128::from(key.0))
+}
+
+/// A name as it appears in a part URI: escaped by this version (decoded
+/// here), or written as it was by versions before names were escaped
+/// (anything that is not an exact escape is such a raw name).
+fn name_in_uri(component: &str) -> String {
+    unescape_component(component).unwrap_or_else(|| component.to_owned())
 }
 
 /// A storage on one kvtier node.
@@ -83,23 +92,12 @@ impl NodeStoreBackend {
         })
     }
 
+    /// `kvtier://<node>/<rel>`, `rel` from [`part_path`] (instance and
+    /// spec escaped).
     fn uri(&self, r: &CreateRequest) -> Result<String, BackendError> {
-        let bad_name = |what: &str| {
-            bad(
-                &format!("kvtier://{}/{}", self.node, r.instance),
-                format!("{what} must be non-empty without '/', '?' or '&'"),
-            )
-        };
-        if r.instance.is_empty() || r.instance.contains(['?', '&']) {
-            return Err(bad_name("instance"));
-        }
-        if r.spec.is_empty() || r.spec.contains(['/', '?', '&']) {
-            return Err(bad_name("spec"));
-        }
-        Ok(format!(
-            "kvtier://{}/{}/{:016x}-{:x}/{}",
-            self.node, r.instance, r.key.0, r.location.0, r.spec
-        ))
+        let rel = part_path(&r.instance, r.key, r.location, &r.spec)
+            .map_err(|e| bad(&format!("kvtier://{}/", self.node), e.to_string()))?;
+        Ok(format!("kvtier://{}/{rel}", self.node))
     }
 
     fn parse(&self, uri: &str) -> Result<Part, BackendError> {
@@ -113,7 +111,8 @@ impl NodeStoreBackend {
         if !u.query.is_empty() {
             return Err(bad(uri, "unexpected query"));
         }
-        // /<instance>/<key>-<loc>/<spec>; the instance may contain '/'.
+        // /<instance>/<key>-<loc>/<spec>; an instance of an URI written
+        // before names were escaped may contain '/'.
         let path = u.path.strip_prefix('/').unwrap_or(u.path);
         let mut it = path.rsplitn(3, '/');
         let (Some(spec), Some(key_loc), Some(instance)) = (it.next(), it.next(), it.next()) else {
@@ -129,8 +128,9 @@ impl NodeStoreBackend {
                 u64::from_str_radix(k, 16).ok()
             })
             .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
+        let (instance, spec) = (name_in_uri(instance), name_in_uri(spec));
         Ok(Part {
-            hash: node_block_hash(instance, spec, BlockKey(key)),
+            hash: node_block_hash(&instance, &spec, BlockKey(key)),
         })
     }
 

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use kvtier_meta::{BackendError, MetaError, MetaService, Storage, StorageBackend, StorageKind};
+use kvtier_meta::{
+    BackendError, BackendOpener, MetaError, MetaService, Storage, StorageBackend, StorageKind,
+};
 use kvtier_store::Store;
 
 use crate::file_pool::{FilePool, FilePoolOptions};
@@ -99,36 +101,66 @@ pub enum AttachError {
     Meta(#[from] MetaError),
 }
 
+/// Opens the backend of `storage` and rebuilds its allocation state from
+/// the locations `svc` still lists on it (file pools: see
+/// [`FilePool::restore`]), without attaching it.
+fn open_restored(
+    svc: &MetaService,
+    storage: &Storage,
+    opts: &BackendOptions,
+) -> Result<Arc<dyn StorageBackend>, AttachError> {
+    if storage.kind != StorageKind::FilePool {
+        return Ok(open_backend(storage, opts)?);
+    }
+    let pool = open_file_pool(storage, opts)?;
+    let live = svc.live_uris(&storage.name)?;
+    let summary = pool.restore(&live);
+    if !summary.rejected.is_empty() {
+        tracing::warn!(
+            storage = storage.name,
+            rejected = summary.rejected.len(),
+            "file pool: some listed extents were not restored"
+        );
+    }
+    tracing::info!(
+        storage = storage.name,
+        restored = summary.restored,
+        "file pool restored"
+    );
+    Ok(Arc::new(pool))
+}
+
 /// Opens the backend of `storage`, rebuilds its allocation state from the
 /// locations `svc` still lists on it (file pools: see
-/// [`FilePool::restore`]) and attaches it to the service. The startup path:
-/// call it for every storage before the service takes writes, so no live
-/// extent is handed out twice after a restart.
+/// [`FilePool::restore`]) and attaches it to the service. The startup path
+/// of a service without a [`BackendOpener`]: call it for every storage
+/// before the service takes writes, so no live extent is handed out twice
+/// after a restart.
 pub fn attach_backend(
     svc: &MetaService,
     storage: &Storage,
     opts: &BackendOptions,
 ) -> Result<Arc<dyn StorageBackend>, AttachError> {
-    let backend: Arc<dyn StorageBackend> = if storage.kind == StorageKind::FilePool {
-        let pool = open_file_pool(storage, opts)?;
-        let live = svc.live_uris(&storage.name)?;
-        let summary = pool.restore(&live);
-        if !summary.rejected.is_empty() {
-            tracing::warn!(
-                storage = storage.name,
-                rejected = summary.rejected.len(),
-                "file pool: some listed extents were not restored"
-            );
-        }
-        tracing::info!(
-            storage = storage.name,
-            restored = summary.restored,
-            "file pool restored"
-        );
-        Arc::new(pool)
-    } else {
-        open_backend(storage, opts)?
-    };
+    let backend = open_restored(svc, storage, opts)?;
     svc.attach_backend(&storage.name, backend.clone())?;
     Ok(backend)
+}
+
+/// The service opens backends of storages added, changed or loaded at
+/// runtime, and of every storage at start, exactly as [`attach_backend`]
+/// does: install `Arc::new(options)` as `MetaConfig::backend_opener`.
+impl BackendOpener for BackendOptions {
+    fn open(
+        &self,
+        svc: &MetaService,
+        storage: &Storage,
+    ) -> Result<Arc<dyn StorageBackend>, BackendError> {
+        open_restored(svc, storage, self).map_err(|e| match e {
+            AttachError::Backend(e) => e,
+            AttachError::Meta(e) => BackendError::Unavailable(format!(
+                "listing the live locations of {:?}: {e}",
+                storage.name
+            )),
+        })
+    }
 }

@@ -1,5 +1,7 @@
 //! [`S3Backend`]: block parts as objects in an S3-compatible store,
-//! `s3://<bucket>/<prefix>/<instance>/<key hex>-<location hex>/<spec>`.
+//! `s3://<bucket>/<prefix>/<instance>/<key hex>-<location hex>/<spec>`, the
+//! instance id and spec name escaped (`kvtier_meta::path_safe`); the object
+//! key is the URI's path as written, `%XX` included.
 //!
 //! An object store allocates on write, so `create` only names objects;
 //! `delete` removes them in bulk requests, `exist` HEADs them, `usage`
@@ -15,6 +17,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use kvtier_meta::path_safe::part_path;
 use kvtier_meta::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
@@ -156,28 +159,17 @@ impl S3Backend {
         }
     }
 
+    /// The object URI of a part: `s3://<bucket>/<prefix>/<rel>`, `rel`
+    /// from [`part_path`] (instance and spec escaped, so the key has
+    /// exactly three components below the prefix, none `.` or `..`).
     fn uri(&self, r: &CreateRequest) -> Result<String, BackendError> {
-        let ok = |s: &str| {
-            !s.is_empty()
-                && !s.contains(['?', '&', '\\'])
-                && !s
-                    .split('/')
-                    .any(|seg| seg.is_empty() || seg == "." || seg == "..")
-        };
-        if !ok(&r.instance) || !ok(&r.spec) || r.spec.contains('/') {
-            return Err(bad(
-                &format!("s3://{}/{}", self.bucket, self.key(&r.instance)),
-                "instance and spec must be non-empty path segments",
-            ));
-        }
-        Ok(format!(
-            "s3://{}/{}",
-            self.bucket,
-            self.key(&format!(
-                "{}/{:016x}-{:x}/{}",
-                r.instance, r.key.0, r.location.0, r.spec
-            ))
-        ))
+        let rel = part_path(&r.instance, r.key, r.location, &r.spec).map_err(|e| {
+            bad(
+                &format!("s3://{}/{}", self.bucket, self.key("")),
+                e.to_string(),
+            )
+        })?;
+        Ok(format!("s3://{}/{}", self.bucket, self.key(&rel)))
     }
 
     /// The object path of a part URI of this storage.

@@ -51,8 +51,8 @@ async fn local_node_names_checks_and_deletes_blocks() {
     assert_eq!(
         uris,
         [
-            "kvtier://node-1/llama/v1/00000000000000ab-10/tp0",
-            "kvtier://node-1/llama/v1/00000000000000ab-10/tp1"
+            "kvtier://node-1/llama%2Fv1/00000000000000ab-10/tp0",
+            "kvtier://node-1/llama%2Fv1/00000000000000ab-10/tp1"
         ]
     );
     assert_eq!(b.exist(&uris).await.unwrap(), vec![false, false]);
@@ -61,6 +61,9 @@ async fn local_node_names_checks_and_deletes_blocks() {
         .await
         .unwrap();
     assert_eq!(b.exist(&uris).await.unwrap(), vec![true, false]);
+    // URIs written before names were escaped name the same blocks.
+    let unescaped = ["kvtier://node-1/llama/v1/00000000000000ab-10/tp0".to_owned()];
+    assert_eq!(b.exist(&unescaped).await.unwrap(), vec![true]);
     let used = b.usage().await.unwrap();
     assert_eq!((used.objects, used.used_bytes), (1, block.len() as u64));
     for r in b.delete(&uris).await {
@@ -87,7 +90,7 @@ async fn local_node_names_checks_and_deletes_blocks() {
             "{bad}"
         );
     }
-    assert!(b.create(&[req("i", 1, 1, "a/b")]).await.is_err());
+    assert!(b.create(&[req("i", 1, 1, "")]).await.is_err());
     // A closed store is unhealthy and takes no new parts.
     s.close().await.unwrap();
     assert!(matches!(
@@ -98,6 +101,56 @@ async fn local_node_names_checks_and_deletes_blocks() {
         b.create(&reqs).await,
         Err(BackendError::Unavailable(_))
     ));
+}
+
+/// Hostile instance ids and spec names become one escaped component each:
+/// the URI has exactly `<instance>/<key>-<location>/<spec>` below the node,
+/// and `exist` / `delete` decode it back to the block the client stored
+/// under the raw names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_are_escaped_and_decode_back() {
+    let s = store();
+    let block = vec![3u8; s.geometry().block_bytes() as usize];
+    let b = NodeStoreBackend::local("node-1", s.clone());
+    let names = [
+        ("../../y", "../../../spec"),
+        ("/abs", "/etc/passwd"),
+        ("%2e%2e", "%2E%2E"),
+        ("nul\0", "ctl\u{1b}"),
+        ("a?b&c=d#e", "x/y"),
+        ("..", "."),
+    ];
+    for (n, (inst, spec)) in names.iter().enumerate() {
+        let key = 0x100 + n as u64;
+        let uri = b
+            .create(&[req(inst, key, 1, spec)])
+            .await
+            .unwrap()
+            .remove(0);
+        let path = uri.strip_prefix("kvtier://node-1/").expect("node prefix");
+        assert!(!path.contains(['?', '#', '\\', '\0']), "{uri}");
+        let parts: Vec<&str> = path.split('/').collect();
+        assert_eq!(parts.len(), 3, "{uri}");
+        assert!(
+            parts
+                .iter()
+                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
+            "{uri}"
+        );
+        let hash = node_block_hash(inst, spec, BlockKey(key));
+        s.put(hash, &block).await.unwrap();
+        assert_eq!(
+            b.exist(std::slice::from_ref(&uri)).await.unwrap(),
+            vec![true],
+            "{uri}"
+        );
+        b.delete(std::slice::from_ref(&uri))
+            .await
+            .pop()
+            .unwrap()
+            .unwrap();
+        assert!(s.contains(hash).is_none(), "{uri} did not delete its block");
+    }
 }
 
 #[tokio::test]

@@ -38,7 +38,16 @@ fn req(key: u64, loc: u64, spec: &str) -> CreateRequest {
 
 /// A client writing the object a grant named, as an engine would.
 async fn client_put(port: u16, bucket: &str, uri: &str, bytes: &[u8]) {
-    let store = AmazonS3Builder::new()
+    let key = uri.strip_prefix(&format!("s3://{bucket}/")).unwrap();
+    client_store(port, bucket)
+        .put(&Path::from(key), bytes.to_vec().into())
+        .await
+        .unwrap();
+}
+
+/// A client of `bucket` on the moto server at `port`.
+fn client_store(port: u16, bucket: &str) -> object_store::aws::AmazonS3 {
+    AmazonS3Builder::new()
         .with_endpoint(format!("http://127.0.0.1:{port}"))
         .with_allow_http(true)
         .with_region("us-east-1")
@@ -46,12 +55,65 @@ async fn client_put(port: u16, bucket: &str, uri: &str, bytes: &[u8]) {
         .with_access_key_id("testing")
         .with_secret_access_key("testing")
         .build()
-        .unwrap();
-    let key = uri.strip_prefix(&format!("s3://{bucket}/")).unwrap();
-    store
-        .put(&Path::from(key), bytes.to_vec().into())
-        .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Hostile instance ids and spec names become one escaped key segment
+/// each: every object a client writes at a granted URI (the URI's path
+/// taken as the key, as written) lies under the storage's prefix, three
+/// segments below it, none `.` or `..`; `exist` and `delete` find it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_stay_under_the_prefix() {
+    let moto = MotoServer::start();
+    moto.create_bucket("kvbucket");
+    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
+    let client = client_store(moto.port(), "kvbucket");
+    let names = [
+        ("../../y", "../../../spec"),
+        ("/abs", "/etc/passwd"),
+        ("%2e%2e", ".."),
+        ("nul\0", "ctl\u{1b}"),
+        ("a?b#c", "x/y"),
+    ];
+    let mut uris = Vec::new();
+    for (n, (inst, spec)) in names.iter().enumerate() {
+        let mut r = req(n as u64, 1, spec);
+        r.instance = inst.to_string();
+        let uri = b.create(&[r]).await.unwrap().remove(0);
+        let key = uri.strip_prefix("s3://kvbucket/").expect("bucket");
+        client
+            .put(
+                &Path::parse(key).expect("a valid key"),
+                b"v".to_vec().into(),
+            )
+            .await
+            .unwrap();
+        uris.push(uri);
+    }
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![true; names.len()]);
+    let listed: Vec<object_store::ObjectMeta> =
+        futures::TryStreamExt::try_collect(client.list(None))
+            .await
+            .unwrap();
+    assert_eq!(listed.len(), names.len());
+    for o in &listed {
+        let key = o.location.as_ref();
+        let rest = key
+            .strip_prefix("cache/v1/")
+            .unwrap_or_else(|| panic!("{key} outside the prefix"));
+        let parts: Vec<&str> = rest.split('/').collect();
+        assert_eq!(parts.len(), 3, "{key}");
+        assert!(
+            parts
+                .iter()
+                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
+            "{key}"
+        );
+    }
+    for r in b.delete(&uris).await {
+        r.unwrap();
+    }
+    assert_eq!(b.exist(&uris).await.unwrap(), vec![false; names.len()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,9 +46,19 @@ impl Manager {
         let m = &config.meta;
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
+        let mut options = BackendOptions {
+            local_node: store,
+            ..BackendOptions::default()
+        };
+        options.file_pool.files = 4;
+        options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
         let mut meta_config = MetaConfig {
             session_timeout: Duration::from_secs(m.session_timeout_secs),
             max_keys: m.max_keys,
+            storage_roots: Some(storage_roots(config)?),
+            // Storages added at runtime get their backends at once, the
+            // same way as those present at start.
+            backend_opener: Some(Arc::new(options)),
             ..MetaConfig::default()
         };
         if shared_index(config) {
@@ -61,14 +71,12 @@ impl Manager {
         }
         let svc =
             Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
-        let mut options = BackendOptions {
-            local_node: store,
-            ..BackendOptions::default()
-        };
-        options.file_pool.files = 4;
-        options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
         bootstrap(&svc, config, &accounts)?;
-        attach_backends(&svc, &options).await?;
+        // Restores each file pool's allocation map from the index before
+        // the first write, so live extents are never handed out twice; a
+        // storage that cannot be opened is marked unhealthy and logged, so
+        // one bad storage does not stop the manager.
+        svc.attach_configured_backends();
         let tasks = BackgroundTasks {
             _reclaimer: svc.spawn_reclaimer(Duration::from_secs(m.reclaim_interval_secs.max(1))),
             _health: svc.spawn_health_checker(Duration::from_secs(m.health_interval_secs.max(1))),
@@ -186,6 +194,11 @@ fn default_storage(config: &Config) -> Result<Storage> {
     })
 }
 
+/// `meta.storage_roots` (default `<data_dir>/pool`) as absolute paths.
+fn storage_roots(config: &Config) -> Result<Vec<PathBuf>> {
+    config.storage_roots().iter().map(|r| absolute(r)).collect()
+}
+
 fn absolute(p: &Path) -> Result<PathBuf> {
     std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
 }
@@ -264,23 +277,6 @@ fn bootstrap(svc: &MetaService, config: &Config, accounts: &[ConfiguredAccount<'
         bail!(
             "meta.auth is on but no admin account exists: set KVTIER_META__ADMIN_API_KEY to create one"
         );
-    }
-    Ok(())
-}
-
-/// Attaches a backend to every storage whose URI this process can serve;
-/// a storage that cannot be opened is marked unhealthy (it gets no writes)
-/// and logged, so one bad storage does not stop the manager.
-async fn attach_backends(svc: &Arc<MetaService>, options: &BackendOptions) -> Result<()> {
-    for storage in svc.list_storages() {
-        // Restores a file pool's allocation map from the index before the
-        // first write, so live extents are never handed out twice.
-        match kvtier_backend::attach_backend(svc, &storage, options) {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(storage = %storage.name, uri = %storage.uri, "storage backend unavailable: {e}");
-            }
-        }
     }
     Ok(())
 }

@@ -61,6 +61,21 @@ fn serve(data: &Path, shm: &str) -> Command {
 /// Starts `cmd` and returns it with the meta HTTP address from its
 /// "listening" log line (read as it comes; no sleeping).
 fn start(cmd: &mut Command) -> (Proc, SocketAddr) {
+    let (proc, line) = start_listening(cmd);
+    (proc, addr_in(&line, "meta_http="))
+}
+
+/// The address after `key` in a "listening" log line.
+fn addr_in(line: &str, key: &str) -> SocketAddr {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("listening line names {key}"))
+        .parse()
+        .expect("an address")
+}
+
+/// Starts `cmd` and returns it with its "listening" log line.
+fn start_listening(cmd: &mut Command) -> (Proc, String) {
     let mut child = cmd.spawn().expect("start kvtier");
     let stderr = child.stderr.take().expect("stderr piped");
     let proc = Proc(child);
@@ -76,17 +91,19 @@ fn start(cmd: &mut Command) -> (Proc, SocketAddr) {
     let line = rx
         .recv_timeout(Duration::from_secs(60))
         .expect("kvtier printed its listening line");
-    let addr = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("meta_http="))
-        .expect("listening line names meta_http")
-        .parse()
-        .expect("meta_http is an address");
-    (proc, addr)
+    (proc, line)
+}
+
+/// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer,
+/// which must be OK.
+fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
+    let v = post_any(addr, method, body);
+    assert_eq!(v["header"]["status"]["code"], "OK", "{method}: {v}");
+    v
 }
 
 /// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer.
-fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
+fn post_any(addr: SocketAddr, method: &str, body: Value) -> Value {
     let body = body.to_string();
     let mut s = TcpStream::connect(addr).expect("connect");
     write!(
@@ -99,9 +116,7 @@ fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
     s.read_to_string(&mut resp).expect("read");
     let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
     assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}\n{body}");
-    let v: Value = serde_json::from_str(body).expect("JSON body");
-    assert_eq!(v["header"]["status"]["code"], "OK", "{method}: {v}");
-    v
+    serde_json::from_str(body).expect("JSON body")
 }
 
 fn register(addr: SocketAddr, instance: &str) {
@@ -159,6 +174,42 @@ fn matched(addr: SocketAddr, instance: &str, keys: &[i64]) -> usize {
         json!({"instance_id": instance, "query_type": "QT_PREFIX_MATCH", "block_keys": keys}),
     );
     v["locations"].as_array().map_or(0, Vec::len)
+}
+
+/// `serve` wires the storage roots (default `<data_dir>/pool`) and the
+/// backend opener: an admin-added storage under the root gets its file
+/// pool at once (its files exist before any restart), one outside is
+/// refused and nothing is created there.
+#[test]
+fn admin_storages_are_confined_to_the_pool_root_and_open_at_once() {
+    let data = tempfile::tempdir().unwrap();
+    let shm = format!("kvt-roots-{}", std::process::id());
+    let (proc, line) = start_listening(&mut serve(data.path(), &shm));
+    let admin = addr_in(&line, "admin_http=");
+    let add = |name: &str, dir: &Path| {
+        post_any(
+            admin,
+            "addStorage",
+            json!({"storage": {"global_unique_name": name,
+                "nfs": {"root_path": dir.display().to_string()}}}),
+        )
+    };
+    let outside = data.path().join("outside");
+    let r = add("evil", &outside);
+    assert_eq!(r["header"]["status"]["code"], "INVALID_ARGUMENT", "{r}");
+    assert!(
+        !outside.exists(),
+        "a refused storage created {}",
+        outside.display()
+    );
+    let inside = std::path::absolute(data.path().join("pool").join("extra")).unwrap();
+    let r = add("extra", &inside);
+    assert_eq!(r["header"]["status"]["code"], "OK", "{r}");
+    assert!(
+        inside.join("pool-0000.kv").is_file(),
+        "a storage added at runtime has no file pool"
+    );
+    assert!(proc.terminate().success());
 }
 
 #[test]

@@ -396,6 +396,11 @@ pub struct MetaSectionConfig {
     /// Storage of the `default` group: empty for a file pool in
     /// `<data_dir>/pool`, else a base URI (`file://`, `s3://`, `kvtier://`).
     pub default_storage: String,
+    /// Directories under which storages added or changed through the admin
+    /// API (and snapshot loads) may keep `file://` data; any other
+    /// directory is refused before anything is created. Empty (the
+    /// default): `<data_dir>/pool` only.
+    pub storage_roots: Vec<PathBuf>,
 }
 
 impl Default for MetaSectionConfig {
@@ -423,6 +428,7 @@ impl Default for MetaSectionConfig {
             default_group_quota: ByteSize(0),
             pool_capacity: ByteSize(4 << 30),
             default_storage: String::new(),
+            storage_roots: Vec::new(),
         }
     }
 }
@@ -603,11 +609,24 @@ impl Config {
                 "meta.session_timeout_secs, meta.max_keys must be positive and meta.max_body at least 1KiB",
             );
         }
+        if m.storage_roots.iter().any(|r| r.as_os_str().is_empty()) {
+            return bad("meta.storage_roots must not list an empty path");
+        }
         if m.auth && m.admin_api_key.as_ref().is_some_and(|k| k.len() < 16) {
             return bad("meta.admin_api_key must have at least 16 characters");
         }
         m.check_exposure()?;
         m.check_accounts()
+    }
+
+    /// Where admin-added `file://` storages may live
+    /// (`meta.storage_roots`), defaulting to `<data_dir>/pool`.
+    pub fn storage_roots(&self) -> Vec<PathBuf> {
+        if self.meta.storage_roots.is_empty() {
+            vec![self.serve.data_dir.join("pool")]
+        } else {
+            self.meta.storage_roots.clone()
+        }
     }
 
     /// The disk directories, defaulting to `<data_dir>/disk`.
@@ -691,6 +710,24 @@ mod tests {
         assert_eq!(c.disk.dirs, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(c.memory.capacity, ByteSize(1 << 20));
         assert_eq!(c.memory.shm_name, "node7");
+    }
+
+    #[test]
+    fn storage_roots_default_to_the_pool_dir_and_take_env() {
+        let c = Config::from_toml_with_env("[serve]\ndata_dir = \"/d\"", env(&[])).unwrap();
+        assert!(c.meta.storage_roots.is_empty());
+        assert_eq!(c.storage_roots(), vec![PathBuf::from("/d/pool")]);
+        let c = Config::from_toml_with_env(
+            "",
+            env(&[("KVTIER_META__STORAGE_ROOTS", r#"["/nvme0/kv", "/mnt/nfs"]"#)]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.storage_roots(),
+            vec![PathBuf::from("/nvme0/kv"), PathBuf::from("/mnt/nfs")]
+        );
+        let empty = Config::from_toml_with_env("[meta]\nstorage_roots = [\"\"]", env(&[]));
+        assert!(empty.is_err(), "an empty root must be refused");
     }
 
     #[test]

@@ -16,8 +16,10 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
-use crate::model::{BlockKey, LocationId};
+use crate::model::{BlockKey, LocationId, Storage};
+use crate::service::MetaService;
 
 /// A boxed future returned by [`StorageBackend`] methods (the trait is used
 /// as `dyn`, so methods cannot be `async fn`).
@@ -103,4 +105,21 @@ pub trait StorageBackend: Send + Sync + Debug {
 
     /// One probe: `Ok` when the backend can take writes and serve reads now.
     fn health(&self) -> BackendFuture<'_, Result<(), BackendError>>;
+}
+
+/// Opens the backend of a storage: how the service gets a backend for a
+/// storage added, changed or loaded at runtime (admin API, snapshot load,
+/// catalog refresh) and for every storage at start
+/// ([`MetaService::attach_configured_backends`]), so both paths give a
+/// storage the same backend. `kvtier-backend` implements it for its
+/// `BackendOptions`; install it with `MetaConfig::backend_opener`.
+pub trait BackendOpener: Send + Sync + Debug {
+    /// Opens `storage`'s backend with its allocation state restored from
+    /// what `svc` still lists on it (file pools), ready to attach. Must
+    /// not attach it: the service does, in step with its catalog.
+    fn open(
+        &self,
+        svc: &MetaService,
+        storage: &Storage,
+    ) -> Result<Arc<dyn StorageBackend>, BackendError>;
 }

@@ -61,12 +61,15 @@ mod error;
 pub mod index;
 pub mod matching;
 pub mod model;
+pub mod path_safe;
 pub mod proto;
 pub mod service;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use backend::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
+pub use backend::{
+    BackendError, BackendFuture, BackendOpener, BackendUsage, CreateRequest, StorageBackend,
+};
 pub use error::{MetaError, Result};
 pub use index::{
     MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex, RedisIndexConfig,

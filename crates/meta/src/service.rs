@@ -26,6 +26,7 @@ mod remove;
 mod search_cache;
 mod session;
 mod snapshot;
+mod storage_admin;
 mod types;
 mod write;
 

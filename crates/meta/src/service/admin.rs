@@ -16,6 +16,7 @@ use crate::model::{
     ALL_GROUPS, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage,
     StorageHealth, StorageKind,
 };
+use crate::path_safe;
 
 /// Name of the group [`MetaService::ensure_default_group`] creates.
 pub const DEFAULT_GROUP: &str = "default";
@@ -247,6 +248,7 @@ pub(crate) fn check_instance(i: &Instance) -> Result<()> {
             )));
         }
     }
+    check_path_names(i)?;
     let mut names: Vec<&str> = i.location_specs.iter().map(|s| s.name.as_str()).collect();
     names.sort_unstable();
     if names.windows(2).any(|w| w[0] == w[1]) {
@@ -271,6 +273,20 @@ pub(crate) fn check_instance(i: &Instance) -> Result<()> {
     Ok(())
 }
 
+/// Checks that the instance id and every spec name fit in one path
+/// component of a part URI once escaped (see [`crate::path_safe`]).
+pub(crate) fn check_path_names(i: &Instance) -> Result<()> {
+    let specs = i
+        .location_specs
+        .iter()
+        .map(|s| ("spec name", s.name.as_str()));
+    for (what, name) in std::iter::once(("instance id", i.id.as_str())).chain(specs) {
+        path_safe::check_name(what, name)
+            .map_err(|e| MetaError::InvalidArgument(format!("instance {:?}: {e}", i.id)))?;
+    }
+    Ok(())
+}
+
 /// Why a group cannot be removed, if it cannot.
 fn group_users(maps: &Maps, group: &str) -> Option<String> {
     if let Some(i) = maps.members(group).next() {
@@ -289,9 +305,20 @@ fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
 
 impl MetaService {
     /// Adds a storage; [`MetaError::AlreadyExists`] if the name is taken.
+    /// A `file://` directory must be absolute and normal and, with
+    /// `MetaConfig::storage_roots`, under a root; with a
+    /// `MetaConfig::backend_opener` the storage's backend is opened (a file
+    /// pool creates its files) and attached at once, and a backend that
+    /// cannot be opened refuses the add. Refused: nothing changes.
     pub fn add_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
-        self.catalog.apply(self.index.as_ref(), |maps| {
+        self.check_storage_dir(&s)?;
+        // Before the backend creates anything.
+        if self.catalog.storage(&s.name).is_ok() {
+            return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
+        }
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        self.apply_with_backends(opened, |maps| {
             if maps.storages.contains_key(&s.name) {
                 return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
             }
@@ -307,10 +334,16 @@ impl MetaService {
     /// UpdateStorage carries neither, and an update must not silently
     /// re-enable a disabled or unhealthy storage (use
     /// [`MetaService::enable_storage`]). Existing locations keep their URIs
-    /// and kind.
+    /// and kind. The directory rules of [`MetaService::add_storage`]
+    /// apply; with a backend opener a changed kind or URI opens a new
+    /// backend that replaces the old one (same kind and URI: the backend is
+    /// kept).
     pub fn update_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
-        self.catalog.apply(self.index.as_ref(), |maps| {
+        self.check_storage_dir(&s)?;
+        self.catalog.storage(&s.name)?;
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        self.apply_with_backends(opened, |maps| {
             let Some(cur) = maps.storages.get(&s.name) else {
                 return Err(MetaError::StorageNotFound(s.name.clone()));
             };
@@ -351,9 +384,10 @@ impl MetaService {
 
     /// Removes a storage; [`MetaError::InUse`] while a group lists it.
     /// Locations already on it keep their URIs (removing blocks is the
-    /// reclaimer's or the instance's business).
+    /// reclaimer's or the instance's business). With a backend opener the
+    /// storage's backend is detached: nothing on it is freed any more.
     pub fn remove_storage(&self, name: &str) -> Result<()> {
-        self.catalog.apply(self.index.as_ref(), |maps| {
+        self.apply_with_backends(Vec::new(), |maps| {
             if !maps.storages.contains_key(name) {
                 return Err(MetaError::StorageNotFound(name.to_owned()));
             }

@@ -19,7 +19,7 @@ use super::MetaService;
 use super::catalog::Change;
 use crate::backend::{BackendError, CreateRequest, StorageBackend};
 use crate::error::{MetaError, Result};
-use crate::model::{BlockKey, CacheLocation, LocationStatus, Storage, StorageHealth};
+use crate::model::{BlockKey, CacheLocation, LocationStatus, Storage, StorageHealth, StorageKind};
 
 /// URIs per `delete` call.
 const DELETE_BATCH: usize = 256;
@@ -74,7 +74,47 @@ struct Shared {
 #[derive(Debug, Default)]
 pub(crate) struct Backends {
     map: RwLock<HashMap<String, Arc<dyn StorageBackend>>>,
+    /// Kind and URI each backend the configured opener attached was opened
+    /// for, so a changed storage is reopened (see `storage_admin`).
+    opened_for: parking_lot::Mutex<HashMap<String, (StorageKind, String)>>,
     shared: Arc<Shared>,
+}
+
+/// The backend map locked for a catalog change, so no write sees the
+/// catalog and the backends out of step.
+pub(super) struct LockedBackends<'a> {
+    map: parking_lot::RwLockWriteGuard<'a, HashMap<String, Arc<dyn StorageBackend>>>,
+    opened_for: parking_lot::MutexGuard<'a, HashMap<String, (StorageKind, String)>>,
+}
+
+impl LockedBackends<'_> {
+    /// Attaches `backend`, opened for `storage`, replacing any other.
+    pub(super) fn install(&mut self, storage: &Storage, backend: Arc<dyn StorageBackend>) {
+        self.map.insert(storage.name.clone(), backend);
+        self.opened_for
+            .insert(storage.name.clone(), (storage.kind, storage.uri.clone()));
+    }
+
+    /// Detaches the backend of `name`, if any.
+    pub(super) fn detach(&mut self, name: &str) {
+        self.map.remove(name);
+        self.opened_for.remove(name);
+    }
+
+    /// Whether `storage` has a backend the opener opened for its current
+    /// kind and URI.
+    pub(super) fn is_current(&self, storage: &Storage) -> bool {
+        self.map.contains_key(&storage.name)
+            && self
+                .opened_for
+                .get(&storage.name)
+                .is_some_and(|(k, u)| *k == storage.kind && *u == storage.uri)
+    }
+
+    /// Names of the storages with a backend the opener attached.
+    pub(super) fn opened_names(&self) -> Vec<String> {
+        self.opened_for.keys().cloned().collect()
+    }
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -94,6 +134,14 @@ impl Drop for HealthCheckerHandle {
 impl Backends {
     fn get(&self, storage: &str) -> Option<Arc<dyn StorageBackend>> {
         self.map.read().get(storage).cloned()
+    }
+
+    /// Locks the map for a change (map first, then `opened_for`).
+    pub(super) fn lock(&self) -> LockedBackends<'_> {
+        LockedBackends {
+            map: self.map.write(),
+            opened_for: self.opened_for.lock(),
+        }
     }
 }
 
@@ -149,18 +197,17 @@ impl MetaService {
     /// attached before. Restore a backend's allocation state (see
     /// [`MetaService::live_uris`]) before attaching it.
     pub fn attach_backend(&self, storage: &str, backend: Arc<dyn StorageBackend>) -> Result<()> {
-        self.catalog.storage(storage)?;
-        self.backends
-            .map
-            .write()
-            .insert(storage.to_owned(), backend);
+        let record = self.catalog.storage(storage)?;
+        self.backends.lock().install(&record, backend);
         Ok(())
     }
 
     /// Detaches the backend of `storage`; new grants there get plain URIs
     /// and removals there free nothing.
     pub fn detach_backend(&self, storage: &str) -> Option<Arc<dyn StorageBackend>> {
-        self.backends.map.write().remove(storage)
+        let mut locked = self.backends.lock();
+        locked.opened_for.remove(storage);
+        locked.map.remove(storage)
     }
 
     /// The backend attached to `storage`, if any.
@@ -399,7 +446,7 @@ impl MetaService {
         unhealthy
     }
 
-    fn set_storage_health(&self, name: &str, health: StorageHealth) -> Result<()> {
+    pub(super) fn set_storage_health(&self, name: &str, health: StorageHealth) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
             let Some(s) = maps.storages.get(name) else {
                 return Err(MetaError::StorageNotFound(name.to_owned()));

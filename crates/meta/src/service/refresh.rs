@@ -23,9 +23,17 @@ impl Drop for CatalogRefresherHandle {
 }
 
 impl MetaService {
-    /// Re-reads storages, groups, instances and accounts from the index.
+    /// Re-reads storages, groups, instances and accounts from the index;
+    /// with a backend opener, storages another frontend added or changed
+    /// get their backends and removed ones lose theirs
+    /// ([`MetaService::sync_backends`]; failures are logged and retried at
+    /// the next refresh).
     pub fn refresh_catalog(&self) -> Result<()> {
-        self.catalog.refresh(self.index.as_ref())
+        self.catalog.refresh(self.index.as_ref())?;
+        for (name, why) in self.sync_backends() {
+            tracing::warn!(storage = name, error = why, "storage backend unavailable");
+        }
+        Ok(())
     }
 
     /// Refreshes the catalog every `interval` in the background (for

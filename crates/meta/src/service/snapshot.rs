@@ -198,7 +198,10 @@ impl MetaService {
         snap
     }
 
-    /// Replaces the catalog with `snap`. Validated first: on any error
+    /// Replaces the catalog with `snap`. Storages follow the rules of
+    /// [`MetaService::add_storage`] (storage roots; with a backend opener
+    /// new or changed storages get their backends, removed ones lose
+    /// theirs). Validated first: on any error
     /// ([`MetaError::InvalidArgument`], [`MetaError::StorageNotFound`],
     /// [`MetaError::GroupNotFound`], [`MetaError::GroupFull`],
     /// [`MetaError::InstanceConflict`]) nothing changes. Instances left
@@ -206,7 +209,13 @@ impl MetaService {
     /// writing can leave part of the snapshot applied (the catalog in
     /// memory still mirrors the index).
     pub fn load_config_snapshot(&self, snap: ConfigSnapshot) -> Result<()> {
-        let removed: Vec<Instance> = self.catalog.apply(self.index.as_ref(), |maps| {
+        for s in &snap.storages {
+            self.check_storage_dir(s)?;
+        }
+        // Validated before any backend creates files; again under the lock.
+        validate(&snap, &self.catalog.snapshot())?;
+        let opened = self.open_changed(&self.catalog.snapshot(), &snap.storages)?;
+        let removed: Vec<Instance> = self.apply_with_backends(opened, |maps| {
             validate(&snap, maps)?;
             let keep: HashSet<&str> = snap.instances.iter().map(|i| i.id.as_str()).collect();
             let removed = maps

@@ -1,11 +1,13 @@
 //! Settings and the request / response types of [`super::MetaService`].
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
 use super::SessionId;
+use crate::backend::BackendOpener;
 use crate::matching::{BlockMask, MatchMode};
 use crate::model::{BlockKey, CacheLocation};
 
@@ -47,6 +49,18 @@ pub struct MetaConfig {
     /// Most victim batches per group per round, so one round is bounded
     /// even when sampling keeps missing. Default: 1,024.
     pub reclaim_max_batches: usize,
+    /// Directories under which storages added through the admin API
+    /// (`add_storage`, `update_storage`, snapshot loads) may keep
+    /// `file://` data; a directory outside every root is refused before
+    /// anything is created. `None`: no limit (an embedder that trusts its
+    /// callers); the binary always sets it (`meta.storage_roots`).
+    /// Default: `None`.
+    pub storage_roots: Option<Vec<PathBuf>>,
+    /// Opens the backend of a storage added or changed at runtime, and of
+    /// every storage at start ([`super::MetaService::attach_configured_backends`]).
+    /// `None`: the service opens none; backends are attached by hand with
+    /// [`super::MetaService::attach_backend`]. Default: `None`.
+    pub backend_opener: Option<Arc<dyn BackendOpener>>,
 }
 
 impl Default for MetaConfig {
@@ -63,6 +77,8 @@ impl Default for MetaConfig {
             reclaim_sample: 512,
             reclaim_batch: 256,
             reclaim_max_batches: 1024,
+            storage_roots: None,
+            backend_opener: None,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::model::{
     BlockKey, BlockMeta, CacheLocation, Instance, LocationId, LocationSpec, LocationStatus,
     Storage, StorageKind,
 };
+use crate::path_safe::part_path;
 
 impl MetaService {
     /// Phase one of a write: grants the keys that are neither serving nor
@@ -65,10 +66,13 @@ impl MetaService {
                 .reserve(&group, &storages, reserved)
                 .map_err(|e| with_refusals(e, &refusals))?
                 .clone();
-            let mut planned: HashMap<BlockKey, CacheLocation> = candidates
+            let planned: Result<HashMap<BlockKey, CacheLocation>> = candidates
                 .iter()
-                .map(|&k| (k, self.new_location(&inst, &storage, k)))
+                .map(|&k| Ok((k, self.new_location(&inst, &storage, k)?)))
                 .collect();
+            let mut planned = planned.inspect_err(|_| {
+                self.quotas.release(&group.name, storage.kind, reserved);
+            })?;
             match self.place_parts(&storage, instance, &mut planned).await {
                 Ok(()) => break (storage, planned),
                 Err(e) => {
@@ -176,25 +180,38 @@ impl MetaService {
         }
     }
 
-    fn new_location(&self, inst: &Instance, storage: &Storage, key: BlockKey) -> CacheLocation {
+    /// A writing location for `key` on `storage`, its parts named by the
+    /// plain scheme `<base>/<instance>/<key>-<location>/<spec>` (instance
+    /// and spec escaped, see [`crate::path_safe`]); a backend renames them.
+    fn new_location(
+        &self,
+        inst: &Instance,
+        storage: &Storage,
+        key: BlockKey,
+    ) -> Result<CacheLocation> {
         let id = LocationId(self.next_id());
         let base = storage.uri.trim_end_matches('/');
         let specs = inst
             .location_specs
             .iter()
-            .map(|s| LocationSpec {
-                name: s.name.clone(),
-                uri: format!("{base}/{}/{:016x}-{:x}/{}", inst.id, key.0, id.0, s.name),
-                size: s.size,
+            .map(|s| {
+                let rel = part_path(&inst.id, key, id, &s.name).map_err(|e| {
+                    MetaError::InvalidArgument(format!("instance {:?}: {e}", inst.id))
+                })?;
+                Ok(LocationSpec {
+                    name: s.name.clone(),
+                    uri: format!("{base}/{rel}"),
+                    size: s.size,
+                })
             })
-            .collect();
-        CacheLocation {
+            .collect::<Result<_>>()?;
+        Ok(CacheLocation {
             id,
             storage: storage.name.clone(),
             kind: storage.kind,
             status: LocationStatus::Writing,
             specs,
-        }
+        })
     }
 
     /// Phase two: `success[i]` reports the write of `grant.blocks[i]`.
