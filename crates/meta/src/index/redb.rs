@@ -20,9 +20,11 @@
 //! as soon as a call fails that way (redb repairs it from the last commit)
 //! and serves reads from the fresh handle; writes are refused with
 //! [`MetaError::StoreUnwritable`] until one succeeds again. While refused,
-//! a write is tried for real at most once per backoff interval
-//! (200 ms, doubling up to 5 s), so a full disk does not
-//! make every request pay for a failing fsync and a reopen.
+//! a write is tried for real at most once per backoff interval (200 ms,
+//! doubling up to 5 s), and only when the file system has at least 1 MiB
+//! free, so a full disk does not make every request pay for a failing
+//! fsync and a reopen. A file opened on a file system with less than that
+//! free starts with writes refused.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,6 +55,11 @@ const RETRY_FIRST: Duration = Duration::from_millis(200);
 
 /// Longest wait between real tries while writes are refused.
 const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Free bytes the file system must have before a refused write is tried
+/// for real again (and for writes to be taken at open): below it a try
+/// would only fail and poison the handle once more.
+const MIN_FREE_BYTES: u64 = 1 << 20;
 
 fn table_name(instance: &str) -> String {
     format!("b/{instance}")
@@ -131,7 +138,28 @@ impl RedbIndex {
             locks: ShardLocks::default(),
         };
         index.create_records_table()?;
+        if let Some(why) = index.no_room() {
+            index.record_fault(why);
+        }
         Ok(index)
+    }
+
+    /// Why the file system of the database has no room for a write (less
+    /// than [`MIN_FREE_BYTES`] free), or `None` when it has, or when that
+    /// cannot be read (a try will tell).
+    fn no_room(&self) -> Option<String> {
+        let dir = match self.path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let v = rustix::fs::statvfs(dir).ok()?;
+        let free = v.f_bavail.saturating_mul(v.f_frsize);
+        (free < MIN_FREE_BYTES).then(|| {
+            format!(
+                "no space left on device ({free} bytes free on the file system of {}, {MIN_FREE_BYTES} needed)",
+                self.path.display()
+            )
+        })
     }
 
     /// Creates the records table of a new file. An existing file has it
@@ -198,9 +226,9 @@ impl RedbIndex {
         result
     }
 
-    /// `Err` while writes are refused and the next real try is not due;
-    /// otherwise lets this write be the try (and holds others back until
-    /// it has answered).
+    /// `Err` while writes are refused and the next real try is not due
+    /// (or the disk still has no room); otherwise lets this write be the
+    /// try (and holds others back until it has answered).
     fn admit_write(&self) -> Result<()> {
         let mut fault = self.fault.lock();
         let Some(f) = fault.as_mut() else {
@@ -211,6 +239,9 @@ impl RedbIndex {
             return Err(MetaError::StoreUnwritable(f.reason.clone()));
         }
         f.retry_at = now + f.backoff;
+        if self.no_room().is_some() {
+            return Err(MetaError::StoreUnwritable(f.reason.clone()));
+        }
         Ok(())
     }
 
@@ -547,11 +578,7 @@ impl MetaIndex for RedbIndex {
     /// record, so the fault clears once the disk has room even when no
     /// client writes.
     fn write_fault(&self) -> Option<String> {
-        let due = match self.fault.lock().as_ref() {
-            None => return None,
-            Some(f) => Instant::now() >= f.retry_at,
-        };
-        if due && self.probe_write().is_ok() {
+        if self.fault.lock().is_none() || self.probe_write().is_ok() {
             return None;
         }
         self.fault.lock().as_ref().map(|f| f.reason.clone())
