@@ -267,3 +267,84 @@ async fn a_file_pool_on_a_full_disk_serves_what_it_holds_and_takes_no_writes() {
         .expect("grant");
     assert_eq!(g.blocks.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_refused_on_a_full_disk_can_be_retried_once_freed() {
+    let fs = mount();
+    let index = Arc::new(RedbIndex::open(fs.path().join("meta.redb"), 1 << 20).expect("open"));
+    let svc = MetaService::new(index, MetaConfig::default()).expect("service");
+    svc.put_storage(Storage {
+        name: "s3".into(),
+        kind: StorageKind::S3,
+        uri: "s3://bucket/kv".into(),
+        enabled: true,
+        health: StorageHealth::Healthy,
+    })
+    .expect("storage");
+    svc.put_group(InstanceGroup {
+        name: "g".into(),
+        quota_bytes: 1 << 40,
+        kind_quota_bytes: BTreeMap::new(),
+        watermark: 0.9,
+        eviction: EvictionPolicy::Lru,
+        storages: vec!["s3".into()],
+        max_instances: 4,
+    })
+    .expect("group");
+    svc.register_instance(Instance {
+        id: "i".into(),
+        group: "g".into(),
+        model: "m".into(),
+        block_size: 16,
+        location_specs: vec![LocationSpecInfo {
+            name: "tp0".into(),
+            size: 4096,
+        }],
+        spec_groups: vec![],
+    })
+    .await
+    .expect("instance");
+    let open = svc
+        .start_write_cache("i", &keys(0..4))
+        .await
+        .expect("grant");
+
+    fs.fill().expect("fill the file system");
+    let mut next = 100;
+    let refused = loop {
+        assert!(next < 10_100, "no write was refused on a full disk");
+        match svc.start_write_cache("i", &keys(next..next + 1)).await {
+            Ok(g) => {
+                svc.finish_write_cache("i", g.session, &[false]).await.ok();
+            }
+            Err(e) => break e,
+        }
+        next += 1;
+    };
+    assert_eq!(refused.code(), "STORE_UNWRITABLE", "{refused}");
+    let err = svc
+        .finish_write_cache("i", open.session, &[true; 4])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "STORE_UNWRITABLE", "{err}");
+
+    // The session was kept: finishing it again works once there is room.
+    fs.free().expect("free the filler");
+    let deadline = Instant::now() + RESUME_WITHIN;
+    let done = loop {
+        match svc.finish_write_cache("i", open.session, &[true; 4]).await {
+            Ok(done) => break done,
+            Err(e) => {
+                assert_eq!(e.code(), "STORE_UNWRITABLE", "{e}");
+                assert!(Instant::now() < deadline, "finish never went through: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert_eq!((done.served, done.dropped), (4, 0));
+    let hit = svc
+        .get_cache_location("i", &LocationQuery::prefix(keys(0..4)))
+        .await
+        .expect("read");
+    assert_eq!(hit.matched, 4);
+}

@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvtier_meta::proto::admin as apb;
+use kvtier_meta::proto::admin::admin_service_client::AdminServiceClient;
 use kvtier_meta::test_support::Tmpfs;
 use kvtier_meta::{MetaConfig, MetaService, RedbIndex};
 use kvtier_server::ServerConfig;
@@ -67,6 +69,24 @@ async fn assert_hits(a: SocketAddr, keys: &[i64]) {
 async fn health(a: SocketAddr) -> (u16, Value) {
     let (status, _, body) = http(a, "GET", "/health", &[], Vec::new()).await;
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+/// gRPC `CheckHealth`: `is_health` and the header's message.
+async fn grpc_health(ts: &TestServer) -> (bool, String) {
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("grpc connect");
+    let h = c
+        .check_health(apb::CheckHealthRequest::default())
+        .await
+        .expect("CheckHealth answers")
+        .into_inner();
+    let message = h
+        .header
+        .and_then(|h| h.status)
+        .map(|s| s.message)
+        .unwrap_or_default();
+    (h.is_health, message)
 }
 
 fn assert_refused(r: &Value) {
@@ -143,6 +163,9 @@ async fn a_full_disk_refuses_writes_keeps_reads_reports_it_and_recovers() {
         reason.to_lowercase().contains("no space left on device"),
         "{h}"
     );
+    let (is_health, why) = grpc_health(&ts).await;
+    assert!(!is_health, "gRPC CheckHealth says healthy on a full disk");
+    assert!(why.contains("metadata index read-only"), "{why}");
 
     // Space comes back: the same server heals, with no restart.
     fs.free().expect("free the filler");
@@ -157,6 +180,7 @@ async fn a_full_disk_refuses_writes_keeps_reads_reports_it_and_recovers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     next += 1;
+    assert_eq!(grpc_health(&ts).await, (true, String::new()));
     write(a, &[next]).await.expect("writes resume");
     acked.push(next);
     let (_, r) = post(a, "/api/removeCache", &rm, None).await;
