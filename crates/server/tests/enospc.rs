@@ -166,6 +166,13 @@ async fn a_full_disk_refuses_writes_keeps_reads_reports_it_and_recovers() {
     let (is_health, why) = grpc_health(&ts).await;
     assert!(!is_health, "gRPC CheckHealth says healthy on a full disk");
     assert!(why.contains("metadata index read-only"), "{why}");
+    // The background writers are refused the same way, and go on.
+    assert_hits(a, &acked).await;
+    let flush = ts
+        .svc
+        .flush_access()
+        .expect_err("access statistics refused");
+    assert_eq!(flush.code(), "STORE_UNWRITABLE", "{flush}");
 
     // Space comes back: the same server heals, with no restart.
     fs.free().expect("free the filler");
@@ -181,6 +188,10 @@ async fn a_full_disk_refuses_writes_keeps_reads_reports_it_and_recovers() {
     }
     next += 1;
     assert_eq!(grpc_health(&ts).await, (true, String::new()));
+    assert_hits(a, &acked).await;
+    assert!(ts.svc.flush_access().expect("access statistics flushed") > 0);
+    let pass = ts.svc.reclaim_once().await;
+    assert!(pass.errors.is_empty(), "{:?}", pass.errors);
     write(a, &[next]).await.expect("writes resume");
     acked.push(next);
     let (_, r) = post(a, "/api/removeCache", &rm, None).await;

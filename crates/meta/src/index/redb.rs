@@ -114,7 +114,11 @@ struct Handle {
 pub struct RedbIndex {
     path: PathBuf,
     cache_bytes: usize,
+    /// Every call holds the read side for its duration; a reopen takes the
+    /// write side, so it waits for calls on the poisoned handle to finish
+    /// (redb's file lock allows one handle at a time).
     handle: RwLock<Handle>,
+    /// Set while writes are refused.
     fault: Mutex<Option<WriteFault>>,
     locks: ShardLocks,
 }
