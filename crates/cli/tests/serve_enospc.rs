@@ -74,10 +74,8 @@ impl Serve {
     /// SIGTERM, and waits for a clean exit.
     fn stop(mut self) {
         // SAFETY: kill(2) on our own child's pid, which has not been reaped.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
-            0
-        );
+        let sent = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        assert_eq!(sent, 0, "SIGTERM to kvtier serve");
         let rest: Vec<String> = self.lines.map_while(Result::ok).collect();
         let status = self.child.wait().expect("wait");
         assert!(status.success(), "exit {status:?}; log: {rest:?}");
