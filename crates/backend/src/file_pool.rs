@@ -332,18 +332,40 @@ impl FilePool {
         }
     }
 
-    /// Writes, syncs, reads back and removes a probe file, and checks the
-    /// pool files are still there at full size.
-    fn probe(dir: &Path, files: Vec<PathBuf>, file_size: u64) -> std::io::Result<()> {
+    /// Checks the pool files are still there at full size, then writes,
+    /// syncs, reads back and removes a probe file. A probe file that cannot
+    /// be written for lack of space (`ENOSPC`, `EDQUOT`) is a full file
+    /// system, not a broken one: if the pool files still read, the answer
+    /// is [`BackendError::Full`] (existing parts stay served, new writes go
+    /// elsewhere), not [`BackendError::Unavailable`].
+    fn probe(dir: &Path, files: Vec<PathBuf>, file_size: u64) -> Result<(), BackendError> {
+        let broken = |e: std::io::Error| {
+            BackendError::Unavailable(format!("file pool {}: {e}", dir.display()))
+        };
         for f in &files {
-            let len = std::fs::metadata(f)?.len();
+            let len = std::fs::metadata(f).map_err(broken)?.len();
             if len < file_size {
-                return Err(std::io::Error::other(format!(
+                return Err(broken(std::io::Error::other(format!(
                     "{} shrank to {len} bytes",
                     f.display()
-                )));
+                ))));
             }
         }
+        match Self::probe_file(dir) {
+            Ok(()) => Ok(()),
+            Err(e) if is_out_of_space(&e) => {
+                Self::read_pool_heads(&files).map_err(broken)?;
+                Err(BackendError::Full {
+                    requested: EXTENT_ALIGN,
+                    free: free_bytes(dir),
+                })
+            }
+            Err(e) => Err(broken(e)),
+        }
+    }
+
+    /// Writes, syncs, reads back and removes a probe file of one extent.
+    fn probe_file(dir: &Path) -> std::io::Result<()> {
         let path = dir.join(format!(
             ".kvtier-probe-{}-{:016x}",
             std::process::id(),
@@ -364,6 +386,26 @@ impl FilePool {
         let _ = std::fs::remove_file(&path);
         result
     }
+
+    /// Reads the first extent of every pool file: the data is reachable.
+    fn read_pool_heads(files: &[PathBuf]) -> std::io::Result<()> {
+        let mut head = vec![0u8; EXTENT_ALIGN as usize];
+        for f in files {
+            File::open(f)?.read_exact(&mut head)?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `e` says the file system (or the user's quota) has no room.
+fn is_out_of_space(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded
+}
+
+/// Bytes an unprivileged writer may still use on `dir`'s file system (0
+/// when that cannot be read).
+fn free_bytes(dir: &Path) -> u64 {
+    rustix::fs::statvfs(dir).map_or(0, |v| v.f_bavail.saturating_mul(v.f_frsize))
 }
 
 impl StorageBackend for FilePool {
@@ -402,11 +444,7 @@ impl StorageBackend for FilePool {
             // thread behind but the probe still answers in time.
             let probe = tokio::task::spawn_blocking(move || Self::probe(&dir, files, file_size));
             match tokio::time::timeout(self.probe_timeout, probe).await {
-                Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(e))) => Err(BackendError::Unavailable(format!(
-                    "file pool {}: {e}",
-                    self.dir.display()
-                ))),
+                Ok(Ok(result)) => result,
                 Ok(Err(e)) => Err(BackendError::Unavailable(format!("probe task: {e}"))),
                 Err(_) => Err(BackendError::Unavailable(format!(
                     "file pool {}: probe timed out after {:?}",

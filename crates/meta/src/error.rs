@@ -74,6 +74,12 @@ pub enum MetaError {
     /// The caller is authenticated but its account may not do this.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The metadata store cannot write now (its disk is full, or a write
+    /// failed and the store has not recovered yet). Nothing was changed;
+    /// reads are still served, and writes are taken again once the cause
+    /// is gone (the embedded store reopens itself).
+    #[error("metadata store cannot write: {0}")]
+    StoreUnwritable(String),
     /// The metadata backend failed.
     #[error("metadata backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -98,6 +104,7 @@ impl MetaError {
             MetaError::InUse(_) => "IN_USE",
             MetaError::Unauthenticated => "UNAUTHENTICATED",
             MetaError::PermissionDenied(_) => "PERMISSION_DENIED",
+            MetaError::StoreUnwritable(_) => "STORE_UNWRITABLE",
             MetaError::Backend(_) => "BACKEND",
         }
     }

@@ -139,4 +139,13 @@ pub trait MetaIndex: Send + Sync + std::fmt::Debug {
 
     /// Every record of `kind` as (name, value), by name.
     fn list_records(&self, kind: RecordKind) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Why this index refuses writes now (its disk is full, or a write
+    /// failed and it has not recovered), or `None` when it takes them.
+    /// Reads are served either way. A backend may try a write to find out
+    /// whether the cause is gone, so this can clear a fault. The default
+    /// (backends that refuse nothing on their own) is `None`.
+    fn write_fault(&self) -> Option<String> {
+        None
+    }
 }

@@ -120,21 +120,58 @@ impl MetaService {
                 let keys = self.index.scan(&inst.id, after, 4096)?;
                 let Some(&last) = keys.last() else { break };
                 after = Some(last);
-                self.index.modify(&inst.id, &keys, &mut |_, cur| {
-                    let Some(mut m) = cur else {
-                        return Modify::Keep;
-                    };
-                    let before = m.locations.len();
-                    m.locations.retain(|l| l.status != LocationStatus::Writing);
-                    for l in &m.locations {
-                        self.quotas.charge(&inst.group, l.kind, l.size());
-                    }
-                    match (m.locations.is_empty(), m.locations.len() == before) {
-                        (true, _) => Modify::Delete,
-                        (false, true) => Modify::Keep,
-                        (false, false) => Modify::Put(m),
-                    }
-                })?;
+                self.recover_chunk(&inst, &keys)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the writing locations of `keys` (their sessions died with the
+    /// last process) and charges the rest to the group's quota. When the
+    /// index refuses writes (a full disk), charges what is stored as it is
+    /// and leaves the writing locations for a later start: only serving
+    /// locations are handed out, so the service starts and serves reads.
+    fn recover_chunk(&self, inst: &Instance, keys: &[BlockKey]) -> Result<()> {
+        let mut charges = Vec::new();
+        let result = self.index.modify(&inst.id, keys, &mut |_, cur| {
+            let Some(mut m) = cur else {
+                return Modify::Keep;
+            };
+            let before = m.locations.len();
+            m.locations.retain(|l| l.status != LocationStatus::Writing);
+            charges.extend(m.locations.iter().map(|l| (l.kind, l.size())));
+            match (m.locations.is_empty(), m.locations.len() == before) {
+                (true, _) => Modify::Delete,
+                (false, true) => Modify::Keep,
+                (false, false) => Modify::Put(m),
+            }
+        });
+        match result {
+            Ok(()) => {
+                for (kind, size) in charges {
+                    self.quotas.charge(&inst.group, kind, size);
+                }
+                Ok(())
+            }
+            // Part of the batch may have been applied: charge what the
+            // index holds now, which is right either way.
+            Err(MetaError::StoreUnwritable(why)) => {
+                tracing::warn!(instance = %inst.id, why, "metadata index read-only at start: interrupted writes stay until a later start");
+                self.charge_stored(inst, keys)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Charges every location of `keys` that is not writing.
+    fn charge_stored(&self, inst: &Instance, keys: &[BlockKey]) -> Result<()> {
+        for m in self.index.get(&inst.id, keys)?.into_iter().flatten() {
+            for l in m
+                .locations
+                .iter()
+                .filter(|l| l.status != LocationStatus::Writing)
+            {
+                self.quotas.charge(&inst.group, l.kind, l.size());
             }
         }
         Ok(())

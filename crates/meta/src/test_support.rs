@@ -1,8 +1,8 @@
 //! Test helpers (cargo feature `test-support`): a real `redis-server` on a
-//! free 127.0.0.1 port, started by the test and stopped on drop. For this
-//! crate's tests and for other crates' tests that need a Redis/Valkey
-//! (add `kvtier-meta = { workspace = true, features = ["test-support"] }`
-//! to their dev-dependencies).
+//! free 127.0.0.1 port, started by the test and stopped on drop, and a
+//! small real tmpfs ([`Tmpfs`]) to run out of space on. For this crate's
+//! tests and for other crates' tests (add `kvtier-meta = { workspace =
+//! true, features = ["test-support"] }` to their dev-dependencies).
 //!
 //! The binary is `redis-server` from `PATH`, or `$KVTIER_REDIS_SERVER`
 //! (e.g. `valkey-server`). A missing binary is an error that says how to
@@ -186,4 +186,89 @@ fn tail(path: &Path) -> String {
     let log = std::fs::read_to_string(path).unwrap_or_default();
     let start = log.len().saturating_sub(2000);
     log.get(start..).unwrap_or(&log).to_owned()
+}
+
+/// A real tmpfs of a fixed size mounted on a fresh directory under the
+/// system temp dir, for tests that fill a file system (`ENOSPC`) and free
+/// it again. Mounting needs root (`CAP_SYS_ADMIN`); a failure to mount is
+/// an error that says so, for the test to fail on. Unmounted (lazily, if
+/// something still holds a file there) and removed on drop, also when the
+/// test panics.
+#[derive(Debug)]
+pub struct Tmpfs {
+    dir: PathBuf,
+}
+
+/// Name of the file [`Tmpfs::fill`] writes.
+const FILLER: &str = "filler";
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `bytes` bytes.
+    pub fn mount(bytes: u64) -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "kvtier-tmpfs-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .output()?;
+        if !out.status.success() {
+            let _ = std::fs::remove_dir(&dir);
+            return Err(std::io::Error::other(format!(
+                "mounting a tmpfs on {} failed (tests that fill a disk need root): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(Tmpfs { dir })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes a filler file until the file system answers `ENOSPC`, down to
+    /// the last byte; returns the bytes written. Any other error is
+    /// returned.
+    pub fn fill(&self) -> std::io::Result<u64> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(FILLER))?;
+        let mut written = 0u64;
+        for chunk in [1usize << 20, 4096, 1] {
+            let buf = vec![0x5au8; chunk];
+            loop {
+                match f.write(&buf) {
+                    Ok(0) => break,
+                    Ok(n) => written += n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// Removes the filler file.
+    pub fn free(&self) -> std::io::Result<()> {
+        std::fs::remove_file(self.dir.join(FILLER))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(&self.dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }

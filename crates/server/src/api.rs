@@ -58,6 +58,9 @@ pub trait WireReply: prost::Message + Default + Send + 'static {
     fn set_status(&mut self, code: mpb::ErrorCode, message: String, request_id: &str);
     /// The header's code (`UNSPECIFIED` when absent).
     fn code(&self) -> i32;
+    /// The header's message (empty when absent): a handler may leave a
+    /// note on a successful reply (`CheckHealth` says why it is unhealthy).
+    fn message(&self) -> String;
 }
 
 macro_rules! wire_requests {
@@ -81,6 +84,9 @@ macro_rules! meta_replies {
             fn code(&self) -> i32 {
                 self.header.as_ref().and_then(|h| h.status.as_ref()).map_or(0, |s| s.code)
             }
+            fn message(&self) -> String {
+                self.header.as_ref().and_then(|h| h.status.as_ref()).map_or_else(String::new, |s| s.message.clone())
+            }
         }
     )*};
 }
@@ -98,6 +104,9 @@ macro_rules! admin_replies {
             }
             fn code(&self) -> i32 {
                 self.header.as_ref().and_then(|h| h.status.as_ref()).map_or(0, |s| s.code)
+            }
+            fn message(&self) -> String {
+                self.header.as_ref().and_then(|h| h.status.as_ref()).map_or_else(String::new, |s| s.message.clone())
             }
         }
     )*};
@@ -193,7 +202,8 @@ impl Api {
         let start = Instant::now();
         let resp = match call(req).await {
             Ok(mut r) => {
-                r.set_status(mpb::ErrorCode::Ok, String::new(), &trace_id);
+                let note = r.message();
+                r.set_status(mpb::ErrorCode::Ok, note, &trace_id);
                 r
             }
             Err(f) => {

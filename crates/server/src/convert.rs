@@ -84,6 +84,8 @@ pub fn error_code(e: &MetaError) -> pb::ErrorCode {
         "INSTANCE_CONFLICT" | "ALREADY_EXISTS" => C::DuplicateEntity,
         "GROUP_FULL" | "QUOTA_EXCEEDED" | "NO_AVAILABLE_STORAGE" => C::ReachMaxEntityCapacity,
         "CORRUPT" | "BACKEND" => C::IoError,
+        // Transient: the store refuses writes until its disk has room again.
+        "STORE_UNWRITABLE" => C::ServiceNotReady,
         // The wire enum has no permission or in-use code; the message says
         // which (docs/server.md, "Error codes").
         "IN_USE" | "PERMISSION_DENIED" | "UNAUTHENTICATED" => C::InvalidArgument,

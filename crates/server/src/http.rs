@@ -310,11 +310,14 @@ async fn health(State(st): State<Arc<HttpState>>) -> Response {
     let report = st.api.svc.check_health().await;
     let body = serde_json::json!({
         "healthy": report.healthy,
+        "reason": report.reason,
         "index_error": report.index_error,
+        "index_read_only": report.index_read_only,
         "storages": report.storages.iter().map(|s| serde_json::json!({
             "name": s.name,
             "enabled": s.enabled,
             "healthy": s.health == kvtier_meta::StorageHealth::Healthy,
+            "health": s.health.as_str(),
         })).collect::<Vec<_>>(),
     });
     let status = if report.healthy {

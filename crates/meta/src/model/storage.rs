@@ -36,15 +36,38 @@ impl StorageKind {
     }
 }
 
-/// Last known health of a storage, set by probes (later step) or admins.
+/// Last known health of a storage, set by probes or admins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum StorageHealth {
     /// Probes succeed; writes may be placed here.
     #[default]
     Healthy,
-    /// Probes fail; no new writes are placed here.
+    /// Probes fail; no new writes are placed here, and its locations are
+    /// not handed out (each is a miss).
     Unhealthy,
+    /// Its file system has no room for new data (the probe could not write
+    /// for lack of space) but what it holds is intact: no new writes are
+    /// placed here, and its locations are still served. A capacity state,
+    /// not a failure.
+    Full,
+}
+
+impl StorageHealth {
+    /// The state's name, as the HTTP health report and logs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageHealth::Healthy => "healthy",
+            StorageHealth::Unhealthy => "unhealthy",
+            StorageHealth::Full => "full",
+        }
+    }
+
+    /// Whether locations on a storage in this state are handed out to
+    /// readers: all but an unhealthy one's.
+    pub fn serves_reads(self) -> bool {
+        self != StorageHealth::Unhealthy
+    }
 }
 
 /// One storage backend, shareable by many groups and instances.

@@ -30,11 +30,16 @@ const SWEEP_BATCH: usize = 4096;
 /// Result of [`MetaService::check_health`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthReport {
-    /// The index answered, and at least one storage takes writes (or none
-    /// is configured yet, as on a fresh server).
+    /// The index answered and takes writes, and at least one storage
+    /// takes writes (or none is configured yet, as on a fresh server).
     pub healthy: bool,
     /// Why the index is unreachable; `None` when it answered.
     pub index_error: Option<String>,
+    /// Why the index refuses writes (e.g. its disk is full) while it still
+    /// serves reads; `None` when it takes writes.
+    pub index_read_only: Option<String>,
+    /// What is wrong, in words, when not healthy; `None` when healthy.
+    pub reason: Option<String>,
     /// Every storage, by name.
     pub storages: Vec<StorageStatus>,
 }
@@ -571,13 +576,17 @@ impl MetaService {
         Ok(dropped)
     }
 
-    /// Whether the index answers, and every storage's state.
+    /// Whether the index answers and takes writes, and every storage's
+    /// state. While the index refuses writes this may try one (see
+    /// [`crate::MetaIndex::write_fault`]), so a recovered disk shows as healthy
+    /// without waiting for a client's write.
     pub async fn check_health(&self) -> HealthReport {
         let index_error = self
             .index
             .list_records(RecordKind::Storage)
             .err()
             .map(|e| e.to_string());
+        let index_read_only = self.index.write_fault();
         let storages: Vec<StorageStatus> = self
             .list_storages()
             .into_iter()
@@ -587,13 +596,16 @@ impl MetaService {
                 health: s.health,
             })
             .collect();
-        let writable = storages.is_empty()
-            || storages
-                .iter()
-                .any(|s| s.enabled && s.health == StorageHealth::Healthy);
+        let reason = health_problem(
+            index_error.as_deref(),
+            index_read_only.as_deref(),
+            &storages,
+        );
         HealthReport {
-            healthy: index_error.is_none() && writable,
+            healthy: reason.is_none(),
             index_error,
+            index_read_only,
+            reason,
             storages,
         }
     }
@@ -659,4 +671,38 @@ impl MetaService {
         }
         stats
     }
+}
+
+/// The first thing wrong, in words, or `None` when healthy: the index
+/// unreachable, then the index refusing writes, then no storage taking
+/// writes (a fresh server with no storage is healthy).
+fn health_problem(
+    index_error: Option<&str>,
+    index_read_only: Option<&str>,
+    storages: &[StorageStatus],
+) -> Option<String> {
+    if let Some(e) = index_error {
+        return Some(format!("metadata index unreachable: {e}"));
+    }
+    if let Some(why) = index_read_only {
+        return Some(format!("metadata index read-only: {why}"));
+    }
+    let writable = storages
+        .iter()
+        .any(|s| s.enabled && s.health == StorageHealth::Healthy);
+    if storages.is_empty() || writable {
+        return None;
+    }
+    let states: Vec<String> = storages
+        .iter()
+        .map(|s| {
+            let state = if !s.enabled {
+                "disabled"
+            } else {
+                s.health.as_str()
+            };
+            format!("{} {state}", s.name)
+        })
+        .collect();
+    Some(format!("no storage takes writes: {}", states.join(", ")))
 }

@@ -370,7 +370,8 @@ impl MetaService {
     }
 
     /// Drops (to misses) the found locations whose storage is unhealthy,
-    /// and counts them.
+    /// and counts them. A full storage's locations are kept: its data is
+    /// intact, it only takes no new writes.
     pub(super) fn hide_unhealthy<L: std::ops::Deref<Target = CacheLocation>>(
         &self,
         found: &mut [Option<L>],
@@ -386,7 +387,7 @@ impl MetaService {
                     let h = self
                         .catalog
                         .storage(&loc.storage)
-                        .map_or(true, |s| s.health == StorageHealth::Healthy);
+                        .map_or(true, |s| s.health.serves_reads());
                     memo.push((loc.storage.clone(), h));
                     h
                 }
@@ -429,25 +430,21 @@ impl MetaService {
         while let Some(done) = probes.join_next().await {
             let Ok((name, r)) = done else { continue };
             add(&c.health_checks, 1);
-            let health = match r {
-                Ok(()) => StorageHealth::Healthy,
-                Err(e) => {
-                    add(&c.health_failures, 1);
-                    tracing::warn!(storage = name, error = %e, "storage health probe failed");
-                    unhealthy.push(name.clone());
-                    StorageHealth::Unhealthy
-                }
-            };
-            if let Err(e) = self.set_storage_health(&name, health) {
-                tracing::warn!(storage = name, error = %e, "recording storage health failed");
+            let health = probe_health(&name, r);
+            if health == StorageHealth::Unhealthy {
+                add(&c.health_failures, 1);
+                unhealthy.push(name.clone());
             }
+            self.set_storage_health(&name, health);
         }
         unhealthy.sort();
         unhealthy
     }
 
-    pub(super) fn set_storage_health(&self, name: &str, health: StorageHealth) -> Result<()> {
-        self.catalog.apply(self.index.as_ref(), |maps| {
+    /// Records a probe result: in the index when it takes writes, else in
+    /// memory only (see [`super::catalog::Catalog::set_health_unpersisted`]).
+    pub(super) fn set_storage_health(&self, name: &str, health: StorageHealth) {
+        let result = self.catalog.apply(self.index.as_ref(), |maps| {
             let Some(s) = maps.storages.get(name) else {
                 return Err(MetaError::StorageNotFound(name.to_owned()));
             };
@@ -458,7 +455,22 @@ impl MetaService {
             let mut s = s.clone();
             s.health = health;
             Ok((vec![Change::PutStorage(s)], ()))
-        })
+        });
+        match result {
+            Ok(()) => {}
+            Err(MetaError::StoreUnwritable(why)) => {
+                tracing::debug!(
+                    storage = name,
+                    ?health,
+                    why,
+                    "storage health kept in memory only"
+                );
+                self.catalog.set_health_unpersisted(name, health);
+            }
+            Err(e) => {
+                tracing::warn!(storage = name, error = %e, "recording storage health failed");
+            }
+        }
     }
 
     /// Starts probing every attached backend every `interval` (each probe
@@ -474,5 +486,22 @@ impl MetaService {
                 svc.check_backends(interval).await;
             }
         }))
+    }
+}
+
+/// The health a probe result means: `Full` when the backend has no room
+/// for new data (its data is intact and still served), `Unhealthy` for
+/// any other failure.
+fn probe_health(name: &str, result: std::result::Result<(), BackendError>) -> StorageHealth {
+    match result {
+        Ok(()) => StorageHealth::Healthy,
+        Err(e @ BackendError::Full { .. }) => {
+            tracing::warn!(storage = name, error = %e, "storage full: no new writes placed there; its data is still served");
+            StorageHealth::Full
+        }
+        Err(e) => {
+            tracing::warn!(storage = name, error = %e, "storage health probe failed");
+            StorageHealth::Unhealthy
+        }
     }
 }

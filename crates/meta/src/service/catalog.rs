@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{MetaError, Result};
 use crate::index::{MetaIndex, RecordKind};
-use crate::model::{Account, BlockKey, Instance, InstanceGroup, Storage};
+use crate::model::{Account, BlockKey, Instance, InstanceGroup, Storage, StorageHealth};
 
 /// The cached records, by name.
 #[derive(Debug, Default, Clone)]
@@ -259,6 +259,22 @@ impl Catalog {
     /// A consistent copy of every map (for listings and snapshots).
     pub(crate) fn snapshot(&self) -> Maps {
         self.maps.read().clone()
+    }
+
+    /// Sets a storage's health in memory only, for a probe result the index
+    /// cannot record now (it refuses writes): the probe is runtime state,
+    /// and a storage must not keep taking writes, or stay hidden, because
+    /// the index's disk is full. The next probe persists it once the index
+    /// writes again. Returns whether the storage exists.
+    pub(crate) fn set_health_unpersisted(&self, name: &str, health: StorageHealth) -> bool {
+        let _edit = self.edit.lock();
+        match self.maps.write().storages.get_mut(name) {
+            Some(s) => {
+                s.health = health;
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn put_storage(&self, index: &dyn MetaIndex, s: Storage) -> Result<()> {

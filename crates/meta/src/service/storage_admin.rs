@@ -165,9 +165,7 @@ impl MetaService {
                 error = why,
                 "storage backend unavailable; marked unhealthy"
             );
-            if let Err(e) = self.set_storage_health(name, StorageHealth::Unhealthy) {
-                tracing::warn!(storage = name, error = %e, "recording storage health failed");
-            }
+            self.set_storage_health(name, StorageHealth::Unhealthy);
         }
         failed
     }

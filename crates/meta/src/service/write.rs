@@ -241,11 +241,23 @@ impl MetaService {
             },
             MetaError::SessionNotFound(session.0),
         )?;
-        self.close_session(&s, success)
+        match self.close_session(&s, success) {
+            // Kept, with a fresh deadline, so the caller can finish it once
+            // the index writes again (and the reaper does not drop it).
+            Err(e @ MetaError::StoreUnwritable(_)) => {
+                let deadline = Instant::now() + self.config.session_timeout;
+                self.sessions.insert(session, Session { deadline, ..s });
+                Err(e)
+            }
+            other => other,
+        }
     }
 
     /// Applies a session's outcome and releases the charge of every target
-    /// that did not turn serving.
+    /// that did not turn serving. Idempotent, so a session whose close the
+    /// index refused ([`MetaError::StoreUnwritable`]: nothing released, the
+    /// caller keeps the session) can be closed again later: a target an
+    /// earlier try already made serving counts as served.
     fn close_session(&self, s: &Session, success: &[bool]) -> Result<FinishSummary> {
         if s.targets.is_empty() {
             return Ok(FinishSummary::default());
@@ -264,13 +276,17 @@ impl MetaService {
             let (Some(mut m), Some(&(id, ok))) = (cur, wanted.get(&key)) else {
                 return Modify::Keep;
             };
-            let Some(pos) = m
-                .locations
-                .iter()
-                .position(|l| l.id == id && l.status == LocationStatus::Writing)
-            else {
+            let Some(pos) = m.locations.iter().position(|l| l.id == id) else {
                 return Modify::Keep;
             };
+            match (m.locations[pos].status, ok) {
+                (LocationStatus::Writing, _) => {}
+                (LocationStatus::Serving, true) => {
+                    served += 1;
+                    return Modify::Keep;
+                }
+                _ => return Modify::Keep,
+            }
             if ok {
                 m.locations[pos].status = LocationStatus::Serving;
                 m.last_access_ms = now;
@@ -287,6 +303,10 @@ impl MetaService {
             }
         });
         self.search_cache.invalidate(&s.instance, &keys);
+        if let Err(e @ MetaError::StoreUnwritable(_)) = result {
+            // Nothing released: the session is closed again later.
+            return Err(e);
+        }
         if result.is_ok() {
             self.release_locations(removed);
         }
@@ -307,8 +327,13 @@ impl MetaService {
             .count();
         for (id, s) in expired {
             let fails = vec![false; s.targets.len()];
-            if let Err(e) = self.close_session(&s, &fails) {
-                tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed");
+            match self.close_session(&s, &fails) {
+                Ok(_) => {}
+                // Retried on a later round, once the index writes again.
+                Err(MetaError::StoreUnwritable(_)) => self.sessions.insert(id, s),
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed");
+                }
             }
         }
         n

@@ -340,14 +340,22 @@ impl Api {
         })
     }
 
-    /// `CheckHealth`.
+    /// `CheckHealth`: `is_health`, and when false, why in the header's
+    /// message (the code stays `OK`: the call itself succeeded).
     pub async fn check_health(
         &self,
         _req: pb::CheckHealthRequest,
     ) -> Result<pb::CheckHealthResponse, Fail> {
         let report = self.svc.check_health().await;
+        let header = report.reason.map(|message| pb::CommonResponseHeader {
+            status: Some(pb::Status {
+                code: pb::ErrorCode::Ok as i32,
+                message,
+            }),
+            request_id: String::new(),
+        });
         Ok(pb::CheckHealthResponse {
-            header: None,
+            header,
             is_leader: true,
             is_health: report.healthy,
             elector_last_loop_time_ms: 0,
