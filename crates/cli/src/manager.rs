@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_backend::BackendOptions;
+use kvtier_backend::{AttachError, BackendOptions, FilePool, FilePoolOptions, PoolSpaceError};
 use kvtier_core::Config;
 use kvtier_meta::{
     DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
@@ -60,12 +60,11 @@ impl Manager {
         }
         let svc =
             Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
-        let mut options = BackendOptions {
+        let options = BackendOptions {
             local_node: store,
+            file_pool: pool_options(config),
             ..BackendOptions::default()
         };
-        options.file_pool.files = 4;
-        options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
         bootstrap(&svc, config)?;
         attach_backends(&svc, &options).await?;
         let tasks = BackgroundTasks {
@@ -157,6 +156,52 @@ fn server_config(config: &Config) -> Result<ServerConfig> {
     })
 }
 
+/// The settings of every file pool: `meta.pool_capacity` in four files.
+fn pool_options(config: &Config) -> FilePoolOptions {
+    FilePoolOptions {
+        files: 4,
+        file_size: (config.meta.pool_capacity.0 / 4).max(4096),
+        ..FilePoolOptions::default()
+    }
+}
+
+/// The directory of the default group's file pool, when it is one: the
+/// configured `file:///dir`, or `<data_dir>/pool`.
+fn default_pool_dir(config: &Config) -> Result<Option<PathBuf>> {
+    let storage = &config.meta.default_storage;
+    if storage.is_empty() {
+        return absolute(&config.serve.data_dir.join("pool")).map(Some);
+    }
+    Ok(storage
+        .strip_prefix("file://")
+        .map(|p| PathBuf::from(p.strip_prefix("localhost").unwrap_or(p))))
+}
+
+/// Refuses, creating nothing, a configuration whose default file pool does
+/// not fit on its file system: `kvtier serve` asks this before it creates
+/// the memory arena and the disk tier, so a pool that cannot be reserved
+/// stops the start before anything else exists.
+pub fn check_default_pool_space(config: &Config) -> Result<()> {
+    if !config.meta.enabled {
+        return Ok(());
+    }
+    let Some(dir) = default_pool_dir(config)? else {
+        return Ok(());
+    };
+    FilePool::check_space(&dir, &pool_options(config))
+        .map_err(pool_error)
+        .context("the default file pool (meta.pool_capacity) does not fit")
+}
+
+/// `e` for the log: a [`PoolSpaceError`] as itself (not under the I/O
+/// error that carries it, which would print it twice).
+fn pool_error(e: kvtier_meta::BackendError) -> anyhow::Error {
+    match PoolSpaceError::find(&e) {
+        Some(space) => anyhow::Error::new(space.clone()),
+        None => anyhow::Error::new(e),
+    }
+}
+
 /// The storage of the `default` group: the configured base URI, or a file
 /// pool under the data directory.
 fn default_storage(config: &Config) -> Result<Storage> {
@@ -216,13 +261,20 @@ fn bootstrap(svc: &MetaService, config: &Config) -> Result<()> {
 
 /// Attaches a backend to every storage whose URI this process can serve;
 /// a storage that cannot be opened is marked unhealthy (it gets no writes)
-/// and logged, so one bad storage does not stop the manager.
+/// and logged, so one bad storage does not stop the manager. A file pool
+/// whose space cannot be reserved does stop it: serving would grant writes
+/// that then fail for lack of space.
 async fn attach_backends(svc: &Arc<MetaService>, options: &BackendOptions) -> Result<()> {
     for storage in svc.list_storages() {
         // Restores a file pool's allocation map from the index before the
         // first write, so live extents are never handed out twice.
         match kvtier_backend::attach_backend(svc, &storage, options) {
             Ok(_) => {}
+            Err(AttachError::Backend(e)) if PoolSpaceError::find(&e).is_some() => {
+                return Err(pool_error(e)).with_context(|| {
+                    format!("storage {:?}: its file pool does not fit", storage.name)
+                });
+            }
             Err(e) => {
                 tracing::warn!(storage = %storage.name, uri = %storage.uri, "storage backend unavailable: {e}");
             }

@@ -32,6 +32,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let geometry = config.geometry.resolve()?;
+        // A pool the file system cannot hold stops the start before the
+        // arena and the disk tier are made.
+        crate::manager::check_default_pool_space(&config)?;
         for dir in config.disk_dirs() {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         }
