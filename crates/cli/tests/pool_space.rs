@@ -8,7 +8,7 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -87,6 +87,38 @@ fn serve(data: &Path, disk: &Path, shm: &str, pool: &str) -> Command {
     c
 }
 
+/// What a start printed: its log up to readiness or exit.
+struct Log {
+    lines: Vec<String>,
+    /// The ready line appeared (the process is still running then).
+    ready: bool,
+}
+
+/// Reads `stderr` (on a thread, no sleeping) until the ready line or the
+/// end of the log; panics after `deadline` without either.
+fn read_log(stderr: ChildStderr, deadline: Duration) -> Log {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let ready = line.contains("kvtier serving");
+            lines.push(line);
+            if ready {
+                let _ = tx.send(Log {
+                    lines: lines.clone(),
+                    ready: true,
+                });
+            }
+        }
+        let _ = tx.send(Log {
+            lines,
+            ready: false,
+        });
+    });
+    rx.recv_timeout(deadline)
+        .unwrap_or_else(|e| panic!("kvtier serve neither ready nor gone after {deadline:?}: {e}"))
+}
+
 fn entries(dir: &Path) -> Vec<PathBuf> {
     match std::fs::read_dir(dir) {
         Ok(e) => e.map_while(Result::ok).map(|e| e.path()).collect(),
@@ -100,14 +132,20 @@ fn an_oversized_pool_is_refused_before_anything_is_created() {
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("disk dir");
     let disk_dir = disk.path().join("tier");
     let shm = format!("kvtier-pool-space-{}", std::process::id());
-    let out = serve(fs.path(), &disk_dir, &shm, "64MiB")
-        .output()
-        .expect("run kvtier serve");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let mut child = serve(fs.path(), &disk_dir, &shm, "64MiB")
+        .spawn()
+        .expect("start kvtier serve");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let mut proc = Proc(child);
+    let log = read_log(stderr, Duration::from_secs(60));
     assert!(
-        !out.status.success(),
-        "started with a 64 MiB pool on 8 MiB:\n{err}"
+        !log.ready,
+        "started with a 64 MiB pool on 8 MiB:\n{}",
+        log.lines.join("\n")
     );
+    let err = log.lines.join("\n");
+    let status = proc.0.wait().expect("wait for kvtier serve");
+    assert!(!status.success(), "exit {status:?}:\n{err}");
     let pool_dir = fs.path().join("pool");
     for part in [
         "cannot reserve 67108864 bytes".to_owned(),
@@ -134,23 +172,9 @@ fn a_pool_that_fits_is_reserved_at_start() {
         .expect("start kvtier serve");
     let stderr = child.stderr.take().expect("stderr piped");
     let proc = Proc(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut log = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let ready = line.contains("kvtier serving");
-            log.push(line);
-            if ready {
-                let _ = tx.send(Ok(log.clone()));
-            }
-        }
-        let _ = tx.send(Err(log));
-    });
-    let log = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Ok(log)) => log,
-        Ok(Err(log)) => panic!("kvtier serve exited:\n{}", log.join("\n")),
-        Err(e) => panic!("kvtier serve not ready: {e}"),
-    };
+    let log = read_log(stderr, Duration::from_secs(60));
+    assert!(log.ready, "kvtier serve exited:\n{}", log.lines.join("\n"));
+    let log = log.lines;
     let pool_dir = fs.path().join("pool");
     let files = entries(&pool_dir);
     assert_eq!(files.len(), 4, "{files:?}");
