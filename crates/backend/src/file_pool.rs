@@ -16,6 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -99,6 +100,13 @@ impl FilePool {
     /// Opens (creating if needed) a pool in `dir`, which must be absolute:
     /// creates the directory and any missing pool file at its full size.
     /// Starts with every extent free; see [`FilePool::restore`].
+    ///
+    /// With [`FilePoolOptions::preallocate`] the files' blocks are reserved
+    /// (`fallocate`); when the file system cannot hold them the pool is
+    /// refused with a [`PoolSpaceError`] (inside [`BackendError::Io`], kind
+    /// `StorageFull`) naming the sizes, before any file is created where the
+    /// free space already says so, and otherwise with the files this call
+    /// created removed again.
     pub fn open(dir: impl Into<PathBuf>, opts: &FilePoolOptions) -> Result<Self, BackendError> {
         let dir = dir.into();
         // The one place a pool's paths are formed from (admin) input: the
@@ -117,23 +125,31 @@ impl FilePool {
                 "file pool needs at least one file of at least 4 KiB",
             )));
         }
+        let paths: Vec<PathBuf> = (0..opts.files as usize)
+            .map(|i| dir.join(file_name(i)))
+            .collect();
+        if opts.preallocate {
+            // Refuse before creating anything when the space is not there.
+            check_space(&dir, &paths, file_size)?;
+        }
         std::fs::create_dir_all(&dir)?;
-        for i in 0..opts.files as usize {
-            let f = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .open(dir.join(file_name(i)))?;
-            if f.metadata()?.len() < file_size {
-                f.set_len(file_size)?;
+        let mut created = Vec::new();
+        for path in &paths {
+            if let Err(e) = open_pool_file(path, file_size, opts.preallocate, &mut created) {
+                // No half-made pool: the files this call created go again.
+                for p in &created {
+                    let _ = std::fs::remove_file(p);
+                }
+                return Err(e);
             }
-            if opts.preallocate {
-                // Best effort: file systems without fallocate (some NFS
-                // versions) keep the sparse file.
-                let _ =
-                    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, file_size);
-            }
+        }
+        if opts.preallocate {
+            tracing::info!(
+                dir = %dir.display(),
+                files = opts.files,
+                bytes = file_size * u64::from(opts.files),
+                "file pool: disk space reserved"
+            );
         }
         Ok(FilePool {
             dir,
@@ -146,6 +162,18 @@ impl FilePool {
                     .collect(),
             ),
         })
+    }
+
+    /// Checks, creating nothing, that the file system of `dir` can hold a
+    /// pool of `opts` there (what is already reserved by existing pool files
+    /// counts): the same refusal [`FilePool::open`] makes, for callers that
+    /// want it before they create anything else.
+    pub fn check_space(dir: &Path, opts: &FilePoolOptions) -> Result<(), BackendError> {
+        let file_size = opts.file_size / EXTENT_ALIGN * EXTENT_ALIGN;
+        let paths: Vec<PathBuf> = (0..opts.files as usize)
+            .map(|i| dir.join(file_name(i)))
+            .collect();
+        check_space(dir, &paths, file_size)
     }
 
     /// Opens the pool named by a storage URI `file:///abs/dir`.
@@ -406,6 +434,130 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
 /// when that cannot be read).
 fn free_bytes(dir: &Path) -> u64 {
     rustix::fs::statvfs(dir).map_or(0, |v| v.f_bavail.saturating_mul(v.f_frsize))
+}
+
+/// A file pool whose space the file system cannot hold.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "file pool {dir}: cannot reserve {wanted} bytes ({missing} of them not reserved yet): only {available} bytes are free on its file system; lower meta.pool_capacity or free space"
+)]
+pub struct PoolSpaceError {
+    /// The pool directory.
+    pub dir: PathBuf,
+    /// Bytes of the whole pool (every file at its full size).
+    pub wanted: u64,
+    /// Of those, bytes not yet reserved by existing pool files.
+    pub missing: u64,
+    /// Bytes free on the file system for an unprivileged writer.
+    pub available: u64,
+}
+
+impl PoolSpaceError {
+    /// The [`PoolSpaceError`] inside `e`, if `e` is one.
+    pub fn find(e: &BackendError) -> Option<&PoolSpaceError> {
+        match e {
+            BackendError::Io(io) => io.get_ref()?.downcast_ref(),
+            _ => None,
+        }
+    }
+
+    fn into_backend(self) -> BackendError {
+        BackendError::Io(std::io::Error::new(std::io::ErrorKind::StorageFull, self))
+    }
+}
+
+/// Bytes of `path` already backed by blocks, up to `len`; 0 if it does not
+/// exist.
+fn reserved_bytes(path: &Path, len: u64) -> std::io::Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok((m.blocks() * 512).min(len)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
+}
+
+/// Bytes free for unprivileged writers on the file system holding `path`,
+/// asking the nearest existing ancestor when `path` does not exist yet.
+fn available_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut probe = Some(path);
+    while let Some(p) = probe {
+        match rustix::fs::statvfs(p) {
+            Ok(st) => return Ok(st.f_bavail.saturating_mul(st.f_frsize)),
+            Err(rustix::io::Errno::NOENT) => probe = p.parent(),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(std::io::ErrorKind::NotFound.into())
+}
+
+/// Refuses with a [`PoolSpaceError`] when the file system of `dir` has
+/// fewer free bytes than `paths`, each `file_size` long, still need.
+fn check_space(dir: &Path, paths: &[PathBuf], file_size: u64) -> Result<(), BackendError> {
+    let mut missing = 0u64;
+    for p in paths {
+        missing = missing.saturating_add(file_size - reserved_bytes(p, file_size)?);
+    }
+    let available = available_bytes(dir)?;
+    if missing > available {
+        return Err(PoolSpaceError {
+            dir: dir.to_owned(),
+            wanted: file_size.saturating_mul(paths.len() as u64),
+            missing,
+            available,
+        }
+        .into_backend());
+    }
+    Ok(())
+}
+
+/// Opens or creates one pool file at `file_size` bytes, reserving its blocks
+/// if `preallocate`; records it in `created` if this call created it.
+fn open_pool_file(
+    path: &Path,
+    file_size: u64,
+    preallocate: bool,
+    created: &mut Vec<PathBuf>,
+) -> Result<(), BackendError> {
+    let opts = || {
+        let mut o = OpenOptions::new();
+        o.read(true).write(true);
+        o
+    };
+    let f = match opts().create_new(true).open(path) {
+        Ok(f) => {
+            created.push(path.to_owned());
+            f
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => opts().open(path)?,
+        Err(e) => return Err(e.into()),
+    };
+    if f.metadata()?.len() < file_size {
+        f.set_len(file_size)?;
+    }
+    if !preallocate {
+        return Ok(());
+    }
+    match rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, file_size) {
+        Ok(()) => Ok(()),
+        // Space went between the check and here (another writer).
+        Err(rustix::io::Errno::NOSPC) => {
+            let dir = path.parent().unwrap_or(path);
+            Err(PoolSpaceError {
+                dir: dir.to_owned(),
+                wanted: file_size,
+                missing: file_size - reserved_bytes(path, file_size)?,
+                available: available_bytes(dir)?,
+            }
+            .into_backend())
+        }
+        // No fallocate here (some NFS versions): the free-space check above
+        // is all the assurance there is; the file stays sparse.
+        Err(rustix::io::Errno::OPNOTSUPP) => {
+            tracing::warn!(path = %path.display(), "file pool: the file system cannot fallocate; space was checked but is not reserved");
+            Ok(())
+        }
+        Err(e) => Err(std::io::Error::from(e).into()),
+    }
 }
 
 impl StorageBackend for FilePool {

@@ -23,7 +23,7 @@ pub mod s3;
 mod uri;
 
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
-pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, RestoreSummary};
+pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, PoolSpaceError, RestoreSummary};
 pub use node_store::{NodeStoreBackend, node_block_hash};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};

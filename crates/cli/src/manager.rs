@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_backend::BackendOptions;
+use kvtier_backend::{BackendOptions, FilePool, FilePoolOptions, PoolSpaceError};
 use kvtier_core::{AccountRole, Config, MetaAccountConfig};
 use kvtier_meta::{
     ApiKey, DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
@@ -46,12 +46,11 @@ impl Manager {
         let m = &config.meta;
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
-        let mut options = BackendOptions {
+        let options = BackendOptions {
             local_node: store,
+            file_pool: pool_options(config),
             ..BackendOptions::default()
         };
-        options.file_pool.files = 4;
-        options.file_pool.file_size = (m.pool_capacity.0 / 4).max(4096);
         let mut meta_config = MetaConfig {
             session_timeout: Duration::from_secs(m.session_timeout_secs),
             max_keys: m.max_keys,
@@ -167,6 +166,80 @@ fn server_config(config: &Config) -> Result<ServerConfig> {
     })
 }
 
+/// The settings of every file pool: `meta.pool_capacity` in four files.
+fn pool_options(config: &Config) -> FilePoolOptions {
+    FilePoolOptions {
+        files: 4,
+        file_size: (config.meta.pool_capacity.0 / 4).max(4096),
+        ..FilePoolOptions::default()
+    }
+}
+
+/// The directory of the default group's file pool, when it is one: the
+/// configured `file:///dir`, or `<data_dir>/pool`.
+fn default_pool_dir(config: &Config) -> Result<Option<PathBuf>> {
+    let storage = &config.meta.default_storage;
+    if storage.is_empty() {
+        return absolute(&config.serve.data_dir.join("pool")).map(Some);
+    }
+    Ok(storage
+        .strip_prefix("file://")
+        .map(|p| PathBuf::from(p.strip_prefix("localhost").unwrap_or(p))))
+}
+
+/// Refuses, creating nothing, a configuration whose default file pool does
+/// not fit on its file system: `kvtier serve` asks this before it creates
+/// the memory arena and the disk tier, so a pool that cannot be reserved
+/// stops the start before anything else exists.
+pub fn check_default_pool_space(config: &Config) -> Result<()> {
+    if !config.meta.enabled {
+        return Ok(());
+    }
+    let Some(dir) = default_pool_dir(config)? else {
+        return Ok(());
+    };
+    FilePool::check_space(&dir, &pool_options(config))
+        .map_err(pool_error)
+        .context("the default file pool (meta.pool_capacity) does not fit")
+}
+
+/// Why a start with `meta.auth` on and no administrator is refused.
+const NO_ADMIN: &str = "meta.auth is on but no admin account exists: set KVTIER_META__ADMIN_API_KEY to create one, or list an admin in [[meta.accounts]]";
+
+/// Refuses `meta.auth` with no administrator to be had — no
+/// `meta.admin_api_key`, no admin in `[[meta.accounts]]`, none stored in
+/// the index — before `kvtier serve` creates the arena and the disk tier.
+/// An embedded index that does not exist yet is not created to find out.
+pub fn check_admin_exists(config: &Config) -> Result<()> {
+    let m = &config.meta;
+    let configured =
+        m.admin_api_key.is_some() || m.accounts.iter().any(|a| a.role == AccountRole::Admin);
+    if !m.enabled || !m.auth || configured {
+        return Ok(());
+    }
+    let stored = match m.index.as_str() {
+        "memory" => false,
+        "embedded" if !config.serve.data_dir.join("meta.redb").exists() => false,
+        _ => kvtier_meta::stored_accounts(open_index(config)?.as_ref())
+            .context("reading the accounts of the metadata index")?
+            .iter()
+            .any(|a| a.role == Role::Admin),
+    };
+    if !stored {
+        bail!("{NO_ADMIN}");
+    }
+    Ok(())
+}
+
+/// `e` for the log: a [`PoolSpaceError`] as itself (not under the I/O
+/// error that carries it, which would print it twice).
+fn pool_error(e: kvtier_meta::BackendError) -> anyhow::Error {
+    match PoolSpaceError::find(&e) {
+        Some(space) => anyhow::Error::new(space.clone()),
+        None => anyhow::Error::new(e),
+    }
+}
+
 /// The storage of the `default` group: the configured base URI, or a file
 /// pool under the data directory.
 fn default_storage(config: &Config) -> Result<Storage> {
@@ -274,9 +347,7 @@ fn bootstrap(svc: &MetaService, config: &Config, accounts: &[ConfiguredAccount<'
         svc.put_account("admin", Role::Admin, ApiKey::Clear(key), Vec::new())
             .context("creating the admin account")?;
     } else if config.meta.auth && svc.list_accounts().iter().all(|a| a.role != Role::Admin) {
-        bail!(
-            "meta.auth is on but no admin account exists: set KVTIER_META__ADMIN_API_KEY to create one"
-        );
+        bail!("{NO_ADMIN}");
     }
     Ok(())
 }

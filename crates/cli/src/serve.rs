@@ -37,9 +37,13 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.
         crate::manager::configured_accounts(&config)?;
+        crate::manager::check_admin_exists(&config)?;
     }
     rt.block_on(async move {
         let geometry = config.geometry.resolve()?;
+        // A pool the file system cannot hold stops the start before the
+        // arena and the disk tier are made.
+        crate::manager::check_default_pool_space(&config)?;
         for dir in config.disk_dirs() {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         }

@@ -22,7 +22,20 @@ const READER_KEY: &str = "reader-key-for-access-tests-89ab";
 struct Proc(Child);
 
 impl Drop for Proc {
+    /// SIGTERM first, so `kvtier serve` removes its arena from /dev/shm;
+    /// SIGKILL if it has not stopped within 20 s.
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) on our own child's pid has no memory effects.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -220,6 +233,28 @@ fn an_open_remote_bind_is_refused_before_any_state_exists() {
         !data.path().join("disk").exists(),
         "a disk tier was created"
     );
+}
+
+#[test]
+fn auth_without_any_admin_is_refused_before_any_state_exists() {
+    let data = tempfile::tempdir().unwrap();
+    let shm = format!("kvt-access-noadmin-{}", std::process::id());
+    let out = serve(data.path(), &shm)
+        .env("KVTIER_META__AUTH", "true")
+        .env_remove("KVTIER_META__ADMIN_API_KEY")
+        .env_remove("KVTIER_META__ACCOUNTS")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "kvtier serve started with no admin");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no admin account exists"), "{err}");
+    assert!(
+        !Path::new("/dev/shm").join(&shm).exists(),
+        "an arena was created"
+    );
+    for made in ["disk", "pool", "meta.redb"] {
+        assert!(!data.path().join(made).exists(), "{made} was created");
+    }
 }
 
 #[test]

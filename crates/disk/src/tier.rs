@@ -617,6 +617,12 @@ fn prepare_dir(
             source: other,
         },
     })?;
+    tracing::info!(
+        dir = %path.display(),
+        file = %data_path.display(),
+        bytes = layout.file_bytes(),
+        "disk tier: disk space reserved"
+    );
     let creation_id = match existing {
         Some(m) => m.creation_id,
         None => {

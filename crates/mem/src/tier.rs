@@ -20,7 +20,7 @@ use std::sync::Arc;
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use parking_lot::Mutex;
 
-use crate::arena::shm::{self, Mapping, OwnedShm};
+use crate::arena::shm::{self, Mapping, OwnedShm, PendingShm};
 use crate::arena::table::SlotTable;
 use crate::arena::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES, header};
 use crate::config::MemoryTierConfig;
@@ -203,9 +203,12 @@ impl Inner {
 impl MemoryTier {
     /// Creates the arena `/dev/shm/<cfg.shm_name>` and maps it.
     ///
-    /// A file of that name left by a dead kvtier process is replaced; one
-    /// owned by a live process ([`MemError::InUse`]) or that is not an arena
-    /// ([`MemError::NotAnArena`]) is left alone. The whole arena is reserved
+    /// The arena is built unnamed and only then linked under its name, so
+    /// the name never shows a half-made arena. A file of that name whose
+    /// owner is gone (its lock is free) is replaced, whether it is a whole
+    /// arena or what a creator killed before writing the header left; one
+    /// owned by a live process ([`MemError::InUse`]) or holding foreign
+    /// content ([`MemError::NotAnArena`]) is left alone. The whole arena is reserved
     /// up front, so a `/dev/shm` too small fails here
     /// ([`MemError::ShmFull`]) rather than with a `SIGBUS` later.
     pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
@@ -232,15 +235,14 @@ impl MemoryTier {
         };
         let layout =
             ArenaLayout::compute(cfg.block_bytes, cfg.layer_bytes, cfg.capacity_bytes, page)?;
-        let shm = OwnedShm::create(&path, layout.file_bytes as u64)?;
-        let map =
-            Mapping::map(shm.file(), layout.file_bytes, true, page, true).map_err(|source| {
-                MemError::Io {
-                    path: path.clone(),
-                    op: "mmap",
-                    source,
-                }
-            })?;
+        let pending = PendingShm::create(&path, layout.file_bytes as u64)?;
+        let map = Mapping::map(pending.file(), layout.file_bytes, true, page, true).map_err(
+            |source| MemError::Io {
+                path: path.clone(),
+                op: "mmap",
+                source,
+            },
+        )?;
         if page == HUGE_PAGE_BYTES
             && let Err(e) = map.advise_hugepages(0, map.len())
         {
@@ -248,11 +250,13 @@ impl MemoryTier {
         }
         let encoded = header::encode(&layout, std::process::id());
         // SAFETY: the mapping is ours, writable and at least HEADER_BYTES long;
-        // no other handle to it exists yet in this process, and readers in
-        // others only read the header (and verify its checksum).
+        // the file has no name yet, so nothing else can see it.
         unsafe {
             std::ptr::copy_nonoverlapping(encoded.as_ptr(), map.ptr().as_ptr(), encoded.len());
         }
+        // Only a complete arena gets the name readers and later owners look
+        // for (invariant 12 of docs/memory-arena.md).
+        let shm = pending.publish()?;
         // SAFETY: the table lies inside the mapping at an offset that is a
         // multiple of 4096 (so 8-aligned), spans slot_count entries by
         // construction of the layout, lives as long as `Inner` (which owns the
@@ -273,6 +277,7 @@ impl MemoryTier {
         );
         tracing::info!(
             path = %path.display(),
+            bytes = layout.file_bytes,
             slots = layout.slot_count,
             slot_bytes = layout.slot_bytes,
             page_bytes = page,

@@ -85,5 +85,5 @@ pub use service::{BackendStats, HealthCheckerHandle};
 pub use service::{
     CatalogRefresherHandle, FinishSummary, GroupReclaim, GroupUsage, LocationMatch, LocationQuery,
     MetaConfig, MetaService, ReaperHandle, ReclaimReport, ReclaimStats, ReclaimerHandle, SessionId,
-    TrimPolicy, WriteGrant, WriteTarget,
+    TrimPolicy, WriteGrant, WriteTarget, stored_accounts,
 };

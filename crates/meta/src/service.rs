@@ -44,6 +44,7 @@ pub use self::admin::{
 use self::backends::Backends;
 pub use self::backends::{BackendStats, HealthCheckerHandle};
 use self::catalog::Catalog;
+pub use self::catalog::stored_accounts;
 pub use self::quota::GroupUsage;
 use self::quota::Quotas;
 use self::reclaim::ReclaimCounters;

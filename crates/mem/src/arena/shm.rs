@@ -5,18 +5,23 @@
 //! `flock(LOCK_EX)` on its descriptor for the arena's whole life, so a file
 //! left behind by a crashed owner is recognised by the lock being free (the
 //! kernel drops it with the process), not by guessing from a pid.
+//!
+//! An arena is made unnamed ([`PendingShm`], `O_TMPFILE`) and only linked
+//! under its name once its header is written, so the name never points at a
+//! half-made arena, whenever the creator dies.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use rustix::fs::{FallocateFlags, FlockOperation};
+use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags};
 use rustix::mm::{Advice, MapFlags, ProtFlags};
 
-use super::PAGE_BYTES;
-use super::header::MAGIC;
+use super::header::{ENCODED_BYTES, MAGIC};
+use super::{HEADER_BYTES, PAGE_BYTES};
 use crate::error::{MemError, Result};
 
 /// Where shared-memory files live.
@@ -51,56 +56,41 @@ fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> Mem
     }
 }
 
-/// The owner's shared-memory file: created by us, locked by us, unlinked by
-/// us when dropped (if the name still refers to our file).
+/// How many times [`PendingShm::publish`] clears a stale file off the name
+/// and tries again before concluding that other creators keep taking it.
+const PUBLISH_TRIES: usize = 4;
+
+/// An arena being made: an anonymous file (`O_TMPFILE`) in the directory of
+/// `path`, locked, sized and reserved, that no name points at yet. Until
+/// [`publish`](Self::publish) no reader can open it, and a creator killed at
+/// any moment before then leaves nothing behind: the kernel frees an
+/// unnamed file with its last descriptor.
 #[derive(Debug)]
-pub(crate) struct OwnedShm {
+pub(crate) struct PendingShm {
     path: PathBuf,
     file: File,
-    dev: u64,
-    ino: u64,
 }
 
-impl OwnedShm {
-    /// Creates `path` with `len` bytes reserved (not sparse: `/dev/shm`
-    /// running out shows up here as [`MemError::ShmFull`], not later as a
-    /// `SIGBUS` on first touch). A stale arena of a dead owner under the same
-    /// name is removed first; a live one, or a file that is not an arena, is
-    /// an error.
+impl PendingShm {
+    /// Makes the anonymous file for `path` with `len` bytes reserved (not
+    /// sparse: `/dev/shm` running out shows up here as
+    /// [`MemError::ShmFull`], not later as a `SIGBUS` on first touch).
+    ///
+    /// A stale file at `path` (see [`remove_stale`]) is removed first; a live
+    /// owner ([`MemError::InUse`]) or foreign content
+    /// ([`MemError::NotAnArena`]) is refused before any memory is reserved.
     pub(crate) fn create(path: &Path, len: u64) -> Result<Self> {
-        let file = match create_new(path) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                remove_stale(path)?;
-                create_new(path)
-            }
-            other => other,
-        }
-        .map_err(io_err(path, "create"))?;
-        let meta = file.metadata().map_err(io_err(path, "fstat"))?;
-        // From here on, dropping `shm` unlinks the file.
-        let shm = Self {
-            path: path.to_owned(),
-            file,
-            dev: meta.dev(),
-            ino: meta.ino(),
-        };
-        match rustix::fs::flock(&shm.file, FlockOperation::NonBlockingLockExclusive) {
+        remove_stale(path)?;
+        let dir = path.parent().unwrap_or(Path::new(SHM_DIR));
+        let file = create_anonymous(dir).map_err(io_err(path, "create (O_TMPFILE)"))?;
+        // Locked before it can have a name: a published arena's lock is held
+        // from its first instant, so "lock free" always means "owner gone".
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
             Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(MemError::InUse {
-                    path: path.to_owned(),
-                });
-            }
             Err(e) => return Err(io_err(path, "flock")(e.into())),
         }
-        if !shm.name_is_ours() {
-            // Another creator raced us for the name and replaced our file.
-            return Err(MemError::InUse {
-                path: path.to_owned(),
-            });
-        }
-        shm.file.set_len(len).map_err(io_err(path, "ftruncate"))?;
-        match rustix::fs::fallocate(&shm.file, FallocateFlags::empty(), 0, len) {
+        file.set_len(len).map_err(io_err(path, "ftruncate"))?;
+        match rustix::fs::fallocate(&file, FallocateFlags::empty(), 0, len) {
             Ok(()) => {}
             Err(rustix::io::Errno::NOSPC) => {
                 return Err(MemError::ShmFull {
@@ -112,14 +102,55 @@ impl OwnedShm {
             Err(rustix::io::Errno::OPNOTSUPP) => {}
             Err(e) => return Err(io_err(path, "fallocate")(e.into())),
         }
-        Ok(shm)
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+        })
     }
 
-    /// The file.
+    /// The file, to map and initialise before publishing.
     pub(crate) fn file(&self) -> &File {
         &self.file
     }
 
+    /// Gives the finished arena its name, atomically and without replacing
+    /// anything: `link(2)` fails if the name exists. A stale file that
+    /// appeared there meanwhile is removed and the link tried again; a live
+    /// owner or foreign content is refused as in [`create`](Self::create).
+    pub(crate) fn publish(self) -> Result<OwnedShm> {
+        let path = self.path;
+        for _ in 0..PUBLISH_TRIES {
+            match link_anonymous(&self.file, &path) {
+                Ok(()) => {
+                    let meta = self.file.metadata().map_err(io_err(&path, "fstat"))?;
+                    return Ok(OwnedShm {
+                        path,
+                        _file: self.file,
+                        dev: meta.dev(),
+                        ino: meta.ino(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => remove_stale(&path)?,
+                Err(e) => return Err(io_err(&path, "link")(e)),
+            }
+        }
+        // Other creators keep publishing under this name between our tries.
+        Err(MemError::InUse { path })
+    }
+}
+
+/// The owner's published shared-memory file: made by us, locked by us,
+/// unlinked by us when dropped (if the name still refers to our file).
+#[derive(Debug)]
+pub(crate) struct OwnedShm {
+    path: PathBuf,
+    /// Holds the ownership lock for the arena's life.
+    _file: File,
+    dev: u64,
+    ino: u64,
+}
+
+impl OwnedShm {
     /// The file's path.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -142,19 +173,40 @@ impl Drop for OwnedShm {
     }
 }
 
-fn create_new(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
+/// An unnamed file in `dir` (`O_TMPFILE`), mode 0640.
+fn create_anonymous(dir: &Path) -> io::Result<File> {
+    let fd = rustix::fs::open(
+        dir,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
         // Owner reads and writes; the group (engine processes run under a
         // shared group) reads. Others get nothing: KV blocks reveal prompts.
-        .mode(0o640)
-        .open(path)
+        Mode::from_raw_mode(0o640),
+    )?;
+    Ok(File::from(fd))
 }
 
-/// Removes `path` if it is an arena whose owner is gone (its lock is free)
-/// or an empty file (an owner that died before writing the header).
+/// Links the unnamed `file` at `path`; fails with `AlreadyExists` if the
+/// name is taken (link never replaces).
+fn link_anonymous(file: &File, path: &Path) -> io::Result<()> {
+    let cwd = rustix::fs::CWD;
+    // Through /proc needs no privilege; linking the descriptor itself
+    // (AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH, so it is only the fallback
+    // for a system without /proc.
+    let proc_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+    match rustix::fs::linkat(cwd, proc_fd.as_str(), cwd, path, AtFlags::SYMLINK_FOLLOW) {
+        Err(rustix::io::Errno::NOENT) if !Path::new("/proc/self/fd").exists() => {
+            rustix::fs::linkat(file, "", cwd, path, AtFlags::EMPTY_PATH)
+        }
+        other => other,
+    }
+    .map_err(Into::into)
+}
+
+/// Removes the file at `path` if its owner is gone (its lock is free) and
+/// its content is a kvtier arena or what a creator killed before finishing
+/// the header leaves (see [`is_arena_or_unfinished`]). Nothing there is
+/// fine; a held lock is [`MemError::InUse`]; anything else is foreign,
+/// [`MemError::NotAnArena`], and left alone.
 fn remove_stale(path: &Path) -> Result<()> {
     let file = match File::open(path) {
         Ok(f) => f,
@@ -171,19 +223,38 @@ fn remove_stale(path: &Path) -> Result<()> {
         }
         Err(e) => return Err(io_err(path, "flock")(e.into())),
     }
-    let mut magic = [0u8; 8];
-    let n = file.read_at(&mut magic, 0).map_err(io_err(path, "read"))?;
-    let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
-    if len != 0 && (n < magic.len() || magic != MAGIC) {
+    let meta = file.metadata().map_err(io_err(path, "fstat"))?;
+    // Another process removed it and published its own since we opened it:
+    // that one is not ours to judge (the caller's next link attempt will).
+    if !std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) {
+        return Ok(());
+    }
+    let mut head = vec![0u8; HEADER_BYTES.min(usize::try_from(meta.len()).unwrap_or(HEADER_BYTES))];
+    file.read_exact_at(&mut head, 0)
+        .map_err(io_err(path, "read"))?;
+    if !is_arena_or_unfinished(&head) {
         return Err(MemError::NotAnArena {
             path: path.to_owned(),
         });
     }
-    tracing::warn!(path = %path.display(), "removing a stale memory arena left by a process that is gone");
+    tracing::warn!(path = %path.display(), bytes = meta.len(), "removing a stale memory arena left by a process that is gone");
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(path, "unlink stale")(e)),
         _ => Ok(()),
     }
+}
+
+/// Whether `head`, the first bytes (up to [`HEADER_BYTES`]) of a file, is
+/// the header area of a kvtier arena, complete or not: its first 8 bytes
+/// are the magic, or each is either 0 or the magic's byte there (a header
+/// being copied in, in any order), and nothing past the encoded header
+/// fields is non-zero. Older builds named the file before writing its
+/// header, so a creator killed early left zeros or part of a header; an
+/// empty file is the limit case. Other content is not ours to remove.
+fn is_arena_or_unfinished(head: &[u8]) -> bool {
+    let magic_so_far = head.iter().zip(MAGIC).all(|(&b, m)| b == 0 || b == m);
+    let rest_zero = head.iter().skip(ENCODED_BYTES).all(|&b| b == 0);
+    magic_so_far && rest_zero
 }
 
 /// Opens an existing arena file for reading; returns it with its length.
@@ -386,11 +457,20 @@ mod tests {
         assert!(shm_path(&"n".repeat(300)).is_err());
     }
 
+    /// A `/dev/shm` path unique to this test process and `what`.
+    fn test_path(what: &str) -> PathBuf {
+        Path::new(SHM_DIR).join(format!("kvtier-mem-unit-{what}-{}", std::process::id()))
+    }
+
+    fn create_published(path: &Path, len: u64) -> Result<OwnedShm> {
+        PendingShm::create(path, len)?.publish()
+    }
+
     #[test]
     fn aligned_mapping_is_aligned_and_usable() {
-        let path = Path::new(SHM_DIR).join(format!("kvtier-mem-unit-map-{}", std::process::id()));
-        let shm = OwnedShm::create(&path, 3 << 20).unwrap();
-        let m = Mapping::map(shm.file(), 3 << 20, true, 2 << 20, false).unwrap();
+        let path = test_path("map");
+        let shm = create_published(&path, 3 << 20).unwrap();
+        let m = Mapping::map(&shm._file, 3 << 20, true, 2 << 20, false).unwrap();
         assert_eq!(m.ptr().as_ptr() as usize % (2 << 20), 0);
         // SAFETY: the mapping is ours, writable and 3 MiB long.
         unsafe { m.ptr().as_ptr().add((3 << 20) - 1).write(9) };
@@ -400,24 +480,118 @@ mod tests {
         assert!(!p.exists());
     }
 
-    #[test]
-    fn stale_and_foreign_files() {
-        let path = Path::new(SHM_DIR).join(format!("kvtier-mem-unit-stale-{}", std::process::id()));
-        // Foreign content: refused and left alone.
-        std::fs::write(&path, b"not an arena at all").unwrap();
-        assert!(matches!(
-            OwnedShm::create(&path, 4096),
-            Err(MemError::NotAnArena { .. })
-        ));
-        // An arena whose owner is gone (no lock held): replaced.
-        std::fs::write(&path, MAGIC).unwrap();
-        let shm = OwnedShm::create(&path, 4096).unwrap();
-        // A live owner: refused.
-        assert!(matches!(
-            OwnedShm::create(&path, 4096),
-            Err(MemError::InUse { .. })
-        ));
+    /// Leaves `content` at `path` as a dead process would: no lock held.
+    fn leave_file(path: &Path, content: &[u8], len: u64) {
+        std::fs::write(path, content).unwrap();
+        File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    }
+
+    /// Whether creating at `path` replaced the file there: our new arena
+    /// holds the name and is locked.
+    fn replaced_by_new_arena(path: &Path) {
+        let before = std::fs::metadata(path).unwrap().ino();
+        let shm = create_published(path, 8192).unwrap();
+        let after = std::fs::metadata(path).unwrap();
+        assert_ne!(after.ino(), before, "the old file is still at the name");
+        assert_eq!(after.len(), 8192);
         drop(shm);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn zeroed_header_of_a_dead_creator_is_replaced() {
+        // What a creator killed between sizing the file and writing its
+        // header left (older builds named the file first).
+        let path = test_path("zeroed");
+        leave_file(&path, &[], 1 << 20);
+        replaced_by_new_arena(&path);
+        // And an empty one (killed before sizing).
+        leave_file(&path, &[], 0);
+        replaced_by_new_arena(&path);
+    }
+
+    #[test]
+    fn partial_header_of_a_dead_creator_is_replaced() {
+        let path = test_path("partial");
+        // The first bytes of the magic, the rest not written yet.
+        leave_file(&path, &MAGIC[..3], 1 << 20);
+        replaced_by_new_arena(&path);
+        // A header copied in from the end: fields present, magic not yet.
+        let layout = super::super::ArenaLayout::compute(8192, 4096, 1 << 20, PAGE_BYTES).unwrap();
+        let mut torn = super::super::header::encode(&layout, 7);
+        torn[..16].fill(0);
+        leave_file(&path, &torn, layout.file_bytes as u64);
+        replaced_by_new_arena(&path);
+        // A whole arena of a dead owner.
+        leave_file(&path, &super::super::header::encode(&layout, 7), 1 << 20);
+        replaced_by_new_arena(&path);
+    }
+
+    #[test]
+    fn an_unpublished_arena_has_no_name_and_leaves_nothing() {
+        let path = test_path("pending");
+        let pending = PendingShm::create(&path, 1 << 20).unwrap();
+        pending.file().write_all_at(&MAGIC, 0).unwrap();
+        // Sized, reserved, locked and being written: still invisible, so no
+        // reader can open it and no restart can trip over it.
+        assert!(!path.exists(), "a half-made arena has a name");
+        // Its creator dies (the descriptor goes): nothing to sweep, and the
+        // name is free for the next creator.
+        drop(pending);
+        assert!(!path.exists());
+        let shm = create_published(&path, 4096).unwrap();
+        assert!(path.exists());
+        drop(shm);
+    }
+
+    #[test]
+    fn live_owner_is_refused_and_untouched() {
+        let path = test_path("live");
+        let owner = create_published(&path, 4096).unwrap();
+        let ino = std::fs::metadata(&path).unwrap().ino();
+        assert!(matches!(
+            PendingShm::create(&path, 4096),
+            Err(MemError::InUse { .. })
+        ));
+        // A creator that got past the first check while the name was free
+        // still cannot publish over the live owner.
+        drop(owner);
+        let late = PendingShm::create(&path, 4096).unwrap();
+        let owner = create_published(&path, 4096).unwrap();
+        let ino2 = std::fs::metadata(&path).unwrap().ino();
+        assert_ne!(ino, ino2);
+        assert!(matches!(late.publish(), Err(MemError::InUse { .. })));
+        assert_eq!(std::fs::metadata(&path).unwrap().ino(), ino2);
+        drop(owner);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn foreign_content_is_refused_and_untouched() {
+        let path = test_path("foreign");
+        let cases: [&[u8]; 3] = [
+            b"not an arena at all",
+            // Looks like the start of a magic, then a foreign byte in it.
+            b"KVTIx",
+            // A plausible start, but bytes where an arena has only zeros.
+            &[[0u8; 200].as_slice(), b"payload"].concat(),
+        ];
+        for content in cases {
+            std::fs::write(&path, content).unwrap();
+            assert!(
+                matches!(
+                    PendingShm::create(&path, 4096),
+                    Err(MemError::NotAnArena { .. })
+                ),
+                "{content:?}"
+            );
+            assert_eq!(std::fs::read(&path).unwrap(), content);
+        }
+        std::fs::remove_file(&path).unwrap();
     }
 }

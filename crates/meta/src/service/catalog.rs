@@ -130,6 +130,17 @@ fn decode<T: DeserializeOwned>(name: &str, bytes: &[u8]) -> Result<T> {
     })
 }
 
+/// The accounts stored in `index`, read without starting a service (no
+/// startup sweep, no quota scan): for checks a binary makes before it
+/// creates anything else.
+pub fn stored_accounts(index: &dyn MetaIndex) -> Result<Vec<Account>> {
+    index
+        .list_records(RecordKind::Account)?
+        .into_iter()
+        .map(|(n, v)| decode(&n, &v))
+        .collect()
+}
+
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(MetaError::backend)
 }
