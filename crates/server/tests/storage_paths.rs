@@ -111,7 +111,8 @@ async fn hostile_instance_ids_get_uris_under_the_storage() {
         ("../../y", "../../../spec"),
         ("/abs/olute", "/etc/passwd"),
         ("%2e%2e", "%2E%2E"),
-        ("ctl\u{1b}[0m", "a/b"),
+        ("q?x=1#frag", "a/b"),
+        ("é/..", "."),
     ] {
         let mut body = register_body(id, "g");
         body["location_spec_infos"][0]["name"] = json!(spec);

@@ -29,7 +29,9 @@ use super::{EventBatch, EventError, EventSink, SinkCounts};
 pub struct ZmqSinkConfig {
     /// Address the PUB socket binds, e.g. `tcp://0.0.0.0:5557` (`*` is taken
     /// for `0.0.0.0`; port 0 picks a free port, see [`ZmqSink::endpoint`]).
-    /// Default: `tcp://0.0.0.0:5557`, vLLM's default port.
+    /// Default: `tcp://127.0.0.1:5557`: vLLM's default port, on loopback
+    /// (events name block hashes, which reveal shared prefixes; exposing
+    /// them to other hosts is an explicit choice).
     pub endpoint: String,
     /// Topic frame of every message. Default: empty, as vLLM's default.
     pub topic: String,
@@ -47,7 +49,7 @@ pub struct ZmqSinkConfig {
 impl Default for ZmqSinkConfig {
     fn default() -> Self {
         Self {
-            endpoint: "tcp://0.0.0.0:5557".to_owned(),
+            endpoint: "tcp://127.0.0.1:5557".to_owned(),
             topic: String::new(),
             data_parallel_rank: 0,
             replay_endpoint: None,
