@@ -5,45 +5,14 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use kvtier_backend::{FilePool, FilePoolOptions, PoolSpaceError};
+use kvtier_meta::test_support::Tmpfs;
 
-/// A tmpfs of a given size mounted on a fresh directory; unmounted on drop,
-/// also when the test fails.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Self {
-        let dir = tempfile::tempdir().expect("mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("run mount(8)");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root (CAP_SYS_ADMIN): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let out = Command::new("umount").arg(self.dir.path()).output();
-        if !out.is_ok_and(|o| o.status.success()) {
-            eprintln!("could not unmount {}", self.dir.path().display());
-        }
-    }
+/// An 8 MiB tmpfs.
+fn small_fs() -> Tmpfs {
+    Tmpfs::mount(8 << 20).expect("a tmpfs to run out of space on (this test needs root)")
 }
 
 fn opts(file_size: u64, files: u32) -> FilePoolOptions {
@@ -64,7 +33,7 @@ fn pool_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn a_pool_larger_than_its_file_system_is_refused_and_creates_nothing() {
-    let fs = Tmpfs::mount("8m");
+    let fs = small_fs();
     let dir = fs.path().join("pool");
     let err = FilePool::open(&dir, &opts(4 << 20, 4)).expect_err("16 MiB pool on 8 MiB");
     let space = PoolSpaceError::find(&err).unwrap_or_else(|| panic!("not a space error: {err}"));
@@ -85,7 +54,7 @@ fn a_pool_larger_than_its_file_system_is_refused_and_creates_nothing() {
 
 #[test]
 fn sparse_files_left_by_older_builds_count_as_unreserved() {
-    let fs = Tmpfs::mount("8m");
+    let fs = small_fs();
     let dir = fs.path().join("pool");
     std::fs::create_dir(&dir).unwrap();
     // Full length, no blocks: what a build that ignored ENOSPC left.
@@ -99,7 +68,7 @@ fn sparse_files_left_by_older_builds_count_as_unreserved() {
 
 #[test]
 fn a_pool_that_fits_is_reserved_and_reopens() {
-    let fs = Tmpfs::mount("8m");
+    let fs = small_fs();
     let dir = fs.path().join("pool");
     let file_size = 1536 << 10;
     let pool = FilePool::open(&dir, &opts(file_size, 4)).expect("6 MiB pool on 8 MiB");

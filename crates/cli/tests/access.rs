@@ -7,69 +7,33 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
+use support::Proc;
+
+mod support;
 
 const ADMIN_KEY: &str = "admin-key-for-access-tests-0123";
 const ENGINE_KEY: &str = "engine-key-for-access-tests-4567";
 const READER_KEY: &str = "reader-key-for-access-tests-89ab";
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    /// SIGTERM first, so `kvtier serve` removes its arena from /dev/shm;
-    /// SIGKILL if it has not stopped within 20 s.
-    fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
-            // SAFETY: kill(2) on our own child's pid has no memory effects.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::time::Instant::now() < deadline {
-            if !matches!(self.0.try_wait(), Ok(None)) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `kvtier <args>` on OS-chosen ports, logging to a piped stderr; the
-/// bind address is left to the configuration under test.
+/// `kvtier <args>`, the bind address left to the configuration under
+/// test.
 fn kvtier(args: &[&str], data: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-    c.args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .env_remove("KVTIER_META__BIND")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
-        .env("KVTIER_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut c = support::kvtier(args, data);
+    c.env_remove("KVTIER_META__BIND");
     c
 }
 
-/// `kvtier serve` with a tiny store in `data` and arena `shm`.
+/// `kvtier serve` with a tiny store in `data` and arena `shm`, the bind
+/// address left to the configuration under test.
 fn serve(data: &Path, shm: &str) -> Command {
-    let mut c = kvtier(&["serve"], data);
-    c.env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
-        .env("KVTIER_DISK__REGION_SIZE", "1MiB");
+    let mut c = support::serve(data, shm);
+    c.env_remove("KVTIER_META__BIND");
     c
 }
 

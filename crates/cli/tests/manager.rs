@@ -6,57 +6,15 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use kvtier_meta::test_support::RedisServer;
 use serde_json::{Value, json};
+use support::{Proc, serve};
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        self.0.wait().expect("wait for the child")
-    }
-}
-
-fn loopback_ports(cmd: &mut Command) -> &mut Command {
-    cmd.env("KVTIER_META__BIND", "127.0.0.1")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
-        .env("KVTIER_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-}
-
-fn serve(data: &Path, shm: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-    c.args(["serve", "--data-dir"])
-        .arg(data)
-        .env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
-        .env("KVTIER_DISK__REGION_SIZE", "1MiB");
-    loopback_ports(&mut c);
-    c
-}
+mod support;
 
 /// Starts `cmd` and returns it with the meta HTTP address from its
 /// "listening" log line (read as it comes; no sleeping).
@@ -249,14 +207,12 @@ fn manager_frontends_share_one_redis_index() {
     let url = redis.url();
     let pool = tempfile::tempdir().unwrap();
     let frontend = |data: &Path| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-        c.args(["manager", "--meta", &url, "--data-dir"]).arg(data);
+        let mut c = support::kvtier(&["manager", "--meta", &url], data);
         // One shared pool directory, as on a shared file system.
         c.env(
             "KVTIER_META__DEFAULT_STORAGE",
             format!("file://{}", pool.path().display()),
         );
-        loopback_ports(&mut c);
         c
     };
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

@@ -8,83 +8,31 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{ChildStderr, Command};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// A tmpfs of a given size mounted on a fresh directory; unmounted on drop,
-/// also when the test fails.
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
+use kvtier_meta::test_support::Tmpfs;
+use support::Proc;
 
-impl Tmpfs {
-    fn mount(size: &str) -> Self {
-        let dir = tempfile::tempdir().expect("mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .output()
-            .expect("run mount(8)");
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs needs root (CAP_SYS_ADMIN): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let out = Command::new("umount").arg(self.dir.path()).output();
-        if !out.is_ok_and(|o| o.status.success()) {
-            eprintln!("could not unmount {}", self.dir.path().display());
-        }
-    }
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+mod support;
 
 /// `kvtier serve` with its data dir (index, pool) in `data` and its disk
 /// tier in `disk`, a pool of `pool` bytes.
 fn serve(data: &Path, disk: &Path, shm: &str, pool: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-    c.args(["serve", "--data-dir"])
-        .arg(data)
-        .env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
-        .env(
-            "KVTIER_DISK__DIRS",
-            format!("[{:?}]", disk.display().to_string()),
-        )
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", "8MiB")
-        .env("KVTIER_DISK__REGION_SIZE", "1MiB")
-        .env("KVTIER_META__BIND", "127.0.0.1")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", pool)
-        .env("KVTIER_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut c = support::serve(data, shm);
+    c.env(
+        "KVTIER_DISK__DIRS",
+        format!("[{:?}]", disk.display().to_string()),
+    )
+    .env("KVTIER_DISK__CAPACITY_PER_DIR", "8MiB")
+    .env("KVTIER_META__POOL_CAPACITY", pool);
     c
+}
+
+/// An 8 MiB tmpfs for the data dir.
+fn small_fs() -> Tmpfs {
+    Tmpfs::mount(8 << 20).expect("a tmpfs for the data dir (this test needs root)")
 }
 
 /// What a start printed: its log up to readiness or exit.
@@ -128,7 +76,7 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn an_oversized_pool_is_refused_before_anything_is_created() {
-    let fs = Tmpfs::mount("8m");
+    let fs = small_fs();
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("disk dir");
     let disk_dir = disk.path().join("tier");
     let shm = format!("kvtier-pool-space-{}", std::process::id());
@@ -164,7 +112,7 @@ fn an_oversized_pool_is_refused_before_anything_is_created() {
 
 #[test]
 fn a_pool_that_fits_is_reserved_at_start() {
-    let fs = Tmpfs::mount("8m");
+    let fs = small_fs();
     let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("disk dir");
     let shm = format!("kvtier-pool-fits-{}", std::process::id());
     let mut child = serve(fs.path(), &disk.path().join("tier"), &shm, "4MiB")
@@ -194,8 +142,5 @@ fn a_pool_that_fits_is_reserved_at_start() {
             .unwrap_or_else(|| panic!("no {what:?} line:\n{}", log.join("\n")));
         assert!(line.contains("bytes="), "{line}");
     }
-    // SAFETY: kill(2) on our own child's pid, which has not been reaped.
-    assert_eq!(unsafe { libc::kill(proc.0.id() as i32, libc::SIGTERM) }, 0);
-    let mut proc = proc;
-    assert!(proc.0.wait().expect("wait").success());
+    assert!(proc.terminate().success());
 }

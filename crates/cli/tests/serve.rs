@@ -4,10 +4,12 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use kvtier_core::{BlockHash, BlockSums, DiskConfig, ModelPreset};
 use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+
+mod support;
 
 const CAPACITY: &str = "16MiB";
 const REGION: &str = "1MiB";
@@ -31,27 +33,9 @@ fn block(k: u128, len: usize) -> Vec<u8> {
 }
 
 fn kvtier(data: &Path, shm: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-    c.args(["serve", "--data-dir"])
-        .arg(data)
-        .env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", CAPACITY)
-        .env("KVTIER_DISK__REGION_SIZE", REGION)
-        .env("KVTIER_LOG", "info")
-        // The hosted manager on OS-chosen loopback ports, so tests running
-        // side by side never collide.
-        .env("KVTIER_META__BIND", "127.0.0.1")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut c = support::serve(data, shm);
+    c.env("KVTIER_DISK__CAPACITY_PER_DIR", CAPACITY)
+        .env("KVTIER_DISK__REGION_SIZE", REGION);
     c
 }
 

@@ -8,11 +8,13 @@
 use std::io::{BufRead, BufReader, Lines, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, ChildStderr};
 use std::time::{Duration, Instant};
 
 use kvtier_meta::test_support::Tmpfs;
 use serde_json::{Value, json};
+
+mod support;
 
 /// How long the storage probe may take to run after start.
 const PROBED_WITHIN: Duration = Duration::from_secs(30);
@@ -24,27 +26,9 @@ struct Serve {
 }
 
 fn start(data: &Path, disk: &Path, shm: &str) -> Serve {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(["serve", "--data-dir"])
-        .arg(data)
-        .env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
+    let mut child = support::serve(data, shm)
         .env("KVTIER_DISK__DIRS", format!("[\"{}\"]", disk.display()))
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
-        .env("KVTIER_DISK__REGION_SIZE", "1MiB")
-        .env("KVTIER_LOG", "info")
-        .env("KVTIER_META__BIND", "127.0.0.1")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
         .env("KVTIER_META__HEALTH_INTERVAL_SECS", "1")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start kvtier serve");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();

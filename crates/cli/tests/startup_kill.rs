@@ -13,57 +13,26 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use support::Proc;
+
+mod support;
 
 /// Kill-and-restart cycles.
 const ITERATIONS: usize = 40;
 /// How long one start may take before the test calls it stuck.
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 
-/// A child process killed on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    /// SIGKILL, and wait until it is gone (its lock with it).
-    fn kill_now(mut self) {
-        self.0.kill().expect("SIGKILL kvtier serve");
-        self.0.wait().expect("reap kvtier serve");
-    }
-}
-
+/// `kvtier serve` with an arena big enough that reserving and populating
+/// it takes a noticeable part of the startup, small enough to stay quick.
 fn serve(data: &Path, shm: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
-    c.args(["serve", "--data-dir"])
-        .arg(data)
-        .env("KVTIER_GEOMETRY__PRESET", "tiny")
-        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
-        // Big enough that reserving and populating the arena takes a
-        // noticeable part of the startup, small enough to stay quick.
-        .env("KVTIER_MEMORY__CAPACITY", "64MiB")
-        .env("KVTIER_MEMORY__SHM_NAME", shm)
-        .env("KVTIER_DISK__CAPACITY_PER_DIR", "8MiB")
-        .env("KVTIER_DISK__REGION_SIZE", "1MiB")
-        .env("KVTIER_META__BIND", "127.0.0.1")
-        .env("KVTIER_META__RPC_PORT", "0")
-        .env("KVTIER_META__HTTP_PORT", "0")
-        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
-        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
-        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
-        .env("KVTIER_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut c = support::serve(data, shm);
+    c.env("KVTIER_MEMORY__CAPACITY", "64MiB")
+        .env("KVTIER_DISK__CAPACITY_PER_DIR", "8MiB");
     c
 }
 

@@ -1,0 +1,84 @@
+//! What the binary's integration tests share: a child process that never
+//! outlives its test, and `kvtier serve` on a tiny store with its listeners
+//! on OS-chosen loopback ports (so tests running side by side never
+//! collide).
+
+#![allow(dead_code)] // Each test file uses its own part of this module.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process stopped on drop: SIGTERM first, so `kvtier serve`
+/// removes its arena from /dev/shm, then SIGKILL if it has not stopped
+/// within 20 s.
+pub struct Proc(pub Child);
+
+impl Proc {
+    /// SIGTERM, and its exit status.
+    pub fn terminate(mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.0.wait().expect("wait for the child")
+    }
+
+    /// SIGKILL, and wait until it is gone (its locks with it).
+    pub fn kill_now(mut self) {
+        self.0.kill().expect("SIGKILL the child");
+        self.0.wait().expect("reap the child");
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) on our own child's pid has no memory effects.
+            unsafe { libc::kill(pid, sig) };
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `kvtier <args> --data-dir <data>` with the hosted manager on OS-chosen
+/// loopback ports, a 1 MiB file pool, `info` logs on a piped stderr.
+pub fn kvtier(args: &[&str], data: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));
+    c.args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .env("KVTIER_META__BIND", "127.0.0.1")
+        .env("KVTIER_META__RPC_PORT", "0")
+        .env("KVTIER_META__HTTP_PORT", "0")
+        .env("KVTIER_META__ADMIN_RPC_PORT", "0")
+        .env("KVTIER_META__ADMIN_HTTP_PORT", "0")
+        .env("KVTIER_META__POOL_CAPACITY", "1MiB")
+        .env("KVTIER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// `kvtier serve` on a tiny store: 4 MiB of DRAM in arena `shm`, 16 MiB of
+/// disk in 1 MiB regions (each overridable with a later `.env`).
+pub fn serve(data: &Path, shm: &str) -> Command {
+    let mut c = kvtier(&["serve"], data);
+    c.env("KVTIER_GEOMETRY__PRESET", "tiny")
+        .env("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "32")
+        .env("KVTIER_MEMORY__CAPACITY", "4MiB")
+        .env("KVTIER_MEMORY__SHM_NAME", shm)
+        .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
+        .env("KVTIER_DISK__REGION_SIZE", "1MiB");
+    c
+}
