@@ -350,3 +350,32 @@ async fn a_finish_refused_on_a_full_disk_can_be_retried_once_freed() {
         .expect("read");
     assert_eq!(hit.matched, 4);
 }
+
+/// Accounts provisioned at every start (`[[meta.accounts]]`, the bootstrap
+/// admin key) are not rewritten when unchanged, so a restart on a full
+/// disk still starts; a changed account is refused with the typed error.
+#[test]
+fn unchanged_accounts_are_provisioned_on_a_full_disk() {
+    const KEY: &str = "provisioned-admin-key-0123456789";
+    let fs = mount();
+    let path = fs.path().join("meta.redb");
+    let open = || {
+        let idx = RedbIndex::open(&path, 1 << 20).expect("open");
+        MetaService::new(Arc::new(idx), MetaConfig::default()).expect("service")
+    };
+    {
+        let svc = open();
+        svc.put_account("admin", Role::Admin, ApiKey::Clear(KEY), vec![])
+            .expect("first provisioning");
+    }
+    fs.fill().expect("fill the file system");
+    let svc = open();
+    svc.put_account("admin", Role::Admin, ApiKey::Clear(KEY), vec![])
+        .expect("an unchanged account needs no write");
+    assert!(svc.authenticate(KEY).expect("the key works").is_admin());
+    let changed = svc
+        .put_account("admin", Role::User, ApiKey::Clear(KEY), vec![])
+        .unwrap_err();
+    assert_refused(&changed);
+    assert!(svc.authenticate(KEY).expect("still an admin").is_admin());
+}

@@ -133,6 +133,15 @@ pub enum ApiKey<'a> {
 }
 
 impl ApiKey<'_> {
+    /// Whether `account` already holds this key: the clear key matches its
+    /// salted hash, or the hash is the one stored.
+    fn is_stored_as(&self, account: &Account) -> bool {
+        match self {
+            ApiKey::Clear(key) => key_matches(account, key),
+            ApiKey::Hashed(hash) => account.api_key_hash == *hash,
+        }
+    }
+
     /// The stored form, or [`MetaError::InvalidArgument`] for a key shorter
     /// than [`MIN_API_KEY_LEN`] or a malformed hash.
     fn stored(self) -> Result<String> {
@@ -211,7 +220,8 @@ impl MetaService {
 
     /// Creates account `name`, or replaces it whole (role, key, groups):
     /// how accounts listed in the configuration are provisioned at every
-    /// start. The old key of a replaced account stops authenticating at
+    /// start. An account that already has this role, key and groups is
+    /// left as it is (nothing is written). The old key of a replaced account stops authenticating at
     /// once. Same checks as [`MetaService::add_account`]; a refusal changes
     /// nothing.
     pub fn put_account(
@@ -221,6 +231,14 @@ impl MetaService {
         api_key: ApiKey<'_>,
         groups: Vec<String>,
     ) -> Result<()> {
+        // Unchanged: no write, so a restart on a full disk still starts.
+        if let Some(cur) = self.catalog.account(name)
+            && cur.role == role
+            && cur.allowed_groups == groups
+            && api_key.is_stored_as(&cur)
+        {
+            return Ok(());
+        }
         let account = new_account(name, role, api_key, groups)?;
         self.catalog.apply(self.index.as_ref(), |maps| {
             check_account_groups(&account.allowed_groups, |g| maps.groups.contains_key(g))?;
