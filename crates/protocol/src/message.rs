@@ -20,7 +20,10 @@ pub struct ProtocolVersion {
     /// Compatible revisions within a major.
     pub minor: u16,
 }
-wire_struct!(ProtocolVersion { major: u16, minor: u16 });
+wire_struct!(ProtocolVersion {
+    major: u16,
+    minor: u16
+});
 
 impl fmt::Display for ProtocolVersion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -124,7 +127,8 @@ fn get_version(r: &mut Reader<'_>) -> Result<ProtocolVersion, DecodeError> {
 }
 
 impl Wire for Hello {
-    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE + Namespace::MIN_SIZE + WireGeometry::MIN_SIZE;
+    const MIN_SIZE: usize =
+        ProtocolVersion::MIN_SIZE + Namespace::MIN_SIZE + WireGeometry::MIN_SIZE;
     fn put(&self, out: &mut Vec<u8>) {
         self.protocol_version.put(out);
         self.namespace.put(out);
@@ -211,7 +215,10 @@ pub struct Slot {
     /// Length in bytes (the block size).
     pub len: u64,
 }
-wire_struct!(Slot { offset: u64, len: u64 });
+wire_struct!(Slot {
+    offset: u64,
+    len: u64
+});
 
 /// What `Reserve` gives for one key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -377,7 +384,10 @@ pub struct LayerReady {
     /// The highest layer now ready.
     pub layer: u32,
 }
-wire_struct!(LayerReady { request_id: u64, layer: u32 });
+wire_struct!(LayerReady {
+    request_id: u64,
+    layer: u32
+});
 
 /// Client -> daemon: ask for the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -395,7 +405,10 @@ pub struct Counter {
     /// Value.
     pub value: u64,
 }
-wire_struct!(Counter { name: String, value: u64 });
+wire_struct!(Counter {
+    name: String,
+    value: u64
+});
 
 /// Reply to `Stats`.
 #[derive(Debug, Clone, PartialEq, Eq)]
