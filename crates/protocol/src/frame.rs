@@ -194,22 +194,36 @@ fn check_len(len: u32) -> Result<usize, DecodeError> {
     Ok(len as usize)
 }
 
+/// Bytes [`read_frame`] buffers before the first body byte arrives.
+const READ_CHUNK: usize = 64 << 10;
+
 /// Reads one frame from a stream. `Ok(None)` is a clean end of stream
 /// between frames; an end inside a frame is an `Io` error (`UnexpectedEof`).
-/// The declared length is checked before the body is read, and the buffer
-/// grows only as bytes arrive, so a lying peer costs no memory.
+/// The declared length is checked before the body is read (I1), and the
+/// buffer grows with the bytes that arrive (I4), so a peer that declares a
+/// large frame and sends nothing costs 64 KiB.
 pub fn read_frame(r: &mut impl Read) -> Result<Option<Message>, FrameError> {
     let mut prefix = [0u8; LEN_BYTES];
     if !read_prefix(r, &mut prefix)? {
         return Ok(None);
     }
     let len = check_len(u32::from_le_bytes(prefix))?;
-    let mut payload = Vec::new();
-    r.take(len as u64).read_to_end(&mut payload)?;
-    if payload.len() < len {
-        return Err(FrameError::Io(io::ErrorKind::UnexpectedEof.into()));
-    }
+    let payload = read_payload(r, len)?;
     Ok(Some(Message::from_payload(&payload)?))
+}
+
+/// Reads exactly `len` bytes, doubling the buffer (from [`READ_CHUNK`], up
+/// to `len`) only after the previous part has been filled.
+fn read_payload(r: &mut impl Read, len: usize) -> io::Result<Vec<u8>> {
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let start = payload.len();
+        let step = start.max(READ_CHUNK).min(len - start);
+        payload.reserve_exact(step);
+        payload.resize(start + step, 0);
+        r.read_exact(&mut payload[start..])?;
+    }
+    Ok(payload)
 }
 
 /// Fills `prefix`; `false` if the stream ended before its first byte.

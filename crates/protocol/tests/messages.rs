@@ -319,3 +319,26 @@ fn errors_render_their_detail() {
         "protocol version 2.1 is not supported (this side speaks 1.0)"
     );
 }
+
+/// A reader that yields a valid prefix declaring `MAX_FRAME` and then ends.
+#[test]
+fn a_large_declared_frame_that_never_arrives_is_an_eof() {
+    let prefix = MAX_FRAME.to_le_bytes();
+    let mut data: &[u8] = &[prefix[0], prefix[1], prefix[2], prefix[3], 0x10, 0, 0];
+    let err = read_frame(&mut data).unwrap_err();
+    assert!(
+        matches!(&err, FrameError::Io(e) if e.kind() == io::ErrorKind::UnexpectedEof),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_frame_larger_than_one_read_chunk_streams() {
+    // 10k keys: 160 KiB, more than the 64 KiB first chunk of read_frame.
+    let msg = Message::Load(KeysRequest {
+        request_id: 3,
+        keys: (0..10_000u128).map(BlockHash).collect(),
+    });
+    let frame = msg.to_frame().unwrap();
+    assert_eq!(read_frame(&mut frame.as_slice()).unwrap(), Some(msg));
+}
