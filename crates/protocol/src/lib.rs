@@ -7,9 +7,10 @@
 //!
 //! A frame is a `u32` little-endian length, a `u8` message type and the
 //! body ([`Message`]). Decoding is total: every byte string gives a message
-//! or a typed [`DecodeError`], never a panic, and never allocates more than
-//! the bytes it was given. The layouts, version rules and numbered
-//! invariants are in `docs/node-protocol.md`.
+//! or a typed [`DecodeError`], never a panic, and allocates in proportion
+//! to the frame (a declared count is checked against the bytes present).
+//! The layouts, version rules and numbered invariants are in
+//! `docs/node-protocol.md`.
 //!
 //! ```
 //! use kvtier_core::BlockHash;

@@ -473,3 +473,35 @@ wire_struct!(Error {
     code: ErrorCode,
     message: String,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory per wire byte of a list element: what bounds a decoder's
+    /// allocation per body byte (docs/node-protocol.md, I3).
+    fn ratio<T: Wire>() -> usize {
+        size_of::<T>().div_ceil(T::MIN_SIZE)
+    }
+
+    #[test]
+    fn requests_allocate_at_most_two_bytes_per_body_byte() {
+        assert!(ratio::<BlockHash>() <= 2);
+        assert!(ratio::<CommitEntry>() <= 2);
+        assert!(ratio::<u64>() <= 2);
+        assert!(ratio::<u8>() <= 2);
+    }
+
+    #[test]
+    fn replies_allocate_at_most_24_bytes_per_body_byte() {
+        for r in [
+            ratio::<Tier>(),
+            ratio::<ReserveResult>(),
+            ratio::<CommitResult>(),
+            ratio::<LoadResult>(),
+            ratio::<Counter>(),
+        ] {
+            assert!(r <= 24, "{r}");
+        }
+    }
+}
