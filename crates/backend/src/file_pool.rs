@@ -125,9 +125,7 @@ impl FilePool {
                 "file pool needs at least one file of at least 4 KiB",
             )));
         }
-        let paths: Vec<PathBuf> = (0..opts.files as usize)
-            .map(|i| dir.join(file_name(i)))
-            .collect();
+        let paths = pool_paths(&dir, opts.files);
         if opts.preallocate {
             // Refuse before creating anything when the space is not there.
             check_space(&dir, &paths, file_size)?;
@@ -170,10 +168,7 @@ impl FilePool {
     /// want it before they create anything else.
     pub fn check_space(dir: &Path, opts: &FilePoolOptions) -> Result<(), BackendError> {
         let file_size = opts.file_size / EXTENT_ALIGN * EXTENT_ALIGN;
-        let paths: Vec<PathBuf> = (0..opts.files as usize)
-            .map(|i| dir.join(file_name(i)))
-            .collect();
-        check_space(dir, &paths, file_size)
+        check_space(dir, &pool_paths(dir, opts.files), file_size)
     }
 
     /// Opens the pool named by a storage URI `file:///abs/dir`.
@@ -385,7 +380,7 @@ impl FilePool {
                 Self::read_pool_heads(&files).map_err(broken)?;
                 Err(BackendError::Full {
                     requested: EXTENT_ALIGN,
-                    free: free_bytes(dir),
+                    free: available_bytes(dir).unwrap_or(0),
                 })
             }
             Err(e) => Err(broken(e)),
@@ -430,10 +425,11 @@ fn is_out_of_space(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::StorageFull || e.kind() == std::io::ErrorKind::QuotaExceeded
 }
 
-/// Bytes an unprivileged writer may still use on `dir`'s file system (0
-/// when that cannot be read).
-fn free_bytes(dir: &Path) -> u64 {
-    rustix::fs::statvfs(dir).map_or(0, |v| v.f_bavail.saturating_mul(v.f_frsize))
+/// The paths of a pool's `files` files in `dir`.
+fn pool_paths(dir: &Path, files: u32) -> Vec<PathBuf> {
+    (0..files as usize)
+        .map(|i| dir.join(file_name(i)))
+        .collect()
 }
 
 /// A file pool whose space the file system cannot hold.

@@ -180,11 +180,9 @@ fn pool_options(config: &Config) -> FilePoolOptions {
 fn default_pool_dir(config: &Config) -> Result<Option<PathBuf>> {
     let storage = &config.meta.default_storage;
     if storage.is_empty() {
-        return absolute(&config.serve.data_dir.join("pool")).map(Some);
+        return absolute(&config.pool_dir()).map(Some);
     }
-    Ok(storage
-        .strip_prefix("file://")
-        .map(|p| PathBuf::from(p.strip_prefix("localhost").unwrap_or(p))))
+    Ok(kvtier_meta::path_safe::file_uri_dir(storage))
 }
 
 /// Refuses, creating nothing, a configuration whose default file pool does
@@ -245,7 +243,7 @@ fn pool_error(e: kvtier_meta::BackendError) -> anyhow::Error {
 fn default_storage(config: &Config) -> Result<Storage> {
     let m = &config.meta;
     let (kind, uri) = if m.default_storage.is_empty() {
-        let dir = absolute(&config.serve.data_dir.join("pool"))?;
+        let dir = absolute(&config.pool_dir())?;
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         (StorageKind::FilePool, format!("file://{}", dir.display()))
     } else {

@@ -4,8 +4,8 @@
 //! (then it starts, with a warning); `[[meta.accounts]]` provisions
 //! accounts scoped to groups, with keys from the environment or as hashes.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
@@ -85,27 +85,10 @@ fn addr_of(addrs: &[(String, SocketAddr)], name: &str) -> SocketAddr {
     found.map(|(_, a)| *a).expect("listener")
 }
 
-/// One HTTP/1.1 POST with a JSON body and an optional bearer key; returns
-/// the status code and the parsed JSON answer (`Null` if none).
+/// `POST /api/<method>` with a JSON body and an optional bearer key;
+/// returns the status code and the JSON answer (`Null` if none).
 fn post(addr: SocketAddr, method: &str, key: Option<&str>, body: Value) -> (u16, Value) {
-    let body = body.to_string();
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    let mut s = TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "POST /api/{method} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .expect("status code");
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    support::http(addr, "POST", &format!("/api/{method}"), key, &body)
 }
 
 fn status(v: &Value) -> (&str, &str) {

@@ -3,8 +3,8 @@
 //! metadata across a restart, and `kvtier manager --meta redis://...` runs
 //! stateless frontends that share one Redis index.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::sync::mpsc;
@@ -62,19 +62,10 @@ fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
 
 /// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer.
 fn post_any(addr: SocketAddr, method: &str, body: Value) -> Value {
-    let body = body.to_string();
-    let mut s = TcpStream::connect(addr).expect("connect");
-    write!(
-        s,
-        "POST /api/{method} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    let (head, body) = resp.split_once("\r\n\r\n").expect("HTTP response");
-    assert!(head.starts_with("HTTP/1.1 200"), "{method}: {head}\n{body}");
-    serde_json::from_str(body).expect("JSON body")
+    let (status, v) = support::http(addr, "POST", &format!("/api/{method}"), None, &body);
+    assert_eq!(status, 200, "{method}: {v}");
+    assert!(!v.is_null(), "{method}: no JSON body");
+    v
 }
 
 fn register(addr: SocketAddr, instance: &str) {

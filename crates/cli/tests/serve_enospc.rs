@@ -5,8 +5,8 @@
 //! a hit (a full pool is not a broken one), refuses writes, and `/health`
 //! says why.
 
-use std::io::{BufRead, BufReader, Lines, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Lines};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, ChildStderr};
 use std::time::{Duration, Instant};
@@ -68,27 +68,7 @@ impl Serve {
 
 /// One HTTP/1.1 request (`Connection: close`); the status and JSON body.
 fn request(addr: SocketAddr, method: &str, path: &str, body: &Value) -> (u16, Value) {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    let body = body.to_string();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).expect("receive");
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let json = answer
-        .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or(Value::Null);
-    (status, json)
+    support::http(addr, method, path, None, body)
 }
 
 fn code(v: &Value) -> &str {

@@ -9,8 +9,8 @@
 //! which is when a build that names the arena before writing its header is
 //! most exposed.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -87,16 +87,9 @@ fn start_ready_at(cmd: &mut Command) -> (Proc, SocketAddr) {
 
 /// GET /health on the meta HTTP listener; panics unless 200 and healthy.
 fn assert_healthy(addr: SocketAddr) {
-    let mut s = TcpStream::connect(addr).expect("connect to meta HTTP");
-    write!(
-        s,
-        "GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    assert!(resp.contains("\"healthy\":true"), "{resp}");
+    let (status, health) = support::http(addr, "GET", "/health", None, &serde_json::Value::Null);
+    assert_eq!(status, 200, "{health}");
+    assert_eq!(health["healthy"], true, "{health}");
 }
 
 /// The inode now at `path`, if any.

@@ -619,11 +619,17 @@ impl Config {
         m.check_accounts()
     }
 
+    /// The default file pool's directory, `<data_dir>/pool` (used when
+    /// `meta.default_storage` is empty).
+    pub fn pool_dir(&self) -> PathBuf {
+        self.serve.data_dir.join("pool")
+    }
+
     /// Where admin-added `file://` storages may live
-    /// (`meta.storage_roots`), defaulting to `<data_dir>/pool`.
+    /// (`meta.storage_roots`), defaulting to [`Config::pool_dir`].
     pub fn storage_roots(&self) -> Vec<PathBuf> {
         if self.meta.storage_roots.is_empty() {
-            vec![self.serve.data_dir.join("pool")]
+            vec![self.pool_dir()]
         } else {
             self.meta.storage_roots.clone()
         }

@@ -17,4 +17,4 @@ pub use account::{ALL_GROUPS, Account, Role, group_allowed};
 pub use block::{BlockKey, BlockMeta, CacheLocation, LocationId, LocationSpec, LocationStatus};
 pub use group::{EvictionPolicy, InstanceGroup};
 pub use instance::{Instance, LocationSpecInfo, SpecGroup};
-pub use storage::{Storage, StorageHealth, StorageKind};
+pub use storage::{Storage, StorageHealth, StorageKind, write_refusal};

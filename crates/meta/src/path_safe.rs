@@ -168,6 +168,15 @@ pub fn check_absolute_dir(dir: &Path) -> Result<(), UnsafePath> {
     Ok(())
 }
 
+/// The directory of a `file://` URI (`file:///dir`, `file://localhost/dir`);
+/// `None` for other schemes.
+pub fn file_uri_dir(uri: &str) -> Option<PathBuf> {
+    let rest = uri.strip_prefix("file://")?;
+    Some(PathBuf::from(
+        rest.strip_prefix("localhost").unwrap_or(rest),
+    ))
+}
+
 /// `path` with symlinks resolved: its longest existing ancestor
 /// canonicalised, the components that do not exist yet appended as they
 /// are (they are plain names: [`check_absolute_dir`] passed).

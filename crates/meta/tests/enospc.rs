@@ -173,26 +173,15 @@ fn health_of(svc: &MetaService, name: &str) -> StorageHealth {
         .expect("storage listed")
 }
 
-/// A service over a memory index with one file-pool storage `pool` in
-/// `dir` (the backend attached), group `g` on it and instance `i`.
-async fn pool_service(dir: &std::path::Path) -> Arc<MetaService> {
-    let svc =
-        MetaService::new(Arc::new(MemoryIndex::new()), MetaConfig::default()).expect("service");
-    svc.put_storage(Storage {
-        name: "pool".into(),
-        kind: StorageKind::FilePool,
-        uri: format!("file://{}", dir.display()),
-        enabled: true,
-        health: StorageHealth::Healthy,
-    })
-    .expect("storage");
+/// Group `g` on storage `storage` and instance `i` (one 4 KiB part).
+async fn group_and_instance(svc: &MetaService, storage: &str) {
     svc.put_group(InstanceGroup {
         name: "g".into(),
         quota_bytes: 1 << 40,
         kind_quota_bytes: BTreeMap::new(),
         watermark: 0.9,
         eviction: EvictionPolicy::Lru,
-        storages: vec!["pool".into()],
+        storages: vec![storage.into()],
         max_instances: 4,
     })
     .expect("group");
@@ -209,6 +198,22 @@ async fn pool_service(dir: &std::path::Path) -> Arc<MetaService> {
     })
     .await
     .expect("instance");
+}
+
+/// A service over a memory index with one file-pool storage `pool` in
+/// `dir` (the backend attached), group `g` on it and instance `i`.
+async fn pool_service(dir: &std::path::Path) -> Arc<MetaService> {
+    let svc =
+        MetaService::new(Arc::new(MemoryIndex::new()), MetaConfig::default()).expect("service");
+    svc.put_storage(Storage {
+        name: "pool".into(),
+        kind: StorageKind::FilePool,
+        uri: format!("file://{}", dir.display()),
+        enabled: true,
+        health: StorageHealth::Healthy,
+    })
+    .expect("storage");
+    group_and_instance(&svc, "pool").await;
     let opts = FilePoolOptions {
         file_size: 1 << 20,
         files: 2,
@@ -283,29 +288,7 @@ async fn a_finish_refused_on_a_full_disk_can_be_retried_once_freed() {
         health: StorageHealth::Healthy,
     })
     .expect("storage");
-    svc.put_group(InstanceGroup {
-        name: "g".into(),
-        quota_bytes: 1 << 40,
-        kind_quota_bytes: BTreeMap::new(),
-        watermark: 0.9,
-        eviction: EvictionPolicy::Lru,
-        storages: vec!["s3".into()],
-        max_instances: 4,
-    })
-    .expect("group");
-    svc.register_instance(Instance {
-        id: "i".into(),
-        group: "g".into(),
-        model: "m".into(),
-        block_size: 16,
-        location_specs: vec![LocationSpecInfo {
-            name: "tp0".into(),
-            size: 4096,
-        }],
-        spec_groups: vec![],
-    })
-    .await
-    .expect("instance");
+    group_and_instance(&svc, "s3").await;
     let open = svc
         .start_write_cache("i", &keys(0..4))
         .await

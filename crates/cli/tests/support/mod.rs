@@ -5,9 +5,13 @@
 
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 /// A child process stopped on drop: SIGTERM first, so `kvtier serve`
 /// removes its arena from /dev/shm, then SIGKILL if it has not stopped
@@ -81,4 +85,41 @@ pub fn serve(data: &Path, shm: &str) -> Command {
         .env("KVTIER_DISK__CAPACITY_PER_DIR", "16MiB")
         .env("KVTIER_DISK__REGION_SIZE", "1MiB");
     c
+}
+
+/// One HTTP/1.1 request (`verb` `path`, a JSON `body` unless it is
+/// `Null`, a bearer `key` if given) on a fresh connection; returns the
+/// status code (0 if none) and the parsed JSON answer (`Null` if none).
+pub fn http(
+    addr: SocketAddr,
+    verb: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> (u16, Value) {
+    let body = if body.is_null() {
+        String::new()
+    } else {
+        body.to_string()
+    };
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "{verb} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("receive");
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let json = answer
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
 }

@@ -70,6 +70,20 @@ impl StorageHealth {
     }
 }
 
+/// Why a storage that is `enabled` (or not) and in `health` takes no new
+/// writes, in one word (`disabled`, `unhealthy`, `full`); `None` when it
+/// takes them. The one rule behind [`Storage::writable`], refusals and
+/// health reports.
+pub fn write_refusal(enabled: bool, health: StorageHealth) -> Option<&'static str> {
+    if !enabled {
+        Some("disabled")
+    } else if health != StorageHealth::Healthy {
+        Some(health.as_str())
+    } else {
+        None
+    }
+}
+
 /// One storage backend, shareable by many groups and instances.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Storage {
@@ -89,6 +103,6 @@ pub struct Storage {
 impl Storage {
     /// Whether new writes may be placed on this storage.
     pub fn writable(&self) -> bool {
-        self.enabled && self.health == StorageHealth::Healthy
+        write_refusal(self.enabled, self.health).is_none()
     }
 }

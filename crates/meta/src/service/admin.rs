@@ -14,7 +14,7 @@ use crate::error::{MetaError, Result};
 use crate::index::{Modify, RecordKind};
 use crate::model::{
     ALL_GROUPS, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage,
-    StorageHealth, StorageKind,
+    StorageHealth, StorageKind, write_refusal,
 };
 use crate::path_safe;
 
@@ -687,22 +687,17 @@ fn health_problem(
     if let Some(why) = index_read_only {
         return Some(format!("metadata index read-only: {why}"));
     }
-    let writable = storages
+    let refusals: Vec<Option<&str>> = storages
         .iter()
-        .any(|s| s.enabled && s.health == StorageHealth::Healthy);
-    if storages.is_empty() || writable {
+        .map(|s| write_refusal(s.enabled, s.health))
+        .collect();
+    if storages.is_empty() || refusals.iter().any(Option::is_none) {
         return None;
     }
     let states: Vec<String> = storages
         .iter()
-        .map(|s| {
-            let state = if !s.enabled {
-                "disabled"
-            } else {
-                s.health.as_str()
-            };
-            format!("{} {state}", s.name)
-        })
+        .zip(refusals)
+        .map(|(s, why)| format!("{} {}", s.name, why.unwrap_or("healthy")))
         .collect();
     Some(format!("no storage takes writes: {}", states.join(", ")))
 }

@@ -95,10 +95,10 @@ impl LockedBackends<'_> {
             .insert(storage.name.clone(), (storage.kind, storage.uri.clone()));
     }
 
-    /// Detaches the backend of `name`, if any.
-    pub(super) fn detach(&mut self, name: &str) {
-        self.map.remove(name);
+    /// Detaches the backend of `name`, if any, and returns it.
+    pub(super) fn detach(&mut self, name: &str) -> Option<Arc<dyn StorageBackend>> {
         self.opened_for.remove(name);
+        self.map.remove(name)
     }
 
     /// Whether `storage` has a backend the opener opened for its current
@@ -205,9 +205,7 @@ impl MetaService {
     /// Detaches the backend of `storage`; new grants there get plain URIs
     /// and removals there free nothing.
     pub fn detach_backend(&self, storage: &str) -> Option<Arc<dyn StorageBackend>> {
-        let mut locked = self.backends.lock();
-        locked.opened_for.remove(storage);
-        locked.map.remove(storage)
+        self.backends.lock().detach(storage)
     }
 
     /// The backend attached to `storage`, if any.

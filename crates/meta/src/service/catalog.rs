@@ -276,15 +276,11 @@ impl Catalog {
     /// cannot record now (it refuses writes): the probe is runtime state,
     /// and a storage must not keep taking writes, or stay hidden, because
     /// the index's disk is full. The next probe persists it once the index
-    /// writes again. Returns whether the storage exists.
-    pub(crate) fn set_health_unpersisted(&self, name: &str, health: StorageHealth) -> bool {
+    /// writes again. A storage that is gone is left gone.
+    pub(crate) fn set_health_unpersisted(&self, name: &str, health: StorageHealth) {
         let _edit = self.edit.lock();
-        match self.maps.write().storages.get_mut(name) {
-            Some(s) => {
-                s.health = health;
-                true
-            }
-            None => false,
+        if let Some(s) = self.maps.write().storages.get_mut(name) {
+            s.health = health;
         }
     }
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use parking_lot::Mutex;
 
 use crate::error::{MetaError, Result};
-use crate::model::{InstanceGroup, Storage, StorageKind};
+use crate::model::{InstanceGroup, Storage, StorageKind, write_refusal};
 
 /// Bytes in use by one group (writing + serving locations).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,13 +28,13 @@ fn unwritable_reasons(candidates: &[Storage]) -> String {
     }
     let why: Vec<String> = candidates
         .iter()
-        .map(|s| match (s.enabled, s.health) {
-            (false, _) => format!("storage {:?} is disabled", s.name),
-            (true, h) => format!(
-                "storage {:?} is {} (see its health probe)",
-                s.name,
-                format!("{h:?}").to_lowercase()
-            ),
+        .filter_map(|s| {
+            let refusal = write_refusal(s.enabled, s.health)?;
+            Some(if s.enabled {
+                format!("storage {:?} is {refusal} (see its health probe)", s.name)
+            } else {
+                format!("storage {:?} is {refusal}", s.name)
+            })
         })
         .collect();
     why.join("; ")

@@ -5,7 +5,6 @@
 //!
 //! [`BackendOpener`]: crate::backend::BackendOpener
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::MetaService;
@@ -14,15 +13,7 @@ use super::catalog::{Change, Maps};
 use crate::backend::StorageBackend;
 use crate::error::{MetaError, Result};
 use crate::model::{Storage, StorageHealth, StorageKind};
-use crate::path_safe::{UnsafePath, check_absolute_dir, confine_to_roots};
-
-/// The directory of a `file://` URI (`file:///dir`, `file://localhost/dir`);
-/// `None` for other schemes.
-fn file_dir(uri: &str) -> Option<PathBuf> {
-    let rest = uri.strip_prefix("file://")?;
-    let path = rest.strip_prefix("localhost").unwrap_or(rest);
-    Some(PathBuf::from(path))
-}
+use crate::path_safe::{UnsafePath, check_absolute_dir, confine_to_roots, file_uri_dir};
 
 /// Backends opened ahead of a catalog change, installed once it applied.
 pub(super) type Opened = Vec<(Storage, Arc<dyn StorageBackend>)>;
@@ -35,7 +26,7 @@ impl MetaService {
         let refuse = |e: UnsafePath| {
             MetaError::InvalidArgument(format!("storage {:?} ({}): {e}", s.name, s.uri))
         };
-        let dir = match file_dir(&s.uri) {
+        let dir = match file_uri_dir(&s.uri) {
             Some(dir) => dir,
             None if s.kind == StorageKind::FilePool && self.config.storage_roots.is_some() => {
                 return Err(MetaError::InvalidArgument(format!(
