@@ -456,6 +456,15 @@ impl DiskTier {
         self.shared.dirs.get(dir as usize).map(|d| d.data_path())
     }
 
+    /// Keys of the blocks indexed, directory by directory (what a restart
+    /// recovered plus what was written since; a snapshot per index shard).
+    pub fn keys(&self) -> Vec<BlockHash> {
+        (0..self.shared.dirs.len())
+            .flat_map(|d| self.shared.index.entries_of_dir(d as u8))
+            .map(|(k, _)| k)
+            .collect()
+    }
+
     /// Blocks indexed.
     pub fn len(&self) -> usize {
         self.shared.index.len()

@@ -28,9 +28,11 @@
 //! location and parent, published through the configured sinks; a block
 //! that leaves G2 or G3 also leaves the arena or the disk.
 
+mod adopt;
 mod config;
 mod disk_sync;
 mod events;
+mod host;
 mod onboard;
 mod room;
 mod stats;
@@ -41,7 +43,9 @@ use std::time::Duration;
 use kvtier_core::{BlockHash, Geometry};
 use parking_lot::Mutex;
 
+pub use adopt::Adopted;
 pub use config::{ManagerConfig, ManagerError, ManagerTiers};
+pub use host::{HostCommit, HostReservation, HostReserve};
 pub use onboard::{Onboarded, Onboarding};
 pub use stats::{ManagerStats, TierStats};
 
@@ -92,49 +96,16 @@ impl std::fmt::Debug for BlockManager {
 impl BlockManager {
     /// Builds the manager over `tiers`, publishing events to `sinks`. Must
     /// run inside a tokio runtime (the engine, scheduler and publisher
-    /// spawn tasks). G1's pool takes the whole device: its capacity must
-    /// not exceed the device's free blocks.
+    /// spawn tasks). G1 is optional; when configured, its pool takes the
+    /// whole device: its capacity must not exceed the device's free blocks.
     pub fn new(
         config: ManagerConfig,
         tiers: ManagerTiers,
         sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Self, ManagerError> {
-        let geometry = *tiers.device.geometry();
+        let geometry = tiers.geometry;
         let mut hierarchy = config.hierarchy.clone();
-        let Some(g1) = hierarchy.g1.as_ref() else {
-            return Err(ManagerError::Config("G1 must be configured".into()));
-        };
-        if g1.capacity_blocks > tiers.device.free_blocks() {
-            return Err(ManagerError::Config(format!(
-                "G1 holds {} blocks but the device has {} free",
-                g1.capacity_blocks,
-                tiers.device.free_blocks()
-            )));
-        }
-        if hierarchy.g2.is_some() && tiers.memory.is_none() {
-            return Err(ManagerError::Config(
-                "G2 is configured without a memory tier".into(),
-            ));
-        }
-        if hierarchy.g3.is_some() && tiers.disk.is_none() {
-            return Err(ManagerError::Config(
-                "G3 is configured without a disk tier".into(),
-            ));
-        }
-        if hierarchy.g3.is_some() && hierarchy.g2.is_none() {
-            // Every path to and from the disk except disk-to-device goes
-            // through host memory.
-            return Err(ManagerError::Config("G3 needs G2".into()));
-        }
-        if hierarchy.g4.is_some() && tiers.remote.is_none() {
-            return Err(ManagerError::Config(
-                "G4 is configured without a remote tier".into(),
-            ));
-        }
-        if hierarchy.g4.is_some() && hierarchy.g2.is_none() {
-            // Offloads to the remote tier go through host memory.
-            return Err(ManagerError::Config("G4 needs G2".into()));
-        }
+        check_tiers(&hierarchy, &tiers)?;
         // The manager drains every pool's events.
         for tier in Tier::ALL {
             if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
@@ -143,11 +114,15 @@ impl BlockManager {
         }
         let registry: Registry = hierarchy.build_registry()?;
         let capacity = registry.pool(Tier::G1).map_or(0, |p| p.stats().capacity);
-        let device_blocks = tiers.device.allocate(capacity)?;
+        let device_blocks = match &tiers.device {
+            Some(d) => d.allocate(capacity)?,
+            None => Vec::new(),
+        };
         let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
-        let mut builder = TransferEngine::builder(geometry)
-            .with_device(tiers.device.clone())
-            .with_hooks(hooks.clone());
+        let mut builder = TransferEngine::builder(geometry).with_hooks(hooks.clone());
+        if let Some(d) = &tiers.device {
+            builder = builder.with_device(d.clone());
+        }
         if let Some(m) = &tiers.memory {
             builder = builder.with_memory(m.clone());
         }
@@ -281,7 +256,8 @@ impl BlockManager {
                 src: Box::new(bytes) as Box<dyn HostSource>,
             });
         }
-        for (_, copied) in self.tiers.device.upload(Span::Block, uploads).await? {
+        let device = self.tiers.device.as_ref().ok_or_else(no_g1)?;
+        for (_, copied) in device.upload(Span::Block, uploads).await? {
             copied?;
         }
         let mut out = Vec::with_capacity(hashes.len());
@@ -383,9 +359,16 @@ impl BlockManager {
     }
 
     fn g1(&self) -> Result<&BlockPool, ManagerError> {
+        self.registry.pool(Tier::G1).ok_or_else(no_g1)
+    }
+
+    /// The fastest configured tier and its pool: where blocks are
+    /// onboarded to (G1, or G2 on a node without a device).
+    pub fn top(&self) -> Result<&BlockPool, ManagerError> {
         self.registry
-            .pool(Tier::G1)
-            .ok_or_else(|| ManagerError::Config("G1 must be configured".into()))
+            .pools()
+            .next()
+            .ok_or_else(|| ManagerError::Config("no tier is configured".into()))
     }
 }
 
@@ -394,6 +377,69 @@ impl Drop for BlockManager {
         self.publish_events();
         self.publisher.close();
     }
+}
+
+fn no_g1() -> ManagerError {
+    ManagerError::Config("G1 is not configured".into())
+}
+
+/// Checks that every configured pool has its storage, and that the
+/// hierarchy has the paths its tiers need.
+fn check_tiers(
+    hierarchy: &crate::placement::HierarchyConfig,
+    tiers: &ManagerTiers,
+) -> Result<(), ManagerError> {
+    let refuse = |why: String| Err(ManagerError::Config(why));
+    if let Some(g1) = &hierarchy.g1 {
+        let Some(device) = &tiers.device else {
+            return refuse("G1 is configured without a device".into());
+        };
+        if g1.capacity_blocks > device.free_blocks() {
+            return refuse(format!(
+                "G1 holds {} blocks but the device has {} free",
+                g1.capacity_blocks,
+                device.free_blocks()
+            ));
+        }
+        if *device.geometry() != tiers.geometry {
+            return refuse(format!(
+                "the device stores blocks of {}, the manager {}",
+                device.geometry(),
+                tiers.geometry
+            ));
+        }
+    }
+    if hierarchy.g1.is_none() && hierarchy.g2.is_none() {
+        return refuse("G1 or G2 must be configured".into());
+    }
+    if hierarchy.g2.is_some() && tiers.memory.is_none() {
+        return refuse("G2 is configured without a memory tier".into());
+    }
+    if let Some(m) = &tiers.memory
+        && m.block_bytes() as u64 != tiers.geometry.block_bytes()
+    {
+        return refuse(format!(
+            "the memory tier stores blocks of {} bytes, the manager {}",
+            m.block_bytes(),
+            tiers.geometry
+        ));
+    }
+    if hierarchy.g3.is_some() && tiers.disk.is_none() {
+        return refuse("G3 is configured without a disk tier".into());
+    }
+    if hierarchy.g3.is_some() && hierarchy.g2.is_none() {
+        // Every path to and from the disk except disk-to-device goes
+        // through host memory.
+        return refuse("G3 needs G2".into());
+    }
+    if hierarchy.g4.is_some() && tiers.remote.is_none() {
+        return refuse("G4 is configured without a remote tier".into());
+    }
+    if hierarchy.g4.is_some() && hierarchy.g2.is_none() {
+        // Offloads to the remote tier go through host memory.
+        return refuse("G4 needs G2".into());
+    }
+    Ok(())
 }
 
 fn ratio(n: u64, d: u64) -> f64 {

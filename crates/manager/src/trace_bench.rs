@@ -386,7 +386,8 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
     let manager = BlockManager::new(
         manager_config(config),
         ManagerTiers {
-            device: tiers.device.clone(),
+            geometry: g,
+            device: Some(tiers.device.clone()),
             memory: tiers.memory.clone(),
             disk: tiers.disk.clone(),
             remote: tiers.remote.clone(),

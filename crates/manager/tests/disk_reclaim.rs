@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kvtier_core::BlockHash;
 use kvtier_io::PsyncEngine;
 use kvtier_manager::Tier;
-use kvtier_manager::device::{HostDevice, HostDeviceOptions};
+use kvtier_manager::device::{Device, HostDevice, HostDeviceOptions};
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
@@ -57,7 +57,8 @@ async fn g3_forgets_what_the_disk_log_reclaimed_and_serves_the_rest() {
     let m = BlockManager::new(
         config,
         ManagerTiers {
-            device: host.clone(),
+            geometry: *host.geometry(),
+            device: Some(host.clone()),
             memory: Some(memory("reclaim", 8)),
             disk: Some(disk.clone()),
             remote: None,

@@ -86,7 +86,8 @@ fn rig(mode: CascadeMode) -> Rig {
     let manager = BlockManager::new(
         config(mode),
         ManagerTiers {
-            device: gate.clone(),
+            geometry: *gate.geometry(),
+            device: Some(gate.clone()),
             memory: Some(memory("e2e", 16)),
             disk: Some(disk),
             remote: None,
@@ -348,7 +349,8 @@ async fn step_offloads_down_to_the_low_watermark() {
     let m = BlockManager::new(
         cfg,
         ManagerTiers {
-            device: host,
+            geometry: *host.geometry(),
+            device: Some(host),
             memory: Some(memory("e2e", 16)),
             disk: Some(disk),
             remote: None,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvtier_core::{BlockHash, BlockSums};
 use kvtier_io::PsyncEngine;
-use kvtier_manager::device::{HostDevice, HostDeviceOptions};
+use kvtier_manager::device::{Device, HostDevice, HostDeviceOptions};
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventBatch, EventSink, KvEvent};
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
@@ -106,7 +106,8 @@ fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
     let manager = BlockManager::new(
         config(with_g3),
         ManagerTiers {
-            device: host.clone(),
+            geometry: *host.geometry(),
+            device: Some(host.clone()),
             memory: Some(memory("g4", 8)),
             disk,
             remote: Some(remote.clone()),
@@ -314,7 +315,8 @@ async fn g4_needs_its_remote_tier_and_g2() {
     let no_remote = BlockManager::new(
         config(false),
         ManagerTiers {
-            device: host.clone(),
+            geometry: *host.geometry(),
+            device: Some(host.clone()),
             memory: Some(memory("g4cfg", 8)),
             disk: None,
             remote: None,
@@ -328,7 +330,8 @@ async fn g4_needs_its_remote_tier_and_g2() {
     let no_g2 = BlockManager::new(
         cfg,
         ManagerTiers {
-            device: host,
+            geometry: *host.geometry(),
+            device: Some(host),
             memory: None,
             disk: None,
             remote: Some(remote),

@@ -63,7 +63,7 @@ mod verify;
 
 pub use config::MemoryTierConfig;
 pub use error::{MemError, Result};
-pub use policy::{EvictionPolicy, Lru, build_policy};
+pub use policy::{EvictionPolicy, Lru, NoEviction, build_policy};
 pub use reader::{ArenaReader, ReaderStats};
 pub use tier::{
     BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome, Reserve,

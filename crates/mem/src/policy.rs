@@ -9,12 +9,14 @@
 //! filter accepts.
 
 mod lru;
+mod none;
 
 use std::ops::ControlFlow;
 
 use kvtier_core::EvictionPolicyKind;
 
 pub use lru::Lru;
+pub use none::NoEviction;
 
 /// An eviction order over slot indices `0..capacity`.
 ///

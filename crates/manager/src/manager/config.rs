@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use kvtier_core::Geometry;
 use kvtier_disk::DiskTier;
 use kvtier_mem::MemoryTier;
 use kvtier_remote::RemoteTier;
@@ -20,7 +21,8 @@ use crate::transfer::TransferError;
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
     /// The tiers' pools (capacity, watermarks, policy) and the placement
-    /// rules (cascade mode, admission). G1 must be configured.
+    /// rules (cascade mode, admission). The fastest configured tier is the
+    /// one blocks are onboarded to: G1 when configured, else G2.
     pub hierarchy: HierarchyConfig,
     /// Make room on demand: when a tier has too few free slots for an
     /// onboard or a store, its policy's victims cascade to the tier below
@@ -32,6 +34,12 @@ pub struct ManagerConfig {
     /// it starts (deterministic; benches and tests) rather than letting
     /// them run in the background. Default: false.
     pub step_waits: bool,
+    /// Whether [`commit_host`](super::BlockManager::commit_host) hashes
+    /// each client-filled slot against its sums before publishing it
+    /// (one pass over the block in the manager's process). Off, only the
+    /// sums' consistency is checked and readers, which verify every copy,
+    /// are the only check. Default: true.
+    pub verify_host_commits: bool,
     /// The I/O scheduler in front of the transfer engine.
     pub scheduler: SchedulerConfig,
     /// Batching of the events published to the sinks.
@@ -44,6 +52,7 @@ impl Default for ManagerConfig {
             hierarchy: HierarchyConfig::default(),
             offload_on_demand: true,
             step_waits: false,
+            verify_host_commits: true,
             scheduler: SchedulerConfig::default(),
             events: PublisherConfig::default(),
         }
@@ -52,11 +61,14 @@ impl Default for ManagerConfig {
 
 /// The storage behind the tiers: G1's device, G2's shared-memory arena,
 /// G3's disk tier and G4's remote tier. A pool configured without its
-/// storage is an error.
+/// storage is an error. Every tier stores blocks of `geometry`.
 #[derive(Clone)]
 pub struct ManagerTiers {
-    /// G1.
-    pub device: Arc<dyn Device>,
+    /// The block geometry shared by every tier.
+    pub geometry: Geometry,
+    /// G1: absent on a node daemon, whose engines keep their own device
+    /// cache and talk to the manager's G2.
+    pub device: Option<Arc<dyn Device>>,
     /// G2.
     pub memory: Option<MemoryTier>,
     /// G3.
@@ -69,7 +81,8 @@ pub struct ManagerTiers {
 impl std::fmt::Debug for ManagerTiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManagerTiers")
-            .field("device", &self.device.name())
+            .field("geometry", &self.geometry)
+            .field("device", &self.device.as_ref().map(|d| d.name().to_owned()))
             .field("memory", &self.memory.is_some())
             .field("disk", &self.disk.is_some())
             .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
@@ -92,6 +105,9 @@ pub enum ManagerError {
     /// The device refused.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// The memory tier (G2's arena) refused.
+    #[error(transparent)]
+    Memory(#[from] kvtier_mem::MemError),
     /// The transfer engine could not be built.
     #[error(transparent)]
     Transfer(#[from] TransferError),

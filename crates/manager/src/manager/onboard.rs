@@ -1,29 +1,75 @@
-//! Onboarding a request's prefix to G1, layer by layer.
+//! Onboarding a request's prefix to the fastest configured tier: to G1
+//! layer by layer, or, on a node without a device, to G2 block by block
+//! (the host tiers' paths move whole blocks).
 
 use std::collections::BTreeMap;
 
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
-use crate::Tier;
 use crate::placement::OnboardStep;
-use crate::pool::{ImmutableBlock, Presence};
+use crate::pool::{BlockPool, ImmutableBlock, Presence};
 use crate::registry::PrefixMatch;
+use crate::device::Span;
 use crate::scheduler::LoadHandle;
-use crate::transfer::{BlockFailure, BlockMove, BlockResult};
+use crate::transfer::{
+    BlockFailure, BlockMove, BlockResult, TransferHandle, TransferRequest,
+};
 
-/// An onboarding in progress: the matched prefix and one layer-wise load
-/// per source path. Wait for layers with [`wait_layer`](Self::wait_layer),
+/// One source path's share of an onboarding.
+enum OnboardLoad {
+    /// To the device, one batch per layer.
+    Layered(LoadHandle),
+    /// To host memory, whole blocks: every layer lands at once.
+    Whole(TransferHandle),
+}
+
+impl OnboardLoad {
+    fn blocks(&self) -> usize {
+        match self {
+            Self::Layered(l) => l.keys().len(),
+            Self::Whole(t) => t.keys().len(),
+        }
+    }
+
+    /// Each block's result for `layer`.
+    async fn wait_layer(&self, layer: u32) -> Vec<(BlockHash, BlockResult)> {
+        match self {
+            Self::Layered(l) => l.wait_layer(layer).await.blocks,
+            Self::Whole(t) => t.wait().await.blocks,
+        }
+    }
+
+    /// Each block's first failure over every layer.
+    async fn wait_all(self) -> BTreeMap<BlockHash, BlockFailure> {
+        let mut worst = BTreeMap::new();
+        let results: Vec<(BlockHash, BlockResult)> = match &self {
+            Self::Layered(l) => l.wait_all().await.into_iter().flat_map(|o| o.blocks).collect(),
+            Self::Whole(t) => t.wait().await.blocks,
+        };
+        for (h, r) in results {
+            if let Err(e) = r {
+                worst.entry(h).or_insert(e);
+            }
+        }
+        // Dropping a layered load ends its forward pass.
+        worst
+    }
+}
+
+/// An onboarding in progress: the matched prefix and one load per source
+/// path. Wait for layers with [`wait_layer`](Self::wait_layer),
 /// then hand it to [`BlockManager::finish_onboard`].
 pub struct Onboarding {
     matched: PrefixMatch,
     /// The prefix the plan covers (it may stop early when G1 is full).
     planned: Vec<BlockHash>,
-    /// Handles of the blocks already in G1, kept until finished.
+    /// Handles of the blocks already in the target tier, kept until
+    /// finished.
     resident: Vec<ImmutableBlock>,
-    /// Blocks another request is bringing to G1.
+    /// Blocks another request is bringing to the target tier.
     pending: Vec<BlockHash>,
-    loads: Vec<LoadHandle>,
+    loads: Vec<OnboardLoad>,
 }
 
 impl std::fmt::Debug for Onboarding {
@@ -44,23 +90,24 @@ impl Onboarding {
         &self.matched
     }
 
-    /// Blocks the onboarding brings (or found) in G1, in request order.
+    /// Blocks the onboarding brings (or found) in the target tier, in
+    /// request order.
     pub fn planned(&self) -> &[BlockHash] {
         &self.planned
     }
 
-    /// Blocks being read onto the device by this onboarding.
+    /// Blocks being read into the target tier by this onboarding.
     pub fn loading(&self) -> usize {
-        self.loads.iter().map(|l| l.keys().len()).sum()
+        self.loads.iter().map(OnboardLoad::blocks).sum()
     }
 
     /// Waits until layer `layer` of every block this onboarding reads is
-    /// on the device (the time waited is the scheduler's bubble). Returns
-    /// each block's result for the layer.
+    /// in the target tier (the time waited is the scheduler's bubble).
+    /// Returns each block's result for the layer.
     pub async fn wait_layer(&self, layer: u32) -> Vec<(BlockHash, BlockResult)> {
         let mut out = Vec::new();
         for load in &self.loads {
-            out.extend(load.wait_layer(layer).await.blocks);
+            out.extend(load.wait_layer(layer).await);
         }
         out
     }
@@ -68,8 +115,8 @@ impl Onboarding {
 
 /// The outcome of an onboarding.
 pub struct Onboarded {
-    /// G1 handles of the longest prefix now on the device, in request
-    /// order. They keep the blocks from eviction until dropped.
+    /// Handles in the target tier of the longest prefix now there, in
+    /// request order. They keep the blocks from eviction until dropped.
     pub blocks: Vec<ImmutableBlock>,
     /// Blocks whose load failed (the source lost them or their bytes failed
     /// verification); the prefix ends before the first.
@@ -86,14 +133,15 @@ impl std::fmt::Debug for Onboarded {
 }
 
 impl BlockManager {
-    /// Starts bringing the longest held prefix of `hashes` to G1, with room
-    /// made for the rest of the request's blocks too (the engine computes
-    /// them next): matches
+    /// Starts bringing the longest held prefix of `hashes` to the fastest
+    /// configured tier (G1, else G2), with room made for the rest of the
+    /// request's blocks too (the engine computes them next): matches
     /// the prefix (counting per-tier hits and the misses after it), records
     /// the uses for admission, protects the prefix, makes room in G1, and
-    /// submits one layer-wise load per source path.
+    /// submits one load per source path (layer-wise to the device).
     pub async fn begin_onboard(&self, hashes: &[BlockHash]) -> Result<Onboarding, ManagerError> {
-        let g1 = self.g1()?;
+        let top = self.top()?;
+        let target = top.tier();
         let matched = self.registry.match_prefix(hashes);
         {
             let mut c = self.counters.lock();
@@ -105,13 +153,13 @@ impl BlockManager {
         }
         self.planner.record_uses(hashes);
         let prefix: Vec<BlockHash> = matched.blocks.iter().map(|b| b.hash).collect();
-        // Protect the prefix while room is made: G1 blocks by handles,
+        // Protect the prefix while room is made: target blocks by handles,
         // lower copies by pins (dropped once the plan guards them).
         let mut held = Vec::new();
         let mut pinned = Vec::new();
         for b in &matched.blocks {
-            if b.tier == Tier::G1 {
-                if let Some(h) = g1.acquire(b.hash) {
+            if b.tier == target {
+                if let Some(h) = top.acquire(b.hash) {
                     held.push(h);
                 }
             } else if let Some(p) = self.registry.pool(b.tier)
@@ -121,7 +169,7 @@ impl BlockManager {
             }
         }
         if self.config.offload_on_demand {
-            self.make_room(Tier::G1, pinned.len() + hashes.len() - matched.len())
+            self.make_room(target, pinned.len() + hashes.len() - matched.len())
                 .await;
         }
         let plan = self.planner.plan_onboard(&self.registry, &prefix);
@@ -152,7 +200,18 @@ impl BlockManager {
         }
         let loads = by_path
             .into_iter()
-            .map(|(path, blocks)| self.scheduler.load(path, blocks))
+            .map(|(path, blocks)| {
+                if path.to_device() {
+                    OnboardLoad::Layered(self.scheduler.load(path, blocks))
+                } else {
+                    let request = TransferRequest {
+                        path,
+                        span: Span::Block,
+                        blocks,
+                    };
+                    OnboardLoad::Whole(self.scheduler.submit(request))
+                }
+            })
             .collect();
         Ok(Onboarding {
             matched,
@@ -164,11 +223,11 @@ impl BlockManager {
     }
 
     /// Waits for the rest of the onboarding (every layer, and blocks other
-    /// requests were bringing) and returns G1 handles to the prefix that
-    /// arrived. A block whose source lost it or whose bytes failed
+    /// requests were bringing) and returns handles in the target tier to
+    /// the prefix that arrived. A block whose source lost it or whose bytes failed
     /// verification is forgotten by that source tier and counted.
     pub async fn finish_onboard(&self, onboarding: Onboarding) -> Result<Onboarded, ManagerError> {
-        let g1 = self.g1()?;
+        let top = self.top()?;
         let Onboarding {
             planned,
             resident,
@@ -178,17 +237,7 @@ impl BlockManager {
         } = onboarding;
         let mut failed: Vec<(BlockHash, BlockFailure)> = Vec::new();
         for load in loads {
-            let layers = load.wait_all().await;
-            let mut worst: BTreeMap<BlockHash, BlockFailure> = BTreeMap::new();
-            for layer in layers {
-                for (h, r) in layer.blocks {
-                    if let Err(e) = r {
-                        worst.entry(h).or_insert(e);
-                    }
-                }
-            }
-            failed.extend(worst);
-            // Dropping the load ends its forward pass.
+            failed.extend(load.wait_all().await);
         }
         self.arrivals.notify_waiters();
         for hash in pending {
@@ -197,7 +246,7 @@ impl BlockManager {
         self.forget_lost(&failed);
         let mut blocks = Vec::with_capacity(planned.len());
         for hash in planned {
-            match g1.acquire(hash) {
+            match top.acquire(hash) {
                 Some(b) => blocks.push(b),
                 None => break,
             }
@@ -207,10 +256,10 @@ impl BlockManager {
         Ok(Onboarded { blocks, failed })
     }
 
-    /// Waits until `hash` is no longer being filled into G1 (it arrived or
-    /// its transfer failed).
+    /// Waits until `hash` is no longer being filled into the target tier
+    /// (it arrived or its transfer failed).
     async fn wait_arrival(&self, hash: BlockHash) {
-        let Some(g1) = self.registry.pool(Tier::G1) else {
+        let Ok(top) = self.top() else {
             return;
         };
         loop {
@@ -219,7 +268,7 @@ impl BlockManager {
             // Registered before the check, so a wake between the check and
             // the await is not lost.
             notified.as_mut().enable();
-            if g1.presence(hash) != Some(Presence::Filling) {
+            if top.presence(hash) != Some(Presence::Filling) {
                 return;
             }
             notified.await;
@@ -241,7 +290,8 @@ impl BlockManager {
         drop(c);
         for (hash, e) in failed {
             if matches!(e, BlockFailure::Miss | BlockFailure::Corrupt) {
-                for pool in self.registry.pools().filter(|p| p.tier() != Tier::G1) {
+                let top = self.top().ok().map(BlockPool::tier);
+                for pool in self.registry.pools().filter(|p| Some(p.tier()) != top) {
                     pool.remove_inactive(*hash);
                 }
             }

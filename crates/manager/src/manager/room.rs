@@ -150,6 +150,6 @@ impl BlockManager {
 }
 
 /// Free slots of `pool` without scanning them.
-fn free_slots(pool: &BlockPool) -> usize {
+pub(crate) fn free_slots(pool: &BlockPool) -> usize {
     pool.config().capacity_blocks.saturating_sub(pool.used())
 }

@@ -1,20 +1,21 @@
-//! Onboarding planning: bring a request's prefix to G1.
+//! Onboarding planning: bring a request's prefix to the fastest configured
+//! tier (G1, or G2 on a node without a device).
 
 use kvtier_core::BlockHash;
 
 use super::{CascadeMode, Move, Planner};
 use crate::pool::{DefaultLock, ImmutableBlock, PoolError, PoolLock, Presence};
 use crate::registry::Registry;
-use crate::{Tier, TransferPath};
+use crate::TransferPath;
 
 /// What onboarding does for one block of the prefix.
 pub enum OnboardStep<L: PoolLock = DefaultLock> {
-    /// Already in G1; the handle keeps it there.
+    /// Already in the target tier; the handle keeps it there.
     Resident(ImmutableBlock<L>),
-    /// Already on its way to G1 (another request's transfer); wait for it
-    /// instead of copying it twice.
+    /// Already on its way to the target tier (another request's transfer);
+    /// wait for it instead of copying it twice.
     Pending(BlockHash),
-    /// Copy it to G1.
+    /// Copy it to the target tier.
     Transfer(Move<L>),
 }
 
@@ -44,13 +45,14 @@ impl<L: PoolLock> std::fmt::Debug for OnboardStep<L> {
 pub enum OnboardStop {
     /// No tier holds this block (the prefix ends here).
     Missing(BlockHash),
-    /// G1 has no free or evictable slot left.
+    /// The target tier has no free or evictable slot left.
     DeviceFull(PoolError),
-    /// No G1 pool is configured.
+    /// No tier is configured.
     NoDevice,
 }
 
-/// The plan to bring a prefix to G1, one step per block in request order.
+/// The plan to bring a prefix to the target tier, one step per block in
+/// request order.
 pub struct OnboardPlan<L: PoolLock = DefaultLock> {
     /// The steps, in request order.
     pub steps: Vec<OnboardStep<L>>,
@@ -78,11 +80,12 @@ impl<L: PoolLock> OnboardPlan<L> {
 }
 
 impl Planner {
-    /// Plans bringing the longest available prefix of `hashes` to G1: blocks
-    /// in G1 are acquired, blocks already in flight to G1 are shared, and
+    /// Plans bringing the longest available prefix of `hashes` to the
+    /// fastest configured tier (the target: G1, else G2): blocks in the
+    /// target are acquired, blocks already in flight to it are shared, and
     /// each other block is copied from the fastest tier holding it (moved,
-    /// in exclusive mode). Stops at the first block no tier holds or when G1
-    /// is full.
+    /// in exclusive mode). Stops at the first block no tier holds or when
+    /// the target is full.
     pub fn plan_onboard<L: PoolLock>(
         &self,
         registry: &Registry<L>,
@@ -92,46 +95,47 @@ impl Planner {
             steps: Vec::with_capacity(hashes.len()),
             stopped: None,
         };
-        let Some(device) = registry.pool(Tier::G1) else {
+        let Some(top) = registry.pools().next() else {
             plan.stopped = Some(OnboardStop::NoDevice);
             return plan;
         };
+        let target = top.tier();
         let moves_source = self.config.mode == CascadeMode::Exclusive;
         for &hash in hashes {
-            if let Some(block) = device.acquire(hash) {
+            if let Some(block) = top.acquire(hash) {
                 plan.steps.push(OnboardStep::Resident(block));
                 continue;
             }
-            if device.presence(hash) == Some(Presence::Filling) {
+            if top.presence(hash) == Some(Presence::Filling) {
                 plan.steps.push(OnboardStep::Pending(hash));
                 continue;
             }
             // The fastest lower tier that still holds it once marked.
             let source = registry
                 .pools()
-                .filter(|p| p.tier() != Tier::G1)
+                .filter(|p| p.tier() != target)
                 .find_map(|p| p.begin_outgoing(hash, moves_source).ok());
             let Some(source) = source else {
                 plan.stopped = Some(OnboardStop::Missing(hash));
                 break;
             };
             let from = source.pool().tier();
-            let Some(path) = TransferPath::between(from, Tier::G1) else {
+            let Some(path) = TransferPath::between(from, target) else {
                 plan.stopped = Some(OnboardStop::Missing(hash));
                 break;
             };
             let parent = source.pool().parent_of(hash).flatten();
-            match device.begin_incoming(hash, parent) {
+            match top.begin_incoming(hash, parent) {
                 Ok(destination) => plan.steps.push(OnboardStep::Transfer(Move {
                     hash,
                     from,
-                    to: Tier::G1,
+                    to: target,
                     path,
                     source,
                     destination,
                 })),
                 Err(PoolError::InFlight(_)) => plan.steps.push(OnboardStep::Pending(hash)),
-                Err(PoolError::AlreadyResident(_)) => match device.acquire(hash) {
+                Err(PoolError::AlreadyResident(_)) => match top.acquire(hash) {
                     Some(block) => plan.steps.push(OnboardStep::Resident(block)),
                     None => plan.steps.push(OnboardStep::Pending(hash)),
                 },

@@ -1,0 +1,171 @@
+//! Blocks an engine process writes into G2 itself: the node daemon's store
+//! path. [`reserve_host`](BlockManager::reserve_host) takes a G2 pool slot
+//! and an arena slot per new block; the client fills the arena slot through
+//! its own mapping; [`commit_host`](BlockManager::commit_host) makes the
+//! blocks readable. A reservation dropped uncommitted (an abort, a client
+//! that died) frees both slots and leaves nothing visible.
+
+use kvtier_core::{BlockHash, BlockSums};
+use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+
+use super::{BlockManager, ManagerError};
+use crate::Tier;
+use crate::pool::{ImmutableBlock, IncomingBlock, PoolError};
+
+/// A G2 slot reserved for one block the client fills: the pool's incoming
+/// guard (the hash is in flight: neither readable nor evictable, and a
+/// second reservation of it is refused) and the arena slot.
+pub struct HostReservation {
+    incoming: IncomingBlock,
+    slot: SlotReservation,
+}
+
+impl std::fmt::Debug for HostReservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostReservation")
+            .field("key", &self.key())
+            .field("arena_slot", &self.slot.slot())
+            .finish()
+    }
+}
+
+impl HostReservation {
+    /// The block.
+    pub fn key(&self) -> BlockHash {
+        self.incoming.hash()
+    }
+
+    /// The arena slot the client fills.
+    pub fn arena_slot(&self) -> usize {
+        self.slot.slot()
+    }
+}
+
+/// What [`BlockManager::reserve_host`] gives for one key.
+#[derive(Debug)]
+pub enum HostReserve {
+    /// Fill the slot, then commit (or drop to abort).
+    Reserved(HostReservation),
+    /// Some tier holds the block already.
+    AlreadyStored,
+    /// Another reservation or a transfer is bringing the block to G2.
+    InFlight,
+    /// G2 has no slot free even after making room.
+    NoSpace,
+}
+
+/// What [`BlockManager::commit_host`] did with one reservation.
+#[derive(Debug)]
+pub enum HostCommit {
+    /// Readable in G2.
+    Stored,
+    /// The block became resident another way meanwhile; this copy was
+    /// dropped.
+    AlreadyStored,
+    /// The sums are inconsistent or do not match the slot's bytes; nothing
+    /// became visible.
+    BadChecksum,
+}
+
+impl BlockManager {
+    /// Reserves G2 slots for the keys no tier holds and nobody is bringing
+    /// in, making room first (the G2 policy's victims cascade down). One
+    /// result per key, in order.
+    pub async fn reserve_host(&self, keys: &[BlockHash]) -> Result<Vec<HostReserve>, ManagerError> {
+        let (pool, memory) = self.host_tier()?;
+        let new = keys
+            .iter()
+            .filter(|k| self.registry.residency(**k).is_empty())
+            .count();
+        if self.config.offload_on_demand && new > 0 {
+            self.make_room(Tier::G2, new).await;
+        }
+        let mut out = Vec::with_capacity(keys.len());
+        for &key in keys {
+            if !self.registry.residency(key).is_empty() {
+                out.push(HostReserve::AlreadyStored);
+                continue;
+            }
+            let incoming = match pool.begin_incoming(key, None) {
+                Ok(i) => i,
+                Err(PoolError::InFlight(_)) => {
+                    out.push(HostReserve::InFlight);
+                    continue;
+                }
+                Err(PoolError::AlreadyResident(_)) => {
+                    out.push(HostReserve::AlreadyStored);
+                    continue;
+                }
+                Err(_) => {
+                    out.push(HostReserve::NoSpace);
+                    continue;
+                }
+            };
+            out.push(arena_slot(memory, incoming)?);
+        }
+        Ok(out)
+    }
+
+    /// Makes filled reservations readable: each slot's bytes are checked
+    /// against its sums (unless [`ManagerConfig::verify_host_commits`] is
+    /// off, then only the sums' consistency), the arena publishes the
+    /// block, and the pool registers it. In inclusive mode the new blocks
+    /// are copied down. One result per reservation, in order.
+    ///
+    /// [`ManagerConfig::verify_host_commits`]: super::ManagerConfig::verify_host_commits
+    pub async fn commit_host(&self, blocks: Vec<(HostReservation, BlockSums)>) -> Vec<HostCommit> {
+        let mut out = Vec::with_capacity(blocks.len());
+        let mut stored = Vec::with_capacity(blocks.len());
+        for (reservation, sums) in blocks {
+            let HostReservation { incoming, slot } = reservation;
+            let key = incoming.hash();
+            let published = if self.config.verify_host_commits {
+                slot.commit(&sums)
+            } else {
+                slot.commit_verified(&sums)
+            };
+            out.push(match published {
+                Ok(PutOutcome::Stored) => {
+                    let block: ImmutableBlock = incoming.finish();
+                    drop(block);
+                    stored.push(key);
+                    HostCommit::Stored
+                }
+                // The arena holds it already (another path won); the guard
+                // dropped here frees the pool slot.
+                Ok(PutOutcome::AlreadyPresent | PutOutcome::Full) => HostCommit::AlreadyStored,
+                Err(MemError::ChecksumMismatch { .. } | MemError::BadSums { .. }) => {
+                    HostCommit::BadChecksum
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "commit of a host block failed");
+                    HostCommit::BadChecksum
+                }
+            });
+        }
+        self.copy_down(Tier::G2, &stored).await;
+        self.publish_events();
+        out
+    }
+
+    /// G2's pool and the arena behind it.
+    fn host_tier(&self) -> Result<(&crate::pool::BlockPool, &MemoryTier), ManagerError> {
+        match (self.registry.pool(Tier::G2), &self.tiers.memory) {
+            (Some(p), Some(m)) => Ok((p, m)),
+            _ => Err(ManagerError::Config("G2 is not configured".into())),
+        }
+    }
+}
+
+/// An arena slot for the block `incoming` brings in.
+fn arena_slot(memory: &MemoryTier, incoming: IncomingBlock) -> Result<HostReserve, ManagerError> {
+    match memory.reserve(incoming.hash()) {
+        Ok(Reserve::Reserved(slot)) => Ok(HostReserve::Reserved(HostReservation { incoming, slot })),
+        // The pool did not know it but the arena does: the pool is the
+        // authority, so this is a copy left by another path; report it
+        // stored rather than writing it twice.
+        Ok(Reserve::AlreadyPresent) => Ok(HostReserve::AlreadyStored),
+        Ok(Reserve::Full) => Ok(HostReserve::NoSpace),
+        Err(e) => Err(ManagerError::Memory(e)),
+    }
+}
