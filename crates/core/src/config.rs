@@ -333,6 +333,87 @@ impl Default for ServeConfig {
     }
 }
 
+/// `[manager]`: the node block manager that `kvtier serve` runs for the
+/// engine processes of its host, and the local socket they reach it on.
+/// G2's pool is the arena (`[memory]`), G3's the disk log (`[disk]`); their
+/// sizes come from those sections, so a pool and its storage cannot
+/// disagree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagerSectionConfig {
+    /// The Unix socket engines connect to (created mode 0660). Empty means
+    /// `<serve.data_dir>/node.sock`.
+    pub socket: PathBuf,
+    /// Eviction policy of every pool: `lru`, `lfu`, `arc`, `s3fifo`, `ttl`
+    /// or `cost`.
+    pub policy: String,
+    /// `exclusive` (a block lives in one tier; G2 evictions move it down)
+    /// or `inclusive` (new blocks are also written to the tier below at
+    /// once, so they survive a crash).
+    pub mode: String,
+    /// Fraction of a pool above which the background step moves blocks
+    /// down.
+    pub high_watermark: f64,
+    /// Fraction of a pool the background step moves blocks down to.
+    pub low_watermark: f64,
+    /// Reuses a block needs before it is written to disk (0: every block).
+    pub admit_after: u32,
+    /// Milliseconds between background steps (watermark offloads, expiry).
+    pub step_interval_ms: u64,
+    /// Seconds a client's reservation or pin lives without being committed
+    /// or released while the client stays connected (a disconnect drops
+    /// them at once).
+    pub lease_secs: u64,
+    /// Hash every client-filled slot against its sums before publishing it.
+    pub verify_commits: bool,
+    /// G4: an object store or shared directory URL (`s3://bucket/prefix`,
+    /// `file:///dir`); empty for none.
+    pub g4_url: String,
+    /// Blocks the G4 pool may hold.
+    pub g4_capacity_blocks: usize,
+    /// Largest batch of keys one request may name.
+    pub max_batch: usize,
+}
+
+impl Default for ManagerSectionConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::new(),
+            policy: "lru".into(),
+            mode: "exclusive".into(),
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            admit_after: 0,
+            step_interval_ms: 100,
+            lease_secs: 30,
+            verify_commits: true,
+            g4_url: String::new(),
+            g4_capacity_blocks: 1 << 20,
+            max_batch: 4096,
+        }
+    }
+}
+
+impl ManagerSectionConfig {
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        let (low, high) = (self.low_watermark, self.high_watermark);
+        if !(0.0..=1.0).contains(&low) || !(0.0..=1.0).contains(&high) || low > high {
+            return bad("manager.low_watermark <= manager.high_watermark, both in 0..=1");
+        }
+        if self.mode != "exclusive" && self.mode != "inclusive" {
+            return bad("manager.mode must be exclusive or inclusive");
+        }
+        if self.step_interval_ms == 0 || self.lease_secs == 0 || self.max_batch == 0 {
+            return bad("manager.step_interval_ms, lease_secs and max_batch must be positive");
+        }
+        if !self.g4_url.is_empty() && self.g4_capacity_blocks == 0 {
+            return bad("manager.g4_capacity_blocks must be positive when g4_url is set");
+        }
+        Ok(())
+    }
+}
+
 /// `[meta]`: the global KV cache manager (Tair-KVCM-compatible metadata and
 /// admin services) that `kvtier serve` hosts and `kvtier manager` runs alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -530,6 +611,8 @@ pub struct Config {
     pub serve: ServeConfig,
     /// `[meta]`.
     pub meta: MetaSectionConfig,
+    /// `[manager]`.
+    pub manager: ManagerSectionConfig,
 }
 
 impl Config {
@@ -616,7 +699,17 @@ impl Config {
             return bad("meta.admin_api_key must have at least 16 characters");
         }
         m.check_exposure()?;
-        m.check_accounts()
+        m.check_accounts()?;
+        self.manager.validate()
+    }
+
+    /// The node socket, defaulting to `<data_dir>/node.sock`.
+    pub fn node_socket(&self) -> PathBuf {
+        if self.manager.socket.as_os_str().is_empty() {
+            self.serve.data_dir.join("node.sock")
+        } else {
+            self.manager.socket.clone()
+        }
     }
 
     /// The default file pool's directory, `<data_dir>/pool` (used when

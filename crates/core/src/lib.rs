@@ -45,7 +45,8 @@ pub use checksum::{
 };
 pub use config::{
     AccountRole, ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind,
-    MemoryConfig, MetaAccountConfig, MetaSectionConfig, RegionEvictionKind, ServeConfig,
+    ManagerSectionConfig, MemoryConfig, MetaAccountConfig, MetaSectionConfig, RegionEvictionKind,
+    ServeConfig,
 };
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};

@@ -318,6 +318,18 @@ impl MemoryTier {
         self.inner.layout.slot_bytes
     }
 
+    /// Where slot `slot`'s bytes start in the shared-memory file: what a
+    /// client that maps the file adds to its mapping's address.
+    pub fn slot_offset(&self, slot: usize) -> u64 {
+        let layout = &self.inner.layout;
+        (layout.data_offset + layout.slot_offset(slot)) as u64
+    }
+
+    /// Bytes of the shared-memory file.
+    pub fn file_bytes(&self) -> u64 {
+        self.inner.layout.file_bytes as u64
+    }
+
     /// Number of slots.
     pub fn capacity_blocks(&self) -> usize {
         self.inner.layout.slot_count

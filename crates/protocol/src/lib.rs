@@ -32,8 +32,8 @@ pub use error::{DecodeError, EncodeError, FrameError};
 pub use frame::{LEN_BYTES, Message, read_frame, write_frame};
 pub use message::{
     Ack, Commit, CommitEntry, CommitOk, CommitResult, Counter, Error, ErrorCode, Hello, HelloOk,
-    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion, ReserveOk,
-    ReserveResult, Slot, Stats, StatsOk, Tier, WireGeometry,
+    KeyMap, KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion,
+    ReserveOk, ReserveResult, Slot, Stats, StatsOk, Tier, WireGeometry,
 };
 
 /// The largest frame, counted without the length prefix (type byte and

@@ -60,6 +60,49 @@ wire_struct!(Namespace {
     tenant_salt: Option<Vec<u8>>,
 });
 
+/// Seed of [`Namespace::digest`]; changing it would orphan every stored
+/// block, so it is frozen (docs/node-protocol.md, I12).
+const NAMESPACE_SEED: u64 = 0x6b76_7469_6572_6e73; // "kvtierns"
+
+impl Namespace {
+    /// 128-bit digest of the namespace: xxh3-128 of its wire encoding
+    /// (section 4.1 of docs/node-protocol.md), seeded with a frozen seed.
+    pub fn digest(&self) -> u128 {
+        let mut body = Vec::new();
+        self.put(&mut body);
+        xxhash_rust::xxh3::xxh3_128_with_seed(&body, NAMESPACE_SEED)
+    }
+
+    /// The key a daemon stores the client's block `key` under (see
+    /// [`KeyMap`]; build one to map many keys).
+    pub fn block_key(&self, key: BlockHash) -> BlockHash {
+        KeyMap::new(self).stored(key)
+    }
+}
+
+/// Maps one namespace's client keys to stored keys: `key XOR digest`. Both
+/// sides derive it (a client needs the stored key to fill and verify
+/// slots, whose checksums are seeded by it), and two namespaces map one
+/// client key to different stored keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyMap {
+    digest: u128,
+}
+
+impl KeyMap {
+    /// The map of `namespace` (computes its digest once).
+    pub fn new(namespace: &Namespace) -> Self {
+        Self {
+            digest: namespace.digest(),
+        }
+    }
+
+    /// The stored key of client key `key`.
+    pub fn stored(&self, key: BlockHash) -> BlockHash {
+        BlockHash(key.0 ^ self.digest)
+    }
+}
+
 /// The block shape a client declares; the daemon refuses one that
 /// contradicts what the namespace already holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -456,6 +499,9 @@ impl ErrorCode {
     pub const UNEXPECTED: Self = Self(5);
     /// The daemon could not serve the request (I/O failure, shutting down).
     pub const INTERNAL: Self = Self(6);
+    /// A request the daemon refuses as asked (too many keys, a duplicate
+    /// key in one batch); the connection stays open.
+    pub const BAD_REQUEST: Self = Self(7);
 }
 
 /// An error reply. `request_id` is 0 for a handshake or framing error.

@@ -148,6 +148,31 @@ impl BlockManager {
         out
     }
 
+    /// Removes `keys` from every tier where nobody holds, pins or moves
+    /// them (those copies stay); the arena, the disk and the remote store
+    /// follow. Returns the copies dropped.
+    pub fn remove(&self, keys: &[BlockHash]) -> usize {
+        let mut dropped = 0;
+        for pool in self.registry.pools() {
+            dropped += keys.iter().filter(|k| pool.remove_inactive(**k)).count();
+        }
+        self.publish_events();
+        dropped
+    }
+
+    /// Drains G2 at shutdown: every block no one holds moves to the tier
+    /// below (exclusive or inclusive alike), so a restart adopts it from
+    /// the disk log. Waits for the copies; returns the blocks left in G2.
+    pub async fn drain_host(&self) -> usize {
+        let Some(pool) = self.registry.pool(Tier::G2) else {
+            return 0;
+        };
+        let capacity = pool.config().capacity_blocks;
+        self.make_room(Tier::G2, capacity).await;
+        self.publish_events();
+        pool.used()
+    }
+
     /// G2's pool and the arena behind it.
     fn host_tier(&self) -> Result<(&crate::pool::BlockPool, &MemoryTier), ManagerError> {
         match (self.registry.pool(Tier::G2), &self.tiers.memory) {
@@ -160,7 +185,9 @@ impl BlockManager {
 /// An arena slot for the block `incoming` brings in.
 fn arena_slot(memory: &MemoryTier, incoming: IncomingBlock) -> Result<HostReserve, ManagerError> {
     match memory.reserve(incoming.hash()) {
-        Ok(Reserve::Reserved(slot)) => Ok(HostReserve::Reserved(HostReservation { incoming, slot })),
+        Ok(Reserve::Reserved(slot)) => {
+            Ok(HostReserve::Reserved(HostReservation { incoming, slot }))
+        }
         // The pool did not know it but the arena does: the pool is the
         // authority, so this is a copy left by another path; report it
         // stored rather than writing it twice.

@@ -7,14 +7,12 @@ use std::collections::BTreeMap;
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
+use crate::device::Span;
 use crate::placement::OnboardStep;
 use crate::pool::{BlockPool, ImmutableBlock, Presence};
 use crate::registry::PrefixMatch;
-use crate::device::Span;
 use crate::scheduler::LoadHandle;
-use crate::transfer::{
-    BlockFailure, BlockMove, BlockResult, TransferHandle, TransferRequest,
-};
+use crate::transfer::{BlockFailure, BlockMove, BlockResult, TransferHandle, TransferRequest};
 
 /// One source path's share of an onboarding.
 enum OnboardLoad {
@@ -44,7 +42,12 @@ impl OnboardLoad {
     async fn wait_all(self) -> BTreeMap<BlockHash, BlockFailure> {
         let mut worst = BTreeMap::new();
         let results: Vec<(BlockHash, BlockResult)> = match &self {
-            Self::Layered(l) => l.wait_all().await.into_iter().flat_map(|o| o.blocks).collect(),
+            Self::Layered(l) => l
+                .wait_all()
+                .await
+                .into_iter()
+                .flat_map(|o| o.blocks)
+                .collect(),
             Self::Whole(t) => t.wait().await.blocks,
         };
         for (h, r) in results {

@@ -19,7 +19,11 @@ impl BlockManager {
     /// which makes room the same way first; the last tier, and G3's
     /// admission filter, drop them. Waits for the copies. Returns the free
     /// slots after.
-    pub fn make_room(&self, tier: Tier, n: usize) -> Pin<Box<dyn Future<Output = usize> + '_>> {
+    pub fn make_room(
+        &self,
+        tier: Tier,
+        n: usize,
+    ) -> Pin<Box<dyn Future<Output = usize> + Send + '_>> {
         Box::pin(async move {
             let Some(pool) = self.registry.pool(tier) else {
                 return 0;

@@ -4,9 +4,9 @@
 use kvtier_core::BlockHash;
 
 use super::{CascadeMode, Move, Planner};
+use crate::TransferPath;
 use crate::pool::{DefaultLock, ImmutableBlock, PoolError, PoolLock, Presence};
 use crate::registry::Registry;
-use crate::TransferPath;
 
 /// What onboarding does for one block of the prefix.
 pub enum OnboardStep<L: PoolLock = DefaultLock> {

@@ -1,0 +1,111 @@
+//! [`NodeOptions`]: the `[manager]` section, parsed and checked.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvtier_core::Config;
+use kvtier_manager::admission::AdmissionConfig;
+use kvtier_manager::manager::ManagerConfig;
+use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
+use kvtier_manager::policy::{PolicyConfig, PolicyKind};
+use kvtier_manager::pool::PoolConfig;
+
+use crate::NodeError;
+
+/// The node's settings, from `[manager]` (docs/configuration.md).
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The Unix socket engines connect to.
+    pub socket: PathBuf,
+    /// Eviction policy of every pool.
+    pub policy: PolicyKind,
+    /// Inclusive or exclusive cascade.
+    pub mode: CascadeMode,
+    /// Watermarks of every pool, as fractions of its capacity.
+    pub watermarks: (f64, f64),
+    /// Reuses a block needs before it is written to disk.
+    pub admit_after: u32,
+    /// Time between background steps.
+    pub step_interval: Duration,
+    /// Life of a reservation or pin of a connected client.
+    pub lease: Duration,
+    /// Hash client-filled slots on commit.
+    pub verify_commits: bool,
+    /// G4's URL, if any.
+    pub g4_url: Option<String>,
+    /// Blocks of the G4 pool.
+    pub g4_capacity_blocks: usize,
+    /// Largest batch of keys one request may name.
+    pub max_batch: usize,
+}
+
+impl NodeOptions {
+    /// The options of `config` (its `[manager]` section).
+    pub fn from_config(config: &Config) -> Result<Self, NodeError> {
+        let m = &config.manager;
+        let policy: PolicyKind = m
+            .policy
+            .parse()
+            .map_err(|e| NodeError::Config(format!("manager.policy: {e}")))?;
+        let mode = match m.mode.as_str() {
+            "inclusive" => CascadeMode::Inclusive,
+            "exclusive" => CascadeMode::Exclusive,
+            other => {
+                return Err(NodeError::Config(format!(
+                    "manager.mode must be exclusive or inclusive, not {other:?}"
+                )));
+            }
+        };
+        Ok(Self {
+            socket: config.node_socket(),
+            policy,
+            mode,
+            watermarks: (m.low_watermark, m.high_watermark),
+            admit_after: m.admit_after,
+            step_interval: Duration::from_millis(m.step_interval_ms),
+            lease: Duration::from_secs(m.lease_secs),
+            verify_commits: m.verify_commits,
+            g4_url: (!m.g4_url.is_empty()).then(|| m.g4_url.clone()),
+            g4_capacity_blocks: m.g4_capacity_blocks,
+            max_batch: m.max_batch,
+        })
+    }
+
+    /// The manager's configuration for pools of the given sizes (G2 is the
+    /// arena's slot count, G3 the disk log's; `None` leaves a tier out).
+    pub fn manager_config(
+        &self,
+        tokens_per_block: usize,
+        g2_blocks: usize,
+        g3_blocks: Option<usize>,
+        g4_blocks: Option<usize>,
+    ) -> ManagerConfig {
+        let pool = |capacity_blocks: usize| PoolConfig {
+            capacity_blocks,
+            tokens_per_block,
+            low_watermark: self.watermarks.0,
+            high_watermark: self.watermarks.1,
+            policy: PolicyConfig::of(self.policy),
+            record_events: true,
+        };
+        ManagerConfig {
+            hierarchy: HierarchyConfig {
+                g1: None,
+                g2: Some(pool(g2_blocks)),
+                g3: g3_blocks.map(pool),
+                g4: g4_blocks.map(pool),
+                placement: PlacementConfig {
+                    mode: self.mode,
+                    admission: AdmissionConfig {
+                        min_reuses: self.admit_after,
+                        ..AdmissionConfig::default()
+                    },
+                },
+            },
+            offload_on_demand: true,
+            step_waits: false,
+            verify_host_commits: self.verify_commits,
+            ..ManagerConfig::default()
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! [`NodeError`]: why the node could not start, serve or stop.
+
+use std::path::PathBuf;
+
+/// Why the node could not start, serve or stop.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The `[manager]` section (or a section it builds on) cannot work.
+    #[error("invalid node configuration: {0}")]
+    Config(String),
+    /// The configuration did not resolve.
+    #[error(transparent)]
+    Core(#[from] kvtier_core::CoreError),
+    /// The arena could not be created.
+    #[error(transparent)]
+    Memory(#[from] kvtier_mem::MemError),
+    /// The disk tier could not be opened or closed.
+    #[error(transparent)]
+    Disk(#[from] kvtier_disk::DiskError),
+    /// The I/O engine could not start.
+    #[error(transparent)]
+    Io(#[from] kvtier_io::IoError),
+    /// The remote tier could not be opened.
+    #[error(transparent)]
+    Remote(#[from] kvtier_remote::RemoteError),
+    /// The block manager refused.
+    #[error(transparent)]
+    Manager(#[from] kvtier_manager::manager::ManagerError),
+    /// Another live daemon answers on the socket path.
+    #[error("{path}: another kvtier daemon is serving on this socket")]
+    SocketInUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// Something other than a socket exists at the socket path; it is left
+    /// alone.
+    #[error("{path}: exists and is not a socket; remove it or set manager.socket")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file system call on the socket path failed.
+    #[error("{op} {path}: {source}")]
+    Socket {
+        /// What was attempted.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A background task of the node panicked or was cancelled.
+    #[error("a node task stopped unexpectedly")]
+    TaskLost,
+}

@@ -1,0 +1,33 @@
+//! # kvtier-node
+//!
+//! The node daemon's core: one [`Node`] per host hosts the block manager
+//! over the shared-memory arena (G2), the disk log (G3) and, when
+//! configured, a remote tier (G4); a [`NodeServer`] lets every engine
+//! process of the host use it through a Unix socket (the protocol of
+//! `kvtier-protocol`, docs/node-protocol.md).
+//!
+//! The data never passes through the socket: a client reserves arena
+//! slots, fills them through its own mapping of the arena and commits
+//! them; it loads blocks by having them made resident in G2 and pinned,
+//! then copies them out itself, verifying each against the checksums the
+//! arena publishes. The daemon decides placement: the manager's G2 pool is
+//! the arena's only eviction authority (the arena itself never evicts).
+//!
+//! Each connection is a session with leases: its reservations and pins
+//! are dropped when it disconnects (or dies), and after
+//! `manager.lease_secs` without a commit or release otherwise, so a
+//! half-filled slot never becomes readable and a dead client never keeps
+//! blocks pinned.
+
+mod config;
+mod error;
+mod node;
+mod server;
+mod session;
+mod stats;
+
+pub use config::NodeOptions;
+pub use error::NodeError;
+pub use node::Node;
+pub use server::NodeServer;
+pub use stats::NodeStats;

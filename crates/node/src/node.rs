@@ -1,0 +1,231 @@
+//! [`Node`]: the block manager over the node's arena, disk log and remote
+//! tier, with its background step and its shutdown.
+
+use std::sync::Arc;
+
+use kvtier_core::{Config, Geometry};
+use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_io::IoEngine;
+use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
+use kvtier_manager::{Tier, events::EventSink};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
+use kvtier_remote::{RemoteConfig, RemoteTier};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::stats::Counters;
+use crate::{NodeError, NodeOptions, NodeStats};
+
+/// The node: one block manager for every engine process of the host. See
+/// the [crate docs](crate).
+pub struct Node {
+    manager: BlockManager,
+    memory: MemoryTier,
+    disk: Option<Arc<DiskTier>>,
+    options: NodeOptions,
+    adopted: Adopted,
+    pub(crate) counters: Counters,
+    stop_step: watch::Sender<bool>,
+    stepper: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("shm", &self.memory.shm_name())
+            .field("manager", &self.manager)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Builds the node from a whole configuration: the arena (`[memory]`,
+    /// evicted only by the manager), the disk log (`[disk]`, recovered),
+    /// the remote tier (`manager.g4_url`) and the manager over them
+    /// (`[manager]`); then adopts what the disk log and the remote prefix
+    /// hold and starts the background step. Events go to `sinks`. Must run
+    /// inside a tokio runtime.
+    pub async fn open(
+        config: &Config,
+        sinks: Vec<Arc<dyn EventSink>>,
+    ) -> Result<Arc<Self>, NodeError> {
+        let options = NodeOptions::from_config(config)?;
+        let geometry = config.geometry.resolve()?;
+        let memory = MemoryTier::create_with_policy(
+            MemoryTierConfig::new(&config.memory, &geometry),
+            |slots| Box::new(NoEviction::new(slots)),
+        )?;
+        let disk = open_disk(config, geometry, &memory).await?;
+        let remote = match &options.g4_url {
+            Some(url) => Some(Arc::new(open_remote(url, geometry)?)),
+            None => None,
+        };
+        let manager_config = options.manager_config(
+            geometry.tokens_per_block as usize,
+            memory.capacity_blocks(),
+            Some(disk.capacity_blocks()),
+            remote.as_ref().map(|_| options.g4_capacity_blocks),
+        );
+        let disk = Arc::new(disk);
+        let tiers = ManagerTiers {
+            geometry,
+            device: None,
+            memory: Some(memory.clone()),
+            disk: Some(disk.clone()),
+            remote,
+        };
+        let manager = BlockManager::new(manager_config, tiers, sinks)?;
+        let adopted = manager.adopt().await?;
+        tracing::info!(
+            g3 = adopted.g3,
+            g4 = adopted.g4,
+            skipped = adopted.skipped,
+            "adopted the blocks the lower tiers still hold"
+        );
+        let (stop_step, stop_rx) = watch::channel(false);
+        let node = Arc::new(Self {
+            manager,
+            memory,
+            disk: Some(disk),
+            options,
+            adopted,
+            counters: Counters::default(),
+            stop_step,
+            stepper: Mutex::new(None),
+        });
+        let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
+        *node.stepper.lock() = Some(stepper);
+        Ok(node)
+    }
+
+    /// The block manager.
+    pub fn manager(&self) -> &BlockManager {
+        &self.manager
+    }
+
+    /// The arena (G2).
+    pub fn memory(&self) -> &MemoryTier {
+        &self.memory
+    }
+
+    /// The block geometry.
+    pub fn geometry(&self) -> &Geometry {
+        self.manager.geometry()
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &NodeOptions {
+        &self.options
+    }
+
+    /// What the start adopted from the lower tiers.
+    pub fn adopted(&self) -> Adopted {
+        self.adopted
+    }
+
+    /// A snapshot of the node's counters and pool occupancy.
+    pub fn stats(&self) -> NodeStats {
+        self.counters.snapshot(&self.manager.stats())
+    }
+
+    /// Stops the background step, moves every G2 block nobody holds down
+    /// to the disk log, publishes the last events and checkpoints the disk
+    /// index, so a restart adopts what G2 held. Call after the server has
+    /// stopped (its sessions hold pins).
+    pub async fn close(&self) -> Result<(), NodeError> {
+        let _ = self.stop_step.send(true);
+        let stepper = self.stepper.lock().take();
+        if let Some(task) = stepper {
+            task.await.map_err(|_| NodeError::TaskLost)?;
+        }
+        let left = self.manager.drain_host().await;
+        if left > 0 {
+            tracing::warn!(
+                blocks = left,
+                "G2 blocks still held at shutdown stay in memory only"
+            );
+        }
+        self.manager.settle().await;
+        self.manager.flush_events();
+        if let Some(disk) = &self.disk {
+            disk.close().await?;
+        }
+        Ok(())
+    }
+
+    /// The G2 blocks registered now (for tests and tools).
+    pub fn g2_blocks(&self) -> usize {
+        self.manager.pool(Tier::G2).map_or(0, |p| p.used())
+    }
+}
+
+/// Opens the disk log (recovering it) on an engine with the arena
+/// registered, so disk reads land straight in arena slots.
+async fn open_disk(
+    config: &Config,
+    geometry: Geometry,
+    memory: &MemoryTier,
+) -> Result<DiskTier, NodeError> {
+    let dirs = config.disk_dirs();
+    for dir in &dirs {
+        std::fs::create_dir_all(dir).map_err(|source| NodeError::Socket {
+            op: "creating the disk directory",
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    let engine: Arc<dyn IoEngine> = kvtier_io::build_engine(
+        config.disk.io_engine,
+        config.disk.queue_depth,
+        config.disk.psync_threads,
+    )?;
+    if config.disk.register_buffers {
+        let (ptr, len) = memory.arena();
+        // SAFETY: the arena stays mapped while any clone of `memory` lives;
+        // the manager and the node hold clones for as long as the engine
+        // serves them. Registered pages stay pinned by the kernel until the
+        // ring goes, so a late unmap cannot make the engine touch freed
+        // memory.
+        unsafe { engine.register_memory(ptr, len) };
+    }
+    let cfg = DiskTierConfig::new(&config.disk, dirs, geometry);
+    tokio::task::spawn_blocking(move || DiskTier::open(cfg, engine))
+        .await
+        .map_err(|_| NodeError::TaskLost)?
+        .map_err(NodeError::from)
+}
+
+/// Opens G4 at `url`; the endpoint and credentials come from the
+/// environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...).
+fn open_remote(url: &str, geometry: Geometry) -> Result<RemoteTier, NodeError> {
+    let endpoint = std::env::var("AWS_ENDPOINT_URL").ok();
+    let cfg = RemoteConfig {
+        url: url.to_owned(),
+        allow_http: endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://")),
+        endpoint,
+        ..RemoteConfig::default()
+    };
+    Ok(RemoteTier::open(&cfg, geometry)?)
+}
+
+/// Steps the manager (watermark offloads, expiry, events) every
+/// `step_interval` until told to stop or the node is gone.
+async fn step_loop(node: std::sync::Weak<Node>, mut stop: watch::Receiver<bool>) {
+    let interval = match node.upgrade() {
+        Some(n) => n.options.step_interval,
+        None => return,
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let Some(node) = node.upgrade() else { return };
+        node.manager.step().await;
+    }
+}

@@ -1,0 +1,539 @@
+//! One connection: the handshake, then batched requests until the client
+//! leaves, with the leases of its reservations and pins. Everything a
+//! session holds is dropped with it, so a client that disconnects or dies
+//! leaves nothing reserved, pinned or half-visible.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier_core::BlockHash;
+use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError};
+use kvtier_manager::pool::ImmutableBlock;
+use kvtier_mem::BlockRef;
+use kvtier_protocol::{
+    Ack, Commit, CommitOk, CommitResult, DecodeError, Error, ErrorCode, Hello, HelloOk, KeyMap,
+    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, PROTOCOL_VERSION, ReserveOk,
+    ReserveResult, Slot, StatsOk, Tier, WireGeometry,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::watch;
+
+use crate::Node;
+use crate::stats::Counters;
+
+/// Bytes a frame buffer grows by at most per read (docs/node-protocol.md,
+/// I4: a peer that declares a large frame and sends nothing costs this).
+const READ_CHUNK: usize = 64 << 10;
+
+/// A value that lapses at `until` unless the client uses it first.
+struct Leased<T> {
+    value: T,
+    until: Instant,
+}
+
+/// A block pinned for the client: the G2 pool handle keeps the manager
+/// from evicting it, the arena reference keeps the slot from being reused.
+struct Pin {
+    _block: ImmutableBlock,
+    _arena: BlockRef,
+}
+
+/// What the session loop does after a message.
+enum Next {
+    Continue,
+    Close,
+}
+
+/// Serves one connection until the client leaves, a frame does not decode,
+/// or the server stops.
+pub(crate) async fn serve(
+    node: Arc<Node>,
+    stream: UnixStream,
+    id: u64,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut session = Session::new(node.clone(), id);
+    let mut buf = Vec::new();
+    let mut sweep = tokio::time::interval(sweep_period(node.options().lease));
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            read = next_message(&mut rd, &mut buf) => match read {
+                Ok(Some(msg)) => {
+                    let (replies, next) = session.handle(msg).await;
+                    if send(&mut wr, &replies).await.is_err() {
+                        break;
+                    }
+                    if let Next::Close = next {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(ReadFailure::Decode(e)) => {
+                    Counters::add(&node.counters.bad_frames, 1);
+                    tracing::warn!(session = id, error = %e, "closing a connection on a bad frame");
+                    let code = match e {
+                        DecodeError::WrongVersion { .. } => ErrorCode::WRONG_VERSION,
+                        _ => ErrorCode::BAD_FRAME,
+                    };
+                    let _ = send(&mut wr, &[error(0, code, e.to_string())]).await;
+                    break;
+                }
+                Err(ReadFailure::Io(e)) => {
+                    tracing::info!(session = id, error = %e, "node connection lost");
+                    break;
+                }
+            },
+            _ = sweep.tick() => session.expire(Instant::now()),
+            _ = stop.changed() => break,
+        }
+    }
+    session.close();
+}
+
+/// How often leases are checked: a quarter of their life, at least 10 ms.
+fn sweep_period(lease: Duration) -> Duration {
+    (lease / 4).max(Duration::from_millis(10))
+}
+
+enum ReadFailure {
+    Decode(DecodeError),
+    Io(std::io::Error),
+}
+
+/// The next whole message, `None` at a clean end of stream. Cancel-safe:
+/// bytes read so far stay in `buf` for the next call.
+async fn next_message(
+    rd: &mut OwnedReadHalf,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Message>, ReadFailure> {
+    loop {
+        let want = match Message::decode(buf) {
+            Ok((msg, used)) => {
+                buf.drain(..used);
+                return Ok(Some(msg));
+            }
+            Err(DecodeError::Truncated { needed }) => needed,
+            Err(e) => return Err(ReadFailure::Decode(e)),
+        };
+        buf.reserve((want - buf.len()).min(READ_CHUNK));
+        let n = rd.read_buf(buf).await.map_err(ReadFailure::Io)?;
+        if n == 0 {
+            if buf.is_empty() {
+                return Ok(None);
+            }
+            return Err(ReadFailure::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+    }
+}
+
+/// Writes `replies` as one buffer.
+async fn send(wr: &mut OwnedWriteHalf, replies: &[Message]) -> std::io::Result<()> {
+    if replies.is_empty() {
+        return Ok(());
+    }
+    let mut out = Vec::new();
+    for r in replies {
+        if let Err(e) = r.encode(&mut out) {
+            // Only a reply over MAX_FRAME can fail; requests are bounded by
+            // manager.max_batch, so this is a daemon bug: say so.
+            tracing::error!(error = %e, reply = r.name(), "a reply did not encode");
+            error(0, ErrorCode::INTERNAL, e.to_string())
+                .encode(&mut out)
+                .ok();
+        }
+    }
+    wr.write_all(&out).await
+}
+
+fn error(request_id: u64, code: ErrorCode, message: String) -> Message {
+    Message::Error(Error {
+        request_id,
+        code,
+        message,
+    })
+}
+
+fn wire_tier(t: kvtier_manager::Tier) -> Tier {
+    match t {
+        kvtier_manager::Tier::G1 => Tier::G1,
+        kvtier_manager::Tier::G2 => Tier::G2,
+        kvtier_manager::Tier::G3 => Tier::G3,
+        kvtier_manager::Tier::G4 => Tier::G4,
+    }
+}
+
+struct Session {
+    node: Arc<Node>,
+    id: u64,
+    /// Set by a successful `Hello`.
+    keys: Option<KeyMap>,
+    reservations: HashMap<BlockHash, Leased<HostReservation>>,
+    pins: HashMap<BlockHash, Vec<Leased<Pin>>>,
+}
+
+impl Session {
+    fn new(node: Arc<Node>, id: u64) -> Self {
+        Self {
+            node,
+            id,
+            keys: None,
+            reservations: HashMap::new(),
+            pins: HashMap::new(),
+        }
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.node.counters
+    }
+
+    /// Serves one message; the replies to send and whether to go on.
+    async fn handle(&mut self, msg: Message) -> (Vec<Message>, Next) {
+        let Some(keys) = self.keys else {
+            return self.handshake(msg);
+        };
+        Counters::add(&self.counters().requests, 1);
+        let reply = match msg {
+            Message::Hello(_) => {
+                let m = "a second Hello on one connection".to_owned();
+                return (vec![error(0, ErrorCode::HANDSHAKE, m)], Next::Close);
+            }
+            Message::Lookup(r) => self.with_batch(r, keys, Self::lookup).await,
+            Message::Reserve(r) => self.with_batch(r, keys, Self::reserve).await,
+            Message::Commit(c) => self.commit(c, keys).await,
+            Message::Abort(r) => self.with_batch(r, keys, Self::abort).await,
+            Message::Load(r) => self.with_batch(r, keys, Self::load).await,
+            Message::Release(r) => self.with_batch(r, keys, Self::release).await,
+            Message::Remove(r) => self.with_batch(r, keys, Self::remove).await,
+            Message::Stats(s) => vec![Message::StatsOk(StatsOk {
+                request_id: s.request_id,
+                counters: self.node.stats().counters(),
+            })],
+            other => {
+                let m = format!("{} is not a request", other.name());
+                vec![error(0, ErrorCode::UNEXPECTED, m)]
+            }
+        };
+        (reply, Next::Continue)
+    }
+
+    fn handshake(&mut self, msg: Message) -> (Vec<Message>, Next) {
+        let Message::Hello(hello) = msg else {
+            let m = format!("{} before Hello", msg.name());
+            return (vec![error(0, ErrorCode::HANDSHAKE, m)], Next::Close);
+        };
+        if let Err(why) = self.check_hello(&hello) {
+            Counters::add(&self.counters().handshake_refusals, 1);
+            tracing::warn!(session = self.id, model = %hello.namespace.model, reason = %why, "refused a node client");
+            return (
+                vec![error(0, ErrorCode::GEOMETRY_MISMATCH, why)],
+                Next::Close,
+            );
+        }
+        self.keys = Some(KeyMap::new(&hello.namespace));
+        Counters::add(&self.counters().sessions_opened, 1);
+        Counters::add(&self.counters().sessions_open, 1);
+        let ns = &hello.namespace;
+        tracing::info!(
+            session = self.id,
+            model = %ns.model,
+            tp_rank = ns.tp_rank,
+            tp_size = ns.tp_size,
+            "node client connected"
+        );
+        let memory = self.node.memory();
+        let ok = HelloOk {
+            protocol_version: PROTOCOL_VERSION,
+            session_id: self.id,
+            shm_name: memory.shm_name().to_owned(),
+            arena_len: memory.file_bytes(),
+            slot_size: memory.slot_bytes() as u64,
+        };
+        (vec![Message::HelloOk(ok)], Next::Continue)
+    }
+
+    /// Why the node cannot hold this client's blocks, if it cannot: its
+    /// geometry must be the node's, whose arena slots and disk slots are
+    /// sized for one block shape.
+    fn check_hello(&self, hello: &Hello) -> Result<(), String> {
+        let node = WireGeometry::from(self.node.geometry());
+        if hello.geometry != node {
+            return Err(format!(
+                "client blocks are {} layers of {} bytes ({} per block); this node holds {} layers of {} bytes ({} per block)",
+                hello.geometry.layers,
+                hello.geometry.layer_bytes,
+                hello.geometry.block_bytes,
+                node.layers,
+                node.layer_bytes,
+                node.block_bytes
+            ));
+        }
+        let tokens = self.node.geometry().tokens_per_block;
+        if hello.namespace.block_size_tokens != tokens {
+            return Err(format!(
+                "client blocks hold {} tokens; this node's hold {tokens}",
+                hello.namespace.block_size_tokens
+            ));
+        }
+        if hello.namespace.tp_size == 0 || hello.namespace.tp_rank >= hello.namespace.tp_size {
+            return Err(format!(
+                "tensor-parallel rank {} of {} is not a rank",
+                hello.namespace.tp_rank, hello.namespace.tp_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the batch size, maps the keys to stored keys and runs `op`.
+    async fn with_batch<F>(&mut self, r: KeysRequest, keys: KeyMap, op: F) -> Vec<Message>
+    where
+        F: AsyncFnOnce(&mut Self, u64, Vec<BlockHash>) -> Result<Vec<Message>, ManagerError>,
+    {
+        let max = self.node.options().max_batch;
+        if r.keys.len() > max {
+            let m = format!(
+                "{} keys in one request; manager.max_batch is {max}",
+                r.keys.len()
+            );
+            return vec![error(r.request_id, ErrorCode::BAD_REQUEST, m)];
+        }
+        let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
+        match op(self, r.request_id, stored).await {
+            Ok(replies) => replies,
+            Err(e) => vec![error(r.request_id, ErrorCode::INTERNAL, e.to_string())],
+        }
+    }
+
+    async fn lookup(
+        &mut self,
+        id: u64,
+        keys: Vec<BlockHash>,
+    ) -> Result<Vec<Message>, ManagerError> {
+        Counters::add(&self.counters().lookups, keys.len() as u64);
+        let found = self.node.manager().lookup(&keys);
+        let tiers = found.blocks.iter().map(|b| wire_tier(b.tier)).collect();
+        Ok(vec![Message::LookupOk(LookupOk {
+            request_id: id,
+            tiers,
+        })])
+    }
+
+    async fn reserve(
+        &mut self,
+        id: u64,
+        keys: Vec<BlockHash>,
+    ) -> Result<Vec<Message>, ManagerError> {
+        let granted = self.node.manager().reserve_host(&keys).await?;
+        let until = Instant::now() + self.node.options().lease;
+        let memory = self.node.memory().clone();
+        let c = &self.node.counters;
+        let mut results = Vec::with_capacity(granted.len());
+        for (key, g) in keys.into_iter().zip(granted) {
+            results.push(match g {
+                HostReserve::Reserved(value) => {
+                    Counters::add(&c.reserved, 1);
+                    let slot = Slot {
+                        offset: memory.slot_offset(value.arena_slot()),
+                        len: memory.block_bytes() as u64,
+                    };
+                    self.reservations.insert(key, Leased { value, until });
+                    ReserveResult::Slot(slot)
+                }
+                HostReserve::AlreadyStored => {
+                    Counters::add(&c.reserve_already_stored, 1);
+                    ReserveResult::AlreadyStored
+                }
+                HostReserve::InFlight => {
+                    Counters::add(&c.reserve_in_flight, 1);
+                    ReserveResult::InFlightElsewhere
+                }
+                HostReserve::NoSpace => {
+                    Counters::add(&c.reserve_no_space, 1);
+                    ReserveResult::NoSpace
+                }
+            });
+        }
+        Ok(vec![Message::ReserveOk(ReserveOk {
+            request_id: id,
+            results,
+        })])
+    }
+
+    async fn commit(&mut self, c: Commit, keys: KeyMap) -> Vec<Message> {
+        let max = self.node.options().max_batch;
+        if c.entries.len() > max {
+            let m = format!(
+                "{} entries in one commit; manager.max_batch is {max}",
+                c.entries.len()
+            );
+            return vec![error(c.request_id, ErrorCode::BAD_REQUEST, m)];
+        }
+        let mut results = vec![CommitResult::NotReserved; c.entries.len()];
+        let mut batch = Vec::new();
+        let mut positions = Vec::new();
+        for (i, entry) in c.entries.into_iter().enumerate() {
+            if let Some(r) = self.reservations.remove(&keys.stored(entry.key)) {
+                batch.push((r.value, entry.sums));
+                positions.push(i);
+            }
+        }
+        let done = self.node.manager().commit_host(batch).await;
+        let counters = &self.node.counters;
+        for (i, outcome) in positions.into_iter().zip(done) {
+            results[i] = match outcome {
+                HostCommit::Stored => {
+                    Counters::add(&counters.committed, 1);
+                    CommitResult::Stored
+                }
+                HostCommit::AlreadyStored => CommitResult::AlreadyStored,
+                HostCommit::BadChecksum => {
+                    Counters::add(&counters.commit_bad_checksum, 1);
+                    CommitResult::BadChecksum
+                }
+            };
+        }
+        vec![Message::CommitOk(CommitOk {
+            request_id: c.request_id,
+            results,
+        })]
+    }
+
+    async fn abort(&mut self, id: u64, keys: Vec<BlockHash>) -> Result<Vec<Message>, ManagerError> {
+        let dropped = keys
+            .iter()
+            .filter(|k| self.reservations.remove(k).is_some())
+            .count();
+        Counters::add(&self.counters().aborted, dropped as u64);
+        Ok(vec![ack(id)])
+    }
+
+    /// Brings the longest stored prefix of `keys` to G2, pins it for the
+    /// client and answers its slots; the rest are misses. Host paths move
+    /// whole blocks, so one `LayerReady` for the last layer follows.
+    async fn load(&mut self, id: u64, keys: Vec<BlockHash>) -> Result<Vec<Message>, ManagerError> {
+        let manager = self.node.manager();
+        let onboarding = manager.begin_onboard(&keys).await?;
+        let onboarded = manager.finish_onboard(onboarding).await?;
+        let memory = self.node.memory();
+        let until = Instant::now() + self.node.options().lease;
+        let mut results = Vec::with_capacity(keys.len());
+        for block in onboarded.blocks {
+            // The prefix ends at the first block the arena cannot show.
+            let Some(arena) = memory.get_ref(block.hash()) else {
+                break;
+            };
+            results.push(LoadResult::Slot(Slot {
+                offset: memory.slot_offset(arena.slot()),
+                len: memory.block_bytes() as u64,
+            }));
+            let pin = Pin {
+                _block: block,
+                _arena: arena,
+            };
+            self.pins
+                .entry(pin._block.hash())
+                .or_default()
+                .push(Leased { value: pin, until });
+        }
+        let found = results.len();
+        results.resize(keys.len(), LoadResult::Miss);
+        let c = self.counters();
+        Counters::add(&c.loaded, found as u64);
+        Counters::add(&c.load_misses, (keys.len() - found) as u64);
+        let mut replies = vec![Message::LoadOk(LoadOk {
+            request_id: id,
+            results,
+        })];
+        if found > 0 {
+            replies.push(Message::LayerReady(LayerReady {
+                request_id: id,
+                layer: self.node.geometry().layers.saturating_sub(1),
+            }));
+        }
+        Ok(replies)
+    }
+
+    async fn release(
+        &mut self,
+        id: u64,
+        keys: Vec<BlockHash>,
+    ) -> Result<Vec<Message>, ManagerError> {
+        let mut released = 0u64;
+        for key in &keys {
+            if let Some(pins) = self.pins.get_mut(key) {
+                if pins.pop().is_some() {
+                    released += 1;
+                }
+                if pins.is_empty() {
+                    self.pins.remove(key);
+                }
+            }
+        }
+        Counters::add(&self.counters().released, released);
+        Ok(vec![ack(id)])
+    }
+
+    async fn remove(
+        &mut self,
+        id: u64,
+        keys: Vec<BlockHash>,
+    ) -> Result<Vec<Message>, ManagerError> {
+        let dropped = self.node.manager().remove(&keys);
+        Counters::add(&self.counters().removed, dropped as u64);
+        Ok(vec![ack(id)])
+    }
+
+    /// Drops the reservations and pins whose lease ran out.
+    fn expire(&mut self, now: Instant) {
+        let before = self.reservations.len();
+        self.reservations.retain(|_, r| r.until > now);
+        let aborted = (before - self.reservations.len()) as u64;
+        let mut released = 0u64;
+        self.pins.retain(|_, pins| {
+            let n = pins.len();
+            pins.retain(|p| p.until > now);
+            released += (n - pins.len()) as u64;
+            !pins.is_empty()
+        });
+        if aborted + released > 0 {
+            let c = self.counters();
+            Counters::add(&c.aborted, aborted);
+            Counters::add(&c.released, released);
+            Counters::add(&c.leases_expired, aborted + released);
+            tracing::warn!(
+                session = self.id,
+                reservations = aborted,
+                pins = released,
+                "client leases expired"
+            );
+        }
+    }
+
+    /// Drops everything the session holds.
+    fn close(mut self) {
+        let aborted = self.reservations.len() as u64;
+        let released: u64 = self.pins.values().map(|p| p.len() as u64).sum();
+        self.reservations.clear();
+        self.pins.clear();
+        let c = &self.node.counters;
+        Counters::add(&c.aborted, aborted);
+        Counters::add(&c.released, released);
+        if self.keys.is_some() {
+            Counters::sub(&c.sessions_open, 1);
+            tracing::info!(
+                session = self.id,
+                reservations_dropped = aborted,
+                pins_dropped = released,
+                "node client left"
+            );
+        }
+    }
+}
+
+fn ack(request_id: u64) -> Message {
+    Message::Ack(Ack { request_id })
+}

@@ -1,0 +1,91 @@
+//! What the node counts: sessions, requests and blocks per operation, on
+//! top of the manager's own statistics.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use kvtier_manager::manager::ManagerStats;
+use kvtier_protocol::Counter;
+
+macro_rules! node_counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        /// The node's counters (atomics, shared by every session).
+        #[derive(Debug, Default)]
+        pub(crate) struct Counters {
+            $( #[doc = $doc] pub(crate) $name: AtomicU64, )*
+        }
+
+        /// A snapshot of the node's counters and the manager's statistics.
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub struct NodeStats {
+            $( #[doc = $doc] pub $name: u64, )*
+            /// Blocks registered per tier (G2, G3, G4 when configured).
+            pub tier_blocks: Vec<(String, u64)>,
+            /// Capacity per tier, in blocks.
+            pub tier_capacity: Vec<(String, u64)>,
+        }
+
+        impl Counters {
+            pub(crate) fn snapshot(&self, manager: &ManagerStats) -> NodeStats {
+                let mut s = NodeStats {
+                    $( $name: self.$name.load(Ordering::Relaxed), )*
+                    ..NodeStats::default()
+                };
+                for t in &manager.tiers {
+                    let used = (t.pool.capacity - t.pool.free) as u64;
+                    s.tier_blocks.push((t.tier.to_string(), used));
+                    s.tier_capacity.push((t.tier.to_string(), t.pool.capacity as u64));
+                }
+                s
+            }
+        }
+
+        impl NodeStats {
+            /// Every counter by name, as a `StatsOk` reply carries them.
+            pub fn counters(&self) -> Vec<Counter> {
+                let mut out = vec![
+                    $( Counter { name: stringify!($name).into(), value: self.$name }, )*
+                ];
+                for (tier, n) in &self.tier_blocks {
+                    out.push(Counter { name: format!("blocks_{}", tier.to_lowercase()), value: *n });
+                }
+                for (tier, n) in &self.tier_capacity {
+                    out.push(Counter { name: format!("capacity_{}", tier.to_lowercase()), value: *n });
+                }
+                out
+            }
+        }
+    };
+}
+
+node_counters! {
+    sessions_opened: "Connections that completed the handshake.",
+    sessions_open: "Connections open now.",
+    handshake_refusals: "Connections refused at the handshake (version, geometry).",
+    bad_frames: "Frames that did not decode (the connection was closed).",
+    requests: "Requests served.",
+    lookups: "Blocks looked up.",
+    reserved: "Slots reserved for clients to fill.",
+    reserve_already_stored: "Reserve requests for blocks already stored.",
+    reserve_in_flight: "Reserve requests for blocks another client was storing.",
+    reserve_no_space: "Reserve requests refused for lack of room.",
+    committed: "Client-filled blocks made readable.",
+    commit_bad_checksum: "Commits whose bytes or sums did not check out.",
+    aborted: "Reservations dropped by abort, disconnect or lease expiry.",
+    loaded: "Blocks made resident and pinned for a client.",
+    load_misses: "Blocks asked for that no tier could serve.",
+    released: "Pins released (by release, disconnect or lease expiry).",
+    removed: "Block copies removed on request.",
+    leases_expired: "Reservations and pins dropped by lease expiry.",
+}
+
+impl Counters {
+    /// Adds `n` to `counter`.
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Subtracts `n` from `counter` (a gauge).
+    pub(crate) fn sub(counter: &AtomicU64, n: u64) {
+        counter.fetch_sub(n, Ordering::Relaxed);
+    }
+}
