@@ -3,7 +3,7 @@
 //! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`, the
 //! instance id and spec name escaped (`kvtier_meta::path_safe`).
 //!
-//! Only the node this process runs on is reachable: its [`Store`] is
+//! Only the node this process runs on is reachable: its [`Node`] is
 //! handed in. Any other node answers [`BackendError::Unavailable`] until
 //! the peer data plane exists, so such a storage probes unhealthy and
 //! takes no writes.
@@ -16,7 +16,9 @@ use kvtier_core::BlockHash;
 use kvtier_meta::{
     BackendError, BackendFuture, BackendUsage, BlockKey, CreateRequest, StorageBackend,
 };
-use kvtier_store::{Store, StoreError};
+use std::sync::Arc;
+
+use kvtier_node::Node;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::uri::{Uri, bad};
@@ -44,8 +46,8 @@ fn name_in_uri(component: &str) -> String {
 /// A storage on one kvtier node.
 pub struct NodeStoreBackend {
     node: String,
-    /// The node's store when `node` is the local node.
-    local: Option<Store>,
+    /// The node daemon's core when `node` is the local node.
+    local: Option<Arc<Node>>,
 }
 
 impl std::fmt::Debug for NodeStoreBackend {
@@ -64,8 +66,8 @@ struct Part {
 }
 
 impl NodeStoreBackend {
-    /// The backend of the local node `node`, over its store.
-    pub fn local(node: impl Into<String>, store: Store) -> Self {
+    /// The backend of the local node `node`, over its blocks.
+    pub fn local(node: impl Into<String>, store: Arc<Node>) -> Self {
         NodeStoreBackend {
             node: node.into(),
             local: Some(store),
@@ -86,8 +88,8 @@ impl NodeStoreBackend {
         &self.node
     }
 
-    fn store(&self) -> Result<&Store, BackendError> {
-        self.local.as_ref().ok_or_else(|| {
+    fn store(&self) -> Result<&Node, BackendError> {
+        self.local.as_deref().ok_or_else(|| {
             BackendError::Unavailable(format!("no data plane to node {} yet", self.node))
         })
     }
@@ -134,15 +136,11 @@ impl NodeStoreBackend {
         })
     }
 
-    async fn check_open(store: &Store) -> Result<(), BackendError> {
-        // An empty read touches nothing but fails once the store is closed.
-        match store.get_batch(&[], &mut []).await {
-            Ok(_) => Ok(()),
-            Err(StoreError::Closed) => {
-                Err(BackendError::Unavailable("node store is closed".into()))
-            }
-            Err(e) => Err(BackendError::Unavailable(format!("node store: {e}"))),
+    fn check_open(store: &Node) -> Result<(), BackendError> {
+        if store.is_closed() {
+            return Err(BackendError::Unavailable("node store is closed".into()));
         }
+        Ok(())
     }
 }
 
@@ -152,7 +150,7 @@ impl StorageBackend for NodeStoreBackend {
         requests: &'a [CreateRequest],
     ) -> BackendFuture<'a, Result<Vec<String>, BackendError>> {
         Box::pin(async move {
-            Self::check_open(self.store()?).await?;
+            Self::check_open(self.store()?)?;
             requests.iter().map(|r| self.uri(r)).collect()
         })
     }
@@ -166,7 +164,7 @@ impl StorageBackend for NodeStoreBackend {
                 .map(|u| {
                     let store = self.store()?;
                     let part = self.parse(u)?;
-                    store.remove(part.hash);
+                    store.manager().remove(&[part.hash]);
                     Ok(())
                 })
                 .collect()
@@ -180,7 +178,7 @@ impl StorageBackend for NodeStoreBackend {
         Box::pin(async move {
             let store = self.store()?;
             uris.iter()
-                .map(|u| Ok(store.contains(self.parse(u)?.hash).is_some()))
+                .map(|u| Ok(store.contains(self.parse(u)?.hash)))
                 .collect()
         })
     }
@@ -188,21 +186,17 @@ impl StorageBackend for NodeStoreBackend {
     fn usage(&self) -> BackendFuture<'_, Result<BackendUsage, BackendError>> {
         Box::pin(async move {
             let store = self.store()?;
+            let (blocks, capacity) = store.usage();
             let block = store.geometry().block_bytes();
-            // Blocks may sit in both tiers; the larger tier bounds the store.
-            let (blocks, capacity) = match store.disk() {
-                Some(d) => (d.len().max(store.memory().len()), d.capacity_blocks()),
-                None => (store.memory().len(), store.memory().capacity_blocks()),
-            };
             Ok(BackendUsage {
-                used_bytes: blocks as u64 * block,
-                capacity_bytes: Some(capacity as u64 * block),
-                objects: blocks as u64,
+                used_bytes: blocks * block,
+                capacity_bytes: Some(capacity * block),
+                objects: blocks,
             })
         })
     }
 
     fn health(&self) -> BackendFuture<'_, Result<(), BackendError>> {
-        Box::pin(async move { Self::check_open(self.store()?).await })
+        Box::pin(async move { Self::check_open(self.store()?) })
     }
 }

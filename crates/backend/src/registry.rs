@@ -5,7 +5,6 @@ use std::sync::Arc;
 use kvtier_meta::{
     BackendError, BackendOpener, MetaError, MetaService, Storage, StorageBackend, StorageKind,
 };
-use kvtier_store::Store;
 
 use crate::file_pool::{FilePool, FilePoolOptions};
 use crate::node_store::NodeStoreBackend;
@@ -22,7 +21,7 @@ pub struct BackendOptions {
     /// This node's name and block store, if it has one: a `kvtier://`
     /// storage on this node is served from it, any other node is
     /// unreachable for now.
-    pub local_node: Option<(String, Store)>,
+    pub local_node: Option<(String, Arc<kvtier_node::Node>)>,
 }
 
 impl std::fmt::Debug for BackendOptions {

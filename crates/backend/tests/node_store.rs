@@ -1,30 +1,21 @@
-//! NodeStoreBackend over a real Store (DRAM tier), and the registry.
+//! NodeStoreBackend over a real node (arena, disk log, manager), and the
+//! registry.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use kvtier_backend::{BackendOptions, NodeStoreBackend, node_block_hash, open_backend};
-use kvtier_core::{Geometry, MemoryConfig, ModelPreset};
-use kvtier_mem::{MemoryTier, MemoryTierConfig};
 use kvtier_meta::{
     BackendError, BlockKey, CreateRequest, LocationId, Storage, StorageBackend, StorageHealth,
     StorageKind,
 };
-use kvtier_store::{Store, StoreOptions};
+use kvtier_node::Node;
 
-fn store() -> Store {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let g: Geometry = ModelPreset::Tiny.geometry(32);
-    let cfg = MemoryConfig {
-        capacity: kvtier_core::ByteSize(16 * g.block_bytes()),
-        shm_name: format!(
-            "kvtier-backend-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ),
-        ..Default::default()
-    };
-    let mem = MemoryTier::create(MemoryTierConfig::new(&cfg, &g)).expect("memory tier");
-    Store::from_parts(g, mem, None, StoreOptions::default())
+/// A real node (arena, disk log, manager) under a fresh directory.
+async fn store() -> (tempfile::TempDir, Arc<Node>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = kvtier_node::test_support::small_config(dir.path(), 16);
+    let node = Node::open(&config, Vec::new()).await.expect("node");
+    (dir, node)
 }
 
 fn req(instance: &str, key: u64, loc: u64, spec: &str) -> CreateRequest {
@@ -39,7 +30,7 @@ fn req(instance: &str, key: u64, loc: u64, spec: &str) -> CreateRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_node_names_checks_and_deletes_blocks() {
-    let s = store();
+    let (_dir, s) = store().await;
     let block = vec![7u8; s.geometry().block_bytes() as usize];
     let b = NodeStoreBackend::local("node-1", s.clone());
     b.health().await.unwrap();
@@ -57,7 +48,8 @@ async fn local_node_names_checks_and_deletes_blocks() {
     );
     assert_eq!(b.exist(&uris).await.unwrap(), vec![false, false]);
     // The client writes part tp0 into the node's store under its hash.
-    s.put(node_block_hash("llama/v1", "tp0", BlockKey(0xab)), &block)
+    s.manager()
+        .put_host(node_block_hash("llama/v1", "tp0", BlockKey(0xab)), &block)
         .await
         .unwrap();
     assert_eq!(b.exist(&uris).await.unwrap(), vec![true, false]);
@@ -70,10 +62,7 @@ async fn local_node_names_checks_and_deletes_blocks() {
         r.unwrap();
     }
     assert_eq!(b.exist(&uris).await.unwrap(), vec![false, false]);
-    assert!(
-        s.contains(node_block_hash("llama/v1", "tp0", BlockKey(0xab)))
-            .is_none()
-    );
+    assert!(!s.contains(node_block_hash("llama/v1", "tp0", BlockKey(0xab))));
     // Other nodes' URIs and junk are bad URIs here.
     for bad in [
         "kvtier://node-2/llama/00000000000000ab-10/tp0",
@@ -109,7 +98,7 @@ async fn local_node_names_checks_and_deletes_blocks() {
 /// under the raw names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_names_are_escaped_and_decode_back() {
-    let s = store();
+    let (_dir, s) = store().await;
     let block = vec![3u8; s.geometry().block_bytes() as usize];
     let b = NodeStoreBackend::local("node-1", s.clone());
     let names = [
@@ -138,7 +127,7 @@ async fn hostile_names_are_escaped_and_decode_back() {
             "{uri}"
         );
         let hash = node_block_hash(inst, spec, BlockKey(key));
-        s.put(hash, &block).await.unwrap();
+        s.manager().put_host(hash, &block).await.unwrap();
         assert_eq!(
             b.exist(std::slice::from_ref(&uri)).await.unwrap(),
             vec![true],
@@ -149,7 +138,7 @@ async fn hostile_names_are_escaped_and_decode_back() {
             .pop()
             .unwrap()
             .unwrap();
-        assert!(s.contains(hash).is_none(), "{uri} did not delete its block");
+        assert!(!s.contains(hash), "{uri} did not delete its block");
     }
 }
 
@@ -187,7 +176,7 @@ async fn registry_opens_by_kind_and_rejects_bad_uris() {
     let mut opts = BackendOptions::default();
     opts.file_pool.file_size = 1 << 16;
     opts.file_pool.files = 1;
-    let s = store();
+    let (_dir, s) = store().await;
     opts.local_node = Some(("node-1".into(), s.clone()));
     let pool = open_backend(
         &storage(

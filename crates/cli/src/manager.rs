@@ -2,7 +2,7 @@
 //! index the configuration names, bootstrapping a fresh manager (storage and
 //! group `default`, the admin account), attaching storage backends, the
 //! background tasks (reclaimer, health checks) and the four listeners.
-//! `kvtier serve` hosts it next to the node store; `kvtier manager` runs it
+//! `kvtier serve` hosts it next to the node daemon; `kvtier manager` runs it
 //! alone, typically as a stateless frontend over a shared Redis/Valkey.
 
 use anyhow::{Context, Result, bail};
@@ -18,8 +18,8 @@ use kvtier_meta::{
     ApiKey, DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
     RedisIndexConfig, Role, Storage, StorageHealth, StorageKind,
 };
+use kvtier_node::Node;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
-use kvtier_store::Store;
 
 /// A running manager: the service, its listeners and background tasks.
 /// Dropping it stops the background tasks; call [`Manager::shutdown`] to
@@ -40,14 +40,14 @@ struct BackgroundTasks {
 
 impl Manager {
     /// Opens the index, bootstraps, attaches backends and starts listening.
-    /// `store` is this node's block store when the process has one (for
-    /// `kvtier://<node>` storages); `node` is this node's name.
-    pub async fn start(config: &Config, store: Option<(String, Store)>) -> Result<Self> {
+    /// `node` is this host's node and its name when the process runs one
+    /// (for `kvtier://<node>` storages).
+    pub async fn start(config: &Config, node: Option<(String, Arc<Node>)>) -> Result<Self> {
         let m = &config.meta;
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
         let options = BackendOptions {
-            local_node: store,
+            local_node: node,
             file_pool: pool_options(config),
             ..BackendOptions::default()
         };

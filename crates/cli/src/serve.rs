@@ -1,11 +1,14 @@
-//! `kvtier serve`: the node store as a long-running process.
+//! `kvtier serve`: the node daemon. One block manager over the arena
+//! (G2), the disk log (G3) and G4 when configured, serving every engine
+//! process of the host on a Unix socket, and the metadata service when
+//! `meta.enabled`.
 
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvtier_store::Store;
+use kvtier_node::{Node, NodeServer};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Arguments of `kvtier serve`.
@@ -15,19 +18,27 @@ pub struct ServeArgs {
     /// It holds the disk tier (`<data-dir>/disk`, unless `disk.dirs` is
     /// set), the metadata index (`<data-dir>/meta.redb`) and the KV cache
     /// manager's file pool (`<data-dir>/pool`, `meta.pool_capacity`
-    /// reserved, unless `meta.default_storage` is set).
+    /// reserved, unless `meta.default_storage` is set) and, unless
+    /// `manager.socket` is set, the node socket (`<data-dir>/node.sock`).
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// The node socket engines connect to (overrides `manager.socket`).
+    #[arg(long)]
+    socket: Option<PathBuf>,
     /// Seconds between statistics lines in the log (0: none).
     #[arg(long, default_value_t = 60)]
     stats_interval: u64,
 }
 
-/// Runs the store until a shutdown signal, then flushes and checkpoints.
+/// Runs the node until a shutdown signal, then moves G2 down to the disk
+/// log and checkpoints it.
 pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     let mut config = crate::config::load(config_path)?;
     if let Some(d) = args.data_dir {
         config.serve.data_dir = d;
+    }
+    if let Some(s) = args.socket {
+        config.manager.socket = s;
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -44,44 +55,45 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // A pool the file system cannot hold stops the start before the
         // arena and the disk tier are made.
         crate::manager::check_default_pool_space(&config)?;
-        for dir in config.disk_dirs() {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        let store = Store::open(&config).await.context("opening the store")?;
+        let node = Node::open(&config, Vec::new())
+            .await
+            .context("opening the node")?;
         // Install the handlers before announcing readiness, so a signal sent
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
+        let server = NodeServer::bind(node.clone(), &config.node_socket())
+            .await
+            .context("listening on the node socket")?;
         let manager = if config.meta.enabled {
-            let node = node_name();
             Some(
-                crate::manager::Manager::start(&config, Some((node, store.clone())))
+                crate::manager::Manager::start(&config, Some((node_name(), node.clone())))
                     .await
                     .context("starting the kv cache manager")?,
             )
         } else {
             None
         };
-        let disk = store
-            .disk()
-            .map(|d| (d.len(), d.capacity_blocks()))
-            .unwrap_or_default();
+        let adopted = node.adopted();
         tracing::info!(
             geometry = %geometry,
-            shm = %store.memory().shm_path().display(),
-            dram_blocks = store.memory().capacity_blocks(),
-            disk_blocks = disk.1,
-            recovered_blocks = disk.0,
+            socket = %server.path().display(),
+            shm = %node.memory().shm_path().display(),
+            dram_blocks = node.memory().capacity_blocks(),
+            adopted_g3 = adopted.g3,
+            adopted_g4 = adopted.g4,
             data_dir = %config.serve.data_dir.display(),
             "kvtier serving; Ctrl-C or SIGTERM to stop"
         );
-        signals.wait(&store, args.stats_interval).await;
+        signals.wait(&node, args.stats_interval).await;
+        tracing::info!("shutting down: closing client sessions");
+        server.shutdown().await;
         if let Some(m) = manager {
             tracing::info!("shutting down: stopping the kv cache manager");
             m.shutdown().await;
         }
-        tracing::info!("shutting down: writing DRAM blocks to disk and checkpointing");
-        store.close().await.context("closing the store")?;
-        log_stats(&store);
+        tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
+        node.close().await.context("closing the node")?;
+        log_stats(&node);
         tracing::info!("stopped cleanly");
         Ok(())
     })
@@ -129,31 +141,29 @@ impl Signals {
 
     /// Returns on the first SIGINT or SIGTERM, logging statistics every
     /// `stats_interval` seconds meanwhile (0: never).
-    async fn wait(mut self, store: &Store, stats_interval: u64) {
+    async fn wait(mut self, node: &Node, stats_interval: u64) {
         let mut tick = tokio::time::interval(Duration::from_secs(stats_interval.max(1)));
         tick.tick().await;
         loop {
             tokio::select! {
                 _ = self.interrupt.recv() => return,
                 _ = self.terminate.recv() => return,
-                _ = tick.tick(), if stats_interval > 0 => log_stats(store),
+                _ = tick.tick(), if stats_interval > 0 => log_stats(node),
             }
         }
     }
 }
 
-fn log_stats(store: &Store) {
-    let s = store.stats();
+fn log_stats(node: &Node) {
+    let s = node.stats();
     tracing::info!(
-        puts = s.puts,
-        hits_memory = s.hits_memory,
-        hits_disk = s.hits_disk,
-        misses = s.misses,
-        corrupt_memory = s.corrupt_memory,
-        corrupt_disk = s.corrupt_disk,
-        demotions = s.demotions,
-        demotion_errors = s.demotion_errors,
-        promotions = s.promotions,
+        sessions_open = s.sessions_open,
+        committed = s.committed,
+        loaded = s.loaded,
+        load_misses = s.load_misses,
+        aborted = s.aborted,
+        leases_expired = s.leases_expired,
+        blocks = ?s.tier_blocks,
         "stats"
     );
 }

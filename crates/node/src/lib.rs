@@ -25,6 +25,8 @@ mod node;
 mod server;
 mod session;
 mod stats;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 pub use config::NodeOptions;
 pub use error::NodeError;

@@ -2,11 +2,13 @@
 //! tier, with its background step and its shutdown.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use kvtier_core::{Config, Geometry};
+use kvtier_core::{BlockHash, Config, Geometry};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_io::IoEngine;
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
+use kvtier_manager::placement::CascadeMode;
 use kvtier_manager::{Tier, events::EventSink};
 use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
 use kvtier_remote::{RemoteConfig, RemoteTier};
@@ -28,6 +30,7 @@ pub struct Node {
     pub(crate) counters: Counters,
     stop_step: watch::Sender<bool>,
     stepper: Mutex<Option<JoinHandle<()>>>,
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Node {
@@ -93,6 +96,7 @@ impl Node {
             counters: Counters::default(),
             stop_step,
             stepper: Mutex::new(None),
+            closed: AtomicBool::new(false),
         });
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
@@ -134,6 +138,7 @@ impl Node {
     /// index, so a restart adopts what G2 held. Call after the server has
     /// stopped (its sessions hold pins).
     pub async fn close(&self) -> Result<(), NodeError> {
+        self.closed.store(true, Ordering::Release);
         let _ = self.stop_step.send(true);
         let stepper = self.stepper.lock().take();
         if let Some(task) = stepper {
@@ -152,6 +157,33 @@ impl Node {
             disk.close().await?;
         }
         Ok(())
+    }
+
+    /// Whether [`close`](Self::close) has begun.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Whether some tier holds `key` readable.
+    pub fn contains(&self, key: BlockHash) -> bool {
+        !self.manager.registry().residency(key).is_empty()
+    }
+
+    /// Blocks held and blocks the node can hold, over G2 and G3 (G4 is
+    /// shared storage, not the node's): their sum in exclusive mode, where
+    /// a block lives in one tier; G3's alone in inclusive mode, where G2
+    /// holds copies of what G3 has.
+    pub fn usage(&self) -> (u64, u64) {
+        let pool = |t: Tier| {
+            self.manager.pool(t).map_or((0, 0), |p| {
+                (p.used() as u64, p.config().capacity_blocks as u64)
+            })
+        };
+        let (g2, g3) = (pool(Tier::G2), pool(Tier::G3));
+        match self.options.mode {
+            CascadeMode::Exclusive => (g2.0 + g3.0, g2.1 + g3.1),
+            CascadeMode::Inclusive => (g2.0.max(g3.0), g3.1.max(g2.1)),
+        }
     }
 
     /// The G2 blocks registered now (for tests and tools).

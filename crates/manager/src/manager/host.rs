@@ -39,6 +39,17 @@ impl HostReservation {
     pub fn arena_slot(&self) -> usize {
         self.slot.slot()
     }
+
+    /// Fills the slot from `data` in this process (one whole block) and
+    /// returns the block's sums, for callers that hold the bytes
+    /// themselves rather than a client that maps the arena.
+    pub fn fill(&mut self, data: &[u8], layer_bytes: usize) -> BlockSums {
+        let key = self.key();
+        let dst = self.slot.as_mut_slice();
+        let n = dst.len().min(data.len());
+        dst[..n].copy_from_slice(&data[..n]);
+        BlockSums::compute(key, layer_bytes, dst)
+    }
 }
 
 /// What [`BlockManager::reserve_host`] gives for one key.
@@ -146,6 +157,31 @@ impl BlockManager {
         self.copy_down(Tier::G2, &stored).await;
         self.publish_events();
         out
+    }
+
+    /// Stores one block from this process's memory: reserve, fill,
+    /// commit. `None` when G2 has no room or another writer is storing it.
+    pub async fn put_host(
+        &self,
+        key: BlockHash,
+        data: &[u8],
+    ) -> Result<Option<HostCommit>, ManagerError> {
+        let block_bytes = self.geometry.block_bytes() as usize;
+        if data.len() != block_bytes {
+            return Err(ManagerError::Config(format!(
+                "block {key}: {} bytes given, a block is {block_bytes}",
+                data.len()
+            )));
+        }
+        let mut granted = self.reserve_host(&[key]).await?;
+        match granted.pop() {
+            Some(HostReserve::Reserved(mut r)) => {
+                let sums = r.fill(data, self.geometry.layer_bytes() as usize);
+                Ok(self.commit_host(vec![(r, sums)]).await.pop())
+            }
+            Some(HostReserve::AlreadyStored) => Ok(Some(HostCommit::AlreadyStored)),
+            _ => Ok(None),
+        }
     }
 
     /// Removes `keys` from every tier where nobody holds, pins or moves
