@@ -14,6 +14,7 @@ pub(crate) mod header;
 pub(crate) mod seqlock;
 pub(crate) mod shm;
 pub(crate) mod table;
+pub(crate) mod view;
 
 use crate::error::{MemError, Result};
 
@@ -133,6 +134,45 @@ impl ArenaLayout {
     pub(crate) fn slot_offset(&self, slot: usize) -> usize {
         slot * self.slot_bytes
     }
+
+    /// Offset of slot `slot`'s data from the start of the file. Saturates
+    /// instead of overflowing for an index far past the last slot, so the
+    /// result is then past the end of the file.
+    pub(crate) fn file_offset(&self, slot: usize) -> u64 {
+        (slot as u64)
+            .saturating_mul(self.slot_bytes as u64)
+            .saturating_add(self.data_offset as u64)
+    }
+
+    /// The slot whose data is exactly the file range `[offset, offset +
+    /// len)`: the inverse of [`file_offset`](Self::file_offset) with `len ==
+    /// block_bytes`. Anything else is [`MemError::BadSlot`].
+    pub(crate) fn slot_at(&self, offset: u64, len: u64) -> Result<usize> {
+        let bad = |reason| MemError::BadSlot {
+            offset,
+            len,
+            reason,
+        };
+        if len != self.block_bytes as u64 {
+            return Err(bad("the length is not the block size"));
+        }
+        let rel = offset
+            .checked_sub(self.data_offset as u64)
+            .ok_or_else(|| bad("the offset is before the slot data area"))?;
+        if !rel.is_multiple_of(self.slot_bytes as u64) {
+            return Err(bad("the offset is not the start of a slot"));
+        }
+        match usize::try_from(rel / self.slot_bytes as u64) {
+            Ok(slot) if slot < self.slot_count => Ok(slot),
+            _ => Err(bad("the offset is past the last slot")),
+        }
+    }
+
+    /// Where layer `layer` lies within a block, or `None` past the last.
+    pub(crate) fn layer_range(&self, layer: usize) -> Option<std::ops::Range<usize>> {
+        let start = layer.checked_mul(self.layer_bytes)?;
+        (layer < self.layers).then(|| start..(start + self.layer_bytes).min(self.block_bytes))
+    }
 }
 
 #[cfg(test)]
@@ -151,6 +191,36 @@ mod tests {
         let huge = ArenaLayout::compute(10_000, 3_000, 8 << 20, HUGE_PAGE_BYTES).unwrap();
         assert_eq!(huge.slot_bytes, HUGE_PAGE_BYTES);
         assert_eq!(huge.data_offset % HUGE_PAGE_BYTES, 0);
+    }
+
+    #[test]
+    fn slot_offsets_round_trip_and_only_slots_are_accepted() {
+        let l = ArenaLayout::compute(10_000, 3_000, 100_000, PAGE_BYTES).unwrap();
+        let len = l.block_bytes as u64;
+        for slot in 0..l.slot_count {
+            assert_eq!(l.slot_at(l.file_offset(slot), len).unwrap(), slot);
+        }
+        let first = l.file_offset(0);
+        let end = first + (l.slot_count * l.slot_bytes) as u64;
+        for (offset, len) in [
+            (first, len - 1),
+            (first, l.slot_bytes as u64),
+            (0, len),
+            (first - 4096, len),
+            (first + 1, len),
+            (first + len, len),
+            (end, len),
+            (u64::MAX, len),
+        ] {
+            assert!(
+                matches!(l.slot_at(offset, len), Err(MemError::BadSlot { .. })),
+                "{offset} {len}"
+            );
+        }
+        assert_eq!(l.layer_range(0), Some(0..3000));
+        assert_eq!(l.layer_range(3), Some(9000..10_000));
+        assert_eq!(l.layer_range(4), None);
+        assert_eq!(l.layer_range(usize::MAX), None);
     }
 
     #[test]

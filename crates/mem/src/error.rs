@@ -85,6 +85,43 @@ pub enum MemError {
         /// Length of the data handed in.
         got: usize,
     },
+    /// A file range handed in (by the daemon, in a protocol reply) is not
+    /// exactly one slot's data.
+    #[error("arena range {offset}+{len} is not a slot: {reason}")]
+    BadSlot {
+        /// Offset from the start of the arena file.
+        offset: u64,
+        /// Length in bytes.
+        len: u64,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A slot index past the arena's last slot.
+    #[error("slot {slot} does not exist; the arena has {slots} slots")]
+    NoSuchSlot {
+        /// The index handed in.
+        slot: usize,
+        /// Slots in the arena.
+        slots: usize,
+    },
+    /// A layer buffer of the wrong size was handed in.
+    #[error("layer {layer} of {got} bytes; that layer has {expected} bytes")]
+    WrongLayerLength {
+        /// The layer.
+        layer: usize,
+        /// Bytes of that layer (the last may be shorter than the others).
+        expected: usize,
+        /// Length of the buffer handed in.
+        got: usize,
+    },
+    /// A layer index past the block's last layer.
+    #[error("layer {layer} does not exist; blocks have {layers} layers")]
+    NoSuchLayer {
+        /// The index handed in.
+        layer: usize,
+        /// Layers per block.
+        layers: usize,
+    },
     /// The checksums handed in do not fit the block (wrong layer count, or
     /// layer sums that do not combine to the block sum).
     #[error("checksums of block {key} are unusable: {reason}")]

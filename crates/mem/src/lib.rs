@@ -15,6 +15,11 @@
 //! - [`ArenaReader`] is any other process: it maps the arena read-only by
 //!   name and copies blocks out under the slot table's seqlock, verifying
 //!   each against its checksums.
+//! - [`ArenaClient`] is an engine process talking to the node daemon that
+//!   owns the arena: it maps the slot data read-write, fills the slots the
+//!   daemon reserves for it ([`fill`](ArenaClient::fill), checksums computed
+//!   in the same pass as the copy) and reads the slots the daemon pins for
+//!   it ([`read`](ArenaClient::read), seqlock-protected and verified).
 //! - [`MemoryTierConfig`] comes from the `[memory]` configuration and the
 //!   model [`Geometry`](kvtier_core::Geometry).
 //!
@@ -54,6 +59,7 @@
 #![deny(missing_docs)]
 
 mod arena;
+mod client;
 mod config;
 mod error;
 mod policy;
@@ -61,6 +67,7 @@ mod reader;
 mod tier;
 mod verify;
 
+pub use client::ArenaClient;
 pub use config::MemoryTierConfig;
 pub use error::{MemError, Result};
 pub use policy::{EvictionPolicy, Lru, NoEviction, build_policy};

@@ -318,16 +318,20 @@ impl MemoryTier {
         self.inner.layout.slot_bytes
     }
 
-    /// Where slot `slot`'s bytes start in the shared-memory file: what a
-    /// client that maps the file adds to its mapping's address.
-    pub fn slot_offset(&self, slot: usize) -> u64 {
-        let layout = &self.inner.layout;
-        (layout.data_offset + layout.slot_offset(slot)) as u64
-    }
-
-    /// Bytes of the shared-memory file.
+    /// Bytes of the shared-memory file: header, slot table and slots (what
+    /// a daemon announces to clients as the arena's length).
     pub fn file_bytes(&self) -> u64 {
         self.inner.layout.file_bytes as u64
+    }
+
+    /// Where slot `slot`'s data starts in the shared-memory file: the
+    /// offset a daemon hands to clients, which map the file and turn it
+    /// back into the slot with [`ArenaClient::slot_at`](crate::ArenaClient::slot_at).
+    /// Slot indices come from [`SlotReservation::slot`] and
+    /// [`BlockRef::slot`]; an index past the last slot gives an offset past
+    /// the end of the file, which `slot_at` refuses.
+    pub fn slot_offset(&self, slot: usize) -> u64 {
+        self.inner.layout.file_offset(slot)
     }
 
     /// Number of slots.

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags};
-use rustix::mm::{Advice, MapFlags, ProtFlags};
+use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 
 use super::header::{ENCODED_BYTES, MAGIC};
 use super::{HEADER_BYTES, PAGE_BYTES};
@@ -173,15 +173,16 @@ impl Drop for OwnedShm {
     }
 }
 
-/// An unnamed file in `dir` (`O_TMPFILE`), mode 0640.
+/// An unnamed file in `dir` (`O_TMPFILE`), mode 0660.
 fn create_anonymous(dir: &Path) -> io::Result<File> {
-    let fd = rustix::fs::open(
-        dir,
-        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
-        // Owner reads and writes; the group (engine processes run under a
-        // shared group) reads. Others get nothing: KV blocks reveal prompts.
-        Mode::from_raw_mode(0o640),
-    )?;
+    // Owner and group read and write: engine processes run under a shared
+    // group and fill the slots the daemon reserves for them in place
+    // (`ArenaClient`). Others get nothing: KV blocks reveal prompts.
+    let mode = Mode::from_raw_mode(0o660);
+    let fd = rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode)?;
+    // The mode given to open is filtered by the umask (022 typically takes
+    // the group's write away); fchmod is not, so set it again explicitly.
+    rustix::fs::fchmod(&fd, mode)?;
     Ok(File::from(fd))
 }
 
@@ -257,9 +258,14 @@ fn is_arena_or_unfinished(head: &[u8]) -> bool {
     magic_so_far && rest_zero
 }
 
-/// Opens an existing arena file for reading; returns it with its length.
-pub(crate) fn open_read_only(path: &Path) -> Result<(File, u64)> {
-    let file = File::open(path).map_err(io_err(path, "open"))?;
+/// Opens an existing arena file, for reading and also writing if
+/// `writable`; returns it with its length.
+pub(crate) fn open_existing(path: &Path, writable: bool) -> Result<(File, u64)> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(writable)
+        .open(path)
+        .map_err(io_err(path, "open"))?;
     let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
     Ok((file, len))
 }
@@ -417,6 +423,19 @@ impl Mapping {
                 Advice::LinuxHugepage,
             )?
         };
+        Ok(())
+    }
+
+    /// Makes `[0, len)` of the mapping read-only (`len` a multiple of the
+    /// page size, at most the mapping's length).
+    pub(crate) fn protect_prefix(&self, len: usize) -> io::Result<()> {
+        if len > self.len || !len.is_multiple_of(PAGE_BYTES) {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        // SAFETY: the range is a page-aligned prefix of our own mapping;
+        // nothing in this process writes it through a reference (only the
+        // owner writes the header and table, from its own mapping).
+        unsafe { rustix::mm::mprotect(self.ptr.as_ptr().cast(), len, MprotectFlags::READ)? };
         Ok(())
     }
 
