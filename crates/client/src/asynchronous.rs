@@ -12,7 +12,7 @@ use std::time::Duration;
 use kvtier_core::BlockHash;
 use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
-    CommitEntry, CommitResult, Counter, DecodeError, HelloOk, Message, ReserveResult, Tier,
+    CommitEntry, CommitResult, Counter, DecodeError, HelloOk, KeyMap, Message, ReserveResult, Tier,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -39,6 +39,9 @@ pub struct AsyncClient {
     conn: Conn,
     session: Session,
     arena: Arc<ArenaClient>,
+    /// Client keys to the keys the daemon stores (and the arena shows)
+    /// them under: the namespace's [`KeyMap`].
+    key_map: KeyMap,
     hello: HelloOk,
     timeout: Duration,
 }
@@ -75,10 +78,12 @@ impl AsyncClient {
         let hello = session::hello_reply(msg)?;
         // Opening and mapping a /dev/shm file does not block on a device.
         let arena = session::open_arena(&hello, &config.geometry)?;
+        let key_map = KeyMap::new(&config.namespace);
         Ok(Self {
             conn,
             session: Session::new(config.geometry.layers),
             arena,
+            key_map,
             hello,
             timeout,
         })
@@ -123,7 +128,14 @@ impl AsyncClient {
         let (call, ready) = self.session.load(keys);
         let id = call.id;
         let results = self.run(call).await?;
-        let load = Load::new(id, keys, results, ready, Arc::clone(&self.arena));
+        let load = Load::new(
+            id,
+            keys,
+            self.key_map,
+            results,
+            ready,
+            Arc::clone(&self.arena),
+        );
         self.session.settle(load)
     }
 
@@ -168,7 +180,7 @@ impl AsyncClient {
         }
         let keys: Vec<BlockHash> = blocks.iter().map(|(k, _)| *k).collect();
         let results = self.reserve(&keys).await?;
-        let filled = match store::fill(&self.arena, blocks, &results) {
+        let filled = match store::fill(&self.arena, self.key_map, blocks, &results) {
             Ok(filled) => filled,
             Err(failure) => {
                 if let Err(e) = self.abort(&store::granted(blocks, &results)).await {

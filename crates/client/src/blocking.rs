@@ -8,7 +8,7 @@ use std::time::Duration;
 use kvtier_core::BlockHash;
 use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
-    CommitEntry, CommitResult, Counter, FrameError, HelloOk, Message, ReserveResult, Tier,
+    CommitEntry, CommitResult, Counter, FrameError, HelloOk, KeyMap, Message, ReserveResult, Tier,
     read_frame, write_frame,
 };
 
@@ -31,6 +31,9 @@ pub struct Client {
     stream: BufReader<UnixStream>,
     session: Session,
     arena: Arc<ArenaClient>,
+    /// Client keys to the keys the daemon stores (and the arena shows)
+    /// them under: the namespace's [`KeyMap`].
+    key_map: KeyMap,
     hello: HelloOk,
     timeout: Duration,
 }
@@ -57,10 +60,12 @@ impl Client {
         write_frame(stream.get_mut(), &session::hello(&config)).map_err(frame_err(timeout))?;
         let hello = session::hello_reply(recv(&mut stream, timeout)?)?;
         let arena = session::open_arena(&hello, &config.geometry)?;
+        let key_map = KeyMap::new(&config.namespace);
         Ok(Self {
             stream,
             session: Session::new(config.geometry.layers),
             arena,
+            key_map,
             hello,
             timeout,
         })
@@ -110,7 +115,14 @@ impl Client {
         let (call, ready) = self.session.load(keys);
         let id = call.id;
         let results = self.run(call)?;
-        let load = Load::new(id, keys, results, ready, Arc::clone(&self.arena));
+        let load = Load::new(
+            id,
+            keys,
+            self.key_map,
+            results,
+            ready,
+            Arc::clone(&self.arena),
+        );
         self.session.settle(load)
     }
 
@@ -159,7 +171,7 @@ impl Client {
         }
         let keys: Vec<BlockHash> = blocks.iter().map(|(k, _)| *k).collect();
         let results = self.reserve(&keys)?;
-        let filled = match store::fill(&self.arena, blocks, &results) {
+        let filled = match store::fill(&self.arena, self.key_map, blocks, &results) {
             Ok(filled) => filled,
             Err(failure) => {
                 if let Err(e) = self.abort(&store::granted(blocks, &results)) {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvtier_core::{BlockHash, Lookup};
 use kvtier_mem::{ArenaClient, MemError};
-use kvtier_protocol::LoadResult;
+use kvtier_protocol::{KeyMap, LoadResult};
 
 use crate::error::{ClientError, Result};
 use crate::session::Ready;
@@ -24,6 +24,8 @@ use crate::session::Ready;
 pub struct Load {
     request_id: u64,
     keys: Vec<BlockHash>,
+    /// The keys the arena shows the blocks under (the namespace's).
+    stored: Vec<BlockHash>,
     results: Vec<LoadResult>,
     /// The arena slot of each key granted one (checked against the arena).
     slots: Vec<Option<usize>>,
@@ -39,6 +41,7 @@ impl Load {
     pub(crate) fn new(
         request_id: u64,
         keys: &[BlockHash],
+        key_map: KeyMap,
         results: Vec<LoadResult>,
         ready: Arc<Ready>,
         arena: Arc<ArenaClient>,
@@ -58,6 +61,7 @@ impl Load {
         Ok(Self {
             request_id,
             keys: keys.to_vec(),
+            stored: keys.iter().map(|k| key_map.stored(*k)).collect(),
             results,
             slots,
             layers: arena.layers() as u32,
@@ -133,7 +137,7 @@ impl Load {
             return Ok(Lookup::Miss);
         };
         self.check_ready(self.layers.saturating_sub(1))?;
-        Ok(self.arena.read(slot, self.keys[index], dst)?)
+        Ok(self.arena.read(slot, self.stored[index], dst)?)
     }
 
     /// Copies layer `layer` of key `index`'s block into `dst` (exactly that
@@ -147,7 +151,7 @@ impl Load {
         self.check_ready(layer)?;
         Ok(self
             .arena
-            .read_layer(slot, self.keys[index], layer as usize, dst)?)
+            .read_layer(slot, self.stored[index], layer as usize, dst)?)
     }
 
     /// Reads keys in order into `dsts` until the first one that is not a

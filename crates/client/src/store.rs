@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use kvtier_core::BlockHash;
 use kvtier_mem::{ArenaClient, MemError};
-use kvtier_protocol::{CommitEntry, CommitResult, ReserveResult};
+use kvtier_protocol::{CommitEntry, CommitResult, KeyMap, ReserveResult};
 
 use crate::error::{ClientError, Result};
 
@@ -116,18 +116,22 @@ impl FillFailure {
 /// computing the checksums in the same pass.
 pub(crate) fn fill(
     arena: &ArenaClient,
+    key_map: KeyMap,
     blocks: &[(BlockHash, &[u8])],
     results: &[ReserveResult],
 ) -> Result<Filled, FillFailure> {
     // Nothing observable is left half-done by a panic here: the slots are
     // invisible until committed, and the caller aborts them.
-    catch_unwind(AssertUnwindSafe(|| fill_all(arena, blocks, results)))
-        .map_err(FillFailure::Panic)?
-        .map_err(FillFailure::Error)
+    catch_unwind(AssertUnwindSafe(|| {
+        fill_all(arena, key_map, blocks, results)
+    }))
+    .map_err(FillFailure::Panic)?
+    .map_err(FillFailure::Error)
 }
 
 fn fill_all(
     arena: &ArenaClient,
+    key_map: KeyMap,
     blocks: &[(BlockHash, &[u8])],
     results: &[ReserveResult],
 ) -> Result<Filled> {
@@ -145,7 +149,9 @@ fn fill_all(
         // ReserveOk just read and has seen no commit or abort for it, so it
         // neither reads nor reuses it; this client fills each granted slot
         // once, from this thread, and never reads a slot it reserved.
-        let sums = unsafe { arena.fill(slot, key, bytes) }?;
+        // Checksums are seeded by the stored key, the one the arena and
+        // every reader see; the commit names the client key.
+        let sums = unsafe { arena.fill(slot, key_map.stored(key), bytes) }?;
         filled.entries.push(CommitEntry { key, sums });
         filled.indices.push(i);
     }

@@ -1,0 +1,284 @@
+//! The client against a real node: `kvtier_node::Node` (arena, disk log,
+//! block manager) behind a real `NodeServer` socket, in this process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kvtier_client::{
+    AsyncClient, BlockHash, Client, ClientConfig, ClientError, ErrorCode, Lookup, Namespace,
+    StoreOutcome, WireGeometry,
+};
+use kvtier_node::{Node, NodeServer};
+
+/// The node under test, on its own runtime; stopped when dropped.
+struct Daemon {
+    rt: tokio::runtime::Runtime,
+    node: Arc<Node>,
+    server: Option<NodeServer>,
+    socket: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = kvtier_node::test_support::small_config(dir.path(), 8);
+        let socket = config.node_socket();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (node, server) = rt.block_on(async {
+            let node = Node::open(&config, Vec::new()).await.expect("node");
+            let server = NodeServer::bind(node.clone(), &socket).await.expect("bind");
+            (node, server)
+        });
+        Self {
+            rt,
+            node,
+            server: Some(server),
+            socket,
+            _dir: dir,
+        }
+    }
+
+    fn geometry(&self) -> WireGeometry {
+        WireGeometry::from(self.node.geometry())
+    }
+
+    fn config(&self) -> ClientConfig {
+        ClientConfig::new(self.socket.clone(), namespace(), self.geometry())
+    }
+
+    fn block_bytes(&self) -> usize {
+        self.node.geometry().block_bytes() as usize
+    }
+
+    fn layer_bytes(&self) -> usize {
+        self.node.geometry().layer_bytes() as usize
+    }
+
+    /// Ends every session (the server stops and listens again).
+    fn hang_up(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.shutdown());
+        }
+        let server = self
+            .rt
+            .block_on(NodeServer::bind(self.node.clone(), &self.socket))
+            .expect("bind again");
+        self.server = Some(server);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.shutdown());
+        }
+        let _ = self.rt.block_on(self.node.close());
+    }
+}
+
+fn namespace() -> Namespace {
+    Namespace {
+        model: "test".into(),
+        dtype: "f32".into(),
+        layout_version: 1,
+        block_size_tokens: 16,
+        tp_rank: 0,
+        tp_size: 1,
+        tenant_salt: None,
+    }
+}
+
+fn block(k: u128, len: usize) -> Vec<u8> {
+    let seed = (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len as u64)
+        .map(|i| (seed.wrapping_mul(i + 5) >> 33) as u8)
+        .collect()
+}
+
+fn batch(blocks: &[(u128, Vec<u8>)]) -> Vec<(BlockHash, &[u8])> {
+    blocks
+        .iter()
+        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
+        .collect()
+}
+
+fn keys(ks: &[u128]) -> Vec<BlockHash> {
+    ks.iter().map(|k| BlockHash(*k)).collect()
+}
+
+#[test]
+fn stores_and_loads_blocks_through_the_arena() {
+    let daemon = Daemon::start();
+    let (len, layer) = (daemon.block_bytes(), daemon.layer_bytes());
+    let mut client = Client::connect(daemon.config()).expect("connect");
+    assert_eq!(client.hello().shm_name, daemon.node.memory().shm_name());
+    assert_eq!(client.arena().block_bytes(), len);
+
+    let blocks: Vec<(u128, Vec<u8>)> = (1..=3).map(|k| (k, block(k, len))).collect();
+    let outcomes = client.store(&batch(&blocks)).unwrap();
+    assert_eq!(outcomes, vec![StoreOutcome::Stored; 3]);
+    assert_eq!(daemon.node.g2_blocks(), 3);
+    let again = client.store(&batch(&blocks[..1])).unwrap();
+    assert_eq!(again, vec![StoreOutcome::AlreadyStored]);
+    assert_eq!(client.lookup(&keys(&[1, 2, 9, 3])).unwrap().len(), 2);
+
+    let mut bufs = vec![vec![0u8; len]; 3];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(client.load_into(&keys(&[1, 2, 3]), &mut dsts).unwrap(), 3);
+    for (k, buf) in (1..=3).zip(&bufs) {
+        assert_eq!(*buf, block(k, len));
+    }
+    // A miss ends the prefix.
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(client.load_into(&keys(&[1, 99, 3]), &mut dsts).unwrap(), 1);
+
+    // Layer by layer, from a load held open.
+    let load = client.load(&keys(&[3, 99])).unwrap();
+    assert_eq!((load.prefix_len(), load.held_keys()), (1, keys(&[3])));
+    client.wait_layer(&load, 1).unwrap();
+    let mut part = vec![0u8; layer];
+    assert_eq!(load.read_layer(0, 1, &mut part).unwrap(), Lookup::Hit);
+    assert_eq!(part, block(3, len)[layer..2 * layer]);
+    assert_eq!(load.read_layer(1, 1, &mut part).unwrap(), Lookup::Miss);
+    client.release_load(load).unwrap();
+}
+
+#[test]
+fn namespaces_never_share_blocks() {
+    let daemon = Daemon::start();
+    let len = daemon.block_bytes();
+    let mut a = Client::connect(daemon.config()).unwrap();
+    let mut other = daemon.config();
+    other.namespace.tenant_salt = Some(b"tenant-b".to_vec());
+    let mut b = Client::connect(other).unwrap();
+    let blocks = vec![(5u128, block(5, len))];
+    assert_eq!(
+        a.store(&batch(&blocks)).unwrap(),
+        vec![StoreOutcome::Stored]
+    );
+    assert!(b.lookup(&keys(&[5])).unwrap().is_empty());
+    assert_eq!(
+        b.store(&batch(&blocks)).unwrap(),
+        vec![StoreOutcome::Stored]
+    );
+    assert_eq!(daemon.node.g2_blocks(), 2);
+}
+
+#[test]
+fn a_corrupted_block_ends_the_verified_prefix() {
+    let daemon = Daemon::start();
+    let len = daemon.block_bytes();
+    let mut client = Client::connect(daemon.config()).unwrap();
+    let blocks: Vec<(u128, Vec<u8>)> = (1..=3).map(|k| (k, block(k, len))).collect();
+    client.store(&batch(&blocks)).unwrap();
+    let memory = daemon.node.memory();
+    let stored = namespace().block_key(BlockHash(2));
+    let slot = memory.get_ref(stored).expect("resident").slot();
+    let (arena, _) = memory.arena();
+    // SAFETY: `arena()` starts at slot 0; one byte inside a resident slot, which
+    // stays mapped while `memory` lives; no copy of it is in flight.
+    unsafe { *arena.add(slot * memory.slot_bytes() + len - 1) ^= 1 };
+    let mut bufs = vec![vec![0u8; len]; 3];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(client.load_into(&keys(&[1, 2, 3]), &mut dsts).unwrap(), 1);
+}
+
+#[test]
+fn refusals_and_hang_ups_are_typed_errors() {
+    let mut daemon = Daemon::start();
+    let len = daemon.block_bytes();
+    let mut wrong = daemon.config();
+    wrong.geometry.layers *= 2;
+    wrong.geometry.layer_bytes /= 2;
+    let err = Client::connect(wrong).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Refused {
+                code: ErrorCode::GEOMETRY_MISMATCH,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.is_fatal());
+
+    let mut client = Client::connect(daemon.config()).unwrap();
+    daemon.hang_up();
+    let err = client.reserve(&keys(&[1])).unwrap_err();
+    assert!(matches!(err, ClientError::Disconnected), "{err}");
+    assert!(matches!(
+        client.reserve(&keys(&[1])),
+        Err(ClientError::Disconnected)
+    ));
+    // A new connection works.
+    let mut client = Client::connect(daemon.config()).unwrap();
+    assert_eq!(
+        client.store(&[(BlockHash(4), &block(4, len)[..])]).unwrap(),
+        vec![StoreOutcome::Stored]
+    );
+}
+
+#[test]
+fn the_async_client_makes_the_same_round_trips() {
+    let daemon = Daemon::start();
+    let len = daemon.block_bytes();
+    let layers = daemon.geometry().layers;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut client = AsyncClient::connect(daemon.config()).await.unwrap();
+        let blocks: Vec<(u128, Vec<u8>)> = (1..=2).map(|k| (k, block(k, len))).collect();
+        let outcomes = client.store(&batch(&blocks)).await.unwrap();
+        assert_eq!(outcomes, vec![StoreOutcome::Stored; 2]);
+        let mut bufs = vec![vec![0u8; len]; 3];
+        let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let n = client
+            .load_into(&keys(&[2, 1, 7]), &mut dsts)
+            .await
+            .unwrap();
+        assert_eq!(n, 2);
+        assert_eq!((&bufs[0], &bufs[1]), (&block(2, len), &block(1, len)));
+        let load = client.load(&keys(&[1])).await.unwrap();
+        client.wait_layer(&load, layers - 1).await.unwrap();
+        let mut out = vec![0u8; len];
+        assert_eq!(load.read(0, &mut out).unwrap(), Lookup::Hit);
+        assert_eq!(out, block(1, len));
+        client.release_load(load).await.unwrap();
+    });
+}
+
+/// A daemon that accepts and never answers: the call fails with `Timeout`
+/// (on a paused clock, so nothing waits for real).
+#[test]
+fn a_silent_daemon_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("silent.sock");
+    // Connections queue in the backlog; nobody reads them.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let geometry = WireGeometry {
+        layers: 2,
+        block_bytes: 16 << 10,
+        layer_bytes: 8 << 10,
+    };
+    let mut config = ClientConfig::new(socket, namespace(), geometry);
+    config.timeout = std::time::Duration::from_secs(30);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let err = rt.block_on(AsyncClient::connect(config)).unwrap_err();
+    assert!(
+        matches!(err, ClientError::Timeout(t) if t.as_secs() == 30),
+        "{err}"
+    );
+    assert!(err.is_fatal());
+}
