@@ -8,9 +8,12 @@
 //! a transfer engine with one queue per path, the slack-aware I/O
 //! scheduler with layer-wise loading, and stored / removed events.
 //!
-//! The manager does not know the server; the tiers' bytes live in
-//! `kvtier-store`'s memory and disk tiers and behind the [`Tier`]-keyed
-//! seams of this crate.
+//! The manager does not know the server or the socket; the tiers' bytes
+//! live in `kvtier-mem`'s arena, `kvtier-disk`'s log and `kvtier-remote`'s
+//! object store, behind the [`Tier`]-keyed seams of this crate. On a node
+//! without a device (the node daemon, `kvtier-node`), G2 is the fastest
+//! tier: engine processes fill and read its arena slots themselves
+//! ([`manager::HostReservation`]).
 
 pub mod admission;
 pub mod block;

@@ -20,7 +20,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
-use kvtier_disk::DiskTier;
+use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{AlignedBuf, DmaTarget};
 use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
@@ -379,9 +379,22 @@ async fn host_to_disk(
     if refs.is_empty() {
         return results;
     }
-    // One disk submission for the whole batch, as the store's write-behind.
-    let written = kvtier_store::demote::persist(memory, disk, &refs).await;
-    for (i, res) in which.into_iter().zip(written) {
+    // One disk submission for the whole batch, written from the DRAM slots
+    // with the checksums they were stored with.
+    let puts: Vec<DiskPut<'_>> = refs
+        .iter()
+        .map(|r| DiskPut {
+            key: r.key(),
+            data: r,
+            sums: r.shared_sums(),
+        })
+        .collect();
+    let written = disk.put_batch(&puts).await;
+    for ((i, res), r) in which.into_iter().zip(written).zip(&refs) {
+        if res.is_ok() {
+            // A copy now exists below.
+            memory.set_persisted(r.key(), true);
+        }
         results[i] = res.map_err(tier_err);
     }
     results
