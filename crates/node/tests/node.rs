@@ -1,0 +1,267 @@
+//! The node in one process: a real arena, disk log and manager behind a
+//! real socket, driven by `kvtier-client`. What crosses tiers (G2 full,
+//! blocks moved to the disk log and loaded back), what survives a restart
+//! (adoption), and what a session's end releases.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
+use kvtier_core::Config;
+use kvtier_node::{Node, NodeServer, NodeStats};
+use kvtier_protocol::{ReserveResult, WireGeometry};
+
+struct Daemon {
+    rt: tokio::runtime::Runtime,
+    node: Arc<Node>,
+    server: Option<NodeServer>,
+    config: Config,
+}
+
+impl Daemon {
+    fn start(config: Config) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let (node, server) = rt.block_on(async {
+            let node = Node::open(&config, Vec::new()).await.expect("node");
+            let server = NodeServer::bind(node.clone(), &config.node_socket())
+                .await
+                .expect("bind");
+            (node, server)
+        });
+        Self {
+            rt,
+            node,
+            server: Some(server),
+            config,
+        }
+    }
+
+    fn client(&self) -> Client {
+        let geometry = WireGeometry::from(self.node.geometry());
+        let config = ClientConfig::new(self.config.node_socket(), namespace(), geometry);
+        Client::connect(config).expect("connect")
+    }
+
+    fn len(&self) -> usize {
+        self.node.geometry().block_bytes() as usize
+    }
+
+    /// Stops the server and closes the node (G2 moves to the disk log).
+    fn stop(mut self) -> Config {
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.shutdown());
+        }
+        self.rt.block_on(self.node.close()).expect("close");
+        self.config.clone()
+    }
+
+    /// Polls the node's stats until `done` holds (bounded: 10 s).
+    fn wait_stats(&self, what: &str, done: impl Fn(&NodeStats) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = self.node.stats();
+            if done(&s) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {s:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn namespace() -> Namespace {
+    Namespace {
+        model: "node-test".into(),
+        dtype: "f32".into(),
+        layout_version: 1,
+        block_size_tokens: 16,
+        tp_rank: 0,
+        tp_size: 1,
+        tenant_salt: None,
+    }
+}
+
+fn config(dir: &Path, dram_blocks: u64) -> Config {
+    kvtier_node::test_support::small_config(dir, dram_blocks)
+}
+
+fn block(k: u128, len: usize) -> Vec<u8> {
+    let seed = (k as u64).wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+    (0..len as u64)
+        .map(|i| (seed.wrapping_mul(i + 11) >> 29) as u8)
+        .collect()
+}
+
+fn store(client: &mut Client, ks: std::ops::Range<u128>, len: usize) -> Vec<StoreOutcome> {
+    let blocks: Vec<(u128, Vec<u8>)> = ks.map(|k| (k, block(k, len))).collect();
+    let batch: Vec<(BlockHash, &[u8])> = blocks
+        .iter()
+        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
+        .collect();
+    client.store(&batch).expect("store")
+}
+
+/// Loads `ks` and checks every block of the prefix; returns its length.
+fn load_exact(client: &mut Client, ks: std::ops::Range<u128>, len: usize) -> usize {
+    let keys: Vec<BlockHash> = ks.clone().map(BlockHash).collect();
+    let mut bufs = vec![vec![0u8; len]; keys.len()];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let n = client.load_into(&keys, &mut dsts).expect("load");
+    for (k, buf) in ks.zip(&bufs).take(n) {
+        assert!(*buf == block(k, len), "block {k} came back different");
+    }
+    n
+}
+
+#[test]
+fn a_full_g2_moves_blocks_to_disk_and_loads_bring_them_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let len = daemon.len();
+    let mut client = daemon.client();
+    // Three times what the arena holds: each reserve makes room by moving
+    // the coldest blocks to the disk log (the arena never evicts itself).
+    for start in (0..12).step_by(4) {
+        let got = store(&mut client, start..start + 4, len);
+        assert_eq!(got, vec![StoreOutcome::Stored; 4], "batch at {start}");
+    }
+    assert_eq!(daemon.node.g2_blocks(), 4);
+    let tiers = client
+        .lookup(&(0..12).map(BlockHash).collect::<Vec<_>>())
+        .unwrap();
+    assert_eq!(tiers.len(), 12);
+    assert!(tiers[..8].iter().all(|t| *t == Tier::G3), "{tiers:?}");
+    // Loading the oldest blocks onboards them from disk into G2, verified.
+    assert_eq!(load_exact(&mut client, 0..4, len), 4);
+    assert_eq!(load_exact(&mut client, 0..12, len), 12 - 8);
+}
+
+#[test]
+fn a_restart_adopts_what_the_disk_log_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let len = daemon.len();
+    let mut client = daemon.client();
+    store(&mut client, 0..3, len);
+    drop(client);
+    let config = daemon.stop();
+    // The clean stop moved G2 to the disk log; the new node adopts it.
+    let daemon = Daemon::start(config);
+    assert_eq!(daemon.node.adopted().g3, 3);
+    let mut client = daemon.client();
+    let tiers = client
+        .lookup(&(0..3).map(BlockHash).collect::<Vec<_>>())
+        .unwrap();
+    assert_eq!(tiers, vec![Tier::G3; 3]);
+    assert_eq!(load_exact(&mut client, 0..3, len), 3);
+}
+
+#[test]
+fn a_session_that_ends_releases_its_reservations_and_pins() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let len = daemon.len();
+    let mut writer = daemon.client();
+    let mut other = daemon.client();
+    let keys: Vec<BlockHash> = (100..102).map(BlockHash).collect();
+    let granted = writer.reserve(&keys).unwrap();
+    assert!(granted.iter().all(|r| matches!(r, ReserveResult::Slot(_))));
+    // Stored once: a second writer is told someone else is storing it.
+    assert_eq!(
+        other.reserve(&keys).unwrap(),
+        vec![ReserveResult::InFlightElsewhere; 2]
+    );
+    store(&mut other, 0..2, len);
+    let load = other.load(&[BlockHash(0)]).unwrap();
+    assert_eq!(load.prefix_len(), 1);
+    drop(load);
+    drop(writer);
+    drop(other);
+    daemon.wait_stats("the sessions to end", |s| s.sessions_open == 0);
+    let s = daemon.node.stats();
+    assert_eq!((s.aborted, s.released), (2, 1), "{s:?}");
+    // Nothing half-written became readable; the keys can be stored again.
+    let mut client = daemon.client();
+    assert!(client.lookup(&keys).unwrap().is_empty());
+    assert_eq!(
+        store(&mut client, 100..102, len),
+        vec![StoreOutcome::Stored; 2]
+    );
+    assert_eq!(load_exact(&mut client, 100..102, len), 2);
+}
+
+#[test]
+fn leases_lapse_for_a_client_that_stays_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), 4);
+    c.manager.lease_secs = 1;
+    let daemon = Daemon::start(c);
+    let mut client = daemon.client();
+    let granted = client.reserve(&[BlockHash(7)]).unwrap();
+    assert!(matches!(granted[0], ReserveResult::Slot(_)));
+    daemon.wait_stats("the lease to lapse", |s| s.leases_expired == 1);
+    // A late commit names no reservation, and the slot went back: another
+    // reservation of the key succeeds.
+    let len = daemon.len();
+    let stored = namespace().block_key(BlockHash(7));
+    let layer = daemon.node.geometry().layer_bytes() as usize;
+    let sums = kvtier_core::BlockSums::compute(stored, layer, &block(7, len));
+    let late = client
+        .commit(vec![kvtier_protocol::CommitEntry {
+            key: BlockHash(7),
+            sums,
+        }])
+        .unwrap();
+    assert_eq!(late, vec![kvtier_protocol::CommitResult::NotReserved]);
+    let mut other = daemon.client();
+    assert!(matches!(
+        other.reserve(&[BlockHash(7)]).unwrap()[0],
+        ReserveResult::Slot(_)
+    ));
+}
+
+#[test]
+fn a_client_of_another_geometry_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let mut geometry = WireGeometry::from(daemon.node.geometry());
+    geometry.block_bytes *= 2;
+    geometry.layer_bytes *= 2;
+    let config = ClientConfig::new(daemon.config.node_socket(), namespace(), geometry);
+    assert!(Client::connect(config).is_err());
+    assert_eq!(daemon.node.stats().handshake_refusals, 1);
+}
+
+#[test]
+fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let socket = daemon.config.node_socket();
+    let second = daemon
+        .rt
+        .block_on(NodeServer::bind(daemon.node.clone(), &socket));
+    assert!(
+        matches!(second, Err(kvtier_node::NodeError::SocketInUse { .. })),
+        "{second:?}"
+    );
+    let config = daemon.stop();
+    assert!(!socket.exists(), "shutdown removes the socket");
+    // A socket file nobody listens on (a daemon that was killed).
+    let stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    drop(stale);
+    assert!(socket.exists());
+    let daemon = Daemon::start(config);
+    let mut client = daemon.client();
+    assert!(client.lookup(&[BlockHash(1)]).unwrap().is_empty());
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+}
