@@ -228,8 +228,8 @@ async fn open_disk(
         .map_err(NodeError::from)
 }
 
-/// Opens G4 at `url`; the endpoint and credentials come from the
-/// environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...).
+/// Opens G4 at `url`; the endpoint, region and credentials come from the
+/// environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
 fn open_remote(url: &str, geometry: Geometry) -> Result<RemoteTier, NodeError> {
     let endpoint = std::env::var("AWS_ENDPOINT_URL").ok();
     let cfg = RemoteConfig {
