@@ -66,9 +66,12 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             .context("listening on the node socket")?;
         let manager = if config.meta.enabled {
             Some(
-                crate::manager::Manager::start(&config, Some((node_name(), node.clone())))
-                    .await
-                    .context("starting the kv cache manager")?,
+                crate::manager::Manager::start(
+                    &config,
+                    Some((node.options().node_name.clone(), node.clone())),
+                )
+                .await
+                .context("starting the kv cache manager")?,
             )
         } else {
             None
@@ -97,24 +100,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         tracing::info!("stopped cleanly");
         Ok(())
     })
-}
-
-/// This node's name in `kvtier://<node>` storage URIs: `$KVTIER_NODE`,
-/// else the host name.
-fn node_name() -> String {
-    if let Ok(n) = std::env::var("KVTIER_NODE")
-        && !n.is_empty()
-    {
-        return n;
-    }
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match std::str::from_utf8(&buf[..end]) {
-        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
-        _ => "localhost".to_owned(),
-    }
 }
 
 /// SIGINT and SIGTERM, registered up front.

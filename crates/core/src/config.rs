@@ -373,6 +373,12 @@ pub struct ManagerSectionConfig {
     pub g4_capacity_blocks: usize,
     /// Largest batch of keys one request may name.
     pub max_batch: usize,
+    /// NATS server the node publishes its stored / removed events to
+    /// (subject `kvtier.events.<node>`); empty for none.
+    pub events_nats_url: String,
+    /// ZMQ endpoint the node publishes events on in vLLM's KV-event
+    /// format (e.g. `tcp://127.0.0.1:5557`); empty for none.
+    pub events_zmq_endpoint: String,
 }
 
 impl Default for ManagerSectionConfig {
@@ -390,6 +396,8 @@ impl Default for ManagerSectionConfig {
             g4_url: String::new(),
             g4_capacity_blocks: 1 << 20,
             max_batch: 4096,
+            events_nats_url: String::new(),
+            events_zmq_endpoint: String::new(),
         }
     }
 }

@@ -37,6 +37,13 @@ pub struct NodeOptions {
     pub g4_capacity_blocks: usize,
     /// Largest batch of keys one request may name.
     pub max_batch: usize,
+    /// NATS server for events, if any.
+    pub events_nats_url: Option<String>,
+    /// ZMQ endpoint for vLLM-format events, if any.
+    pub events_zmq_endpoint: Option<String>,
+    /// This node's name: `$KVTIER_NODE`, else the host name. Names the
+    /// NATS subject and `kvtier://<node>` storages.
+    pub node_name: String,
 }
 
 impl NodeOptions {
@@ -65,9 +72,12 @@ impl NodeOptions {
             step_interval: Duration::from_millis(m.step_interval_ms),
             lease: Duration::from_secs(m.lease_secs),
             verify_commits: m.verify_commits,
-            g4_url: (!m.g4_url.is_empty()).then(|| m.g4_url.clone()),
+            g4_url: non_empty(&m.g4_url),
             g4_capacity_blocks: m.g4_capacity_blocks,
             max_batch: m.max_batch,
+            events_nats_url: non_empty(&m.events_nats_url),
+            events_zmq_endpoint: non_empty(&m.events_zmq_endpoint),
+            node_name: node_name(),
         })
     }
 
@@ -107,5 +117,26 @@ impl NodeOptions {
             verify_host_commits: self.verify_commits,
             ..ManagerConfig::default()
         }
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// This node's name: `$KVTIER_NODE`, else the host name, else `localhost`.
+pub fn node_name() -> String {
+    if let Ok(n) = std::env::var("KVTIER_NODE")
+        && !n.is_empty()
+    {
+        return n;
+    }
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match std::str::from_utf8(&buf[..end]) {
+        Ok(name) if rc == 0 && !name.is_empty() => name.to_owned(),
+        _ => "localhost".to_owned(),
     }
 }

@@ -26,6 +26,9 @@ pub enum NodeError {
     /// The block manager refused.
     #[error(transparent)]
     Manager(#[from] kvtier_manager::manager::ManagerError),
+    /// An event sink could not start.
+    #[error(transparent)]
+    Events(#[from] kvtier_manager::events::EventError),
     /// Another live daemon answers on the socket path.
     #[error("{path}: another kvtier daemon is serving on this socket")]
     SocketInUse {

@@ -28,7 +28,7 @@ mod stats;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
-pub use config::NodeOptions;
+pub use config::{NodeOptions, node_name};
 pub use error::NodeError;
 pub use node::Node;
 pub use server::NodeServer;

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use kvtier_core::{BlockHash, Config, Geometry};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_io::IoEngine;
+use kvtier_manager::Tier;
+use kvtier_manager::events::{EventSink, NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;
-use kvtier_manager::{Tier, events::EventSink};
 use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
 use kvtier_remote::{RemoteConfig, RemoteTier};
 use parking_lot::Mutex;
@@ -47,13 +48,16 @@ impl Node {
     /// evicted only by the manager), the disk log (`[disk]`, recovered),
     /// the remote tier (`manager.g4_url`) and the manager over them
     /// (`[manager]`); then adopts what the disk log and the remote prefix
-    /// hold and starts the background step. Events go to `sinks`. Must run
-    /// inside a tokio runtime.
+    /// hold and starts the background step. Events go to the configured
+    /// sinks (`manager.events_nats_url`, `manager.events_zmq_endpoint`) and
+    /// to `extra_sinks`. Must run inside a tokio runtime.
     pub async fn open(
         config: &Config,
-        sinks: Vec<Arc<dyn EventSink>>,
+        extra_sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Arc<Self>, NodeError> {
         let options = NodeOptions::from_config(config)?;
+        let mut sinks = configured_sinks(&options).await?;
+        sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
         let memory = MemoryTier::create_with_policy(
             MemoryTierConfig::new(&config.memory, &geometry),
@@ -190,6 +194,26 @@ impl Node {
     pub fn g2_blocks(&self) -> usize {
         self.manager.pool(Tier::G2).map_or(0, |p| p.used())
     }
+}
+
+/// The sinks `[manager]` names.
+async fn configured_sinks(options: &NodeOptions) -> Result<Vec<Arc<dyn EventSink>>, NodeError> {
+    let mut sinks: Vec<Arc<dyn EventSink>> = Vec::new();
+    if let Some(url) = &options.events_nats_url {
+        let config = NatsSinkConfig::for_node(url.clone(), &options.node_name);
+        tracing::info!(url = %url, subject = %config.subject, "publishing node events to NATS");
+        sinks.push(Arc::new(NatsSink::connect(config).await?));
+    }
+    if let Some(endpoint) = &options.events_zmq_endpoint {
+        let config = ZmqSinkConfig {
+            endpoint: endpoint.clone(),
+            ..ZmqSinkConfig::default()
+        };
+        let sink = ZmqSink::bind(config).await?;
+        tracing::info!(endpoint = %sink.endpoint(), "publishing node events over ZMQ (vLLM format)");
+        sinks.push(Arc::new(sink));
+    }
+    Ok(sinks)
 }
 
 /// Opens the disk log (recovering it) on an engine with the arena

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
 use kvtier_core::Config;
+use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
 use kvtier_node::{Node, NodeServer, NodeStats};
 use kvtier_protocol::{ReserveResult, WireGeometry};
 
@@ -21,13 +22,17 @@ struct Daemon {
 
 impl Daemon {
     fn start(config: Config) -> Self {
+        Self::start_with_sinks(config, Vec::new())
+    }
+
+    fn start_with_sinks(config: Config, sinks: Vec<Arc<dyn EventSink>>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("runtime");
         let (node, server) = rt.block_on(async {
-            let node = Node::open(&config, Vec::new()).await.expect("node");
+            let node = Node::open(&config, sinks).await.expect("node");
             let server = NodeServer::bind(node.clone(), &config.node_socket())
                 .await
                 .expect("bind");
@@ -264,4 +269,43 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o660);
+}
+
+#[test]
+fn stores_and_moves_are_published_with_tier_and_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sink, mut batches) = ChannelSink::new(1024);
+    let daemon = Daemon::start_with_sinks(config(dir.path(), 2), vec![Arc::new(sink)]);
+    let len = daemon.len();
+    let mut client = daemon.client();
+    // Four blocks through a two-slot arena: two end in G2, two moved to G3.
+    store(&mut client, 0..2, len);
+    store(&mut client, 2..4, len);
+    daemon.node.manager().flush_events();
+    let mut stored = Vec::new();
+    let mut removed = Vec::new();
+    while let Ok(batch) = batches.try_recv() {
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored(s) => stored.push((s.tier, s.location.clone())),
+                KvEvent::Removed(r) => removed.push(r.tier),
+                _ => {}
+            }
+        }
+    }
+    let g2: Vec<_> = stored
+        .iter()
+        .filter(|(t, _)| *t == kvtier_manager::Tier::G2)
+        .collect();
+    let g3 = stored
+        .iter()
+        .filter(|(t, _)| *t == kvtier_manager::Tier::G3)
+        .count();
+    assert_eq!((g2.len(), g3), (4, 2), "{stored:?}");
+    assert!(
+        g2.iter()
+            .all(|(_, l)| matches!(l, Some(BlockLocation::ArenaSlot { .. }))),
+        "{g2:?}"
+    );
+    assert_eq!(removed, vec![kvtier_manager::Tier::G2; 2]);
 }

@@ -27,10 +27,15 @@ impl BlockManager {
                                 .map(|id| BlockLocation::DeviceSlot {
                                     slot: u64::from(id.0),
                                 }),
+                            Tier::G2 => self.tiers.memory.as_ref().and_then(|m| {
+                                m.get_ref(hash).map(|r| BlockLocation::ArenaSlot {
+                                    slot: r.slot() as u64,
+                                })
+                            }),
                             Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
                                 uri: r.object_uri(hash),
                             }),
-                            _ => None,
+                            Tier::G3 => None,
                         };
                         self.counters.lock().stored_events[tier.index()] += 1;
                         self.publisher.emit(KvEvent::Stored(BlockStored {
