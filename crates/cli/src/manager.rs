@@ -46,6 +46,10 @@ impl Manager {
         let m = &config.meta;
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
+        let extra_metrics = node.as_ref().map(|(_, n)| {
+            let n = n.clone();
+            Arc::new(move || n.metrics_text()) as kvtier_server::ExtraMetrics
+        });
         let options = BackendOptions {
             local_node: node,
             file_pool: pool_options(config),
@@ -84,7 +88,11 @@ impl Manager {
                 svc.spawn_catalog_refresher(Duration::from_secs(m.catalog_refresh_secs.max(1)))
             }),
         };
-        let server = MetaServer::start(svc.clone(), server_config(config)?)
+        let server_config = ServerConfig {
+            extra_metrics,
+            ..server_config(config)?
+        };
+        let server = MetaServer::start(svc.clone(), server_config)
             .await
             .context("starting the meta and admin listeners")?;
         tracing::info!(

@@ -77,12 +77,30 @@ fn serve_recovers_blocks_and_stops_cleanly_on_sigterm() {
         .expect("start kvtier serve");
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     // Wait for the ready line (no sleeping: we read until it appears).
+    let mut admin_http = None;
     let ready = lines
         .by_ref()
         .map_while(Result::ok)
+        .inspect(|l| {
+            if let Some(at) = l.find("admin_http=") {
+                let rest = &l[at + "admin_http=".len()..];
+                admin_http = rest.split_whitespace().next().and_then(|a| a.parse().ok());
+            }
+        })
         .find(|l| l.contains("kvtier serving"))
         .expect("serve printed its ready line");
-    assert!(ready.contains("recovered_blocks=10"), "{ready}");
+    // The node adopted what the disk log held.
+    assert!(ready.contains("adopted_g3=10"), "{ready}");
+    // The node's figures are on the admin /metrics, per tier.
+    let admin_http = admin_http.expect("serve logged its admin HTTP address");
+    let (status, metrics) = support::http_text(admin_http, "GET", "/metrics", None, "");
+    assert_eq!(status, 200, "{metrics}");
+    assert!(
+        metrics.contains("kvtier_tier_blocks{tier=\"g3\"} 10"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("kvtier_node_sessions_open 0"), "{metrics}");
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
     assert!(
         Path::new("/dev/shm").join(&shm).exists(),
         "arena not in /dev/shm"

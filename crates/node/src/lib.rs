@@ -21,6 +21,7 @@
 
 mod config;
 mod error;
+mod metrics;
 mod node;
 mod server;
 mod session;

@@ -27,8 +27,13 @@ pub enum AuthMode {
     ApiKeys,
 }
 
+/// More OpenMetrics text for `GET /metrics`, rendered at each scrape by
+/// whoever embeds the server (the node daemon's figures under `kvtier
+/// serve`): metric families only, without the final `# EOF`.
+pub type ExtraMetrics = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
 /// Settings of a [`crate::MetaServer`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerConfig {
     /// Meta service over HTTP/JSON. Default `127.0.0.1:6382`.
     pub meta_http: SocketAddr,
@@ -63,6 +68,30 @@ pub struct ServerConfig {
     /// Whether the server runs the service's write-session reaper, so
     /// unfinished writes are reclaimed after their timeout. Default true.
     pub run_reaper: bool,
+    /// Families appended to `GET /metrics`. Default none.
+    pub extra_metrics: Option<ExtraMetrics>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("meta_http", &self.meta_http)
+            .field("meta_grpc", &self.meta_grpc)
+            .field("admin_http", &self.admin_http)
+            .field("admin_grpc", &self.admin_grpc)
+            .field("auth", &self.auth)
+            .field(
+                "allow_unauthenticated_remote",
+                &self.allow_unauthenticated_remote,
+            )
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("request_timeout", &self.request_timeout)
+            .field("node_id", &self.node_id)
+            .field("advertise_host", &self.advertise_host)
+            .field("run_reaper", &self.run_reaper)
+            .field("extra_metrics", &self.extra_metrics.is_some())
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {
@@ -82,6 +111,7 @@ impl Default for ServerConfig {
             node_id: "kvtier-meta-0".into(),
             advertise_host: String::new(),
             run_reaper: true,
+            extra_metrics: None,
         }
     }
 }

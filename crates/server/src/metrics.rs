@@ -61,6 +61,17 @@ pub struct Metrics {
     open_sessions: Gauge,
     /// Held for one map update, never across an await.
     totals: parking_lot::Mutex<Totals>,
+    /// The embedder's families, rendered at each scrape.
+    extra: Extra,
+}
+
+/// [`ExtraMetrics`](crate::config::ExtraMetrics), shown by presence only.
+struct Extra(Option<crate::config::ExtraMetrics>);
+
+impl std::fmt::Debug for Extra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Some(..)" } else { "None" })
+    }
 }
 
 /// Decrements the in-flight gauge when the request ends, however it ends.
@@ -87,6 +98,11 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates and registers every metric under the `kvtier_meta` prefix.
     pub fn new() -> Self {
+        Self::with_extra(None)
+    }
+
+    /// Metrics whose text also carries `extra`'s families.
+    pub fn with_extra(extra: Option<crate::config::ExtraMetrics>) -> Self {
         let mut registry = Registry::with_prefix("kvtier_meta");
         let requests = Family::<RequestLabels, Counter>::default();
         let latency = Family::<MethodLabels, Histogram>::new_with_constructor(
@@ -146,6 +162,7 @@ impl Metrics {
             group_instances,
             open_sessions,
             totals: Default::default(),
+            extra: Extra(extra),
         }
     }
 
@@ -215,6 +232,11 @@ impl Metrics {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        if let Some(extra) = &self.extra.0 {
+            // The embedder's families go before the closing `# EOF`.
+            let end = out.rfind("# EOF").unwrap_or(out.len());
+            out.insert_str(end, &extra());
+        }
         out
     }
 

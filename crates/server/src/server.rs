@@ -124,7 +124,7 @@ impl MetaServer {
         };
         let api = Arc::new(Api {
             svc: svc.clone(),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_extra(cfg.extra_metrics.clone())),
             node: NodeInfo {
                 node_id: cfg.node_id.clone(),
                 host,

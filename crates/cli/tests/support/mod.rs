@@ -102,6 +102,19 @@ pub fn http(
     } else {
         body.to_string()
     };
+    let (status, answer) = http_text(addr, verb, path, key, &body);
+    let json = serde_json::from_str(&answer).unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// Like [`http`], with the body as text both ways (e.g. `GET /metrics`).
+pub fn http_text(
+    addr: SocketAddr,
+    verb: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String) {
     let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     let mut s = TcpStream::connect(addr).expect("connect");
     write!(
@@ -117,9 +130,8 @@ pub fn http(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let json = answer
+    let text = answer
         .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or(Value::Null);
-    (status, json)
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    (status, text)
 }

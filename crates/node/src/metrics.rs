@@ -1,0 +1,236 @@
+//! The node's figures as OpenMetrics text (served on the admin `/metrics`
+//! of `kvtier serve`): the session counters, and per tier and per transfer
+//! path what the manager counts.
+
+use std::fmt::Write;
+
+use kvtier_manager::manager::ManagerStats;
+
+use crate::{Node, NodeStats};
+
+/// Appends families to an OpenMetrics text.
+struct Text(String);
+
+impl Text {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        // Writing into a String cannot fail.
+        let _ = writeln!(self.0, "# TYPE {name} {kind}\n# HELP {name} {help}");
+    }
+
+    fn counter(&mut self, name: &str, help: &str, value: u64) {
+        self.family(name, "counter", help);
+        let _ = writeln!(self.0, "{name}_total {value}");
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, value: u64) {
+        self.family(name, "gauge", help);
+        let _ = writeln!(self.0, "{name} {value}");
+    }
+
+    /// One family with a sample per label value.
+    fn labelled(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        samples: &[(String, f64)],
+    ) {
+        self.family(name, kind, help);
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for (value, sample) in samples {
+            let _ = writeln!(self.0, "{name}{suffix}{{{label}=\"{value}\"}} {sample}");
+        }
+    }
+}
+
+impl Node {
+    /// The node's metric families (no `# EOF`), for a scrape.
+    pub fn metrics_text(&self) -> String {
+        let manager = self.manager().stats();
+        let node = self.counters.snapshot(&manager);
+        let mut t = Text(String::new());
+        sessions(&mut t, &node);
+        tiers(&mut t, &manager);
+        paths(&mut t, &manager);
+        t.0
+    }
+}
+
+fn sessions(t: &mut Text, s: &NodeStats) {
+    t.gauge(
+        "kvtier_node_sessions_open",
+        "Engine connections open now.",
+        s.sessions_open,
+    );
+    for (name, help, value) in [
+        (
+            "sessions_opened",
+            "Connections that completed the handshake.",
+            s.sessions_opened,
+        ),
+        (
+            "handshake_refusals",
+            "Connections refused at the handshake.",
+            s.handshake_refusals,
+        ),
+        ("bad_frames", "Frames that did not decode.", s.bad_frames),
+        ("requests", "Requests served.", s.requests),
+        ("lookups", "Blocks looked up.", s.lookups),
+        (
+            "reserved",
+            "Slots reserved for clients to fill.",
+            s.reserved,
+        ),
+        (
+            "committed",
+            "Client-filled blocks made readable.",
+            s.committed,
+        ),
+        (
+            "commit_bad_checksum",
+            "Commits whose bytes did not match their sums.",
+            s.commit_bad_checksum,
+        ),
+        ("aborted", "Reservations dropped unfilled.", s.aborted),
+        (
+            "loaded",
+            "Blocks made resident and pinned for a client.",
+            s.loaded,
+        ),
+        (
+            "load_misses",
+            "Blocks asked for that no tier could serve.",
+            s.load_misses,
+        ),
+        ("released", "Pins released.", s.released),
+        ("removed", "Block copies removed on request.", s.removed),
+        (
+            "leases_expired",
+            "Reservations and pins dropped by lease expiry.",
+            s.leases_expired,
+        ),
+    ] {
+        t.counter(&format!("kvtier_node_{name}"), help, value);
+    }
+}
+
+fn tiers(t: &mut Text, m: &ManagerStats) {
+    let per = |f: &dyn Fn(&kvtier_manager::manager::TierStats) -> f64| -> Vec<(String, f64)> {
+        m.tiers
+            .iter()
+            .map(|s| (s.tier.name().to_owned(), f(s)))
+            .collect()
+    };
+    t.labelled(
+        "kvtier_tier_blocks",
+        "gauge",
+        "Blocks a tier holds.",
+        "tier",
+        &per(&|s| (s.pool.capacity - s.pool.free) as f64),
+    );
+    t.labelled(
+        "kvtier_tier_capacity_blocks",
+        "gauge",
+        "Blocks a tier can hold.",
+        "tier",
+        &per(&|s| s.pool.capacity as f64),
+    );
+    t.labelled(
+        "kvtier_tier_hits",
+        "counter",
+        "Prefix blocks a tier served.",
+        "tier",
+        &per(&|s| s.hits as f64),
+    );
+    t.labelled(
+        "kvtier_tier_offloaded",
+        "counter",
+        "Blocks moved down from a tier.",
+        "tier",
+        &per(&|s| s.offloaded as f64),
+    );
+    t.labelled(
+        "kvtier_tier_evictions",
+        "counter",
+        "Blocks a tier's policy evicted.",
+        "tier",
+        &per(&|s| s.pool.evictions as f64),
+    );
+    t.counter(
+        "kvtier_manager_misses",
+        "Blocks looked up that no tier held.",
+        m.misses,
+    );
+    t.counter(
+        "kvtier_manager_verify_failures",
+        "Blocks that failed verification on the way.",
+        m.verify_failures,
+    );
+    t.counter(
+        "kvtier_manager_onboard_failures",
+        "Onboarded blocks that did not arrive.",
+        m.onboard_failures,
+    );
+    t.counter(
+        "kvtier_manager_dropped",
+        "Blocks that left the hierarchy.",
+        m.dropped,
+    );
+    t.counter(
+        "kvtier_manager_admission_refusals",
+        "Blocks the admission filter kept off disk.",
+        m.admission_refusals,
+    );
+}
+
+fn paths(t: &mut Text, m: &ManagerStats) {
+    let per = |f: &dyn Fn(&kvtier_manager::transfer::PathStats) -> f64| -> Vec<(String, f64)> {
+        m.paths
+            .iter()
+            .map(|p| (p.path.name().to_owned(), f(p)))
+            .collect()
+    };
+    t.labelled(
+        "kvtier_path_bytes",
+        "counter",
+        "Bytes a transfer path delivered.",
+        "path",
+        &per(&|p| p.bytes as f64),
+    );
+    t.labelled(
+        "kvtier_path_blocks",
+        "counter",
+        "Blocks a transfer path completed.",
+        "path",
+        &per(&|p| p.blocks as f64),
+    );
+    t.labelled(
+        "kvtier_path_failed_blocks",
+        "counter",
+        "Blocks a transfer path failed.",
+        "path",
+        &per(&|p| p.failed_blocks as f64),
+    );
+    t.labelled(
+        "kvtier_path_latency_p50_seconds",
+        "gauge",
+        "Median transfer latency of a path.",
+        "path",
+        &per(&|p| p.latency.p50_us as f64 / 1e6),
+    );
+    t.labelled(
+        "kvtier_path_latency_p99_seconds",
+        "gauge",
+        "99th percentile transfer latency of a path.",
+        "path",
+        &per(&|p| p.latency.p99_us as f64 / 1e6),
+    );
+    t.labelled(
+        "kvtier_path_queue_depth",
+        "gauge",
+        "Blocks queued on a path now.",
+        "path",
+        &per(&|p| p.queue_depth as f64),
+    );
+}
