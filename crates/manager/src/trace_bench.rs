@@ -32,7 +32,7 @@ use kvtier_core::{
 };
 use kvtier_disk::{DiskError, DiskTier, DiskTierConfig};
 use kvtier_io::PsyncEngine;
-use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig, NoEviction};
 use kvtier_remote::{RemoteConfig, RemoteError, RemoteTier};
 use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
 use kvtier_sim::trace::{self, TraceError};
@@ -282,11 +282,12 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
         HostDeviceOptions::default(),
     ));
     let memory = if config.g2_blocks > 0 {
-        // Room beyond the pool's capacity: a block the pool released is
-        // removed from the arena right after, never by the arena's own
-        // eviction, which must not find it full meanwhile.
+        // The G2 pool is the arena's only eviction authority (the arena
+        // never evicts by itself). The slack beyond the pool's capacity
+        // covers blocks the pool has released whose arena slot a reader
+        // (a transfer in flight) still references.
         let slots = config.g2_blocks + config.g2_blocks / 4 + 64;
-        Some(MemoryTier::create(MemoryTierConfig {
+        let arena = MemoryTierConfig {
             shm_name: format!(
                 "kvtier-trace-{}-{}",
                 std::process::id(),
@@ -297,6 +298,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             layer_bytes: g.layer_bytes() as usize,
             hugepages: false,
             policy: EvictionPolicyKind::Lru,
+        };
+        Some(MemoryTier::create_with_policy(arena, |slots| {
+            Box::new(NoEviction::new(slots))
         })?)
     } else {
         None

@@ -48,7 +48,7 @@ impl Node {
     /// The node's metric families (no `# EOF`), for a scrape.
     pub fn metrics_text(&self) -> String {
         let manager = self.manager().stats();
-        let node = self.counters.snapshot(&manager);
+        let node = self.stats();
         let mut t = Text(String::new());
         sessions(&mut t, &node);
         tiers(&mut t, &manager);

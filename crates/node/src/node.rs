@@ -134,7 +134,10 @@ impl Node {
 
     /// A snapshot of the node's counters and pool occupancy.
     pub fn stats(&self) -> NodeStats {
-        self.counters.snapshot(&self.manager.stats())
+        let mut s = self.counters.snapshot(&self.manager.stats());
+        s.adopted_g3 = self.adopted.g3 as u64;
+        s.adopted_g4 = self.adopted.g4 as u64;
+        s
     }
 
     /// Stops the background step, moves every G2 block nobody holds down

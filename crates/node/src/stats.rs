@@ -22,6 +22,10 @@ macro_rules! node_counters {
             pub tier_blocks: Vec<(String, u64)>,
             /// Capacity per tier, in blocks.
             pub tier_capacity: Vec<(String, u64)>,
+            /// Blocks of the disk log adopted into G3 at start.
+            pub adopted_g3: u64,
+            /// Objects of the remote prefix adopted into G4 at start.
+            pub adopted_g4: u64,
         }
 
         impl Counters {
@@ -45,6 +49,8 @@ macro_rules! node_counters {
                 let mut out = vec![
                     $( Counter { name: stringify!($name).into(), value: self.$name }, )*
                 ];
+                out.push(Counter { name: "adopted_g3".into(), value: self.adopted_g3 });
+                out.push(Counter { name: "adopted_g4".into(), value: self.adopted_g4 });
                 for (tier, n) in &self.tier_blocks {
                     out.push(Counter { name: format!("blocks_{}", tier.to_lowercase()), value: *n });
                 }
