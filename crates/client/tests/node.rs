@@ -1,44 +1,31 @@
 //! The client against a real node: `kvtier_node::Node` (arena, disk log,
 //! block manager) behind a real `NodeServer` socket, in this process.
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use kvtier_client::{
     AsyncClient, BlockHash, Client, ClientConfig, ClientError, ErrorCode, Lookup, Namespace,
     StoreOutcome, WireGeometry,
 };
-use kvtier_node::{Node, NodeServer};
+use kvtier_node::test_support::TestNode;
 
 /// The node under test, on its own runtime; stopped when dropped.
 struct Daemon {
-    rt: tokio::runtime::Runtime,
-    node: Arc<Node>,
-    server: Option<NodeServer>,
-    socket: PathBuf,
+    test: TestNode,
     _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = TestNode;
+    fn deref(&self) -> &TestNode {
+        &self.test
+    }
 }
 
 impl Daemon {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = kvtier_node::test_support::small_config(dir.path(), 8);
-        let socket = config.node_socket();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (node, server) = rt.block_on(async {
-            let node = Node::open(&config, Vec::new()).await.expect("node");
-            let server = NodeServer::bind(node.clone(), &socket).await.expect("bind");
-            (node, server)
-        });
         Self {
-            rt,
-            node,
-            server: Some(server),
-            socket,
+            test: TestNode::start(config, Vec::new()),
             _dir: dir,
         }
     }
@@ -48,7 +35,7 @@ impl Daemon {
     }
 
     fn config(&self) -> ClientConfig {
-        ClientConfig::new(self.socket.clone(), namespace(), self.geometry())
+        ClientConfig::new(self.socket(), namespace(), self.geometry())
     }
 
     fn block_bytes(&self) -> usize {
@@ -59,25 +46,8 @@ impl Daemon {
         self.node.geometry().layer_bytes() as usize
     }
 
-    /// Ends every session (the server stops and listens again).
     fn hang_up(&mut self) {
-        if let Some(s) = self.server.take() {
-            self.rt.block_on(s.shutdown());
-        }
-        let server = self
-            .rt
-            .block_on(NodeServer::bind(self.node.clone(), &self.socket))
-            .expect("bind again");
-        self.server = Some(server);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            self.rt.block_on(s.shutdown());
-        }
-        let _ = self.rt.block_on(self.node.close());
+        self.test.hang_up();
     }
 }
 

@@ -32,3 +32,98 @@ pub fn small_config(dir: &Path, dram_blocks: u64) -> Config {
     c.manager.lease_secs = 30;
     c
 }
+
+/// A node and its server on a runtime of their own, for tests that drive
+/// it from plain threads (blocking clients). Stopped when dropped.
+pub struct TestNode {
+    /// The runtime the node's tasks run on.
+    pub rt: tokio::runtime::Runtime,
+    /// The node.
+    pub node: std::sync::Arc<crate::Node>,
+    /// The configuration it was opened with.
+    pub config: Config,
+    server: Option<crate::NodeServer>,
+}
+
+impl TestNode {
+    /// Opens a node on `config` with `sinks` and listens on its socket.
+    /// Panics (it is a test helper) when either fails.
+    pub fn start(
+        config: Config,
+        sinks: Vec<std::sync::Arc<dyn kvtier_manager::events::EventSink>>,
+    ) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime for the test node");
+        let (node, server) = rt.block_on(async {
+            let node = crate::Node::open(&config, sinks)
+                .await
+                .expect("open the node");
+            let server = crate::NodeServer::bind(node.clone(), &config.node_socket())
+                .await
+                .expect("bind the node socket");
+            (node, server)
+        });
+        Self {
+            rt,
+            node,
+            config,
+            server: Some(server),
+        }
+    }
+
+    /// The socket clients connect to.
+    pub fn socket(&self) -> std::path::PathBuf {
+        self.config.node_socket()
+    }
+
+    /// Ends every session: the server stops and listens again.
+    pub fn hang_up(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.shutdown());
+        }
+        let server = self
+            .rt
+            .block_on(crate::NodeServer::bind(self.node.clone(), &self.socket()))
+            .expect("bind the node socket again");
+        self.server = Some(server);
+    }
+
+    /// Stops the server and closes the node (G2 moves to the disk log);
+    /// returns the configuration, to start it again.
+    pub fn stop(mut self) -> Config {
+        self.shut();
+        self.config.clone()
+    }
+
+    /// Polls the node's stats until `done` holds; panics after 10 s.
+    pub fn wait_stats(&self, what: &str, done: impl Fn(&crate::NodeStats) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let s = self.node.stats();
+            if done(&s) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {s:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    fn shut(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.rt.block_on(s.shutdown());
+            self.rt.block_on(self.node.close()).expect("close the node");
+        }
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        self.shut();
+    }
+}

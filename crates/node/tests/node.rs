@@ -5,19 +5,22 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
 use kvtier_core::Config;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
-use kvtier_node::{Node, NodeServer, NodeStats};
+use kvtier_node::NodeServer;
+use kvtier_node::test_support::TestNode;
 use kvtier_protocol::{ReserveResult, WireGeometry};
 
-struct Daemon {
-    rt: tokio::runtime::Runtime,
-    node: Arc<Node>,
-    server: Option<NodeServer>,
-    config: Config,
+/// The node under test with what the tests ask of it.
+struct Daemon(TestNode);
+
+impl std::ops::Deref for Daemon {
+    type Target = TestNode;
+    fn deref(&self) -> &TestNode {
+        &self.0
+    }
 }
 
 impl Daemon {
@@ -26,59 +29,20 @@ impl Daemon {
     }
 
     fn start_with_sinks(config: Config, sinks: Vec<Arc<dyn EventSink>>) -> Self {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let (node, server) = rt.block_on(async {
-            let node = Node::open(&config, sinks).await.expect("node");
-            let server = NodeServer::bind(node.clone(), &config.node_socket())
-                .await
-                .expect("bind");
-            (node, server)
-        });
-        Self {
-            rt,
-            node,
-            server: Some(server),
-            config,
-        }
+        Self(TestNode::start(config, sinks))
     }
 
     fn client(&self) -> Client {
         let geometry = WireGeometry::from(self.node.geometry());
-        let config = ClientConfig::new(self.config.node_socket(), namespace(), geometry);
-        Client::connect(config).expect("connect")
+        Client::connect(ClientConfig::new(self.socket(), namespace(), geometry)).expect("connect")
     }
 
     fn len(&self) -> usize {
         self.node.geometry().block_bytes() as usize
     }
 
-    /// Stops the server and closes the node (G2 moves to the disk log).
-    fn stop(mut self) -> Config {
-        if let Some(s) = self.server.take() {
-            self.rt.block_on(s.shutdown());
-        }
-        self.rt.block_on(self.node.close()).expect("close");
-        self.config.clone()
-    }
-
-    /// Polls the node's stats until `done` holds (bounded: 10 s).
-    fn wait_stats(&self, what: &str, done: impl Fn(&NodeStats) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let s = self.node.stats();
-            if done(&s) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {s:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    fn stop(self) -> Config {
+        self.0.stop()
     }
 }
 
@@ -240,7 +204,7 @@ fn a_client_of_another_geometry_is_refused() {
     let mut geometry = WireGeometry::from(daemon.node.geometry());
     geometry.block_bytes *= 2;
     geometry.layer_bytes *= 2;
-    let config = ClientConfig::new(daemon.config.node_socket(), namespace(), geometry);
+    let config = ClientConfig::new(daemon.socket(), namespace(), geometry);
     assert!(Client::connect(config).is_err());
     assert_eq!(daemon.node.stats().handshake_refusals, 1);
 }
@@ -249,7 +213,7 @@ fn a_client_of_another_geometry_is_refused() {
 fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(config(dir.path(), 4));
-    let socket = daemon.config.node_socket();
+    let socket = daemon.socket();
     let second = daemon
         .rt
         .block_on(NodeServer::bind(daemon.node.clone(), &socket));
