@@ -11,7 +11,7 @@ use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::device::{CopyDirection, Device, GatedDevice, HostDevice, HostDeviceOptions};
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
-use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
+use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::trace_bench::block_content;
@@ -377,4 +377,74 @@ async fn step_offloads_down_to_the_low_watermark() {
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 3);
     assert!(onboarded.failed.is_empty());
+}
+
+/// G1 is optional: without it G2 is the fastest tier, and what the tiers
+/// are given must agree with what is configured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g1_is_optional_and_tiers_must_match_the_configuration() {
+    let hierarchy = |g1: bool, g2: bool| HierarchyConfig {
+        g1: g1.then(|| pool(4)),
+        g2: g2.then(|| pool(4)),
+        g3: None,
+        g4: None,
+        placement: PlacementConfig::default(),
+    };
+    let tiers = |device: bool, memory_tier: bool| ManagerTiers {
+        geometry: geometry(),
+        device: device.then(|| {
+            Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()))
+                as Arc<dyn Device>
+        }),
+        memory: memory_tier.then(|| memory("g1opt", 4)),
+        disk: None,
+        remote: None,
+    };
+    let build = |g1: bool, g2: bool, device: bool, memory_tier: bool| {
+        let config = ManagerConfig {
+            hierarchy: hierarchy(g1, g2),
+            ..ManagerConfig::default()
+        };
+        BlockManager::new(config, tiers(device, memory_tier), Vec::new())
+    };
+    let refused = |r: Result<BlockManager, ManagerError>, why: &str| match r {
+        Err(e) => assert!(e.to_string().contains(why), "{e}"),
+        Ok(_) => panic!("accepted; expected {why:?}"),
+    };
+    refused(
+        build(true, true, false, true),
+        "G1 is configured without a device",
+    );
+    refused(
+        build(false, false, false, true),
+        "G1 or G2 must be configured",
+    );
+    refused(
+        build(false, true, false, false),
+        "G2 is configured without a memory tier",
+    );
+
+    let m = build(false, true, false, true).expect("a manager without G1");
+    assert_eq!(m.top().expect("top").tier(), Tier::G2);
+    // G1 operations say so rather than panic.
+    let err = m.store_computed(None, Vec::new()).await.unwrap_err();
+    assert!(err.to_string().contains("G1 is not configured"), "{err}");
+    // Blocks stored into G2 from this process are found and onboarded to G2.
+    let len = geometry().block_bytes() as usize;
+    let keys = chain(7, 2);
+    for k in &keys {
+        let stored = m.put_host(*k, &block_content(*k, len)).await.expect("put");
+        assert!(matches!(
+            stored,
+            Some(kvtier_manager::manager::HostCommit::Stored)
+        ));
+    }
+    let found = m.lookup(&keys);
+    assert_eq!(found.count_in(Tier::G2), 2);
+    let onboarded = m
+        .finish_onboard(m.begin_onboard(&keys).await.expect("begin"))
+        .await
+        .expect("finish");
+    assert_eq!(onboarded.blocks.len(), 2);
+    assert!(onboarded.blocks.iter().all(|b| b.pool().tier() == Tier::G2));
 }
