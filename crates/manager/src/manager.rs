@@ -81,6 +81,12 @@ pub struct BlockManager {
     /// Background deletes of G4 objects, awaited by
     /// [`settle`](Self::settle).
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Held while pool events are applied to the tiers' bytes, so that
+    /// [`publish_events`](Self::publish_events) returns only once every
+    /// event recorded before the call is applied, even one a concurrent
+    /// caller drained first. A pool slot freed by an eviction is reusable
+    /// at once, but its arena slot only once the event is applied.
+    applying: Mutex<()>,
 }
 
 impl std::fmt::Debug for BlockManager {
@@ -162,6 +168,7 @@ impl BlockManager {
             arrivals: tokio::sync::Notify::new(),
             disk_sync,
             background: Mutex::new(Vec::new()),
+            applying: Mutex::new(()),
         })
     }
 

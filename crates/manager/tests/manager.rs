@@ -5,16 +5,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, EvictionPolicyKind};
 use kvtier_io::PsyncEngine;
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::device::{CopyDirection, Device, GatedDevice, HostDevice, HostDeviceOptions};
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
-use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
+use kvtier_manager::manager::{
+    BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerTiers,
+};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::trace_bench::block_content;
+use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -447,4 +450,81 @@ async fn g1_is_optional_and_tiers_must_match_the_configuration() {
         .expect("finish");
     assert_eq!(onboarded.blocks.len(), 2);
     assert!(onboarded.blocks.iter().all(|b| b.pool().tier() == Tier::G2));
+}
+
+/// An arena of `blocks` slots that never evicts by itself, as the node
+/// daemon's: the G2 pool is its only eviction authority.
+fn node_arena(blocks: u64) -> MemoryTier {
+    let g = geometry();
+    let cfg = MemoryTierConfig {
+        shm_name: format!("kvtier-mgr-node-{}", std::process::id()),
+        capacity_bytes: blocks * g.block_bytes(),
+        block_bytes: g.block_bytes() as usize,
+        layer_bytes: g.layer_bytes() as usize,
+        hugepages: false,
+        policy: EvictionPolicyKind::Lru,
+    };
+    MemoryTier::create_with_policy(cfg, |slots| Box::new(NoEviction::new(slots)))
+        .expect("memory tier in /dev/shm")
+}
+
+/// A node's manager: no device, G2 on a node arena of 4 slots, G3 on disk.
+fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
+    let mut cfg = config(mode);
+    cfg.hierarchy.g1 = None;
+    let (dir, disk) = disk(
+        "kvtier-mgr-host",
+        8 << 20,
+        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
+    );
+    let tiers = ManagerTiers {
+        geometry: geometry(),
+        device: None,
+        memory: Some(node_arena(4)),
+        disk: Some(disk),
+        remote: None,
+    };
+    let manager = BlockManager::new(cfg, tiers, Vec::new()).expect("manager");
+    (manager, dir)
+}
+
+/// Regression: a G2 pool slot is free as soon as an eviction takes the
+/// block out of the pool, but its arena slot only once the eviction's
+/// event is applied (`publish_events`). A request that took such a slot in
+/// between (another request's `make_room` still running) asked the arena
+/// for room it did not have yet: `reserve_host` answered `NoSpace` and an
+/// onboarding missed a block G3 held. Found by kvtier-cli's node_crash
+/// test as loads that missed stored blocks under concurrent clients. Here
+/// the eviction is a block taken out of the pool directly, which records
+/// its event and applies nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
+    let (m, _dir) = host_rig(CascadeMode::Exclusive);
+    let g2 = m.pool(Tier::G2).expect("g2");
+    let a = chain(21, 5);
+    for (key, bytes) in with_bytes(&a) {
+        let stored = m.put_host(key, &bytes).await.expect("put");
+        assert!(
+            matches!(stored, Some(HostCommit::Stored)),
+            "{key}: {stored:?}"
+        );
+    }
+    // Four slots: the fifth block pushed the first down to G3.
+    assert_eq!(g2.used(), 4);
+    assert_eq!(m.lookup(&a[..1]).blocks[0].tier, Tier::G3);
+
+    assert!(g2.remove_inactive(a[1]));
+    let granted = m.reserve_host(&[BlockHash(99)]).await.expect("reserve");
+    assert!(
+        matches!(granted[..], [HostReserve::Reserved(_)]),
+        "{granted:?}"
+    );
+
+    // The reservation still holds its slot: G2 is full again, but for
+    // one slot freed in the pool only.
+    assert!(g2.remove_inactive(a[2]));
+    let onboarding = m.begin_onboard(&a[..1]).await.expect("begin");
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish");
+    assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
+    drop(granted);
 }

@@ -12,6 +12,7 @@ impl BlockManager {
     /// removes the bytes of blocks that left G2, G3 or G4 from the arena,
     /// the disk or the remote store, and publishes the events.
     pub(crate) fn publish_events(&self) {
+        let _applying = self.applying.lock();
         self.forget_reclaimed();
         let mut remote_gone = Vec::new();
         for pool in self.registry.pools() {

@@ -91,30 +91,36 @@ impl BlockManager {
         if self.config.offload_on_demand && new > 0 {
             self.make_room(Tier::G2, new).await;
         }
-        let mut out = Vec::with_capacity(keys.len());
-        for &key in keys {
-            if !self.registry.residency(key).is_empty() {
-                out.push(HostReserve::AlreadyStored);
-                continue;
-            }
-            let incoming = match pool.begin_incoming(key, None) {
-                Ok(i) => i,
-                Err(PoolError::InFlight(_)) => {
-                    out.push(HostReserve::InFlight);
-                    continue;
-                }
-                Err(PoolError::AlreadyResident(_)) => {
-                    out.push(HostReserve::AlreadyStored);
-                    continue;
-                }
-                Err(_) => {
-                    out.push(HostReserve::NoSpace);
-                    continue;
-                }
-            };
-            out.push(arena_slot(memory, incoming)?);
+        let pool_slots: Vec<Result<IncomingBlock, HostReserve>> =
+            keys.iter().map(|&key| self.pool_slot(pool, key)).collect();
+        // A pool slot just taken may have been freed by an eviction (a
+        // concurrent make_room) whose arena bytes are not forgotten yet:
+        // apply such evictions first, so the arena has a slot for each.
+        self.publish_events();
+        pool_slots
+            .into_iter()
+            .map(|slot| match slot {
+                Ok(incoming) => arena_slot(memory, incoming),
+                Err(answer) => Ok(answer),
+            })
+            .collect()
+    }
+
+    /// A G2 pool slot for `key`, or why there is none.
+    fn pool_slot(
+        &self,
+        pool: &crate::pool::BlockPool,
+        key: BlockHash,
+    ) -> Result<IncomingBlock, HostReserve> {
+        if !self.registry.residency(key).is_empty() {
+            return Err(HostReserve::AlreadyStored);
         }
-        Ok(out)
+        match pool.begin_incoming(key, None) {
+            Ok(incoming) => Ok(incoming),
+            Err(PoolError::InFlight(_)) => Err(HostReserve::InFlight),
+            Err(PoolError::AlreadyResident(_)) => Err(HostReserve::AlreadyStored),
+            Err(_) => Err(HostReserve::NoSpace),
+        }
     }
 
     /// Makes filled reservations readable: each slot's bytes are checked

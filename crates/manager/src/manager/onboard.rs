@@ -184,6 +184,10 @@ impl BlockManager {
             }
         }
         drop(held);
+        // The plan took target slots that an eviction (ours or a
+        // concurrent one) may have freed in the pool only: apply those
+        // evictions, so the arena has room for every transfer.
+        self.publish_events();
         let mut planned = Vec::with_capacity(plan.steps.len());
         let mut resident = Vec::new();
         let mut pending = Vec::new();
