@@ -1,13 +1,17 @@
 //! `kvtier serve` end to end: it recovers the blocks a data directory holds,
 //! stops cleanly on SIGTERM after checkpointing, and leaves the blocks
-//! readable; bad configuration fails with a clear message and no state.
+//! readable; an engine stores, looks up, loads and removes blocks through
+//! it with `kvtier-client`, and what it stored is adopted again after a
+//! restart; bad configuration fails with a clear message and no state.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Command;
 
+use kvtier_client::{ClientError, StoreOutcome, Tier};
 use kvtier_core::{BlockHash, BlockSums, DiskConfig, ModelPreset};
 use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+use support::node::{Daemon, Stats, block_bytes, check_block, shm_name};
 
 mod support;
 
@@ -132,6 +136,96 @@ fn serve_recovers_blocks_and_stops_cleanly_on_sigterm() {
         assert!(lookup.is_hit(), "block {k}: {lookup:?}");
         assert_eq!(&buf[..], &block(k as u128, len)[..]);
     }
+}
+
+#[test]
+fn a_client_stores_loads_and_removes_and_blocks_survive_a_restart() {
+    let data = tempfile::tempdir().unwrap();
+    let mut daemon = Daemon::start(data.path(), &shm_name("serve-client"), &[]);
+    let mut client = daemon.client();
+    assert_eq!(client.hello().shm_name, daemon.shm());
+    assert_eq!(client.arena().block_bytes(), block_bytes());
+
+    let blocks: Vec<(u128, Vec<u8>)> = (1..=6).map(|k| (k, support::node::block(k))).collect();
+    let batch: Vec<(BlockHash, &[u8])> = blocks
+        .iter()
+        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
+        .collect();
+    assert_eq!(client.store(&batch).unwrap(), vec![StoreOutcome::Stored; 6]);
+    // A lookup is the longest stored prefix, with each block's tier.
+    assert_eq!(
+        client.lookup(&hashes(&[1, 2, 3, 4, 5, 6, 99])).unwrap(),
+        vec![Tier::G2; 6]
+    );
+    assert_eq!(client.lookup(&hashes(&[1, 99, 2])).unwrap(), vec![Tier::G2]);
+    let mut bufs = vec![vec![0u8; block_bytes()]; 6];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(
+        client
+            .load_into(&hashes(&[1, 2, 3, 4, 5, 6]), &mut dsts)
+            .unwrap(),
+        6
+    );
+    for ((_, want), got) in blocks.iter().zip(&bufs) {
+        assert!(got == want, "a block loaded with other bytes");
+    }
+    let stats = Stats::of(&mut client);
+    for (name, want) in [
+        ("committed", 6),
+        ("reserved", 6),
+        ("blocks_g2", 6),
+        ("loaded", 6),
+    ] {
+        assert_eq!(stats.get(name), want, "{name}");
+    }
+    assert_eq!(stats.get("sessions_open"), 1);
+
+    client.remove(&hashes(&[5, 6])).unwrap();
+    assert!(client.lookup(&hashes(&[5])).unwrap().is_empty());
+    assert!(!check_block(&mut client, 6), "a removed block is readable");
+    let stats = Stats::of(&mut client);
+    assert_eq!((stats.get("removed"), stats.get("blocks_g2")), (2, 4));
+
+    // SIGTERM: a clean exit that moves G2 to disk and leaves no socket or
+    // arena behind; the client learns the daemon is gone.
+    let (status, log) = daemon.terminate();
+    assert!(status.success(), "exit {status}; log:\n{}", log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("stopped cleanly")), "{log:?}");
+    assert!(!daemon.socket().exists(), "socket file left behind");
+    assert!(
+        !Path::new("/dev/shm").join(daemon.shm()).exists(),
+        "arena left behind"
+    );
+    assert!(matches!(client.stats(), Err(ClientError::Disconnected)));
+
+    // Restart: what G2 held is adopted from the disk log and loads exact;
+    // the removed blocks stay removed.
+    daemon.restart();
+    assert_eq!(daemon.adopted_g3(), 4, "{}", daemon.ready_line());
+    let mut client = daemon.client();
+    let stats = Stats::of(&mut client);
+    assert_eq!((stats.get("blocks_g2"), stats.get("blocks_g3")), (0, 4));
+    assert_eq!(
+        client.lookup(&hashes(&[1, 2, 3, 4, 5])).unwrap(),
+        vec![Tier::G3; 4]
+    );
+    for key in 1..=4 {
+        assert!(
+            check_block(&mut client, key),
+            "block {key} lost over the restart"
+        );
+    }
+    assert!(!check_block(&mut client, 5), "a removed block came back");
+    // Exclusive mode: loading moved the blocks up; each lives in one tier.
+    let stats = Stats::of(&mut client);
+    assert_eq!((stats.get("blocks_g2"), stats.get("blocks_g3")), (4, 0));
+    drop(client);
+    let (status, log) = daemon.terminate();
+    assert!(status.success(), "exit {status}; log:\n{}", log.join("\n"));
+}
+
+fn hashes(keys: &[u128]) -> Vec<BlockHash> {
+    keys.iter().map(|k| BlockHash(*k)).collect()
 }
 
 #[test]

@@ -135,3 +135,5 @@ pub fn http_text(
         .map_or(String::new(), |(_, b)| b.to_owned());
     (status, text)
 }
+
+pub mod node;
