@@ -28,7 +28,7 @@ use support::node::{
 mod support;
 
 /// Daemon kills.
-const ROUNDS: usize = 12;
+const ROUNDS: usize = 16;
 /// Client processes.
 const CLIENTS: u128 = 2;
 /// Batches a client stores per connection; then it only loads, so the
