@@ -13,7 +13,6 @@
 //! The client processes are this test binary started again
 //! ([`Worker::spawn`]); [`client_process`] is their body.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,6 +33,8 @@ const CLIENTS: u128 = 2;
 /// Batches a client stores per connection; then it only loads, so the
 /// blocks stored over the whole test stay well within the disk log.
 const BATCHES_PER_LIFE: usize = 6;
+/// Blocks acknowledged in earlier rounds checked again after each restart.
+const OLD_SAMPLE: usize = 32;
 /// Keys of client `i` are `i * KEY_SPACE + n`.
 const KEY_SPACE: u128 = 1_000_000;
 /// Pause between two connection attempts while the daemon is down.
@@ -80,7 +81,10 @@ fn daemon_sigkill_under_traffic_loses_no_acknowledged_block() {
             Worker::spawn("traffic", &params)
         })
         .collect();
-    let mut acked: HashSet<u128> = HashSet::new();
+    // Every acknowledged block, in the order the acknowledgements were read.
+    let mut acked: Vec<u128> = Vec::new();
+    // How many of them were checked since their acknowledgement.
+    let mut checked = 0;
     let mut check = daemon.client();
     assert!(
         Stats::of(&mut check).get("capacity_g3")
@@ -121,7 +125,12 @@ fn daemon_sigkill_under_traffic_loses_no_acknowledged_block() {
             acked.len(),
             daemon.ready_line()
         );
-        check_acked(&daemon, &acked);
+        // The blocks acknowledged since the last check, and a sample of
+        // the older ones (every one is checked again at the end).
+        let mut keys = acked[checked..].to_vec();
+        keys.extend((0..OLD_SAMPLE.min(checked)).map(|_| acked[rng.random_range(0..checked)]));
+        check_acked(&daemon, &keys, acked.len());
+        checked = acked.len();
     }
 
     std::fs::write(&stop, b"").expect("create the stop file");
@@ -130,23 +139,24 @@ fn daemon_sigkill_under_traffic_loses_no_acknowledged_block() {
             note_ack(&mut acked, &line);
         }
     }
-    check_acked(&daemon, &acked);
+    check_acked(&daemon, &acked, acked.len());
     let (status, log) = daemon.terminate();
     assert!(status.success(), "exit {status}; log:\n{}", log.join("\n"));
 }
 
 /// Records an `acked <key>` report.
-fn note_ack(acked: &mut HashSet<u128>, line: &str) {
+fn note_ack(acked: &mut Vec<u128>, line: &str) {
     if let Some(key) = line.strip_prefix("acked ") {
-        acked.insert(key.parse().expect("a key"));
+        acked.push(key.parse().expect("a key"));
     }
 }
 
-/// Every acknowledged block reads back exact, through a fresh client, and
-/// the disk log holds at least that many blocks.
-fn check_acked(daemon: &Daemon, acked: &HashSet<u128>) {
+/// Each of `keys` (acknowledged blocks) reads back exact, through a fresh
+/// client; the disk log holds at least the `total` blocks acknowledged,
+/// and the daemon counts the adoption its ready line announced.
+fn check_acked(daemon: &Daemon, keys: &[u128], total: usize) {
     let mut client = daemon.client();
-    let lost: Vec<u128> = acked
+    let lost: Vec<u128> = keys
         .iter()
         .copied()
         .filter(|&key| !check_block(&mut client, key))
@@ -156,11 +166,12 @@ fn check_acked(daemon: &Daemon, acked: &HashSet<u128>) {
         "acknowledged blocks lost: {lost:?}; the daemon's log:\n{}",
         daemon.log().join("\n")
     );
-    let g3 = Stats::of(&mut client).get("blocks_g3");
+    let stats = Stats::of(&mut client);
+    assert_eq!(stats.get("adopted_g3"), daemon.adopted_g3());
+    let g3 = stats.get("blocks_g3");
     assert!(
-        g3 >= acked.len() as u64,
-        "{g3} blocks in G3, {} acknowledged",
-        acked.len()
+        g3 >= total as u64,
+        "{g3} blocks in G3, {total} acknowledged"
     );
 }
 

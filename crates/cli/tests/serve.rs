@@ -205,6 +205,7 @@ fn a_client_stores_loads_and_removes_and_blocks_survive_a_restart() {
     let mut client = daemon.client();
     let stats = Stats::of(&mut client);
     assert_eq!((stats.get("blocks_g2"), stats.get("blocks_g3")), (0, 4));
+    assert_eq!(stats.get("adopted_g3"), 4);
     assert_eq!(
         client.lookup(&hashes(&[1, 2, 3, 4, 5])).unwrap(),
         vec![Tier::G3; 4]
