@@ -249,6 +249,17 @@ impl Daemon {
     }
 }
 
+impl Drop for Daemon {
+    /// A test that fails while the daemon is down (killed, not restarted)
+    /// would leave its arena in /dev/shm; the running one stops itself
+    /// (the `Proc` drop) and removes it.
+    fn drop(&mut self) {
+        if self.proc.is_none() {
+            let _ = std::fs::remove_file(Path::new("/dev/shm").join(&self.shm));
+        }
+    }
+}
+
 /// The daemon's counters, by name.
 #[derive(Debug, Clone)]
 pub struct Stats(HashMap<String, u64>);
