@@ -156,6 +156,9 @@ async fn reads_overtake_queued_writes() {
         .collect();
     let s = rig.sched.stats();
     assert_eq!((s.policy.writes_dispatched, s.writes_queued), (1, 2));
+    // Dispatched is not yet at the device: wait until the write is held
+    // there, so the device's log orders it before the load's layers.
+    rig.device.wait_held(1).await;
 
     let targets = rig.load_targets(&r);
     let load = rig.sched.load(TransferPath::HostToDevice, targets.clone());
