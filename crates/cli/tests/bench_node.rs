@@ -47,6 +47,7 @@ fn positive_spread(v: &Value, path: &str) {
 
 fn check_pass(v: &Value, pass: usize, samples: f64) {
     let p = format!("passes/{pass}");
+    assert!(num(v, &format!("{p}/warmup_rounds")) >= 1.0);
     for phase in ["memcpy", "store", "load"] {
         positive_spread(v, &format!("{p}/mb_s/{phase}"));
         positive_spread(v, &format!("{p}/client_cpu_us_per_block/{phase}"));

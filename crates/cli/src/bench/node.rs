@@ -7,8 +7,10 @@
 //! arena that holds every client's working set), unless `--socket` names a
 //! running one. It then starts `--clients` copies of itself as workers
 //! (`kvtier bench node-worker`, hidden) and drives them phase by phase
-//! ([`wire`]): a warm-up round, then rounds of memcpy, store, load and
-//! remove, every worker running each phase at once; then the control round
+//! ([`wire`]): warm-up rounds until the clients have touched the arena
+//! slots they are given (a client maps the arena lazily, and a slot's first
+//! store in a process pays a page fault per 4 KiB page), then rounds of
+//! memcpy, store, load and remove, every worker running each phase at once; then the control round
 //! trips of 64 keys. The daemon's CPU per block is this process's CPU over
 //! a phase (it does nothing else meanwhile) divided by the blocks moved.
 //! By default it runs twice, with `manager.verify_commits` on and off: the
@@ -46,7 +48,7 @@ pub struct NodeBenchArgs {
     /// Blocks per store or load call.
     #[arg(long, default_value_t = 16)]
     batch: usize,
-    /// Measured rounds of memcpy, store and load (after one warm-up).
+    /// Measured rounds of memcpy, store and load (after the warm-up).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Control round trips timed per operation and client.
@@ -222,8 +224,8 @@ fn run_pass(plan: &Plan, verify: Option<bool>) -> Result<Pass> {
         &format!("{label}: starting {} client(s)", plan.clients),
     );
     let mut workers = Workers::spawn(plan, &socket)?;
-    progress(plan, &format!("{label}: warm-up round"));
-    measure_round(&mut workers, daemon.is_some())?;
+    progress(plan, &format!("{label}: warm-up"));
+    let warmup_rounds = warm_up(&mut workers, daemon.is_some())?;
     let mut rounds = Vec::with_capacity(plan.rounds);
     for r in 0..plan.rounds {
         progress(
@@ -238,7 +240,25 @@ fn run_pass(plan: &Plan, verify: Option<bool>) -> Result<Pass> {
     if let Some(d) = daemon {
         d.stop()?;
     }
-    Ok(Pass::new(verify, &rounds, control))
+    Ok(Pass::new(verify, warmup_rounds, &rounds, control))
+}
+
+/// Warm-up rounds at most: enough for two clients to have touched every
+/// slot they are handed in turn (measured: 3 to 5).
+const MAX_WARMUP_ROUNDS: usize = 10;
+
+/// Runs unmeasured rounds until one whose stores and loads take under one
+/// minor fault per block (a slot new to a client takes one per page), at
+/// most [`MAX_WARMUP_ROUNDS`]; returns how many ran.
+fn warm_up(workers: &mut Workers, daemon: bool) -> Result<usize> {
+    for n in 1..=MAX_WARMUP_ROUNDS {
+        let r = measure_round(workers, daemon)?;
+        let faults = r.store.minor_faults + r.load.minor_faults;
+        if faults < r.store.blocks {
+            return Ok(n);
+        }
+    }
+    Ok(MAX_WARMUP_ROUNDS)
 }
 
 /// One round: memcpy, store, load (each measured), then remove.

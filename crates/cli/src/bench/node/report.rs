@@ -204,6 +204,9 @@ pub struct Pass {
     /// The in-process daemon's `manager.verify_commits`; `None` for an
     /// external daemon, whose setting this run does not know.
     pub verify_commits: Option<bool>,
+    /// Unmeasured rounds run first (until stores stopped faulting in new
+    /// arena pages).
+    pub warmup_rounds: usize,
     /// Aggregate bandwidth of all clients (bytes / slowest client's wall).
     pub mb_s: PerPhase,
     /// Store bandwidth / memcpy bandwidth, per round.
@@ -222,12 +225,18 @@ pub struct Pass {
 
 impl Pass {
     /// Reduces the rounds and the control samples of one pass.
-    pub fn new(verify_commits: Option<bool>, rounds: &[Round], control: ControlResult) -> Self {
+    pub fn new(
+        verify_commits: Option<bool>,
+        warmup_rounds: usize,
+        rounds: &[Round],
+        control: ControlResult,
+    ) -> Self {
         let ratio = |a: &PhaseTotals, b: &PhaseTotals| a.mb_s() / b.mb_s().max(1e-9);
         let daemon = |p: &PhaseTotals| p.daemon_cpu.map_or(0.0, |d| p.per_block_us(d));
         let has_daemon = rounds.iter().all(|r| r.store.daemon_cpu.is_some());
         Self {
             verify_commits,
+            warmup_rounds,
             mb_s: PerPhase::over(rounds, PhaseTotals::mb_s),
             store_ratio: Spread::over(rounds, |r| ratio(&r.store, &r.memcpy)),
             load_ratio: Spread::over(rounds, |r| ratio(&r.load, &r.memcpy)),
@@ -261,7 +270,7 @@ pub struct Report {
     pub blocks_per_client: usize,
     /// Blocks per store / load call.
     pub batch: usize,
-    /// Measured rounds (after one warm-up round).
+    /// Measured rounds (after the warm-up).
     pub rounds: usize,
     /// Keys per control round trip.
     pub control_keys: usize,
@@ -315,7 +324,7 @@ fn print_pass(p: &Pass) {
         Some(false) => "verify_commits off",
         None => "external daemon",
     };
-    println!("\n== {verify}");
+    println!("\n== {verify} ({} warm-up rounds)", p.warmup_rounds);
     println!(
         "{:<8} {:>26} {:>24} {:>22} {:>22} {:>12}",
         "phase",
