@@ -244,7 +244,7 @@ fn run_pass(plan: &Plan, verify: Option<bool>) -> Result<Pass> {
 }
 
 /// Warm-up rounds at most: enough for two clients to have touched every
-/// slot they are handed in turn (measured: 3 to 5).
+/// slot they are handed in turn (measured: 5 to 7 with two clients).
 const MAX_WARMUP_ROUNDS: usize = 10;
 
 /// Runs unmeasured rounds until one whose stores and loads take under one
