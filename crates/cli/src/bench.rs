@@ -4,6 +4,7 @@ mod baseline;
 mod measure;
 mod meta;
 mod meta_wire;
+mod node;
 mod store;
 mod trace;
 
@@ -23,6 +24,14 @@ pub enum BenchCommand {
     /// A request trace through the real block manager (G1/G2/G3 with real
     /// bytes): hit rates per tier, bytes per path, bubble, modelled TTFT.
     Trace(Box<trace::TraceBenchArgs>),
+    /// N client processes storing and loading blocks through a node
+    /// daemon (started in process unless `--socket`), against memcpy of the
+    /// same bytes; control round trips of 64 keys; client and daemon CPU
+    /// per block.
+    Node(node::NodeBenchArgs),
+    /// One client process of `bench node` (started by it).
+    #[command(hide = true)]
+    NodeWorker(node::NodeWorkerArgs),
 }
 
 /// Runs a benchmark command.
@@ -31,5 +40,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::Meta(args) => meta::run(args),
         BenchCommand::Trace(args) => trace::run(*args),
+        BenchCommand::Node(args) => node::run(args),
+        BenchCommand::NodeWorker(args) => node::run_worker(args),
     }
 }

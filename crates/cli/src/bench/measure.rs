@@ -3,19 +3,33 @@
 use serde::Serialize;
 use std::time::Duration;
 
-/// CPU time (user + system) consumed by the whole process so far, all
-/// threads included (the I/O engine's reaper threads count too).
-pub fn process_cpu_time() -> Duration {
+/// The whole process's resource usage so far, all threads included.
+fn process_usage() -> Option<libc::rusage> {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a full rusage into the pointer we pass.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
     if rc != 0 {
-        return Duration::ZERO;
+        return None;
     }
     // SAFETY: getrusage succeeded, so the struct is initialised.
-    let ru = unsafe { ru.assume_init() };
+    Some(unsafe { ru.assume_init() })
+}
+
+/// CPU time (user + system) consumed by the whole process so far, all
+/// threads included (the I/O engine's reaper threads count too).
+pub fn process_cpu_time() -> Duration {
+    let Some(ru) = process_usage() else {
+        return Duration::ZERO;
+    };
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Minor page faults the whole process has taken so far: first touches of
+/// pages already in memory, such as shared-memory pages another process
+/// mapped first.
+pub fn process_minor_faults() -> u64 {
+    process_usage().map_or(0, |ru| ru.ru_minflt as u64)
 }
 
 /// Latency samples in nanoseconds.

@@ -1,0 +1,398 @@
+//! Figures of `kvtier bench node`: per-round aggregates, their medians with
+//! min and max, control latencies, and the table.
+
+use serde::Serialize;
+use std::time::Duration;
+
+use super::wire::{ControlResult, PhaseResult};
+use crate::bench::measure::Latencies;
+
+/// One data phase of one round, over every worker.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseTotals {
+    /// Blocks moved by all workers.
+    pub blocks: u64,
+    /// Bytes moved by all workers.
+    pub bytes: u64,
+    /// The slowest worker's wall time: the phase ends when it does.
+    pub wall: Duration,
+    /// Sum of the workers' CPU time.
+    pub client_cpu: Duration,
+    /// The in-process daemon's CPU time over the phase (`None` for an
+    /// external daemon).
+    pub daemon_cpu: Option<Duration>,
+    /// Sum of the workers' minor page faults.
+    pub minor_faults: u64,
+}
+
+impl PhaseTotals {
+    /// Sums the workers' results; `daemon_cpu` is measured by the caller.
+    pub fn new(results: &[PhaseResult], daemon_cpu: Option<Duration>) -> Self {
+        let mut t = Self {
+            daemon_cpu,
+            ..Self::default()
+        };
+        for r in results {
+            t.blocks += r.blocks;
+            t.bytes += r.bytes;
+            t.wall = t.wall.max(Duration::from_nanos(r.wall_ns));
+            t.client_cpu += Duration::from_nanos(r.cpu_ns);
+            t.minor_faults += r.minor_faults;
+        }
+        t
+    }
+
+    fn mb_s(&self) -> f64 {
+        self.bytes as f64 / self.wall.as_secs_f64().max(1e-9) / 1e6
+    }
+
+    fn per_block_us(&self, d: Duration) -> f64 {
+        d.as_secs_f64() * 1e6 / self.blocks.max(1) as f64
+    }
+}
+
+/// The three data phases of one round.
+#[derive(Debug, Clone, Copy)]
+pub struct Round {
+    /// The memcpy baseline.
+    pub memcpy: PhaseTotals,
+    /// Stores through the daemon.
+    pub store: PhaseTotals,
+    /// Verified loads through the daemon.
+    pub load: PhaseTotals,
+}
+
+/// The median of a figure over rounds, with its extremes (the VM drifts).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Spread {
+    /// Median over rounds.
+    pub median: f64,
+    /// Lowest round.
+    pub min: f64,
+    /// Highest round.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (all zero when empty).
+    pub fn of(mut values: Vec<f64>) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: values[0],
+            max: values[n - 1],
+        }
+    }
+
+    fn over(rounds: &[Round], f: impl Fn(&Round) -> f64) -> Self {
+        Self::of(rounds.iter().map(f).collect())
+    }
+}
+
+/// One figure per data phase.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PerPhase {
+    /// The memcpy baseline.
+    pub memcpy: Spread,
+    /// Store through the daemon.
+    pub store: Spread,
+    /// Verified load through the daemon.
+    pub load: Spread,
+}
+
+impl PerPhase {
+    fn over(rounds: &[Round], f: impl Fn(&PhaseTotals) -> f64) -> Self {
+        Self {
+            memcpy: Spread::over(rounds, |r| f(&r.memcpy)),
+            store: Spread::over(rounds, |r| f(&r.store)),
+            load: Spread::over(rounds, |r| f(&r.load)),
+        }
+    }
+}
+
+/// Latency of one control operation over every worker's samples.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct OpLatency {
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// Round trips timed.
+    pub samples: usize,
+}
+
+impl OpLatency {
+    fn of(ns: Vec<u64>) -> Self {
+        let samples = ns.len();
+        let mut lat = Latencies(ns);
+        Self {
+            p50_us: lat.percentile_us(50.0),
+            p99_us: lat.percentile_us(99.0),
+            samples,
+        }
+    }
+}
+
+/// Control round trips of [`super::wire::CONTROL_KEYS`] keys.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Control {
+    /// `Lookup` of resident keys.
+    pub lookup: OpLatency,
+    /// `Reserve` of new keys.
+    pub reserve: OpLatency,
+    /// `Commit` of them, filled (with `verify_commits` the daemon hashes
+    /// every byte here).
+    pub commit: OpLatency,
+    /// `Reserve` + `Commit`, the fill between them excluded.
+    pub reserve_commit: OpLatency,
+    /// `Load` of resident keys, to the last `LayerReady`.
+    pub load: OpLatency,
+    /// `Release` of them.
+    pub release: OpLatency,
+    /// `Load` + `Release`.
+    pub load_release: OpLatency,
+}
+
+impl Control {
+    /// Percentiles of every worker's samples together.
+    pub fn new(c: ControlResult) -> Self {
+        Self {
+            lookup: OpLatency::of(c.lookup),
+            reserve: OpLatency::of(c.reserve),
+            commit: OpLatency::of(c.commit),
+            reserve_commit: OpLatency::of(c.reserve_commit),
+            load: OpLatency::of(c.load),
+            release: OpLatency::of(c.release),
+            load_release: OpLatency::of(c.load_release),
+        }
+    }
+
+    fn rows(&self) -> [(&'static str, OpLatency); 7] {
+        [
+            ("lookup", self.lookup),
+            ("reserve", self.reserve),
+            ("commit", self.commit),
+            ("reserve+commit", self.reserve_commit),
+            ("load", self.load),
+            ("release", self.release),
+            ("load+release", self.load_release),
+        ]
+    }
+}
+
+/// Daemon CPU per block of the store and load phases.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct DaemonCpu {
+    /// Reserve + commit (+ verification when on), microseconds per block.
+    pub store: Spread,
+    /// Load + release, microseconds per block.
+    pub load: Spread,
+}
+
+/// Everything one pass (one daemon configuration) measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pass {
+    /// The in-process daemon's `manager.verify_commits`; `None` for an
+    /// external daemon, whose setting this run does not know.
+    pub verify_commits: Option<bool>,
+    /// Unmeasured rounds run first (until stores stopped faulting in new
+    /// arena pages).
+    pub warmup_rounds: usize,
+    /// Aggregate bandwidth of all clients (bytes / slowest client's wall).
+    pub mb_s: PerPhase,
+    /// Store bandwidth / memcpy bandwidth, per round.
+    pub store_ratio: Spread,
+    /// Load bandwidth / memcpy bandwidth, per round.
+    pub load_ratio: Spread,
+    /// Client CPU time per block (all clients' CPU / all blocks).
+    pub client_cpu_us_per_block: PerPhase,
+    /// The daemon's CPU time per block; `None` for an external daemon.
+    pub daemon_cpu_us_per_block: Option<DaemonCpu>,
+    /// Client minor page faults per block (first touches of arena pages).
+    pub client_minor_faults_per_block: PerPhase,
+    /// Control round trips.
+    pub control: Control,
+}
+
+impl Pass {
+    /// Reduces the rounds and the control samples of one pass.
+    pub fn new(
+        verify_commits: Option<bool>,
+        warmup_rounds: usize,
+        rounds: &[Round],
+        control: ControlResult,
+    ) -> Self {
+        let ratio = |a: &PhaseTotals, b: &PhaseTotals| a.mb_s() / b.mb_s().max(1e-9);
+        let daemon = |p: &PhaseTotals| p.daemon_cpu.map_or(0.0, |d| p.per_block_us(d));
+        let has_daemon = rounds.iter().all(|r| r.store.daemon_cpu.is_some());
+        Self {
+            verify_commits,
+            warmup_rounds,
+            mb_s: PerPhase::over(rounds, PhaseTotals::mb_s),
+            store_ratio: Spread::over(rounds, |r| ratio(&r.store, &r.memcpy)),
+            load_ratio: Spread::over(rounds, |r| ratio(&r.load, &r.memcpy)),
+            client_cpu_us_per_block: PerPhase::over(rounds, |p| p.per_block_us(p.client_cpu)),
+            daemon_cpu_us_per_block: has_daemon.then(|| DaemonCpu {
+                store: Spread::over(rounds, |r| daemon(&r.store)),
+                load: Spread::over(rounds, |r| daemon(&r.load)),
+            }),
+            client_minor_faults_per_block: PerPhase::over(rounds, |p| {
+                p.minor_faults as f64 / p.blocks.max(1) as f64
+            }),
+            control: Control::new(control),
+        }
+    }
+}
+
+/// The whole run, as `--json` prints it.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// Client processes.
+    pub clients: usize,
+    /// `in-process` or the external daemon's socket.
+    pub daemon: String,
+    /// The model preset of the blocks.
+    pub preset: String,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Layers per block.
+    pub layers: u32,
+    /// Blocks each client moves per data phase.
+    pub blocks_per_client: usize,
+    /// Blocks per store / load call.
+    pub batch: usize,
+    /// Measured rounds (after the warm-up).
+    pub rounds: usize,
+    /// Keys per control round trip.
+    pub control_keys: usize,
+    /// Control round trips timed per operation and client.
+    pub samples_per_client: usize,
+    /// One pass per daemon configuration.
+    pub passes: Vec<Pass>,
+    /// Daemon CPU per stored block with commit verification on, less with
+    /// it off (medians): the daemon's checksum work. Needs both passes.
+    pub daemon_checksum_us_per_block: Option<f64>,
+}
+
+impl Report {
+    /// The checksum work: the difference of the two passes' medians.
+    pub fn checksum_cost(passes: &[Pass]) -> Option<f64> {
+        let store = |v: bool| {
+            passes
+                .iter()
+                .find(|p| p.verify_commits == Some(v))
+                .and_then(|p| p.daemon_cpu_us_per_block)
+                .map(|d| d.store.median)
+        };
+        Some(store(true)? - store(false)?)
+    }
+
+    /// Prints the report as a table on stdout.
+    pub fn print_table(&self) {
+        println!(
+            "kvtier bench node: {} client(s), daemon {}, {} blocks of {} B ({} layers), {} blocks per client, batches of {}, {} rounds; median [min .. max]",
+            self.clients,
+            self.daemon,
+            self.preset,
+            self.block_bytes,
+            self.layers,
+            self.blocks_per_client,
+            self.batch,
+            self.rounds
+        );
+        for pass in &self.passes {
+            print_pass(pass);
+        }
+        if let Some(c) = self.daemon_checksum_us_per_block {
+            println!("\ndaemon checksum work (verify on - off, store): {c:.1} us/block");
+        }
+    }
+}
+
+fn print_pass(p: &Pass) {
+    let verify = match p.verify_commits {
+        Some(true) => "verify_commits on",
+        Some(false) => "verify_commits off",
+        None => "external daemon",
+    };
+    println!("\n== {verify} ({} warm-up rounds)", p.warmup_rounds);
+    println!(
+        "{:<8} {:>26} {:>24} {:>22} {:>22} {:>12}",
+        "phase",
+        "MB/s",
+        "ratio to memcpy",
+        "client CPU us/block",
+        "daemon CPU us/block",
+        "faults/block"
+    );
+    let daemon = p.daemon_cpu_us_per_block;
+    let rows = [
+        (
+            "memcpy",
+            p.mb_s.memcpy,
+            None,
+            p.client_cpu_us_per_block.memcpy,
+            None,
+        ),
+        (
+            "store",
+            p.mb_s.store,
+            Some(p.store_ratio),
+            p.client_cpu_us_per_block.store,
+            daemon.map(|d| d.store),
+        ),
+        (
+            "load",
+            p.mb_s.load,
+            Some(p.load_ratio),
+            p.client_cpu_us_per_block.load,
+            daemon.map(|d| d.load),
+        ),
+    ];
+    let faults = [
+        p.client_minor_faults_per_block.memcpy,
+        p.client_minor_faults_per_block.store,
+        p.client_minor_faults_per_block.load,
+    ];
+    for ((name, mb, ratio, client, daemon), f) in rows.into_iter().zip(faults) {
+        println!(
+            "{:<8} {:>26} {:>24} {:>22} {:>22} {:>12.1}",
+            name,
+            spread(mb, 0),
+            ratio.map_or("-".into(), |r| spread(r, 2)),
+            spread(client, 1),
+            daemon.map_or("-".into(), |d| spread(d, 1)),
+            f.median
+        );
+    }
+    println!("control round trips of {} keys:", super::wire::CONTROL_KEYS);
+    println!(
+        "  {:<16} {:>10} {:>10} {:>8}",
+        "op", "p50 us", "p99 us", "samples"
+    );
+    for (name, l) in p.control.rows() {
+        println!(
+            "  {:<16} {:>10.1} {:>10.1} {:>8}",
+            name, l.p50_us, l.p99_us, l.samples
+        );
+    }
+}
+
+fn spread(s: Spread, digits: usize) -> String {
+    format!(
+        "{:.d$} [{:.d$} .. {:.d$}]",
+        s.median,
+        s.min,
+        s.max,
+        d = digits
+    )
+}

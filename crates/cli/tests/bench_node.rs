@@ -1,0 +1,110 @@
+//! `kvtier bench node --quick` as a CI smoke test: the real binary starts
+//! its daemon and two client processes, and its JSON has every figure.
+//! Only presence and sanity are checked, never timings.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn run_quick(extra: &[&str]) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(["bench", "node", "--clients", "2", "--quick", "--json"])
+        .args(extra)
+        .output()
+        .unwrap_or_else(|e| panic!("running kvtier: {e}"));
+    assert!(
+        out.status.success(),
+        "kvtier bench node failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The number at `path` (`/`-separated), which must exist.
+fn num(v: &Value, path: &str) -> f64 {
+    let mut at = v;
+    for part in path.split('/') {
+        at = match part.parse::<usize>() {
+            Ok(i) => &at[i],
+            Err(_) => &at[part],
+        };
+    }
+    at.as_f64()
+        .unwrap_or_else(|| panic!("{path} is not a number in {v:#}"))
+}
+
+/// A spread (median, min, max) that is positive and ordered.
+fn positive_spread(v: &Value, path: &str) {
+    let (median, min, max) = (
+        num(v, &format!("{path}/median")),
+        num(v, &format!("{path}/min")),
+        num(v, &format!("{path}/max")),
+    );
+    assert!(min > 0.0, "{path}: min {min} in {v:#}");
+    assert!(min <= median && median <= max, "{path}: unordered in {v:#}");
+}
+
+fn check_pass(v: &Value, pass: usize, samples: f64) {
+    let p = format!("passes/{pass}");
+    assert!(num(v, &format!("{p}/warmup_rounds")) >= 1.0);
+    for phase in ["memcpy", "store", "load"] {
+        positive_spread(v, &format!("{p}/mb_s/{phase}"));
+        positive_spread(v, &format!("{p}/client_cpu_us_per_block/{phase}"));
+        let faults = num(
+            v,
+            &format!("{p}/client_minor_faults_per_block/{phase}/median"),
+        );
+        assert!(faults >= 0.0);
+    }
+    positive_spread(v, &format!("{p}/store_ratio"));
+    positive_spread(v, &format!("{p}/load_ratio"));
+    for phase in ["store", "load"] {
+        positive_spread(v, &format!("{p}/daemon_cpu_us_per_block/{phase}"));
+    }
+    for op in [
+        "lookup",
+        "reserve",
+        "commit",
+        "reserve_commit",
+        "load",
+        "release",
+        "load_release",
+    ] {
+        let at = format!("{p}/control/{op}");
+        let (p50, p99) = (
+            num(v, &format!("{at}/p50_us")),
+            num(v, &format!("{at}/p99_us")),
+        );
+        assert!(p50 > 0.0 && p99 >= p50, "{at}: p50 {p50}, p99 {p99}");
+        assert_eq!(num(v, &format!("{at}/samples")), samples, "{at}");
+    }
+}
+
+#[test]
+fn quick_run_with_two_clients_reports_every_figure() {
+    let v = run_quick(&[]);
+    assert_eq!(num(&v, "clients"), 2.0);
+    assert_eq!(v["daemon"], "in-process");
+    assert_eq!(num(&v, "control_keys"), 64.0);
+    assert!(num(&v, "block_bytes") > 0.0);
+    assert!(num(&v, "rounds") > 0.0);
+    let samples = 2.0 * num(&v, "samples_per_client");
+    let passes = v["passes"].as_array().map_or(0, Vec::len);
+    assert_eq!(passes, 2, "verify_commits on and off: {v:#}");
+    assert_eq!(v["passes"][0]["verify_commits"], true);
+    assert_eq!(v["passes"][1]["verify_commits"], false);
+    for pass in 0..passes {
+        check_pass(&v, pass, samples);
+    }
+    // The difference of two measurements: present, of any sign.
+    num(&v, "daemon_checksum_us_per_block");
+}
+
+#[test]
+fn one_verify_setting_runs_one_pass() {
+    let v = run_quick(&["--verify-commits", "off"]);
+    assert_eq!(v["passes"].as_array().map_or(0, Vec::len), 1);
+    assert_eq!(v["passes"][0]["verify_commits"], false);
+    assert!(v["daemon_checksum_us_per_block"].is_null());
+}
