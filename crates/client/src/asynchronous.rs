@@ -204,8 +204,14 @@ impl AsyncClient {
         let load = self.load(keys).await?;
         self.wait_layer(&load, self.arena.layers() as u32 - 1)
             .await?;
-        let n = load.read_prefix(dsts);
+        let (n, corrupt) = load.read_prefix(dsts);
         self.release_load(load).await?;
+        if let Some(key) = corrupt {
+            // A corrupt block is a miss for every reader of the namespace
+            // and would block storing it again: remove it, so the next
+            // store of the key puts good bytes there.
+            self.remove(&[key]).await?;
+        }
         Ok(n)
     }
 

@@ -192,13 +192,21 @@ impl Client {
     /// one `Load`, a wait for every layer, a verified copy of each pinned
     /// block, one `Release`. Returns how many leading blocks were copied
     /// and verified; the first miss or failed verification ends the prefix
-    /// (the buffers from there on hold nothing useful).
+    /// (the buffers from there on hold nothing useful). A block that failed
+    /// verification is then removed from the node (one `Remove`), so it
+    /// can be stored again.
     pub fn load_into(&mut self, keys: &[BlockHash], dsts: &mut [&mut [u8]]) -> Result<usize> {
         store::check_buffers(&self.arena, keys, dsts)?;
         let load = self.load(keys)?;
         self.wait_layer(&load, self.arena.layers() as u32 - 1)?;
-        let n = load.read_prefix(dsts);
+        let (n, corrupt) = load.read_prefix(dsts);
         self.release_load(load)?;
+        if let Some(key) = corrupt {
+            // A corrupt block is a miss for every reader of the namespace
+            // and would block storing it again: remove it, so the next
+            // store of the key puts good bytes there.
+            self.remove(&[key])?;
+        }
         Ok(n)
     }
 

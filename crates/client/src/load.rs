@@ -156,12 +156,18 @@ impl Load {
 
     /// Reads keys in order into `dsts` until the first one that is not a
     /// verified hit; returns how many were.
-    pub(crate) fn read_prefix(&self, dsts: &mut [&mut [u8]]) -> usize {
+    pub(crate) fn read_prefix(&self, dsts: &mut [&mut [u8]]) -> (usize, Option<BlockHash>) {
         let mut n = 0;
-        while n < dsts.len() && matches!(self.read(n, dsts[n]), Ok(Lookup::Hit)) {
-            n += 1;
+        while n < dsts.len() {
+            match self.read(n, dsts[n]) {
+                Ok(Lookup::Hit) => n += 1,
+                // The block's bytes do not match its checksums: whoever
+                // stored it wrote them wrong, or they were damaged since.
+                Ok(Lookup::Corrupt) => return (n, Some(self.keys[n])),
+                _ => break,
+            }
         }
-        n
+        (n, None)
     }
 
     /// Refuses a layer past the block's last.

@@ -156,6 +156,14 @@ fn a_corrupted_block_ends_the_verified_prefix() {
     let mut bufs = vec![vec![0u8; len]; 3];
     let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
     assert_eq!(client.load_into(&keys(&[1, 2, 3]), &mut dsts).unwrap(), 1);
+    // The client removed the corrupt block: storing it again puts good
+    // bytes there, and the whole prefix reads back.
+    assert_eq!(client.lookup(&keys(&[1, 2, 3])).unwrap().len(), 1);
+    let again = client.store(&batch(&blocks[1..2])).unwrap();
+    assert_eq!(again, vec![StoreOutcome::Stored]);
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(client.load_into(&keys(&[1, 2, 3]), &mut dsts).unwrap(), 3);
+    assert_eq!(bufs[1], block(2, len));
 }
 
 #[test]

@@ -364,7 +364,10 @@ pub struct ManagerSectionConfig {
     /// or released while the client stays connected (a disconnect drops
     /// them at once).
     pub lease_secs: u64,
-    /// Hash every client-filled slot against its sums before publishing it.
+    /// Hash every client-filled slot against its sums before publishing it
+    /// (a pass over each block in the daemon). Off, the sums' consistency is
+    /// checked and every reader verifies the bytes; a client that finds a
+    /// block corrupt removes it.
     pub verify_commits: bool,
     /// G4: an object store or shared directory URL (`s3://bucket/prefix`,
     /// `file:///dir`); empty for none.
@@ -392,7 +395,7 @@ impl Default for ManagerSectionConfig {
             admit_after: 0,
             step_interval_ms: 100,
             lease_secs: 30,
-            verify_commits: true,
+            verify_commits: false,
             g4_url: String::new(),
             g4_capacity_blocks: 1 << 20,
             max_batch: 4096,

@@ -66,7 +66,7 @@ pub enum HostReserve {
 }
 
 /// What [`BlockManager::commit_host`] did with one reservation.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostCommit {
     /// Readable in G2.
     Stored,
@@ -131,17 +131,23 @@ impl BlockManager {
     ///
     /// [`ManagerConfig::verify_host_commits`]: super::ManagerConfig::verify_host_commits
     pub async fn commit_host(&self, blocks: Vec<(HostReservation, BlockSums)>) -> Vec<HostCommit> {
-        let mut out = Vec::with_capacity(blocks.len());
-        let mut stored = Vec::with_capacity(blocks.len());
-        for (reservation, sums) in blocks {
-            let HostReservation { incoming, slot } = reservation;
+        let n = blocks.len();
+        let published = if self.config.verify_host_commits && n > 0 {
+            // Hashing a batch takes milliseconds: off the async workers, so
+            // other clients' requests are not held up meanwhile.
+            match tokio::task::spawn_blocking(move || publish_all(blocks, true)).await {
+                Ok(p) => p,
+                // The reservations went with the task: nothing was stored.
+                Err(_) => return vec![HostCommit::BadChecksum; n],
+            }
+        } else {
+            publish_all(blocks, false)
+        };
+        let mut out = Vec::with_capacity(n);
+        let mut stored = Vec::with_capacity(n);
+        for (incoming, outcome) in published {
             let key = incoming.hash();
-            let published = if self.config.verify_host_commits {
-                slot.commit(&sums)
-            } else {
-                slot.commit_verified(&sums)
-            };
-            out.push(match published {
+            out.push(match outcome {
                 Ok(PutOutcome::Stored) => {
                     let block: ImmutableBlock = incoming.finish();
                     drop(block);
@@ -222,6 +228,25 @@ impl BlockManager {
             _ => Err(ManagerError::Config("G2 is not configured".into())),
         }
     }
+}
+
+/// Publishes each filled slot in the arena: hashed against its sums first
+/// when `verify`, else with only the sums' consistency checked.
+fn publish_all(
+    blocks: Vec<(HostReservation, BlockSums)>,
+    verify: bool,
+) -> Vec<(IncomingBlock, Result<PutOutcome, MemError>)> {
+    blocks
+        .into_iter()
+        .map(|(HostReservation { incoming, slot }, sums)| {
+            let published = if verify {
+                slot.commit(&sums)
+            } else {
+                slot.commit_verified(&sums)
+            };
+            (incoming, published)
+        })
+        .collect()
 }
 
 /// An arena slot for the block `incoming` brings in.
