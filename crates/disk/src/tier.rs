@@ -475,6 +475,20 @@ impl DiskTier {
         self.len() == 0
     }
 
+    /// Blocks an owner that evicts by its own policy should keep indexed
+    /// at most: every slot but one region per directory. The log then
+    /// always has a region to write into whose blocks the owner has already
+    /// moved out, so a reclaim drops nothing the owner still wants as long
+    /// as the owner evicts the blocks of the oldest regions first (what
+    /// it still wants there is re-inserted within the reclaim's budget).
+    pub fn live_capacity_blocks(&self) -> usize {
+        let l = &self.shared.layout;
+        let per_dir = l
+            .slots_per_dir()
+            .saturating_sub(u64::from(l.slots_per_region)) as usize;
+        (self.shared.dirs.len() * per_dir).max(1)
+    }
+
     /// Blocks the tier can hold (slots over every directory).
     pub fn capacity_blocks(&self) -> usize {
         self.shared.dirs.len() * self.shared.layout.slots_per_dir() as usize

@@ -71,7 +71,9 @@ impl Node {
         let manager_config = options.manager_config(
             geometry.tokens_per_block as usize,
             memory.capacity_blocks(),
-            Some(disk.capacity_blocks()),
+            // Below the log's slots by a region per directory, so the G3
+            // policy moves blocks down before the log must reclaim them.
+            Some(disk.live_capacity_blocks()),
             remote.as_ref().map(|_| options.g4_capacity_blocks),
         );
         let disk = Arc::new(disk);

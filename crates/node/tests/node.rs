@@ -273,3 +273,46 @@ fn stores_and_moves_are_published_with_tier_and_location() {
     );
     assert_eq!(removed, vec![kvtier_manager::Tier::G2; 2]);
 }
+
+/// With `manager.g4_url`, blocks the disk log has no room for cascade to
+/// G4 (a directory here) instead of being reclaimed by the log, load back
+/// exact from there, and a restart adopts the objects under the prefix.
+#[test]
+fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let g4 = dir.path().join("g4");
+    std::fs::create_dir_all(&g4).unwrap();
+    let mut c = config(dir.path(), 2);
+    c.disk.capacity_per_dir = kvtier_core::ByteSize(2 << 20);
+    c.manager.g4_url = format!("file://{}", g4.display());
+    c.manager.g4_capacity_blocks = 1000;
+    // Only on-demand room making: with the background step racing it, a
+    // block is occasionally lost between G3 and G4 (a known bug, see the
+    // issue 11 note); this test checks the cascade itself.
+    c.manager.step_interval_ms = 3_600_000;
+    let daemon = Daemon::start(c);
+    let len = daemon.len();
+    let disk_blocks = (2 << 20) / len as u128;
+    let n = disk_blocks + 40;
+    let mut client = daemon.client();
+    for start in (0..n).step_by(2) {
+        let got = store(&mut client, start..start + 2, len);
+        assert_eq!(got, vec![StoreOutcome::Stored; 2], "batch at {start}");
+    }
+    let keys: Vec<BlockHash> = (0..n).map(BlockHash).collect();
+    let tiers = client.lookup(&keys).unwrap();
+    assert_eq!(tiers.len() as u128, n, "every block is held somewhere");
+    let in_g4 = tiers.iter().filter(|t| **t == Tier::G4).count();
+    assert!(in_g4 > 0, "nothing reached G4: {tiers:?}");
+    // The oldest blocks went furthest down; they load back exact.
+    assert_eq!(load_exact(&mut client, 0..2, len), 2);
+    drop(client);
+    let config = daemon.stop();
+    let daemon = Daemon::start(config);
+    assert!(daemon.node.adopted().g4 > 0, "{:?}", daemon.node.adopted());
+    let mut client = daemon.client();
+    let tiers = client.lookup(&keys).unwrap();
+    assert!(tiers.contains(&Tier::G4), "{tiers:?}");
+    let first_g4 = tiers.iter().position(|t| *t == Tier::G4).unwrap() as u128;
+    assert_eq!(load_exact(&mut client, first_g4..first_g4 + 1, len), 1);
+}
