@@ -52,15 +52,7 @@ impl Daemon {
 }
 
 fn namespace() -> Namespace {
-    Namespace {
-        model: "test".into(),
-        dtype: "f32".into(),
-        layout_version: 1,
-        block_size_tokens: 16,
-        tp_rank: 0,
-        tp_size: 1,
-        tenant_salt: None,
-    }
+    kvtier_node::test_support::namespace("test")
 }
 
 fn block(k: u128, len: usize) -> Vec<u8> {

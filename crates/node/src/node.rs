@@ -25,7 +25,6 @@ use crate::{NodeError, NodeOptions, NodeStats};
 pub struct Node {
     manager: BlockManager,
     memory: MemoryTier,
-    disk: Option<Arc<DiskTier>>,
     options: NodeOptions,
     adopted: Adopted,
     pub(crate) counters: Counters,
@@ -96,7 +95,6 @@ impl Node {
         let node = Arc::new(Self {
             manager,
             memory,
-            disk: Some(disk),
             options,
             adopted,
             counters: Counters::default(),
@@ -162,7 +160,7 @@ impl Node {
         }
         self.manager.settle().await;
         self.manager.flush_events();
-        if let Some(disk) = &self.disk {
+        if let Some(disk) = &self.manager.tiers().disk {
             disk.close().await?;
         }
         Ok(())

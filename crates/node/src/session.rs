@@ -288,18 +288,22 @@ impl Session {
         Ok(())
     }
 
+    /// `BAD_REQUEST` for a batch of more than `manager.max_batch` keys.
+    fn refuse_oversized(&self, request_id: u64, keys: usize) -> Option<Vec<Message>> {
+        let max = self.node.options().max_batch;
+        (keys > max).then(|| {
+            let m = format!("{keys} keys in one request; manager.max_batch is {max}");
+            vec![error(request_id, ErrorCode::BAD_REQUEST, m)]
+        })
+    }
+
     /// Checks the batch size, maps the keys to stored keys and runs `op`.
     async fn with_batch<F>(&mut self, r: KeysRequest, keys: KeyMap, op: F) -> Vec<Message>
     where
         F: AsyncFnOnce(&mut Self, u64, Vec<BlockHash>) -> Result<Vec<Message>, ManagerError>,
     {
-        let max = self.node.options().max_batch;
-        if r.keys.len() > max {
-            let m = format!(
-                "{} keys in one request; manager.max_batch is {max}",
-                r.keys.len()
-            );
-            return vec![error(r.request_id, ErrorCode::BAD_REQUEST, m)];
+        if let Some(refused) = self.refuse_oversized(r.request_id, r.keys.len()) {
+            return refused;
         }
         let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
         match op(self, r.request_id, stored).await {
@@ -364,13 +368,8 @@ impl Session {
     }
 
     async fn commit(&mut self, c: Commit, keys: KeyMap) -> Vec<Message> {
-        let max = self.node.options().max_batch;
-        if c.entries.len() > max {
-            let m = format!(
-                "{} entries in one commit; manager.max_batch is {max}",
-                c.entries.len()
-            );
-            return vec![error(c.request_id, ErrorCode::BAD_REQUEST, m)];
+        if let Some(refused) = self.refuse_oversized(c.request_id, c.entries.len()) {
+            return refused;
         }
         let mut results = vec![CommitResult::NotReserved; c.entries.len()];
         let mut batch = Vec::new();

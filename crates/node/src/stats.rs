@@ -36,8 +36,8 @@ macro_rules! node_counters {
                 };
                 for t in &manager.tiers {
                     let used = (t.pool.capacity - t.pool.free) as u64;
-                    s.tier_blocks.push((t.tier.to_string(), used));
-                    s.tier_capacity.push((t.tier.to_string(), t.pool.capacity as u64));
+                    s.tier_blocks.push((t.tier.name().to_owned(), used));
+                    s.tier_capacity.push((t.tier.name().to_owned(), t.pool.capacity as u64));
                 }
                 s
             }
@@ -52,10 +52,10 @@ macro_rules! node_counters {
                 out.push(Counter { name: "adopted_g3".into(), value: self.adopted_g3 });
                 out.push(Counter { name: "adopted_g4".into(), value: self.adopted_g4 });
                 for (tier, n) in &self.tier_blocks {
-                    out.push(Counter { name: format!("blocks_{}", tier.to_lowercase()), value: *n });
+                    out.push(Counter { name: format!("blocks_{tier}"), value: *n });
                 }
                 for (tier, n) in &self.tier_capacity {
-                    out.push(Counter { name: format!("capacity_{}", tier.to_lowercase()), value: *n });
+                    out.push(Counter { name: format!("capacity_{tier}"), value: *n });
                 }
                 out
             }

@@ -127,3 +127,17 @@ impl Drop for TestNode {
         self.shut();
     }
 }
+
+/// A test client's namespace: model `model`, f32, rank 0 of 1, 16 tokens
+/// per block (what [`small_config`]'s nodes hold).
+pub fn namespace(model: &str) -> kvtier_protocol::Namespace {
+    kvtier_protocol::Namespace {
+        model: model.into(),
+        dtype: "f32".into(),
+        layout_version: 1,
+        block_size_tokens: 16,
+        tp_rank: 0,
+        tp_size: 1,
+        tenant_salt: None,
+    }
+}

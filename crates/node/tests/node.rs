@@ -47,15 +47,7 @@ impl Daemon {
 }
 
 fn namespace() -> Namespace {
-    Namespace {
-        model: "node-test".into(),
-        dtype: "f32".into(),
-        layout_version: 1,
-        block_size_tokens: 16,
-        tp_rank: 0,
-        tp_size: 1,
-        tenant_salt: None,
-    }
+    kvtier_node::test_support::namespace("node-test")
 }
 
 fn config(dir: &Path, dram_blocks: u64) -> Config {

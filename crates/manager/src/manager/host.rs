@@ -40,14 +40,13 @@ impl HostReservation {
         self.slot.slot()
     }
 
-    /// Fills the slot from `data` in this process (one whole block) and
-    /// returns the block's sums, for callers that hold the bytes
-    /// themselves rather than a client that maps the arena.
-    pub fn fill(&mut self, data: &[u8], layer_bytes: usize) -> BlockSums {
+    /// Fills the slot from `data` in this process and returns the block's
+    /// sums, for callers that hold the bytes themselves rather than a
+    /// client that maps the arena. `data` must be one whole block.
+    fn fill(&mut self, data: &[u8], layer_bytes: usize) -> BlockSums {
         let key = self.key();
         let dst = self.slot.as_mut_slice();
-        let n = dst.len().min(data.len());
-        dst[..n].copy_from_slice(&data[..n]);
+        dst.copy_from_slice(data);
         BlockSums::compute(key, layer_bytes, dst)
     }
 }

@@ -295,9 +295,9 @@ impl BlockManager {
             .filter(|(_, e)| *e == BlockFailure::Corrupt)
             .count() as u64;
         drop(c);
+        let top = self.top().ok().map(BlockPool::tier);
         for (hash, e) in failed {
             if matches!(e, BlockFailure::Miss | BlockFailure::Corrupt) {
-                let top = self.top().ok().map(BlockPool::tier);
                 for pool in self.registry.pools().filter(|p| Some(p.tier()) != top) {
                     pool.remove_inactive(*hash);
                 }
