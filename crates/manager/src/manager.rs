@@ -116,6 +116,9 @@ impl BlockManager {
         for tier in Tier::ALL {
             if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
                 cfg.record_events = true;
+                // Room is made by `make_room` (cascading the victims);
+                // an eviction by allocation would lose them silently.
+                cfg.evict_on_allocate = !config.offload_on_demand;
             }
         }
         let registry: Registry = hierarchy.build_registry()?;

@@ -358,8 +358,9 @@ impl<L: PoolLock> BlockPool<L> {
         self.with_state(|s| s.expired(now))
     }
 
-    /// Slots an allocation could have now: free ones plus evictable
-    /// blocks.
+    /// Free slots plus evictable blocks: what an allocation could have
+    /// now when the pool evicts on allocation, and what its owner can make
+    /// room from otherwise ([`PoolConfig::evict_on_allocate`]).
     pub fn available(&self) -> usize {
         self.with_state(|s| s.available())
     }

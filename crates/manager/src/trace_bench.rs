@@ -238,7 +238,7 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
             high_watermark: high,
             low_watermark: low,
             policy: PolicyConfig::of(config.policy),
-            record_events: true,
+            ..PoolConfig::default()
         }
     };
     let g2 = (config.g2_blocks > 0).then(|| pool(config.g2_blocks));

@@ -62,6 +62,35 @@ fn allocation_evicts_only_inactive_blocks_in_policy_order() {
     }));
 }
 
+/// Without eviction by allocation (how the block manager runs its pools),
+/// a full pool refuses slots, for allocations and incoming transfers
+/// alike, and its inactive blocks stay.
+#[test]
+fn a_pool_that_does_not_evict_on_allocate_refuses_when_full() {
+    let mut cfg = PoolConfig::new(2, 1);
+    cfg.evict_on_allocate = false;
+    let p = BlockPool::new(Tier::G3, cfg).unwrap();
+    drop(put(&p, 1, None));
+    drop(put(&p, 2, None));
+    assert_eq!(p.available(), 2, "evictable by the owner, not by allocation");
+    assert!(matches!(
+        p.allocate(),
+        Err(PoolError::Exhausted { available: 0, .. })
+    ));
+    assert!(matches!(
+        p.begin_incoming(BlockHash(3), None),
+        Err(PoolError::Exhausted { available: 0, .. })
+    ));
+    assert!(p.is_readable(BlockHash(1)) && p.is_readable(BlockHash(2)));
+    assert_eq!(p.stats().evictions, 0);
+    // Room made by the owner (here: a block leaving) is usable at once.
+    for leaving in p.plan_leaving(1) {
+        leaving.finish();
+    }
+    assert!(p.begin_incoming(BlockHash(3), None).is_ok());
+    p.check_invariants().unwrap();
+}
+
 #[test]
 fn allocate_many_is_all_or_nothing() {
     let p = pool(3);

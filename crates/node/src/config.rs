@@ -96,7 +96,7 @@ impl NodeOptions {
             low_watermark: self.watermarks.0,
             high_watermark: self.watermarks.1,
             policy: PolicyConfig::of(self.policy),
-            record_events: true,
+            ..PoolConfig::default()
         };
         ManagerConfig {
             hierarchy: HierarchyConfig {

@@ -42,6 +42,13 @@ pub struct PoolConfig {
     /// [`BlockPool::drain_events`](crate::pool::BlockPool::drain_events).
     /// Default: false, so a pool nobody drains does not grow a log.
     pub record_events: bool,
+    /// Whether an allocation with no free slot evicts an inactive block
+    /// (the policy's victim) to make one. Default: true. The block manager
+    /// turns it off when it makes room itself
+    /// ([`ManagerConfig::offload_on_demand`](crate::manager::ManagerConfig::offload_on_demand)):
+    /// an eviction by allocation cannot cascade the victim to the tier
+    /// below, so a block held nowhere else would be lost without a trace.
+    pub evict_on_allocate: bool,
 }
 
 impl Default for PoolConfig {
@@ -53,6 +60,7 @@ impl Default for PoolConfig {
             low_watermark: 0.75,
             policy: PolicyConfig::default(),
             record_events: false,
+            evict_on_allocate: true,
         }
     }
 }

@@ -235,7 +235,11 @@ impl PoolState {
     /// or nothing: fails without evicting when `n` cannot be had.
     pub(crate) fn allocate(&mut self, n: usize, now: u64) -> Result<Vec<SlotId>, PoolError> {
         if self.free.len() < n {
-            let available = self.free.len() + self.evictable;
+            let available = if self.config.evict_on_allocate {
+                self.available()
+            } else {
+                self.free.len()
+            };
             if available < n {
                 return Err(PoolError::Exhausted {
                     tier: self.tier,
