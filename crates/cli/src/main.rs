@@ -7,6 +7,7 @@
 mod bench;
 mod config;
 mod manager;
+mod node_http;
 mod replay;
 mod serve;
 

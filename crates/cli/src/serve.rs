@@ -64,6 +64,14 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         let server = NodeServer::bind(node.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
+        let http = if config.manager.metrics_addr.is_empty() {
+            None
+        } else {
+            Some(
+                crate::node_http::NodeHttp::start(node.clone(), &config.manager.metrics_addr)
+                    .await?,
+            )
+        };
         let manager = if config.meta.enabled {
             Some(
                 crate::manager::Manager::start(
@@ -84,12 +92,16 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             dram_blocks = node.memory().capacity_blocks(),
             adopted_g3 = adopted.g3,
             adopted_g4 = adopted.g4,
+            metrics = %http.as_ref().map_or("off".into(), |h| h.addr().to_string()),
             data_dir = %config.serve.data_dir.display(),
             "kvtier serving; Ctrl-C or SIGTERM to stop"
         );
         signals.wait(&node, args.stats_interval).await;
         tracing::info!("shutting down: closing client sessions");
         server.shutdown().await;
+        if let Some(h) = http {
+            h.stop().await;
+        }
         if let Some(m) = manager {
             tracing::info!("shutting down: stopping the kv cache manager");
             m.shutdown().await;

@@ -625,3 +625,36 @@ impl RawConn {
         unsafe { self.arena.fill_layer(slot, stored, layer, part) }.expect("fill a layer")
     }
 }
+
+/// With `manager.metrics_addr` and no metadata service, the node serves
+/// `/metrics` itself, and its families count what a client did.
+#[test]
+fn the_node_serves_its_metrics_without_the_metadata_service() {
+    let data = tempfile::tempdir().expect("data dir");
+    let daemon = Daemon::start(
+        data.path(),
+        &shm_name("metrics"),
+        &[("KVTIER_MANAGER__METRICS_ADDR", "127.0.0.1:0")],
+    );
+    let addr: std::net::SocketAddr = daemon
+        .ready_line()
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics="))
+        .expect("the ready line names the metrics address")
+        .parse()
+        .expect("an address");
+    let mut client = daemon.client();
+    store_all(&mut client, &[1, 2, 3]);
+    let (status, text) = support::http_text(addr, "GET", "/metrics", None, "");
+    assert_eq!(status, 200, "{text}");
+    let sample = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name} sample in:\n{text}"))
+    };
+    assert_eq!(sample("kvtier_node_committed_total"), 3.0);
+    assert_eq!(sample("kvtier_tier_blocks{tier=\"g2\"}"), 3.0);
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    let (status, _) = support::http_text(addr, "GET", "/health", None, "");
+    assert_eq!(status, 200);
+}

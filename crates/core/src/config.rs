@@ -382,6 +382,11 @@ pub struct ManagerSectionConfig {
     /// ZMQ endpoint the node publishes events on in vLLM's KV-event
     /// format (e.g. `tcp://127.0.0.1:5557`); empty for none.
     pub events_zmq_endpoint: String,
+    /// Address of the node's own HTTP endpoint (`GET /metrics` in
+    /// OpenMetrics text, `GET /health`), e.g. `127.0.0.1:9400`; empty for
+    /// none. With `[meta]` enabled the node's families are also on the
+    /// admin service's `/metrics`.
+    pub metrics_addr: String,
 }
 
 impl Default for ManagerSectionConfig {
@@ -401,6 +406,7 @@ impl Default for ManagerSectionConfig {
             max_batch: 4096,
             events_nats_url: String::new(),
             events_zmq_endpoint: String::new(),
+            metrics_addr: String::new(),
         }
     }
 }
@@ -420,6 +426,11 @@ impl ManagerSectionConfig {
         }
         if !self.g4_url.is_empty() && self.g4_capacity_blocks == 0 {
             return bad("manager.g4_capacity_blocks must be positive when g4_url is set");
+        }
+        if !self.metrics_addr.is_empty()
+            && self.metrics_addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad("manager.metrics_addr must be an IP address and port, e.g. 127.0.0.1:9400");
         }
         Ok(())
     }

@@ -72,7 +72,11 @@ fn a_pool_that_does_not_evict_on_allocate_refuses_when_full() {
     let p = BlockPool::new(Tier::G3, cfg).unwrap();
     drop(put(&p, 1, None));
     drop(put(&p, 2, None));
-    assert_eq!(p.available(), 2, "evictable by the owner, not by allocation");
+    assert_eq!(
+        p.available(),
+        2,
+        "evictable by the owner, not by allocation"
+    );
     assert!(matches!(
         p.allocate(),
         Err(PoolError::Exhausted { available: 0, .. })
