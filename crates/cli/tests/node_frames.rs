@@ -221,8 +221,15 @@ fn cases() -> Vec<Case> {
             false,
         ),
         case(
-            "major 2",
-            major(2),
+            "the next major",
+            major(PROTOCOL_VERSION.major + 1),
+            false,
+            Refused(ErrorCode::WRONG_VERSION),
+            true,
+        ),
+        case(
+            "the previous major",
+            major(PROTOCOL_VERSION.major - 1),
             false,
             Refused(ErrorCode::WRONG_VERSION),
             true,

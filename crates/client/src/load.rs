@@ -14,8 +14,12 @@ use crate::session::Ready;
 ///
 /// The bytes are read straight from the arena into the caller's memory
 /// ([`read`](Self::read), [`read_layer`](Self::read_layer)), each copy
-/// verified against the checksums the daemon published; a layer may be read
-/// once the daemon has said it is ready (`wait_layer` on the client). The
+/// verified: a whole block against the checksums the daemon published in
+/// the slot table, a layer against the checksum its `LayerReady` carried
+/// (blocks read from the disk arrive layer by layer and are published when
+/// complete). A layer may be read once the daemon has said it is ready
+/// (`wait_layer` on the client); a slot a later `LayerReady` leaves out
+/// failed and reads as a miss. The
 /// slots stay pinned until the client releases them
 /// ([`Client::release_load`](crate::Client::release_load)); a `Load` dropped
 /// without that keeps them pinned until the daemon ends the lease or the
@@ -137,6 +141,9 @@ impl Load {
             return Ok(Lookup::Miss);
         };
         self.check_ready(self.layers.saturating_sub(1))?;
+        if self.ready.good_slots().is_some_and(|good| index >= good) {
+            return Ok(Lookup::Miss);
+        }
         Ok(self.arena.read(slot, self.stored[index], dst)?)
     }
 
@@ -149,9 +156,23 @@ impl Load {
             return Ok(Lookup::Miss);
         };
         self.check_ready(layer)?;
-        Ok(self
-            .arena
-            .read_layer(slot, self.stored[index], layer as usize, dst)?)
+        let key = self.stored[index];
+        match self.ready.sums(layer) {
+            // A block still arriving: verified against the checksum the
+            // daemon sent with the layer.
+            Some(sums) => match sums.get(index) {
+                Some(&sum) => {
+                    Ok(self
+                        .arena
+                        .read_arriving_layer(slot, key, layer as usize, sum, dst)?)
+                }
+                // The daemon reported it failed.
+                None => Ok(Lookup::Miss),
+            },
+            // Layers that arrived as whole blocks: the slot table's sums.
+            None if self.ready.good_slots().is_some_and(|good| index >= good) => Ok(Lookup::Miss),
+            None => Ok(self.arena.read_layer(slot, key, layer as usize, dst)?),
+        }
     }
 
     /// Reads keys in order into `dsts` until the first one that is not a

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use kvtier_core::BlockHash;
 use kvtier_mem::ArenaClient;
@@ -22,16 +22,50 @@ use kvtier_protocol::{
 use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 
-/// How many leading layers of a load are ready: written by the session
-/// when it hears `LayerReady`, read by the [`Load`](crate::Load), which may
-/// live on another thread.
+/// How many leading layers of a load are ready, and the checksums each
+/// `LayerReady` carried: written by the session when it hears one, read by
+/// the [`Load`](crate::Load), which may live on another thread.
 #[derive(Debug, Default)]
-pub(crate) struct Ready(AtomicU32);
+pub(crate) struct Ready {
+    layers: AtomicU32,
+    /// Per layer heard: the layer's checksum of each leading slot still
+    /// good then.
+    sums: Mutex<HashMap<u32, Arc<[u64]>>>,
+}
 
 impl Ready {
     /// Layers `0..n` are ready.
     pub(crate) fn layers(&self) -> u32 {
-        self.0.load(Ordering::Acquire)
+        self.layers.load(Ordering::Acquire)
+    }
+
+    /// The checksums `LayerReady` carried for `layer`, if one was heard
+    /// for that very layer (a daemon that moved whole blocks says only the
+    /// last layer).
+    pub(crate) fn sums(&self, layer: u32) -> Option<Arc<[u64]>> {
+        self.sums
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&layer)
+            .cloned()
+    }
+
+    /// Leading slots no notification has reported failed.
+    pub(crate) fn good_slots(&self) -> Option<usize> {
+        self.sums
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .map(|s| s.len())
+            .min()
+    }
+
+    fn record(&self, layer: u32, sums: Vec<u64>) {
+        self.sums
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(layer, sums.into());
+        self.layers.fetch_max(layer + 1, Ordering::Release);
     }
 }
 
@@ -272,7 +306,7 @@ impl Session {
         let Some(ready) = self.loads.get(&n.request_id).and_then(Weak::upgrade) else {
             return Ok(());
         };
-        ready.0.fetch_max(n.layer + 1, Ordering::Release);
+        ready.record(n.layer, n.sums);
         if n.layer + 1 == self.layers {
             // Complete: the load's cell keeps the answer, nothing more comes.
             self.loads.remove(&n.request_id);
@@ -447,6 +481,7 @@ mod tests {
         Message::LayerReady(LayerReady {
             request_id: id,
             layer,
+            sums: vec![7],
         })
     }
 

@@ -205,8 +205,9 @@ pub(crate) async fn read<T: DmaTarget>(
     results
 }
 
-/// Verifies one request's bytes and decides its outcome; whole-block reads
-/// also return the block's checksums computed while verifying.
+/// Verifies one request's bytes and decides its outcome, with the block's
+/// checksums: computed while verifying a whole block, or the authenticated
+/// ones a layer read was verified against.
 fn finish<T: DmaTarget>(
     shared: &Shared,
     done: &mut BatchDone,
@@ -243,21 +244,30 @@ fn finish<T: DmaTarget>(
                 sums = ok.then_some(s);
                 ok
             }
-            Some(r) => match &p.cached_sums {
-                Some(sums) => layers_match(p.key, l.layer_bytes, sums, r, bytes),
-                None => {
-                    let header = p
+            Some(r) => {
+                let authentic = match &p.cached_sums {
+                    Some(cached) => Some(cached.clone()),
+                    None => p
                         .header
-                        .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner));
-                    match header.and_then(|h| header_layer_sums(shared, p.key, &p.entry, &h)) {
-                        Some(sums) if layers_match(p.key, l.layer_bytes, &sums, r, bytes) => {
-                            shared.layer_sums.insert(p.key, p.entry.sum, sums);
-                            true
+                        .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner))
+                        .and_then(|h| header_layer_sums(shared, p.key, &p.entry, &h)),
+                };
+                match authentic {
+                    Some(layer_sums)
+                        if layers_match(p.key, l.layer_bytes, &layer_sums, r, bytes) =>
+                    {
+                        sums = Some(BlockSums {
+                            block: p.entry.sum,
+                            layers: layer_sums.to_vec(),
+                        });
+                        if p.cached_sums.is_none() {
+                            shared.layer_sums.insert(p.key, p.entry.sum, layer_sums);
                         }
-                        _ => false,
+                        true
                     }
+                    _ => false,
                 }
-            },
+            }
         }
     };
     if !verified {

@@ -425,6 +425,18 @@ impl DiskTier {
             .collect()
     }
 
+    /// Like [`read_layers`](Self::read_layers), and for every hit also the
+    /// block's checksums (its layer sums authenticated by the indexed block
+    /// checksum), so a caller assembling the block layer by layer can
+    /// publish it without hashing it again.
+    pub async fn read_layers_with_sums<T: DmaTarget>(
+        &self,
+        reqs: Vec<(BlockHash, T)>,
+        layers: Range<u32>,
+    ) -> Vec<(T, Lookup, Option<BlockSums>)> {
+        crate::reader::read(&self.shared, reqs, Some(layers)).await
+    }
+
     /// Whether `key` is indexed (it may still turn out corrupt on read).
     pub fn contains(&self, key: BlockHash) -> bool {
         self.shared.index.contains(key)

@@ -19,6 +19,7 @@ pub(crate) mod completion;
 mod engine;
 mod executor;
 mod hooks;
+mod landing;
 mod metrics;
 mod request;
 
@@ -26,6 +27,7 @@ pub use completion::{WaitAll, WaitBlock};
 pub use engine::{TransferEngine, TransferEngineBuilder, TransferError};
 pub use executor::Tiers;
 pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket};
+pub use landing::{HostLanding, LayerTarget};
 pub use metrics::{LatencyHistogram, LatencySummary, PathMetrics, PathStats, TransferMetrics};
 pub use request::{
     BlockFailure, BlockMove, BlockResult, TransferHandle, TransferOutcome, TransferRequest,

@@ -2,11 +2,13 @@
 //! device (gated where the test decides when copies land), a shared-memory
 //! arena in /dev/shm and a disk tier in a temporary directory.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, EvictionPolicyKind};
-use kvtier_io::PsyncEngine;
+use kvtier_core::{BlockHash, EvictionPolicyKind, Lookup};
+use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::device::{CopyDirection, Device, GatedDevice, HostDevice, HostDeviceOptions};
@@ -17,7 +19,7 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::trace_bench::block_content;
-use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
+use kvtier_mem::{ArenaClient, MemoryTier, MemoryTierConfig, NoEviction};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -470,13 +472,17 @@ fn node_arena(blocks: u64) -> MemoryTier {
 
 /// A node's manager: no device, G2 on a node arena of 4 slots, G3 on disk.
 fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
+    host_rig_on(
+        mode,
+        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
+    )
+}
+
+/// [`host_rig`] with the disk on `engine`.
+fn host_rig_on(mode: CascadeMode, engine: Arc<dyn IoEngine>) -> (BlockManager, tempfile::TempDir) {
     let mut cfg = config(mode);
     cfg.hierarchy.g1 = None;
-    let (dir, disk) = disk(
-        "kvtier-mgr-host",
-        8 << 20,
-        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
-    );
+    let (dir, disk) = disk("kvtier-mgr-host", 8 << 20, engine);
     let tiers = ManagerTiers {
         geometry: geometry(),
         device: None,
@@ -527,4 +533,137 @@ async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
     drop(granted);
+}
+
+/// A disk engine that, while holding, keeps batches of reads until the
+/// test releases them one by one: the test decides when each layer of an
+/// onboarding lands. Writes always pass.
+struct ReadGate {
+    inner: Arc<dyn IoEngine>,
+    hold: AtomicBool,
+    held: parking_lot::Mutex<VecDeque<(IoBatch, Completer)>>,
+    arrived: tokio::sync::Notify,
+}
+
+impl ReadGate {
+    fn new(inner: Arc<dyn IoEngine>) -> Self {
+        Self {
+            inner,
+            hold: AtomicBool::new(false),
+            held: parking_lot::Mutex::new(VecDeque::new()),
+            arrived: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Lets the oldest held batch go, waiting for one if none is held.
+    async fn release_next(&self) {
+        loop {
+            let next = self.held.lock().pop_front();
+            if let Some((batch, completer)) = next {
+                let done = self.inner.submit(batch);
+                tokio::spawn(async move { completer.complete(done.await) });
+                return;
+            }
+            self.arrived.notified().await;
+        }
+    }
+
+    /// Stops holding and lets every held batch go.
+    fn open(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+        let held: Vec<_> = self.held.lock().drain(..).collect();
+        for (batch, completer) in held {
+            let done = self.inner.submit(batch);
+            tokio::spawn(async move { completer.complete(done.await) });
+        }
+    }
+}
+
+impl IoEngine for ReadGate {
+    fn name(&self) -> &'static str {
+        "read-gate"
+    }
+    fn register_file(&self, file: std::fs::File) -> kvtier_io::Result<FileId> {
+        self.inner.register_file(file)
+    }
+    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.register_memory(ptr, len) }
+    }
+    fn submit(&self, batch: IoBatch) -> Completion {
+        let reads = !batch.is_empty() && batch.ops().iter().all(|o| matches!(o.kind, IoKind::Read));
+        if !reads || !self.hold.load(Ordering::SeqCst) {
+            return self.inner.submit(batch);
+        }
+        let (completer, completion) = Completion::pair();
+        self.held.lock().push_back((batch, completer));
+        self.arrived.notify_one();
+        completion
+    }
+    fn stats(&self) -> IoStats {
+        self.inner.stats()
+    }
+}
+
+/// On a node (no device), a block onboarded from the disk arrives in an
+/// arena slot reserved before any byte moves, one layer at a time: layer 0
+/// can be read (verified against the checksum the disk authenticated)
+/// while the later layers are still on the disk, and the block is
+/// published, readable whole, only once every layer landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
+    let gate = Arc::new(ReadGate::new(Arc::new(
+        PsyncEngine::new(2, 64).expect("psync engine"),
+    )));
+    let (m, _dir) = host_rig_on(CascadeMode::Exclusive, gate.clone());
+    let a = chain(31, 5);
+    for (key, bytes) in with_bytes(&a) {
+        let stored = m.put_host(key, &bytes).await.expect("put");
+        assert!(
+            matches!(stored, Some(HostCommit::Stored)),
+            "{key}: {stored:?}"
+        );
+    }
+    assert_eq!(m.lookup(&a[..1]).blocks[0].tier, Tier::G3);
+    let g = geometry();
+    let (block_bytes, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
+    let expected = block_content(a[0], block_bytes);
+    let memory = m.tiers().memory.clone().expect("memory tier");
+    let arena = ArenaClient::open(memory.shm_name()).expect("map the arena");
+
+    gate.hold.store(true, Ordering::SeqCst);
+    let onboarding = m.begin_onboard(&a[..1]).await.expect("begin");
+    let slot = onboarding
+        .landing_slot(a[0])
+        .expect("the landing slot is known before any byte moves");
+    gate.release_next().await;
+    let layer0 = onboarding.wait_layer(0).await;
+    assert!(layer0.iter().all(|(_, r)| r.is_ok()), "{layer0:?}");
+    let sum = onboarding
+        .landing_layer_sum(a[0], 0)
+        .expect("layer 0's checksum");
+    let mut dst = vec![0u8; layer_bytes];
+    let got = arena
+        .read_arriving_layer(slot, a[0], 0, sum, &mut dst)
+        .expect("read layer 0");
+    assert_eq!(got, Lookup::Hit);
+    assert!(dst == expected[..layer_bytes], "layer 0 bytes differ");
+    // The later layers are still held: the block is neither published in
+    // the arena nor readable in the G2 pool.
+    let mut whole = vec![0u8; block_bytes];
+    assert_eq!(
+        arena.read(slot, a[0], &mut whole).expect("read"),
+        Lookup::Miss
+    );
+    let g2 = m.pool(Tier::G2).expect("g2");
+    assert_eq!(g2.presence(a[0]), Some(Presence::Filling));
+
+    gate.open();
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish");
+    assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
+    assert_eq!(
+        arena.read(slot, a[0], &mut whole).expect("read"),
+        Lookup::Hit
+    );
+    assert!(whole == expected, "the published block differs");
 }

@@ -215,6 +215,39 @@ impl ArenaClient {
         self.read_part(slot, key, Part::Layer(layer), dst)
     }
 
+    /// Copies layer `layer` of block `key` out of `slot` into `dst`,
+    /// verifying the copy against `layer_sum`, without the slot table: for
+    /// a block still arriving layer by layer (the daemon answered the slot
+    /// of a `Load` and reported the layer ready with its checksum). The
+    /// daemon keeps the slot for the caller until it releases it.
+    ///
+    /// [`Lookup::Hit`]: `dst` holds the verified layer. [`Lookup::Corrupt`]:
+    /// the bytes failed verification. Errors are caller mistakes.
+    pub fn read_arriving_layer(
+        &self,
+        slot: usize,
+        key: BlockHash,
+        layer: usize,
+        layer_sum: u64,
+        dst: &mut [u8],
+    ) -> Result<Lookup> {
+        let range = self.view.range(Part::Layer(layer), dst.len())?;
+        // SAFETY: `range` lies inside the block, so inside the slot.
+        let src = unsafe { self.view.slot_ptr(slot)?.add(range.start) };
+        // SAFETY: `src` is valid for `dst.len()` bytes of our mapping (the
+        // range checked above) and `dst` is private memory. The daemon
+        // wrote the layer before reporting it and keeps the slot for us;
+        // whatever is copied is hashed from `dst`, so a concurrent writer
+        // could only make the verification fail.
+        let got = unsafe { verify::copy_layer(src, dst, key, layer) };
+        Ok(if got == layer_sum {
+            Lookup::Hit
+        } else {
+            tracing::warn!(path = %self.path().display(), %key, slot, layer, "arriving layer failed verification");
+            Lookup::Corrupt
+        })
+    }
+
     fn read_part(&self, slot: usize, key: BlockHash, part: Part, dst: &mut [u8]) -> Result<Lookup> {
         let mut tries = 0;
         Ok(match self.view.read(slot, key, part, dst, &mut tries)? {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::BlockHash;
-use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError};
+use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError, Onboarding};
 use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
 use kvtier_protocol::{
@@ -41,6 +41,63 @@ struct Pin {
     _arena: BlockRef,
 }
 
+/// Where a block of a `Load` is in the arena when the answer goes out.
+enum Place {
+    /// Published; the reference keeps it in its slot until pinned.
+    Resident(BlockRef, Slot),
+    /// Arriving from the disk layer by layer into this slot.
+    Arriving(BlockHash, Slot),
+}
+
+impl Place {
+    fn hash(&self) -> BlockHash {
+        match self {
+            Self::Resident(r, _) => r.key(),
+            Self::Arriving(h, _) => *h,
+        }
+    }
+
+    fn slot(&self) -> Slot {
+        match self {
+            Self::Resident(_, slot) | Self::Arriving(_, slot) => *slot,
+        }
+    }
+
+    /// The checksum of layer `layer`, once it is in place.
+    fn layer_sum(&self, onboarding: &Onboarding, layer: u32) -> Option<u64> {
+        match self {
+            Self::Resident(r, _) => r.shared_sums().layers.get(layer as usize).copied(),
+            Self::Arriving(h, _) => onboarding.landing_layer_sum(*h, layer),
+        }
+    }
+}
+
+/// Why a `Load` ended early.
+enum LoadFailure {
+    /// Writing to the client failed: the connection is gone.
+    Io(std::io::Error),
+    /// The manager failed before the answer went out.
+    BeforeAnswer(ManagerError),
+    /// The manager failed after `LoadOk`.
+    AfterAnswer(ManagerError),
+}
+
+/// Arena slot `slot` as the protocol names it.
+fn arena_slot(memory: &kvtier_mem::MemoryTier, slot: usize) -> Slot {
+    Slot {
+        offset: memory.slot_offset(slot),
+        len: memory.block_bytes() as u64,
+    }
+}
+
+fn layer_ready(request_id: u64, layer: u32, sums: impl Iterator<Item = u64>) -> Message {
+    Message::LayerReady(LayerReady {
+        request_id,
+        layer,
+        sums: sums.collect(),
+    })
+}
+
 /// What the session loop does after a message.
 enum Next {
     Continue,
@@ -63,6 +120,11 @@ pub(crate) async fn serve(
     loop {
         tokio::select! {
             read = next_message(&mut rd, &mut buf) => match read {
+                Ok(Some(Message::Load(r))) if session.keys.is_some() => {
+                    if session.stream_load(r, &mut wr).await.is_err() {
+                        break;
+                    }
+                }
                 Ok(Some(msg)) => {
                     let (replies, next) = session.handle(msg).await;
                     if send(&mut wr, &replies).await.is_err() {
@@ -206,7 +268,11 @@ impl Session {
             Message::Reserve(r) => self.with_batch(r, keys, Self::reserve).await,
             Message::Commit(c) => self.commit(c, keys).await,
             Message::Abort(r) => self.with_batch(r, keys, Self::abort).await,
-            Message::Load(r) => self.with_batch(r, keys, Self::load).await,
+            // Answered as it progresses: `serve` calls `stream_load`.
+            Message::Load(r) => {
+                let m = format!("Load {} reached the batch handler", r.request_id);
+                vec![error(r.request_id, ErrorCode::INTERNAL, m)]
+            }
             Message::Release(r) => self.with_batch(r, keys, Self::release).await,
             Message::Remove(r) => self.with_batch(r, keys, Self::remove).await,
             Message::Stats(s) => vec![Message::StatsOk(StatsOk {
@@ -410,25 +476,146 @@ impl Session {
         Ok(vec![ack(id)])
     }
 
-    /// Brings the longest stored prefix of `keys` to G2, pins it for the
-    /// client and answers its slots; the rest are misses. Host paths move
-    /// whole blocks, so one `LayerReady` for the last layer follows.
-    async fn load(&mut self, id: u64, keys: Vec<BlockHash>) -> Result<Vec<Message>, ManagerError> {
+    /// `Load`, answered as it progresses (so the replies go straight to
+    /// `wr`): see [`load`](Self::load). A write that fails is returned (the
+    /// connection is gone); a manager failure before `LoadOk` is an error
+    /// reply, after it closes the connection (the client would otherwise
+    /// wait for layers that never come).
+    async fn stream_load(
+        &mut self,
+        r: KeysRequest,
+        wr: &mut OwnedWriteHalf,
+    ) -> std::io::Result<()> {
+        let Some(keys) = self.keys else {
+            let m = "Load before Hello".to_owned();
+            return send(wr, &[error(0, ErrorCode::HANDSHAKE, m)]).await;
+        };
+        Counters::add(&self.counters().requests, 1);
+        if let Some(refused) = self.refuse_oversized(r.request_id, r.keys.len()) {
+            return send(wr, &refused).await;
+        }
+        let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
+        match self.load(r.request_id, stored, wr).await {
+            Ok(()) => Ok(()),
+            Err(LoadFailure::Io(e)) => Err(e),
+            Err(LoadFailure::BeforeAnswer(e)) => {
+                send(
+                    wr,
+                    &[error(r.request_id, ErrorCode::INTERNAL, e.to_string())],
+                )
+                .await
+            }
+            Err(LoadFailure::AfterAnswer(e)) => {
+                tracing::error!(session = self.id, error = %e, "a load failed after its answer; closing the connection");
+                Err(std::io::Error::other(e.to_string()))
+            }
+        }
+    }
+
+    /// Brings the longest stored prefix of `keys` to G2 and pins it for the
+    /// client; the rest are misses. When every block of the prefix is
+    /// resident or arriving from the disk (slots reserved up front),
+    /// `LoadOk` goes out at once and one `LayerReady` per layer follows as
+    /// the layers land; otherwise (a block arriving whole from G4, or
+    /// brought by another client) the answer waits for the whole prefix and
+    /// one `LayerReady` for the last layer follows it.
+    async fn load(
+        &mut self,
+        id: u64,
+        keys: Vec<BlockHash>,
+        wr: &mut OwnedWriteHalf,
+    ) -> Result<(), LoadFailure> {
         let manager = self.node.manager();
-        let onboarding = manager.begin_onboard(&keys).await?;
-        let onboarded = manager.finish_onboard(onboarding).await?;
         let memory = self.node.memory();
+        let onboarding = manager
+            .begin_onboard(&keys)
+            .await
+            .map_err(LoadFailure::BeforeAnswer)?;
+        let mut places = Vec::with_capacity(onboarding.planned().len());
+        for &hash in onboarding.planned() {
+            let place = match onboarding.landing_slot(hash) {
+                Some(slot) => Place::Arriving(hash, arena_slot(memory, slot)),
+                None => match memory.get_ref(hash) {
+                    Some(r) => {
+                        let slot = arena_slot(memory, r.slot());
+                        Place::Resident(r, slot)
+                    }
+                    None => break,
+                },
+            };
+            places.push(place);
+        }
+        if places.len() < onboarding.planned().len() {
+            drop(places);
+            let onboarded = manager
+                .finish_onboard(onboarding)
+                .await
+                .map_err(LoadFailure::BeforeAnswer)?;
+            let pinned = self.pin(onboarded.blocks, &[]);
+            let last = self.node.geometry().layers.saturating_sub(1);
+            let mut replies = vec![self.load_ok(id, keys.len(), pinned.iter().map(|p| p.0))];
+            if !pinned.is_empty() {
+                replies.push(layer_ready(id, last, pinned.iter().map(|p| p.1)));
+            }
+            self.count_load(pinned.len(), keys.len());
+            return send(wr, &replies).await.map_err(LoadFailure::Io);
+        }
+        let slots = places.iter().map(|p| p.slot()).collect::<Vec<_>>();
+        let answer = self.load_ok(id, keys.len(), slots.iter().copied());
+        send(wr, &[answer]).await.map_err(LoadFailure::Io)?;
+        let layers = self.node.geometry().layers;
+        let mut good = places.len();
+        for layer in 0..layers.saturating_sub(1) {
+            for (hash, result) in onboarding.wait_layer(layer).await {
+                if result.is_err()
+                    && let Some(i) = places.iter().position(|p| p.hash() == hash)
+                {
+                    good = good.min(i);
+                }
+            }
+            let sums: Vec<u64> = places[..good]
+                .iter()
+                .map_while(|p| p.layer_sum(&onboarding, layer))
+                .collect();
+            good = sums.len();
+            let ready = layer_ready(id, layer, sums.into_iter());
+            send(wr, &[ready]).await.map_err(LoadFailure::Io)?;
+        }
+        // The last layer publishes the arriving blocks; pin what arrived,
+        // in the slots announced.
+        let onboarded = manager
+            .finish_onboard(onboarding)
+            .await
+            .map_err(LoadFailure::AfterAnswer)?;
+        let mut blocks = onboarded.blocks;
+        blocks.truncate(good);
+        let pinned = self.pin(blocks, &slots);
+        self.count_load(pinned.len(), keys.len());
+        let last = layer_ready(id, layers.saturating_sub(1), pinned.iter().map(|p| p.1));
+        send(wr, &[last]).await.map_err(LoadFailure::Io)
+    }
+
+    /// Pins `blocks` for the client, in order, while the arena shows each
+    /// (in `slots[i]` when given); returns each pinned block's slot and
+    /// last-layer checksum.
+    fn pin(&mut self, blocks: Vec<ImmutableBlock>, slots: &[Slot]) -> Vec<(Slot, u64)> {
+        let memory = self.node.memory();
+        let last = self.node.geometry().layers.saturating_sub(1) as usize;
         let until = Instant::now() + self.node.options().lease;
-        let mut results = Vec::with_capacity(keys.len());
-        for block in onboarded.blocks {
+        let mut out = Vec::with_capacity(blocks.len());
+        for (i, block) in blocks.into_iter().enumerate() {
             // The prefix ends at the first block the arena cannot show.
             let Some(arena) = memory.get_ref(block.hash()) else {
                 break;
             };
-            results.push(LoadResult::Slot(Slot {
-                offset: memory.slot_offset(arena.slot()),
-                len: memory.block_bytes() as u64,
-            }));
+            let slot = arena_slot(memory, arena.slot());
+            if slots.get(i).is_some_and(|announced| *announced != slot) {
+                break;
+            }
+            let Some(&sum) = arena.shared_sums().layers.get(last) else {
+                break;
+            };
+            out.push((slot, sum));
             let pin = Pin {
                 _block: block,
                 _arena: arena,
@@ -438,22 +625,23 @@ impl Session {
                 .or_default()
                 .push(Leased { value: pin, until });
         }
-        let found = results.len();
-        results.resize(keys.len(), LoadResult::Miss);
-        let c = self.counters();
-        Counters::add(&c.loaded, found as u64);
-        Counters::add(&c.load_misses, (keys.len() - found) as u64);
-        let mut replies = vec![Message::LoadOk(LoadOk {
+        out
+    }
+
+    /// `LoadOk` with `slots` for the leading keys of `n`, the rest misses.
+    fn load_ok(&self, id: u64, n: usize, slots: impl Iterator<Item = Slot>) -> Message {
+        let mut results: Vec<LoadResult> = slots.map(LoadResult::Slot).collect();
+        results.resize(n, LoadResult::Miss);
+        Message::LoadOk(LoadOk {
             request_id: id,
             results,
-        })];
-        if found > 0 {
-            replies.push(Message::LayerReady(LayerReady {
-                request_id: id,
-                layer: self.node.geometry().layers.saturating_sub(1),
-            }));
-        }
-        Ok(replies)
+        })
+    }
+
+    fn count_load(&self, found: usize, asked: usize) {
+        let c = self.counters();
+        Counters::add(&c.loaded, found as u64);
+        Counters::add(&c.load_misses, (asked - found) as u64);
     }
 
     async fn release(

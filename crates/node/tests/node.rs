@@ -308,3 +308,53 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     let first_g4 = tiers.iter().position(|t| *t == Tier::G4).unwrap() as u128;
     assert_eq!(load_exact(&mut client, first_g4..first_g4 + 1, len), 1);
 }
+
+/// A load of blocks the disk log holds answers their arena slots at once
+/// and then one `LayerReady` per layer, each with the layer's checksums:
+/// the client reads layer 0 of every block (verified against those) before
+/// it waits for the last layer, then the whole blocks, exact.
+#[test]
+fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(config(dir.path(), 4));
+    let len = daemon.len();
+    let layers = daemon.node.geometry().layers;
+    let layer_bytes = daemon.node.geometry().layer_bytes() as usize;
+    assert!(layers > 1, "the test needs blocks of several layers");
+    let mut client = daemon.client();
+    store(&mut client, 0..3, len);
+    drop(client);
+    let daemon = Daemon::start(daemon.stop());
+    assert_eq!(
+        daemon.node.adopted().g3,
+        3,
+        "every block is on the disk only"
+    );
+    let mut client = daemon.client();
+    let keys: Vec<BlockHash> = (0..3).map(BlockHash).collect();
+    let load = client.load(&keys).expect("load");
+    assert_eq!(load.prefix_len(), 3);
+    for layer in 0..layers {
+        client.wait_layer(&load, layer).expect("wait for the layer");
+        for k in 0..3u128 {
+            let mut dst = vec![0u8; layer_bytes];
+            let got = load.read_layer(k as usize, layer, &mut dst).expect("read");
+            assert_eq!(got, kvtier_core::Lookup::Hit, "block {k} layer {layer}");
+            let at = layer as usize * layer_bytes;
+            assert!(
+                dst == block(k, len)[at..at + layer_bytes],
+                "block {k} layer {layer}"
+            );
+        }
+    }
+    for k in 0..3u128 {
+        let mut whole = vec![0u8; len];
+        assert_eq!(
+            load.read(k as usize, &mut whole).expect("read"),
+            kvtier_core::Lookup::Hit
+        );
+        assert!(whole == block(k, len), "block {k}");
+    }
+    client.release_load(load).expect("release");
+    assert_eq!(daemon.node.stats().loaded, 3);
+}

@@ -418,18 +418,24 @@ pub struct LoadOk {
 }
 wire_struct!(LoadOk { request_id: u64, results: Vec<LoadResult> });
 
-/// Daemon -> client: layers `0..=layer` of every `Slot` of a `Load` are
-/// resident and verified.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Daemon -> client: layers `0..=layer` of the first `sums.len()` slots
+/// of a `Load` are in place and were verified; the slots after them failed
+/// and are misses from now on. `sums[i]` is the checksum of layer `layer`
+/// of slot `i`, which a reader verifies the layer's bytes against (a block
+/// still arriving has no checksums in the slot table yet).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LayerReady {
     /// The `Load` request's id.
     pub request_id: u64,
     /// The highest layer now ready.
     pub layer: u32,
+    /// Layer `layer`'s checksum of each leading slot still good.
+    pub sums: Vec<u64>,
 }
 wire_struct!(LayerReady {
     request_id: u64,
-    layer: u32
+    layer: u32,
+    sums: Vec<u64>
 });
 
 /// Client -> daemon: ask for the counters.

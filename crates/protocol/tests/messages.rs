@@ -73,7 +73,7 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[1, 0, 0, 0], "major 1, minor 0");
+    assert_eq!(&frame[5..9], &[2, 0, 0, 0], "major 2, minor 0");
 }
 
 fn with_version(frame: &[u8], major: u16, minor: u16) -> Vec<u8> {
@@ -86,10 +86,10 @@ fn with_version(frame: &[u8], major: u16, minor: u16) -> Vec<u8> {
 #[test]
 fn another_major_is_a_version_error_for_both_handshake_messages() {
     for msg in &samples::all()[..2] {
-        let frame = with_version(&msg.to_frame().unwrap(), 2, 0);
+        let frame = with_version(&msg.to_frame().unwrap(), 3, 0);
         let err = Message::from_frame(&frame).unwrap_err();
         assert!(
-            matches!(err, DecodeError::WrongVersion { got, .. } if got.major == 2),
+            matches!(err, DecodeError::WrongVersion { got, .. } if got.major == 3),
             "{err}"
         );
     }
@@ -97,8 +97,8 @@ fn another_major_is_a_version_error_for_both_handshake_messages() {
 
 #[test]
 fn a_newer_major_is_refused_whatever_its_body() {
-    // A version-2 hello may have any layout after the version.
-    let frame = [5, 0, 0, 0, 0x01, 2, 0, 9, 9];
+    // A version-3 hello may have any layout after the version.
+    let frame = [5, 0, 0, 0, 0x01, 3, 0, 9, 9];
     assert!(matches!(
         Message::from_frame(&frame),
         Err(DecodeError::WrongVersion { .. })
@@ -107,13 +107,13 @@ fn a_newer_major_is_refused_whatever_its_body() {
 
 #[test]
 fn another_minor_is_accepted() {
-    let frame = with_version(&samples::all()[0].to_frame().unwrap(), 1, 7);
+    let frame = with_version(&samples::all()[0].to_frame().unwrap(), 2, 7);
     let Message::Hello(hello) = Message::from_frame(&frame).unwrap() else {
         panic!("not a hello");
     };
     assert_eq!(
         hello.protocol_version,
-        ProtocolVersion { major: 1, minor: 7 }
+        ProtocolVersion { major: 2, minor: 7 }
     );
 }
 
@@ -311,12 +311,12 @@ fn lookup_prefix_len_is_the_tier_count() {
 #[test]
 fn errors_render_their_detail() {
     let err = DecodeError::WrongVersion {
-        got: ProtocolVersion { major: 2, minor: 1 },
+        got: ProtocolVersion { major: 3, minor: 1 },
         supported: PROTOCOL_VERSION,
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 2.1 is not supported (this side speaks 1.0)"
+        "protocol version 3.1 is not supported (this side speaks 2.0)"
     );
 }
 

@@ -149,8 +149,13 @@ fn replies() -> impl Strategy<Value = Message> {
             request_id,
             results
         })),
-        (id, any::<u32>())
-            .prop_map(|(request_id, layer)| Message::LayerReady(LayerReady { request_id, layer })),
+        (id, any::<u32>(), vec(any::<u64>(), 0..20)).prop_map(|(request_id, layer, sums)| {
+            Message::LayerReady(LayerReady {
+                request_id,
+                layer,
+                sums,
+            })
+        }),
         (id, vec((text(), any::<u64>()), 0..8)).prop_map(|(request_id, c)| Message::StatsOk(
             StatsOk {
                 request_id,

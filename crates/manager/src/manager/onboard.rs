@@ -1,24 +1,35 @@
 //! Onboarding a request's prefix to the fastest configured tier: to G1
-//! layer by layer, or, on a node without a device, to G2 block by block
-//! (the host tiers' paths move whole blocks).
+//! layer by layer, or, on a node without a device, to G2: from the disk
+//! layer by layer into arena slots reserved up front
+//! ([`HostLanding`]), from G4 whole blocks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
+use crate::Tier;
+use crate::TransferPath;
 use crate::device::Span;
-use crate::placement::OnboardStep;
-use crate::pool::{BlockPool, ImmutableBlock, Presence};
+use crate::placement::{OnboardPlan, OnboardStep, OnboardStop};
+use crate::pool::{BlockPool, ImmutableBlock, PoolError, Presence};
 use crate::registry::PrefixMatch;
 use crate::scheduler::LoadHandle;
-use crate::transfer::{BlockFailure, BlockMove, BlockResult, TransferHandle, TransferRequest};
+use crate::transfer::{
+    BlockFailure, BlockMove, BlockResult, HostLanding, TransferHandle, TransferRequest,
+};
+use kvtier_mem::Reserve;
+
+/// Plans an onboarding makes before it settles for a shorter prefix when
+/// concurrent callers keep taking the room made for it.
+pub(super) const ROOM_TRIES: usize = 4;
 
 /// One source path's share of an onboarding.
 enum OnboardLoad {
-    /// To the device, one batch per layer.
+    /// One batch per layer: to the device, or from the disk into landings.
     Layered(LoadHandle),
-    /// To host memory, whole blocks: every layer lands at once.
+    /// Whole blocks (G4 to host memory): every layer lands at once.
     Whole(TransferHandle),
 }
 
@@ -72,6 +83,8 @@ pub struct Onboarding {
     resident: Vec<ImmutableBlock>,
     /// Blocks another request is bringing to the target tier.
     pending: Vec<BlockHash>,
+    /// The blocks arriving in G2 layer by layer.
+    landings: HashMap<BlockHash, Arc<HostLanding>>,
     loads: Vec<OnboardLoad>,
 }
 
@@ -97,6 +110,26 @@ impl Onboarding {
     /// request order.
     pub fn planned(&self) -> &[BlockHash] {
         &self.planned
+    }
+
+    /// Blocks another request is bringing to the target tier (this
+    /// onboarding waits for them in [`BlockManager::finish_onboard`]).
+    pub fn pending(&self) -> &[BlockHash] {
+        &self.pending
+    }
+
+    /// The arena slot block `hash` arrives in, when this onboarding reads
+    /// it from the disk into G2 layer by layer: known before its first
+    /// layer lands, readable layer by layer after
+    /// [`wait_layer`](Self::wait_layer).
+    pub fn landing_slot(&self, hash: BlockHash) -> Option<usize> {
+        self.landings.get(&hash).map(|l| l.slot())
+    }
+
+    /// The checksum of layer `layer` of block `hash` arriving in G2 layer
+    /// by layer, once the layer's wait returned it as delivered.
+    pub fn landing_layer_sum(&self, hash: BlockHash, layer: u32) -> Option<u64> {
+        self.landings.get(&hash)?.layer_sum(layer)
     }
 
     /// Blocks being read into the target tier by this onboarding.
@@ -171,11 +204,9 @@ impl BlockManager {
                 pinned.push((b.tier, b.hash));
             }
         }
-        if self.config.offload_on_demand {
-            self.make_room(target, pinned.len() + hashes.len() - matched.len())
-                .await;
-        }
-        let plan = self.planner.plan_onboard(&self.registry, &prefix);
+        let plan = self
+            .plan_with_room(target, &prefix, pinned.len() + hashes.len() - matched.len())
+            .await;
         for (tier, hash) in pinned {
             if let Some(p) = self.registry.pool(tier) {
                 // Unpinned before the copies run, so a move removes its
@@ -191,6 +222,7 @@ impl BlockManager {
         let mut planned = Vec::with_capacity(plan.steps.len());
         let mut resident = Vec::new();
         let mut pending = Vec::new();
+        let mut landings = HashMap::new();
         let mut by_path: BTreeMap<_, Vec<BlockMove>> = BTreeMap::new();
         for step in plan.steps {
             planned.push(step.hash());
@@ -198,7 +230,18 @@ impl BlockManager {
                 OnboardStep::Resident(b) => resident.push(b),
                 OnboardStep::Pending(h) => pending.push(h),
                 OnboardStep::Transfer(mv) => {
-                    if let Some(block) = self.block_move(&mv) {
+                    let block = if mv.path == TransferPath::DiskToHost {
+                        // Dropping the move when the arena has no slot
+                        // frees its pool slot and keeps the source.
+                        self.landing(mv.hash).inspect(|b| {
+                            if let Some(l) = &b.landing {
+                                landings.insert(mv.hash, l.clone());
+                            }
+                        })
+                    } else {
+                        self.block_move(&mv)
+                    };
+                    if let Some(block) = block {
                         by_path.entry(mv.path).or_default().push(block);
                         self.hooks.stage(mv);
                     }
@@ -208,7 +251,7 @@ impl BlockManager {
         let loads = by_path
             .into_iter()
             .map(|(path, blocks)| {
-                if path.to_device() {
+                if path.to_device() || path == TransferPath::DiskToHost {
                     OnboardLoad::Layered(self.scheduler.load(path, blocks))
                 } else {
                     let request = TransferRequest {
@@ -225,8 +268,47 @@ impl BlockManager {
             planned,
             resident,
             pending,
+            landings,
             loads,
         })
+    }
+
+    /// Makes room for `room` blocks in `target` and plans bringing `prefix`
+    /// there. A slot freed for us may be taken by a concurrent caller
+    /// before the plan claims it (the pools do not evict by allocation, see
+    /// [`PoolConfig::evict_on_allocate`](crate::pool::PoolConfig::evict_on_allocate)):
+    /// a plan cut short that way is dropped (its guards undo it) and made
+    /// again, a few times.
+    async fn plan_with_room(&self, target: Tier, prefix: &[BlockHash], room: usize) -> OnboardPlan {
+        let mut tries = 0;
+        loop {
+            if self.config.offload_on_demand {
+                self.make_room(target, room).await;
+            }
+            let plan = self.planner.plan_onboard(&self.registry, prefix);
+            tries += 1;
+            let short_of_room = matches!(
+                plan.stopped,
+                Some(OnboardStop::DeviceFull(PoolError::Exhausted { .. }))
+            );
+            if !short_of_room || !self.config.offload_on_demand || tries >= ROOM_TRIES {
+                return plan;
+            }
+        }
+    }
+
+    /// A disk-to-host move of `hash` into an arena slot reserved now, so
+    /// its layers can land (and be read) one by one; `None` when the arena
+    /// has no slot for it.
+    fn landing(&self, hash: BlockHash) -> Option<BlockMove> {
+        let memory = self.tiers.memory.as_ref()?;
+        match memory.reserve(hash) {
+            Ok(Reserve::Reserved(slot)) => Some(BlockMove::landing(HostLanding::new(
+                slot,
+                self.geometry.layers,
+            ))),
+            Ok(Reserve::AlreadyPresent | Reserve::Full) | Err(_) => None,
+        }
     }
 
     /// Waits for the rest of the onboarding (every layer, and blocks other

@@ -163,8 +163,9 @@ impl IoScheduler {
         &self.inner.engine
     }
 
-    /// Loads `blocks` onto the device along `path` (`HostToDevice` or
-    /// `DiskToDevice`; each block names its device block) layer by layer:
+    /// Loads `blocks` along `path` layer by layer (`HostToDevice` or
+    /// `DiskToDevice`, each block naming its device block; `DiskToHost`,
+    /// each block naming its landing slot):
     /// one read batch per layer for all blocks, queued in layer order ahead
     /// of every write.
     pub fn load(&self, path: TransferPath, blocks: Vec<BlockMove>) -> LoadHandle {

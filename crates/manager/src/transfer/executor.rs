@@ -5,7 +5,7 @@
 //! | `DeviceToHost` | `Device` download | reserved DRAM slot | against carried sums, or sums computed (block enters kvtier) |
 //! | `HostToDevice` | DRAM `BlockRef` | `Device` upload | whole block or the layer's checksum, before the copy |
 //! | `HostToDisk` | DRAM `BlockRef` | `DiskTier::put_batch` (one call) | carried sums written with it |
-//! | `DiskToHost` | `get_batch_with_sums` (one call) | reserved DRAM slot | disk verifies every byte; committed with those sums |
+//! | `DiskToHost` | `get_batch_with_sums` (one call), or per layer `read_layers_with_sums` into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | disk verifies every byte or layer; committed with those sums (by the layer that completes the block) |
 //! | `DiskToDevice` | `get_batch` / `read_layers` (one call) | `Device` upload | disk verifies every byte or layer |
 //! | `HostToRemote` | DRAM `BlockRef` | `RemoteTier::put_batch` (one call) | carried sums written with it |
 //! | `DiskToRemote` | `get_batch_with_sums` (one call) | `RemoteTier::put_batch` (one call) | disk verifies; its sums written with it |
@@ -166,8 +166,9 @@ pub(crate) async fn execute(
             (Some(m), Some(disk)) => host_to_disk(m, disk, blocks).await,
             _ => unsupported(),
         },
-        TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory) {
-            (Some(disk), Some(m)) => disk_to_host(disk, m, blocks).await,
+        TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory, span) {
+            (Some(disk), Some(m), Span::Block) => disk_to_host(disk, m, blocks).await,
+            (Some(disk), Some(m), Span::Layer(l)) => disk_to_landings(disk, m, l, blocks).await,
             _ => unsupported(),
         },
         TransferPath::DiskToDevice => match (&tiers.disk, &tiers.device) {
@@ -198,9 +199,9 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !path.to_device() {
+            if !path.to_device() && path != TransferPath::DiskToHost {
                 return Err(BlockFailure::InvalidRequest(format!(
-                    "layer spans are for onboarding to the device, not {}",
+                    "layer spans are for onboarding to the device or from the disk, not {}",
                     path.name()
                 )));
             }
@@ -432,6 +433,64 @@ async fn disk_to_host(
             }
             (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
             (other, _) => Err(lookup_failure(other)),
+        };
+    }
+    results
+}
+
+/// Layer `layer` of blocks landing in reserved arena slots: one disk
+/// submission reading each layer straight into its slot range, verified
+/// against the block's authenticated layer sums; the layer that completes
+/// a block publishes it.
+async fn disk_to_landings(
+    disk: &DiskTier,
+    memory: &MemoryTier,
+    layer: u32,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut reqs = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match b.landing.as_ref().and_then(|l| l.layer_target(layer)) {
+            Some(target) => {
+                reqs.push((b.key, target));
+                which.push(i);
+            }
+            None => {
+                results[i] = Err(BlockFailure::InvalidRequest(
+                    "a layer read from the disk needs a landing slot".into(),
+                ));
+            }
+        }
+    }
+    if reqs.is_empty() {
+        return results;
+    }
+    let read = disk.read_layers_with_sums(reqs, layer..layer + 1).await;
+    for ((target, lookup, sums), i) in read.into_iter().zip(which) {
+        let Some(landing) = blocks[i].landing.as_ref() else {
+            continue;
+        };
+        results[i] = match (lookup, sums) {
+            (Lookup::Hit, Some(sums)) => match landing.landed(target, &sums) {
+                None => Ok(()),
+                Some(published) => {
+                    let done = from_put(published);
+                    if done.is_ok() {
+                        // It came from disk: a copy exists below.
+                        memory.set_persisted(landing.key(), true);
+                    }
+                    done
+                }
+            },
+            (other, _) => {
+                landing.fail(target);
+                Err(match other {
+                    Lookup::Hit => BlockFailure::Tier("disk hit without checksums".into()),
+                    other => lookup_failure(other),
+                })
+            }
         };
     }
     results

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use kvtier_core::{BlockHash, BlockSums};
 
 use super::completion::{CompletionCell, WaitAll, WaitBlock};
+use super::landing::HostLanding;
 use crate::device::{DeviceBlockId, Span};
 use crate::tier::TransferPath;
 
 /// One block of a transfer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct BlockMove {
     /// The block's key (its identity in G2 and G3).
     pub key: BlockHash,
@@ -23,7 +24,26 @@ pub struct BlockMove {
     /// computed from the bytes downloaded. With them, the bytes are
     /// verified against them before they are stored.
     pub sums: Option<BlockSums>,
+    /// The arena slot a block read from the disk layer by layer lands in
+    /// (`DiskToHost` with layer spans); `None` elsewhere.
+    pub landing: Option<Arc<HostLanding>>,
 }
+
+impl PartialEq for BlockMove {
+    fn eq(&self, other: &Self) -> bool {
+        let same_landing = match (&self.landing, &other.landing) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.key == other.key
+            && self.device == other.device
+            && self.sums == other.sums
+            && same_landing
+    }
+}
+
+impl Eq for BlockMove {}
 
 impl BlockMove {
     /// A block that lives in G2 / G3 only (no device end).
@@ -32,15 +52,23 @@ impl BlockMove {
             key,
             device: None,
             sums: None,
+            landing: None,
         }
     }
 
     /// A block with a device end.
     pub fn with_device(key: BlockHash, device: DeviceBlockId) -> Self {
         Self {
-            key,
             device: Some(device),
-            sums: None,
+            ..Self::key(key)
+        }
+    }
+
+    /// A block read from the disk layer by layer into `landing`.
+    pub fn landing(landing: Arc<HostLanding>) -> Self {
+        Self {
+            landing: Some(landing.clone()),
+            ..Self::key(landing.key())
         }
     }
 }
@@ -50,8 +78,9 @@ impl BlockMove {
 pub struct TransferRequest {
     /// The path.
     pub path: TransferPath,
-    /// Which bytes of each block: whole blocks, or one layer (only onto
-    /// the device: `HostToDevice`, `DiskToDevice`).
+    /// Which bytes of each block: whole blocks, or one layer (onto the
+    /// device, `HostToDevice` / `DiskToDevice`, or from the disk into
+    /// landings, `DiskToHost`).
     pub span: Span,
     /// The blocks.
     pub blocks: Vec<BlockMove>,

@@ -103,6 +103,7 @@ pub fn all() -> Vec<Message> {
         Message::LayerReady(LayerReady {
             request_id: 5,
             layer: 31,
+            sums: vec![0x0123_4567_89ab_cdef],
         }),
         Message::Release(keys(6)),
         Message::Remove(keys(7)),
