@@ -513,12 +513,13 @@ impl Session {
     }
 
     /// Brings the longest stored prefix of `keys` to G2 and pins it for the
-    /// client; the rest are misses. When every block of the prefix is
-    /// resident or arriving from the disk (slots reserved up front),
+    /// client; the rest are misses. When some block of the prefix arrives
+    /// from the disk and every other is resident (slots known up front),
     /// `LoadOk` goes out at once and one `LayerReady` per layer follows as
-    /// the layers land; otherwise (a block arriving whole from G4, or
-    /// brought by another client) the answer waits for the whole prefix and
-    /// one `LayerReady` for the last layer follows it.
+    /// the layers land; otherwise (all resident, a block arriving whole
+    /// from G4, or one brought by another client) the answer waits for the
+    /// whole prefix and one `LayerReady` for the last layer follows it, in
+    /// the same write.
     async fn load(
         &mut self,
         id: u64,
@@ -545,7 +546,10 @@ impl Session {
             };
             places.push(place);
         }
-        if places.len() < onboarding.planned().len() {
+        let arriving = places.iter().any(|p| matches!(p, Place::Arriving(..)));
+        if !arriving || places.len() < onboarding.planned().len() {
+            // Nothing to stream (every block is resident: one write for
+            // the whole answer), or a slot not known yet.
             drop(places);
             let onboarded = manager
                 .finish_onboard(onboarding)
