@@ -88,6 +88,20 @@ fn from_put(outcome: Result<PutOutcome, MemError>) -> BlockResult {
     }
 }
 
+/// A block published in DRAM from a lower tier: its outcome, and, when it
+/// is there, a note that a copy exists below.
+fn from_below(
+    memory: &MemoryTier,
+    key: BlockHash,
+    outcome: Result<PutOutcome, MemError>,
+) -> BlockResult {
+    let done = from_put(outcome);
+    if done.is_ok() {
+        memory.set_persisted(key, true);
+    }
+    done
+}
+
 /// A DRAM slot reserved for `key`, or `None` with `result` set: `Ok` when
 /// the block is already in DRAM, else why no slot could be had.
 fn reserve_slot(
@@ -424,12 +438,7 @@ async fn disk_to_host(
         results[i] = match (lookup, sums) {
             (Lookup::Hit, Some(sums)) => {
                 // The disk tier verified these very slot bytes against sums.
-                let done = from_put(target.0.commit_verified(&sums));
-                if done.is_ok() {
-                    // It came from disk: a copy exists below.
-                    memory.set_persisted(blocks[i].key, true);
-                }
-                done
+                from_below(memory, blocks[i].key, target.0.commit_verified(&sums))
             }
             (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
             (other, _) => Err(lookup_failure(other)),
@@ -475,14 +484,7 @@ async fn disk_to_landings(
         results[i] = match (lookup, sums) {
             (Lookup::Hit, Some(sums)) => match landing.landed(target, &sums) {
                 None => Ok(()),
-                Some(published) => {
-                    let done = from_put(published);
-                    if done.is_ok() {
-                        // It came from disk: a copy exists below.
-                        memory.set_persisted(landing.key(), true);
-                    }
-                    done
-                }
+                Some(published) => from_below(memory, landing.key(), published),
             },
             (other, _) => {
                 landing.fail(target);
@@ -653,11 +655,7 @@ async fn remote_to_host(
                 } else {
                     slot.as_mut_slice().copy_from_slice(&bytes);
                     // The remote tier verified these bytes against `sums`.
-                    let done = from_put(slot.commit_verified(&sums));
-                    if done.is_ok() {
-                        memory.set_persisted(blocks[i].key, true);
-                    }
-                    done
+                    from_below(memory, blocks[i].key, slot.commit_verified(&sums))
                 }
             }
             other => Err(remote_failure(other)),
