@@ -119,10 +119,16 @@ impl TransferPath {
         to < from
     }
 
-    /// Whether the path ends on the device (the only paths that may move
-    /// one layer of a block at a time).
+    /// Whether the path ends on the device (layer spans onto the device).
     pub fn to_device(self) -> bool {
         self.endpoints().1 == Tier::G1
+    }
+
+    /// Whether the path reads into host memory from the disk or G4, whose
+    /// layer spans land in reserved arena slots
+    /// ([`HostLanding`](crate::transfer::HostLanding)).
+    pub fn lands_in_host(self) -> bool {
+        matches!(self, TransferPath::DiskToHost | TransferPath::RemoteToHost)
     }
 
     /// Metric label (`d2h`, `h2d`, ...).

@@ -449,7 +449,7 @@ async fn unservable_requests_fail_per_block() {
     assert_eq!(out.blocks[0].1, Err(BlockFailure::Unsupported("h2disk")));
     let out = engine
         .submit(TransferRequest {
-            path: TransferPath::RemoteToHost,
+            path: TransferPath::HostToRemote,
             span: Span::Layer(0),
             blocks: key_moves(&[k]),
         })

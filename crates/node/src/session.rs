@@ -45,7 +45,7 @@ struct Pin {
 enum Place {
     /// Published; the reference keeps it in its slot until pinned.
     Resident(BlockRef, Slot),
-    /// Arriving from the disk layer by layer into this slot.
+    /// Arriving from the disk or G4 layer by layer into this slot.
     Arriving(BlockHash, Slot),
 }
 
@@ -514,10 +514,11 @@ impl Session {
 
     /// Brings the longest stored prefix of `keys` to G2 and pins it for the
     /// client; the rest are misses. When some block of the prefix arrives
-    /// from the disk and every other is resident (slots known up front),
+    /// from the disk or G4 and every other is resident (slots known up
+    /// front),
     /// `LoadOk` goes out at once and one `LayerReady` per layer follows as
-    /// the layers land; otherwise (all resident, a block arriving whole
-    /// from G4, or one brought by another client) the answer waits for the
+    /// the layers land; otherwise (all resident, or a block brought by
+    /// another client) the answer waits for the
     /// whole prefix and one `LayerReady` for the last layer follows it, in
     /// the same write.
     async fn load(

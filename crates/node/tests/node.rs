@@ -306,7 +306,22 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     let tiers = client.lookup(&keys).unwrap();
     assert!(tiers.contains(&Tier::G4), "{tiers:?}");
     let first_g4 = tiers.iter().position(|t| *t == Tier::G4).unwrap() as u128;
-    assert_eq!(load_exact(&mut client, first_g4..first_g4 + 1, len), 1);
+    // From G4 too, the layers arrive (and are read) one by one.
+    let layers = daemon.node.geometry().layers;
+    read_layer_by_layer(&mut client, first_g4..first_g4 + 2, len, layers);
+    let remote = daemon
+        .node
+        .manager()
+        .stats()
+        .paths
+        .into_iter()
+        .find(|p| p.path == kvtier_manager::TransferPath::RemoteToHost)
+        .expect("blocks came from G4");
+    assert_eq!(
+        remote.transfers,
+        u64::from(layers),
+        "one ranged read batch per layer"
+    );
 }
 
 /// A load of blocks the disk log holds answers their arena slots at once
@@ -319,7 +334,6 @@ fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
     let daemon = Daemon::start(config(dir.path(), 4));
     let len = daemon.len();
     let layers = daemon.node.geometry().layers;
-    let layer_bytes = daemon.node.geometry().layer_bytes() as usize;
     assert!(layers > 1, "the test needs blocks of several layers");
     let mut client = daemon.client();
     store(&mut client, 0..3, len);
@@ -331,14 +345,22 @@ fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
         "every block is on the disk only"
     );
     let mut client = daemon.client();
-    let keys: Vec<BlockHash> = (0..3).map(BlockHash).collect();
+    read_layer_by_layer(&mut client, 0..3, len, layers);
+    assert_eq!(daemon.node.stats().loaded, 3);
+}
+
+/// Loads `ks` (every one held), reads each layer of each block as soon as
+/// its `LayerReady` came, verified and exact, then the whole blocks.
+fn read_layer_by_layer(client: &mut Client, ks: std::ops::Range<u128>, len: usize, layers: u32) {
+    let layer_bytes = len / layers as usize;
+    let keys: Vec<BlockHash> = ks.clone().map(BlockHash).collect();
     let load = client.load(&keys).expect("load");
-    assert_eq!(load.prefix_len(), 3);
+    assert_eq!(load.prefix_len(), keys.len());
     for layer in 0..layers {
         client.wait_layer(&load, layer).expect("wait for the layer");
-        for k in 0..3u128 {
+        for (i, k) in ks.clone().enumerate() {
             let mut dst = vec![0u8; layer_bytes];
-            let got = load.read_layer(k as usize, layer, &mut dst).expect("read");
+            let got = load.read_layer(i, layer, &mut dst).expect("read");
             assert_eq!(got, kvtier_core::Lookup::Hit, "block {k} layer {layer}");
             let at = layer as usize * layer_bytes;
             assert!(
@@ -347,14 +369,13 @@ fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
             );
         }
     }
-    for k in 0..3u128 {
+    for (i, k) in ks.enumerate() {
         let mut whole = vec![0u8; len];
         assert_eq!(
-            load.read(k as usize, &mut whole).expect("read"),
+            load.read(i, &mut whole).expect("read"),
             kvtier_core::Lookup::Hit
         );
         assert!(whole == block(k, len), "block {k}");
     }
     client.release_load(load).expect("release");
-    assert_eq!(daemon.node.stats().loaded, 3);
 }

@@ -1,7 +1,6 @@
 //! Onboarding a request's prefix to the fastest configured tier: to G1
-//! layer by layer, or, on a node without a device, to G2: from the disk
-//! layer by layer into arena slots reserved up front
-//! ([`HostLanding`]), from G4 whole blocks.
+//! layer by layer, or, on a node without a device, to G2, from the disk or
+//! G4 layer by layer into arena slots reserved up front ([`HostLanding`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -10,7 +9,6 @@ use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
 use crate::Tier;
-use crate::TransferPath;
 use crate::device::Span;
 use crate::placement::{OnboardPlan, OnboardStep, OnboardStop};
 use crate::pool::{BlockPool, ImmutableBlock, PoolError, Presence};
@@ -27,9 +25,9 @@ pub(super) const ROOM_TRIES: usize = 4;
 
 /// One source path's share of an onboarding.
 enum OnboardLoad {
-    /// One batch per layer: to the device, or from the disk into landings.
+    /// One batch per layer: to the device, or into host landings.
     Layered(LoadHandle),
-    /// Whole blocks (G4 to host memory): every layer lands at once.
+    /// Whole blocks: every layer lands at once.
     Whole(TransferHandle),
 }
 
@@ -230,7 +228,7 @@ impl BlockManager {
                 OnboardStep::Resident(b) => resident.push(b),
                 OnboardStep::Pending(h) => pending.push(h),
                 OnboardStep::Transfer(mv) => {
-                    let block = if mv.path == TransferPath::DiskToHost {
+                    let block = if mv.path.lands_in_host() {
                         // Dropping the move when the arena has no slot
                         // frees its pool slot and keeps the source.
                         self.landing(mv.hash).inspect(|b| {
@@ -251,7 +249,7 @@ impl BlockManager {
         let loads = by_path
             .into_iter()
             .map(|(path, blocks)| {
-                if path.to_device() || path == TransferPath::DiskToHost {
+                if path.to_device() || path.lands_in_host() {
                     OnboardLoad::Layered(self.scheduler.load(path, blocks))
                 } else {
                     let request = TransferRequest {
@@ -297,7 +295,7 @@ impl BlockManager {
         }
     }
 
-    /// A disk-to-host move of `hash` into an arena slot reserved now, so
+    /// A move of `hash` from the disk or G4 into an arena slot reserved now, so
     /// its layers can land (and be read) one by one; `None` when the arena
     /// has no slot for it.
     fn landing(&self, hash: BlockHash) -> Option<BlockMove> {

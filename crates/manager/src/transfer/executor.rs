@@ -9,7 +9,7 @@
 //! | `DiskToDevice` | `get_batch` / `read_layers` (one call) | `Device` upload | disk verifies every byte or layer |
 //! | `HostToRemote` | DRAM `BlockRef` | `RemoteTier::put_batch` (one call) | carried sums written with it |
 //! | `DiskToRemote` | `get_batch_with_sums` (one call) | `RemoteTier::put_batch` (one call) | disk verifies; its sums written with it |
-//! | `RemoteToHost` | `RemoteTier::get_batch` (one call) | reserved DRAM slot | remote tier verifies every byte |
+//! | `RemoteToHost` | `RemoteTier::get_batch` (one call), or per layer `read_layers` (ranged reads) into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | remote tier verifies every byte or layer |
 //! | `RemoteToDevice` | `get_batch` / `read_layers` (ranged reads) | `Device` upload | remote tier verifies every byte or layer |
 //!
 //! A block that fails anywhere is reported and never made visible at the
@@ -197,8 +197,9 @@ pub(crate) async fn execute(
             (Some(disk), Some(r)) => disk_to_remote(disk, r, blocks).await,
             _ => unsupported(),
         },
-        TransferPath::RemoteToHost => match (&tiers.remote, &tiers.memory) {
-            (Some(r), Some(m)) => remote_to_host(r, m, blocks).await,
+        TransferPath::RemoteToHost => match (&tiers.remote, &tiers.memory, span) {
+            (Some(r), Some(m), Span::Block) => remote_to_host(r, m, blocks).await,
+            (Some(r), Some(m), Span::Layer(l)) => remote_to_landings(r, m, l, blocks).await,
             _ => unsupported(),
         },
         TransferPath::RemoteToDevice => match (&tiers.remote, &tiers.device) {
@@ -213,9 +214,9 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !path.to_device() && path != TransferPath::DiskToHost {
+            if !path.to_device() && !path.lands_in_host() {
                 return Err(BlockFailure::InvalidRequest(format!(
-                    "layer spans are for onboarding to the device or from the disk, not {}",
+                    "layer spans are for onboarding to the device or into host landings, not {}",
                     path.name()
                 )));
             }
@@ -228,6 +229,10 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
             Ok(())
         }
     }
+}
+
+fn no_landing() -> BlockFailure {
+    BlockFailure::InvalidRequest("a layer read into host memory needs a landing slot".into())
 }
 
 fn no_device_block() -> BlockFailure {
@@ -466,11 +471,7 @@ async fn disk_to_landings(
                 reqs.push((b.key, target));
                 which.push(i);
             }
-            None => {
-                results[i] = Err(BlockFailure::InvalidRequest(
-                    "a layer read from the disk needs a landing slot".into(),
-                ));
-            }
+            None => results[i] = Err(no_landing()),
         }
     }
     if reqs.is_empty() {
@@ -622,6 +623,61 @@ fn remote_failure(read: RemoteRead) -> BlockFailure {
         RemoteRead::Corrupt => BlockFailure::Corrupt,
         RemoteRead::Failed(e) => tier_err(e),
     }
+}
+
+/// Layer `layer` of blocks landing in reserved arena slots from G4: one
+/// ranged read per object (verified by the remote tier against the
+/// authenticated header), copied into the slot's layer range; the layer
+/// that completes a block publishes it.
+async fn remote_to_landings(
+    remote: &RemoteTier,
+    memory: &MemoryTier,
+    layer: u32,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let mut targets = Vec::new();
+    let mut keys = Vec::new();
+    let mut which = Vec::new();
+    for (i, b) in blocks.iter().enumerate() {
+        match b.landing.as_ref().and_then(|l| l.layer_target(layer)) {
+            Some(target) => {
+                targets.push(target);
+                keys.push(b.key);
+                which.push(i);
+            }
+            None => results[i] = Err(no_landing()),
+        }
+    }
+    if keys.is_empty() {
+        return results;
+    }
+    let read = remote.read_layers(&keys, layer..layer + 1).await;
+    for ((got, mut target), i) in read.into_iter().zip(targets).zip(which) {
+        let Some(landing) = blocks[i].landing.as_ref() else {
+            continue;
+        };
+        results[i] = match got {
+            RemoteRead::Hit { bytes, sums } if target.fill(&bytes) => {
+                match landing.landed(target, &sums) {
+                    None => Ok(()),
+                    Some(published) => from_below(memory, landing.key(), published),
+                }
+            }
+            RemoteRead::Hit { bytes, .. } => {
+                landing.fail(target);
+                Err(BlockFailure::Tier(format!(
+                    "a remote layer of {} bytes for a slot layer of another size",
+                    bytes.len()
+                )))
+            }
+            other => {
+                landing.fail(target);
+                Err(remote_failure(other))
+            }
+        };
+    }
+    results
 }
 
 async fn remote_to_host(

@@ -1,10 +1,11 @@
 //! [`HostLanding`]: an arena slot a block arrives in layer by layer, so a
 //! reader on the node can consume layer `l` while later layers are still
-//! being read from the disk.
+//! being read from the disk or the remote tier.
 //!
 //! The slot is reserved when the onboarding is planned (its offset is known
 //! before the first byte moves), each layer transfer reads its layer
-//! straight into the slot's sub-range, and the layer that completes the
+//! straight into the slot's sub-range (the disk) or copies the verified
+//! bytes of a ranged read there (G4), and the layer that completes the
 //! block publishes it in the arena with the checksums the disk verified the
 //! layers against. A block with a failed layer is never published; its
 //! slot is freed when the last transfer naming it lets go of the landing,
@@ -128,6 +129,23 @@ impl HostLanding {
 pub struct LayerTarget {
     landing: Arc<HostLanding>,
     layer: u32,
+}
+
+impl LayerTarget {
+    /// Copies `bytes` (exactly one layer, already verified by the tier
+    /// that read them) into the layer's range of the slot; false, and
+    /// nothing copied, for another length.
+    pub fn fill(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() != self.len() {
+            return false;
+        }
+        let dst = self.as_mut_ptr();
+        // SAFETY: `dst` is valid for `len()` bytes of the reserved slot
+        // (see the `DmaTarget` impl) that no one else touches (one target
+        // per layer); `bytes` is caller memory, not inside the slot.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        true
+    }
 }
 
 // SAFETY: the range is inside the reserved slot (`layer < layers`,
