@@ -25,6 +25,7 @@ use kvtier_io::{AlignedBuf, DmaTarget};
 use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
+use super::landing::LayerTarget;
 use super::request::{BlockFailure, BlockMove, BlockResult};
 use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
 use crate::tier::TransferPath;
@@ -452,16 +453,12 @@ async fn disk_to_host(
     results
 }
 
-/// Layer `layer` of blocks landing in reserved arena slots: one disk
-/// submission reading each layer straight into its slot range, verified
-/// against the block's authenticated layer sums; the layer that completes
-/// a block publishes it.
-async fn disk_to_landings(
-    disk: &DiskTier,
-    memory: &MemoryTier,
-    layer: u32,
+/// The results to fill, each block's key and layer target, and the
+/// blocks' indices; a block without a landing fails.
+fn landing_targets(
     blocks: &[BlockMove],
-) -> Vec<BlockResult> {
+    layer: u32,
+) -> (Vec<BlockResult>, Vec<(BlockHash, LayerTarget)>, Vec<usize>) {
     let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
     let mut reqs = Vec::new();
     let mut which = Vec::new();
@@ -474,6 +471,20 @@ async fn disk_to_landings(
             None => results[i] = Err(no_landing()),
         }
     }
+    (results, reqs, which)
+}
+
+/// Layer `layer` of blocks landing in reserved arena slots: one disk
+/// submission reading each layer straight into its slot range, verified
+/// against the block's authenticated layer sums; the layer that completes
+/// a block publishes it.
+async fn disk_to_landings(
+    disk: &DiskTier,
+    memory: &MemoryTier,
+    layer: u32,
+    blocks: &[BlockMove],
+) -> Vec<BlockResult> {
+    let (mut results, reqs, which) = landing_targets(blocks, layer);
     if reqs.is_empty() {
         return results;
     }
@@ -635,23 +646,11 @@ async fn remote_to_landings(
     layer: u32,
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut targets = Vec::new();
-    let mut keys = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        match b.landing.as_ref().and_then(|l| l.layer_target(layer)) {
-            Some(target) => {
-                targets.push(target);
-                keys.push(b.key);
-                which.push(i);
-            }
-            None => results[i] = Err(no_landing()),
-        }
-    }
-    if keys.is_empty() {
+    let (mut results, reqs, which) = landing_targets(blocks, layer);
+    if reqs.is_empty() {
         return results;
     }
+    let (keys, targets): (Vec<BlockHash>, Vec<LayerTarget>) = reqs.into_iter().unzip();
     let read = remote.read_layers(&keys, layer..layer + 1).await;
     for ((got, mut target), i) in read.into_iter().zip(targets).zip(which) {
         let Some(landing) = blocks[i].landing.as_ref() else {
