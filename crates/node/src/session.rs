@@ -90,6 +90,16 @@ fn arena_slot(memory: &kvtier_mem::MemoryTier, slot: usize) -> Slot {
     }
 }
 
+/// `LoadOk` with `slots` for the leading keys of `n`, the rest misses.
+fn load_ok(id: u64, n: usize, slots: impl Iterator<Item = Slot>) -> Message {
+    let mut results: Vec<LoadResult> = slots.map(LoadResult::Slot).collect();
+    results.resize(n, LoadResult::Miss);
+    Message::LoadOk(LoadOk {
+        request_id: id,
+        results,
+    })
+}
+
 fn layer_ready(request_id: u64, layer: u32, sums: impl Iterator<Item = u64>) -> Message {
     Message::LayerReady(LayerReady {
         request_id,
@@ -515,24 +525,36 @@ impl Session {
     /// Brings the longest stored prefix of `keys` to G2 and pins it for the
     /// client; the rest are misses. When some block of the prefix arrives
     /// from the disk or G4 and every other is resident (slots known up
-    /// front),
-    /// `LoadOk` goes out at once and one `LayerReady` per layer follows as
-    /// the layers land; otherwise (all resident, or a block brought by
-    /// another client) the answer waits for the
-    /// whole prefix and one `LayerReady` for the last layer follows it, in
-    /// the same write.
+    /// front), the answer streams ([`load_streamed`](Self::load_streamed));
+    /// otherwise (all resident, or a block brought by another client) it
+    /// waits for the whole prefix ([`load_whole`](Self::load_whole)).
     async fn load(
         &mut self,
         id: u64,
         keys: Vec<BlockHash>,
         wr: &mut OwnedWriteHalf,
     ) -> Result<(), LoadFailure> {
-        let manager = self.node.manager();
-        let memory = self.node.memory();
-        let onboarding = manager
+        let onboarding = self
+            .node
+            .manager()
             .begin_onboard(&keys)
             .await
             .map_err(LoadFailure::BeforeAnswer)?;
+        let places = self.places(&onboarding);
+        let arriving = places.iter().any(|p| matches!(p, Place::Arriving(..)));
+        if arriving && places.len() == onboarding.planned().len() {
+            self.load_streamed(id, keys.len(), onboarding, places, wr)
+                .await
+        } else {
+            drop(places);
+            self.load_whole(id, keys.len(), onboarding, wr).await
+        }
+    }
+
+    /// Where each block of the onboarding's prefix is, up to the first
+    /// whose slot is not known yet.
+    fn places(&self, onboarding: &Onboarding) -> Vec<Place> {
+        let memory = self.node.memory();
         let mut places = Vec::with_capacity(onboarding.planned().len());
         for &hash in onboarding.planned() {
             let place = match onboarding.landing_slot(hash) {
@@ -547,26 +569,48 @@ impl Session {
             };
             places.push(place);
         }
-        let arriving = places.iter().any(|p| matches!(p, Place::Arriving(..)));
-        if !arriving || places.len() < onboarding.planned().len() {
-            // Nothing to stream (every block is resident: one write for
-            // the whole answer), or a slot not known yet.
-            drop(places);
-            let onboarded = manager
-                .finish_onboard(onboarding)
-                .await
-                .map_err(LoadFailure::BeforeAnswer)?;
-            let pinned = self.pin(onboarded.blocks, &[]);
-            let last = self.node.geometry().layers.saturating_sub(1);
-            let mut replies = vec![self.load_ok(id, keys.len(), pinned.iter().map(|p| p.0))];
-            if !pinned.is_empty() {
-                replies.push(layer_ready(id, last, pinned.iter().map(|p| p.1)));
-            }
-            self.count_load(pinned.len(), keys.len());
-            return send(wr, &replies).await.map_err(LoadFailure::Io);
+        places
+    }
+
+    /// Waits for the whole prefix, then answers `LoadOk` and one
+    /// `LayerReady` for the last layer in one write.
+    async fn load_whole(
+        &mut self,
+        id: u64,
+        asked: usize,
+        onboarding: Onboarding,
+        wr: &mut OwnedWriteHalf,
+    ) -> Result<(), LoadFailure> {
+        let onboarded = self
+            .node
+            .manager()
+            .finish_onboard(onboarding)
+            .await
+            .map_err(LoadFailure::BeforeAnswer)?;
+        let pinned = self.pin(onboarded.blocks, &[]);
+        let last = self.node.geometry().layers.saturating_sub(1);
+        let mut replies = vec![load_ok(id, asked, pinned.iter().map(|p| p.0))];
+        if !pinned.is_empty() {
+            replies.push(layer_ready(id, last, pinned.iter().map(|p| p.1)));
         }
-        let slots = places.iter().map(|p| p.slot()).collect::<Vec<_>>();
-        let answer = self.load_ok(id, keys.len(), slots.iter().copied());
+        self.count_load(pinned.len(), asked);
+        send(wr, &replies).await.map_err(LoadFailure::Io)
+    }
+
+    /// Answers `LoadOk` at once, then one `LayerReady` per layer as the
+    /// layers land, each with the layer's checksums of the slots still
+    /// good; the last layer publishes the arriving blocks, which are pinned
+    /// in the slots announced.
+    async fn load_streamed(
+        &mut self,
+        id: u64,
+        asked: usize,
+        onboarding: Onboarding,
+        places: Vec<Place>,
+        wr: &mut OwnedWriteHalf,
+    ) -> Result<(), LoadFailure> {
+        let slots: Vec<Slot> = places.iter().map(Place::slot).collect();
+        let answer = load_ok(id, asked, slots.iter().copied());
         send(wr, &[answer]).await.map_err(LoadFailure::Io)?;
         let layers = self.node.geometry().layers;
         let mut good = places.len();
@@ -586,16 +630,16 @@ impl Session {
             let ready = layer_ready(id, layer, sums.into_iter());
             send(wr, &[ready]).await.map_err(LoadFailure::Io)?;
         }
-        // The last layer publishes the arriving blocks; pin what arrived,
-        // in the slots announced.
-        let onboarded = manager
+        let onboarded = self
+            .node
+            .manager()
             .finish_onboard(onboarding)
             .await
             .map_err(LoadFailure::AfterAnswer)?;
         let mut blocks = onboarded.blocks;
         blocks.truncate(good);
         let pinned = self.pin(blocks, &slots);
-        self.count_load(pinned.len(), keys.len());
+        self.count_load(pinned.len(), asked);
         let last = layer_ready(id, layers.saturating_sub(1), pinned.iter().map(|p| p.1));
         send(wr, &[last]).await.map_err(LoadFailure::Io)
     }
@@ -631,16 +675,6 @@ impl Session {
                 .push(Leased { value: pin, until });
         }
         out
-    }
-
-    /// `LoadOk` with `slots` for the leading keys of `n`, the rest misses.
-    fn load_ok(&self, id: u64, n: usize, slots: impl Iterator<Item = Slot>) -> Message {
-        let mut results: Vec<LoadResult> = slots.map(LoadResult::Slot).collect();
-        results.resize(n, LoadResult::Miss);
-        Message::LoadOk(LoadOk {
-            request_id: id,
-            results,
-        })
     }
 
     fn count_load(&self, found: usize, asked: usize) {
