@@ -240,7 +240,8 @@ impl BlockManager {
                         self.block_move(&mv)
                     };
                     if let Some(block) = block {
-                        by_path.entry(mv.path).or_default().push(block);
+                        let layered = mv.path.to_device() || block.landing.is_some();
+                        by_path.entry((mv.path, layered)).or_default().push(block);
                         self.hooks.stage(mv);
                     }
                 }
@@ -248,8 +249,8 @@ impl BlockManager {
         }
         let loads = by_path
             .into_iter()
-            .map(|(path, blocks)| {
-                if path.to_device() || path.lands_in_host() {
+            .map(|((path, layered), blocks)| {
+                if layered {
                     OnboardLoad::Layered(self.scheduler.load(path, blocks))
                 } else {
                     let request = TransferRequest {
@@ -295,9 +296,11 @@ impl BlockManager {
         }
     }
 
-    /// A move of `hash` from the disk or G4 into an arena slot reserved now, so
-    /// its layers can land (and be read) one by one; `None` when the arena
-    /// has no slot for it.
+    /// A move of `hash` from the disk or G4 into an arena slot reserved
+    /// now, so its layers can land (and be read) one by one; a whole-block
+    /// move when the arena still shows the block (an eviction from the
+    /// pool not applied to the arena yet: the transfer then finds it there
+    /// and only the pool registers it); `None` when the arena has no slot.
     fn landing(&self, hash: BlockHash) -> Option<BlockMove> {
         let memory = self.tiers.memory.as_ref()?;
         match memory.reserve(hash) {
@@ -305,7 +308,8 @@ impl BlockManager {
                 slot,
                 self.geometry.layers,
             ))),
-            Ok(Reserve::AlreadyPresent | Reserve::Full) | Err(_) => None,
+            Ok(Reserve::AlreadyPresent) => Some(BlockMove::key(hash)),
+            Ok(Reserve::Full) | Err(_) => None,
         }
     }
 
