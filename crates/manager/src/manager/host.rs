@@ -87,23 +87,14 @@ impl BlockManager {
             .iter()
             .filter(|k| self.registry.residency(**k).is_empty())
             .count();
-        let mut pool_slots: Vec<Result<IncomingBlock, HostReserve>> = Vec::new();
-        for attempt in 1..=super::onboard::ROOM_TRIES {
-            if self.config.offload_on_demand && new > 0 {
-                self.make_room(Tier::G2, new).await;
-            }
-            pool_slots = keys.iter().map(|&key| self.pool_slot(pool, key)).collect();
-            // Room made for us may be taken by a concurrent caller before
-            // we claim it (the pools do not evict by allocation): let go
-            // of what we got and try again, a few times.
-            let short = pool_slots
-                .iter()
-                .any(|s| matches!(s, Err(HostReserve::NoSpace)));
-            if !short || !self.config.offload_on_demand || attempt == super::onboard::ROOM_TRIES {
-                break;
-            }
-            pool_slots.clear();
-        }
+        let pool_slots: Vec<Result<IncomingBlock, HostReserve>> = self
+            .take_with_room(
+                Tier::G2,
+                new,
+                || keys.iter().map(|&key| self.pool_slot(pool, key)).collect(),
+                |slots: &Vec<_>| slots.iter().any(|s| matches!(s, Err(HostReserve::NoSpace))),
+            )
+            .await;
         // A pool slot just taken may have been freed by an eviction (a
         // concurrent make_room) whose arena bytes are not forgotten yet:
         // apply such evictions first, so the arena has a slot for each.

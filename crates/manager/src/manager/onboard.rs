@@ -8,9 +8,8 @@ use std::sync::Arc;
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
-use crate::Tier;
 use crate::device::Span;
-use crate::placement::{OnboardPlan, OnboardStep, OnboardStop};
+use crate::placement::{OnboardStep, OnboardStop};
 use crate::pool::{BlockPool, ImmutableBlock, PoolError, Presence};
 use crate::registry::PrefixMatch;
 use crate::scheduler::LoadHandle;
@@ -18,10 +17,6 @@ use crate::transfer::{
     BlockFailure, BlockMove, BlockResult, HostLanding, TransferHandle, TransferRequest,
 };
 use kvtier_mem::Reserve;
-
-/// Plans an onboarding makes before it settles for a shorter prefix when
-/// concurrent callers keep taking the room made for it.
-pub(super) const ROOM_TRIES: usize = 4;
 
 /// One source path's share of an onboarding.
 enum OnboardLoad {
@@ -110,14 +105,8 @@ impl Onboarding {
         &self.planned
     }
 
-    /// Blocks another request is bringing to the target tier (this
-    /// onboarding waits for them in [`BlockManager::finish_onboard`]).
-    pub fn pending(&self) -> &[BlockHash] {
-        &self.pending
-    }
-
     /// The arena slot block `hash` arrives in, when this onboarding reads
-    /// it from the disk into G2 layer by layer: known before its first
+    /// it from the disk or G4 into G2 layer by layer: known before its first
     /// layer lands, readable layer by layer after
     /// [`wait_layer`](Self::wait_layer).
     pub fn landing_slot(&self, hash: BlockHash) -> Option<usize> {
@@ -202,8 +191,19 @@ impl BlockManager {
                 pinned.push((b.tier, b.hash));
             }
         }
+        let room = pinned.len() + hashes.len() - matched.len();
         let plan = self
-            .plan_with_room(target, &prefix, pinned.len() + hashes.len() - matched.len())
+            .take_with_room(
+                target,
+                room,
+                || self.planner.plan_onboard(&self.registry, &prefix),
+                |plan| {
+                    matches!(
+                        plan.stopped,
+                        Some(OnboardStop::DeviceFull(PoolError::Exhausted { .. }))
+                    )
+                },
+            )
             .await;
         for (tier, hash) in pinned {
             if let Some(p) = self.registry.pool(tier) {
@@ -270,30 +270,6 @@ impl BlockManager {
             landings,
             loads,
         })
-    }
-
-    /// Makes room for `room` blocks in `target` and plans bringing `prefix`
-    /// there. A slot freed for us may be taken by a concurrent caller
-    /// before the plan claims it (the pools do not evict by allocation, see
-    /// [`PoolConfig::evict_on_allocate`](crate::pool::PoolConfig::evict_on_allocate)):
-    /// a plan cut short that way is dropped (its guards undo it) and made
-    /// again, a few times.
-    async fn plan_with_room(&self, target: Tier, prefix: &[BlockHash], room: usize) -> OnboardPlan {
-        let mut tries = 0;
-        loop {
-            if self.config.offload_on_demand {
-                self.make_room(target, room).await;
-            }
-            let plan = self.planner.plan_onboard(&self.registry, prefix);
-            tries += 1;
-            let short_of_room = matches!(
-                plan.stopped,
-                Some(OnboardStop::DeviceFull(PoolError::Exhausted { .. }))
-            );
-            if !short_of_room || !self.config.offload_on_demand || tries >= ROOM_TRIES {
-                return plan;
-            }
-        }
     }
 
     /// A move of `hash` from the disk or G4 into an arena slot reserved

@@ -13,6 +13,10 @@ use crate::pool::BlockPool;
 use crate::transfer::{BlockMove, TransferHandle, TransferRequest};
 use crate::{Tier, TransferPath};
 
+/// Attempts of [`BlockManager::take_with_room`] before it settles for what
+/// it got when concurrent callers keep taking the room made for it.
+const ROOM_TRIES: usize = 4;
+
 impl BlockManager {
     /// Frees slots in `tier` until `n` are free, if it can: the policy's
     /// victims (inactive, unpinned, leaves first) go to the tier below,
@@ -88,6 +92,34 @@ impl BlockManager {
             self.publish_events();
             free_slots(pool)
         })
+    }
+
+    /// Makes room for `n` blocks in `tier` (when the manager makes room on
+    /// demand) and runs `take`, which claims slots. A slot freed for the
+    /// caller may be claimed by a concurrent one first (the pools do not
+    /// evict by allocation, see
+    /// [`PoolConfig::evict_on_allocate`](crate::pool::PoolConfig::evict_on_allocate)):
+    /// while `short` says so of what `take` got, that is dropped (its
+    /// guards undo it) and both run again, up to [`ROOM_TRIES`] times.
+    pub(crate) async fn take_with_room<T>(
+        &self,
+        tier: Tier,
+        n: usize,
+        mut take: impl FnMut() -> T,
+        short: impl Fn(&T) -> bool,
+    ) -> T {
+        let mut tries = 1;
+        loop {
+            if self.config.offload_on_demand && n > 0 {
+                self.make_room(tier, n).await;
+            }
+            let got = take();
+            if !self.config.offload_on_demand || tries >= ROOM_TRIES || !short(&got) {
+                return got;
+            }
+            drop(got);
+            tries += 1;
+        }
     }
 
     /// Inclusive mode: copies `hashes` of `tier` to the tier below (making

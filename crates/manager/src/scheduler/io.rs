@@ -164,8 +164,8 @@ impl IoScheduler {
     }
 
     /// Loads `blocks` along `path` layer by layer (`HostToDevice` or
-    /// `DiskToDevice`, each block naming its device block; `DiskToHost`,
-    /// each block naming its landing slot):
+    /// `DiskToDevice`, each block naming its device block; `DiskToHost` or
+    /// `RemoteToHost`, each block naming its landing slot):
     /// one read batch per layer for all blocks, queued in layer order ahead
     /// of every write.
     pub fn load(&self, path: TransferPath, blocks: Vec<BlockMove>) -> LoadHandle {

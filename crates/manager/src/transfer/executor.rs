@@ -25,7 +25,7 @@ use kvtier_io::{AlignedBuf, DmaTarget};
 use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
-use super::landing::LayerTarget;
+use super::landing::{HostLanding, LayerTarget};
 use super::request::{BlockFailure, BlockMove, BlockResult};
 use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
 use crate::tier::TransferPath;
@@ -474,6 +474,21 @@ fn landing_targets(
     (results, reqs, which)
 }
 
+/// A verified layer in place in `landing`'s slot: `Ok` while layers are
+/// missing, the publish's outcome for the layer that completes the block.
+/// (A failed layer's target is just dropped: the block never completes.)
+fn land(
+    memory: &MemoryTier,
+    landing: &HostLanding,
+    target: LayerTarget,
+    sums: &BlockSums,
+) -> BlockResult {
+    match landing.landed(target, sums) {
+        None => Ok(()),
+        Some(published) => from_below(memory, landing.key(), published),
+    }
+}
+
 /// Layer `layer` of blocks landing in reserved arena slots: one disk
 /// submission reading each layer straight into its slot range, verified
 /// against the block's authenticated layer sums; the layer that completes
@@ -494,17 +509,9 @@ async fn disk_to_landings(
             continue;
         };
         results[i] = match (lookup, sums) {
-            (Lookup::Hit, Some(sums)) => match landing.landed(target, &sums) {
-                None => Ok(()),
-                Some(published) => from_below(memory, landing.key(), published),
-            },
-            (other, _) => {
-                landing.fail(target);
-                Err(match other {
-                    Lookup::Hit => BlockFailure::Tier("disk hit without checksums".into()),
-                    other => lookup_failure(other),
-                })
-            }
+            (Lookup::Hit, Some(sums)) => land(memory, landing, target, &sums),
+            (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
+            (other, _) => Err(lookup_failure(other)),
         };
     }
     results
@@ -658,22 +665,13 @@ async fn remote_to_landings(
         };
         results[i] = match got {
             RemoteRead::Hit { bytes, sums } if target.fill(&bytes) => {
-                match landing.landed(target, &sums) {
-                    None => Ok(()),
-                    Some(published) => from_below(memory, landing.key(), published),
-                }
+                land(memory, landing, target, &sums)
             }
-            RemoteRead::Hit { bytes, .. } => {
-                landing.fail(target);
-                Err(BlockFailure::Tier(format!(
-                    "a remote layer of {} bytes for a slot layer of another size",
-                    bytes.len()
-                )))
-            }
-            other => {
-                landing.fail(target);
-                Err(remote_failure(other))
-            }
+            RemoteRead::Hit { bytes, .. } => Err(BlockFailure::Tier(format!(
+                "a remote layer of {} bytes for a slot layer of another size",
+                bytes.len()
+            ))),
+            other => Err(remote_failure(other)),
         };
     }
     results

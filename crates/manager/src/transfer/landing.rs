@@ -11,7 +11,7 @@
 //! slot is freed when the last transfer naming it lets go of the landing,
 //! so no read still in flight can land in a reused slot.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use kvtier_core::{BlockHash, BlockSums};
@@ -28,9 +28,9 @@ pub struct HostLanding {
     layers: u32,
     /// Taken by the commit; dropped with the landing otherwise.
     reservation: Mutex<Option<SlotReservation>>,
-    /// Layers verified in place so far.
+    /// Layers verified in place so far. A failed layer is never counted,
+    /// so a block with one never reaches `layers` and is never published.
     landed: AtomicU32,
-    failed: AtomicBool,
     /// The block's layer checksums, as authenticated by the disk, from
     /// the first layer that landed.
     layer_sums: OnceLock<Vec<u64>>,
@@ -65,7 +65,6 @@ impl HostLanding {
             layers: layers.max(1),
             reservation: Mutex::new(Some(reservation)),
             landed: AtomicU32::new(0),
-            failed: AtomicBool::new(false),
             layer_sums: OnceLock::new(),
         })
     }
@@ -111,17 +110,11 @@ impl HostLanding {
         drop(target);
         let _ = self.layer_sums.set(sums.layers.clone());
         let landed = self.landed.fetch_add(1, Ordering::AcqRel) + 1;
-        if landed < self.layers || self.failed.load(Ordering::Acquire) {
+        if landed < self.layers {
             return None;
         }
         let reservation = self.reservation.lock().take()?;
         Some(reservation.commit_verified(sums))
-    }
-
-    /// Records that a layer failed: the block is never published.
-    pub fn fail(&self, target: LayerTarget) {
-        drop(target);
-        self.failed.store(true, Ordering::Release);
     }
 }
 
