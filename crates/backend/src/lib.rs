@@ -7,7 +7,8 @@
 //!   on a local or shared file system (NFS, 3FS), extents of 4 KiB
 //!   multiples from a per-file [`ExtentAllocator`];
 //! - [`NodeStoreBackend`]: block parts in a kvtier node's own block store
-//!   (`kvtier://node/...`), local node only for now;
+//!   (`kvtier://node/...`), local node only for now, and [`NodeView`], which
+//!   publishes the node's own blocks to the metadata service;
 //! - [`S3Backend`]: objects in an S3-compatible store.
 //!
 //! [`open_backend`] picks one by a storage's kind and URI;
@@ -18,12 +19,14 @@
 pub mod allocator;
 pub mod file_pool;
 pub mod node_store;
+pub mod node_view;
 pub mod registry;
 pub mod s3;
 mod uri;
 
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
 pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, PoolSpaceError, RestoreSummary};
-pub use node_store::{NodeStoreBackend, node_block_hash};
+pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash};
+pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};

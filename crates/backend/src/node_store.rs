@@ -22,7 +22,7 @@ use kvtier_node::Node;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::uri::{Uri, bad};
-use kvtier_meta::path_safe::{part_path, unescape_component};
+use kvtier_meta::path_safe::{check_component, escape_component, part_path, unescape_component};
 
 /// The store key of one block part: the metadata service keys blocks per
 /// instance by a 64-bit [`BlockKey`], a node store by a 128-bit
@@ -41,6 +41,122 @@ pub fn node_block_hash(instance: &str, spec: &str, key: BlockKey) -> BlockHash {
 /// (anything that is not an exact escape is such a raw name).
 fn name_in_uri(component: &str) -> String {
     unescape_component(component).unwrap_or_else(|| component.to_owned())
+}
+
+/// A block a node published to the metadata service itself (its own
+/// blocks, committed by its engines, not written through a write
+/// session): `kvtier://<node>/<instance>/<client key>-<namespace>/<spec>`,
+/// both 32 hex digits, instance and spec escaped. The URI alone names the
+/// block: its stored key is the client key XOR the namespace digest
+/// (docs/node-protocol.md, I12), its metadata-service key the client key's
+/// low 64 bits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedBlock {
+    /// The metadata-service instance.
+    pub instance: String,
+    /// The location spec (`tp<rank>`).
+    pub spec: String,
+    /// The key the engine stored the block under.
+    pub client_key: u128,
+    /// The digest of the engine's namespace.
+    pub namespace: u128,
+}
+
+impl PublishedBlock {
+    /// The key the node holds the block under.
+    pub fn stored(&self) -> BlockHash {
+        BlockHash(self.client_key ^ self.namespace)
+    }
+
+    /// The block's key in the metadata service: the client key's low 64
+    /// bits (Tair KVCM keys are 64-bit).
+    pub fn key(&self) -> BlockKey {
+        BlockKey(self.client_key as u64)
+    }
+
+    /// Its URI on node `node`.
+    pub fn uri(&self, node: &str) -> Result<String, BackendError> {
+        let parts = [
+            escape_component(&self.instance),
+            format!("{:032x}-{:032x}", self.client_key, self.namespace),
+            escape_component(&self.spec),
+        ];
+        for p in &parts {
+            check_component(p).map_err(|e| bad(&format!("kvtier://{node}/"), e.to_string()))?;
+        }
+        Ok(format!("kvtier://{node}/{}", parts.join("/")))
+    }
+
+    /// Parses a URI of node `node`: `None` unless it is a published block's.
+    pub fn parse(node: &str, uri: &str) -> Option<Self> {
+        match parse_part_uri(node, uri).ok()? {
+            PartName::Published(p) => Some(p),
+            PartName::Written { .. } => None,
+        }
+    }
+}
+
+/// What a part URI of a node names.
+enum PartName {
+    /// A part written through a metadata-service write session.
+    Written {
+        instance: String,
+        spec: String,
+        key: BlockKey,
+    },
+    /// A block the node published itself.
+    Published(PublishedBlock),
+}
+
+/// Splits `kvtier://<node>/<instance>/<a>-<b>/<spec>`: a written part's
+/// `<a>` is the 16-digit key and `<b>` the location id, a published
+/// block's both are 32 digits.
+fn parse_part_uri(node: &str, uri: &str) -> Result<PartName, BackendError> {
+    let u = Uri::parse(uri)?;
+    if u.scheme != "kvtier" {
+        return Err(bad(uri, "not a kvtier:// URI"));
+    }
+    if u.authority != node {
+        return Err(bad(uri, format!("not on node {node}")));
+    }
+    if !u.query.is_empty() {
+        return Err(bad(uri, "unexpected query"));
+    }
+    // /<instance>/<key>-<loc>/<spec>; an instance of an URI written
+    // before names were escaped may contain '/'.
+    let path = u.path.strip_prefix('/').unwrap_or(u.path);
+    let mut it = path.rsplitn(3, '/');
+    let (Some(spec), Some(key_loc), Some(instance)) = (it.next(), it.next(), it.next()) else {
+        return Err(bad(uri, "expected /<instance>/<key>-<location>/<spec>"));
+    };
+    if spec.is_empty() || instance.is_empty() {
+        return Err(bad(uri, "empty instance or spec"));
+    }
+    let (instance, spec) = (name_in_uri(instance), name_in_uri(spec));
+    let (a, b) = key_loc
+        .split_once('-')
+        .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
+    if a.len() == 32 && b.len() == 32 {
+        let hex = |h: &str| u128::from_str_radix(h, 16).ok();
+        let (Some(client_key), Some(namespace)) = (hex(a), hex(b)) else {
+            return Err(bad(uri, "expected <client key hex>-<namespace hex>"));
+        };
+        return Ok(PartName::Published(PublishedBlock {
+            instance,
+            spec,
+            client_key,
+            namespace,
+        }));
+    }
+    let key = u64::from_str_radix(b, 16)
+        .ok()
+        .and_then(|_| u64::from_str_radix(a, 16).ok())
+        .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
+    Ok(PartName::Written {
+        instance,
+        spec,
+        key: BlockKey(key),
+    })
 }
 
 /// A storage on one kvtier node.
@@ -103,36 +219,16 @@ impl NodeStoreBackend {
     }
 
     fn parse(&self, uri: &str) -> Result<Part, BackendError> {
-        let u = Uri::parse(uri)?;
-        if u.scheme != "kvtier" {
-            return Err(bad(uri, "not a kvtier:// URI"));
-        }
-        if u.authority != self.node {
-            return Err(bad(uri, format!("not on node {}", self.node)));
-        }
-        if !u.query.is_empty() {
-            return Err(bad(uri, "unexpected query"));
-        }
-        // /<instance>/<key>-<loc>/<spec>; an instance of an URI written
-        // before names were escaped may contain '/'.
-        let path = u.path.strip_prefix('/').unwrap_or(u.path);
-        let mut it = path.rsplitn(3, '/');
-        let (Some(spec), Some(key_loc), Some(instance)) = (it.next(), it.next(), it.next()) else {
-            return Err(bad(uri, "expected /<instance>/<key>-<location>/<spec>"));
-        };
-        if spec.is_empty() || instance.is_empty() {
-            return Err(bad(uri, "empty instance or spec"));
-        }
-        let key = key_loc
-            .split_once('-')
-            .and_then(|(k, loc)| {
-                u64::from_str_radix(loc, 16).ok()?;
-                u64::from_str_radix(k, 16).ok()
-            })
-            .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
-        let (instance, spec) = (name_in_uri(instance), name_in_uri(spec));
+        let name = parse_part_uri(&self.node, uri)?;
         Ok(Part {
-            hash: node_block_hash(&instance, &spec, BlockKey(key)),
+            hash: match name {
+                PartName::Written {
+                    instance,
+                    spec,
+                    key,
+                } => node_block_hash(&instance, &spec, key),
+                PartName::Published(p) => p.stored(),
+            },
         })
     }
 

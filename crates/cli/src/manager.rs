@@ -38,20 +38,27 @@ struct BackgroundTasks {
     _catalog: Option<kvtier_meta::CatalogRefresherHandle>,
 }
 
+/// The node of this host, when the process runs one.
+pub struct HostNode {
+    /// Its name (`kvtier://<name>` storages are on it).
+    pub name: String,
+    /// The node.
+    pub node: Arc<Node>,
+    /// Its metrics, served on the admin `/metrics` beside the manager's.
+    pub metrics: kvtier_server::ExtraMetrics,
+}
+
 impl Manager {
     /// Opens the index, bootstraps, attaches backends and starts listening.
-    /// `node` is this host's node and its name when the process runs one
-    /// (for `kvtier://<node>` storages).
-    pub async fn start(config: &Config, node: Option<(String, Arc<Node>)>) -> Result<Self> {
+    /// `node` is this host's node when the process runs one (for
+    /// `kvtier://<node>` storages and its metrics).
+    pub async fn start(config: &Config, node: Option<HostNode>) -> Result<Self> {
         let m = &config.meta;
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
-        let extra_metrics = node.as_ref().map(|(_, n)| {
-            let n = n.clone();
-            Arc::new(move || n.metrics_text()) as kvtier_server::ExtraMetrics
-        });
+        let extra_metrics = node.as_ref().map(|h| h.metrics.clone());
         let options = BackendOptions {
-            local_node: node,
+            local_node: node.map(|h| (h.name, h.node)),
             file_pool: pool_options(config),
             ..BackendOptions::default()
         };

@@ -8,6 +8,10 @@ use clap::Args;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::sync::{Arc, OnceLock};
+
+use kvtier_backend::{NodeView, NodeViewConfig, NodeViewSink};
+use kvtier_manager::events::EventSink;
 use kvtier_node::{Node, NodeServer};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -55,12 +59,38 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // A pool the file system cannot hold stops the start before the
         // arena and the disk tier are made.
         crate::manager::check_default_pool_space(&config)?;
-        let node = Node::open(&config, Vec::new())
+        let publish = config.meta.enabled && config.meta.publish_node_blocks;
+        let view_sink = NodeViewSink::new();
+        let sinks: Vec<Arc<dyn EventSink>> = if publish {
+            vec![Arc::new(view_sink.clone())]
+        } else {
+            Vec::new()
+        };
+        let node = Node::open(&config, sinks)
             .await
             .context("opening the node")?;
         // Install the handlers before announcing readiness, so a signal sent
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
+        let view: Arc<OnceLock<NodeView>> = Arc::default();
+        let manager = if config.meta.enabled {
+            Some(start_manager(&config, &node, &view).await?)
+        } else {
+            None
+        };
+        if let (true, Some(m)) = (publish, &manager) {
+            let name = node.options().node_name.clone();
+            let started = NodeView::start(
+                &view_sink,
+                node.clone(),
+                m.svc.clone(),
+                NodeViewConfig::new(name),
+            )
+            .await
+            .context("publishing the node's blocks to the metadata service")?;
+            let _ = view.set(started);
+        }
+        // Engines connect only once the view observes their commits.
         let server = NodeServer::bind(node.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
@@ -71,18 +101,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                 crate::node_http::NodeHttp::start(node.clone(), &config.manager.metrics_addr)
                     .await?,
             )
-        };
-        let manager = if config.meta.enabled {
-            Some(
-                crate::manager::Manager::start(
-                    &config,
-                    Some((node.options().node_name.clone(), node.clone())),
-                )
-                .await
-                .context("starting the kv cache manager")?,
-            )
-        } else {
-            None
         };
         let adopted = node.adopted();
         tracing::info!(
@@ -108,10 +126,38 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         }
         tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
         node.close().await.context("closing the node")?;
+        if let Some(v) = view.get() {
+            v.stop().await;
+        }
         log_stats(&node);
         tracing::info!("stopped cleanly");
         Ok(())
     })
+}
+
+/// Starts the kv cache manager over this host's node; its `/metrics`
+/// carries the node's figures and, once it runs, the view's.
+async fn start_manager(
+    config: &kvtier_core::Config,
+    node: &Arc<Node>,
+    view: &Arc<OnceLock<NodeView>>,
+) -> Result<crate::manager::Manager> {
+    let (n, v) = (node.clone(), view.clone());
+    let metrics: kvtier_server::ExtraMetrics = Arc::new(move || {
+        let mut text = n.metrics_text();
+        if let Some(v) = v.get() {
+            text.push_str(&v.metrics_text());
+        }
+        text
+    });
+    let host = crate::manager::HostNode {
+        name: node.options().node_name.clone(),
+        node: node.clone(),
+        metrics,
+    };
+    crate::manager::Manager::start(config, Some(host))
+        .await
+        .context("starting the kv cache manager")
 }
 
 /// SIGINT and SIGTERM, registered up front.

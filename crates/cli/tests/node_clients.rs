@@ -584,6 +584,7 @@ impl RawConn {
             protocol_version: PROTOCOL_VERSION,
             namespace: namespace(),
             geometry: WireGeometry::from(&geometry()),
+            instance: None,
         });
         write_frame(&mut stream, &hello).expect("send Hello");
         let Some(Message::HelloOk(ok)) = read_frame(&mut stream).expect("read HelloOk") else {

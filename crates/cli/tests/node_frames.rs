@@ -97,6 +97,7 @@ fn hello_with(version: ProtocolVersion, geometry: WireGeometry) -> Message {
         protocol_version: version,
         namespace: namespace(),
         geometry,
+        instance: None,
     })
 }
 
@@ -168,10 +169,10 @@ fn cases() -> Vec<Case> {
     trailing.extend_from_slice(&[1, 2, 3]);
     let len = (trailing.len() - 4) as u32;
     trailing[..4].copy_from_slice(&len.to_le_bytes());
-    // The tenant salt's option tag (just before the 20-byte geometry) set
-    // to a value that is neither 0 nor 1.
+    // The tenant salt's option tag (just before the 20-byte geometry and
+    // the 1-byte tag of an absent instance) set to neither 0 nor 1.
     let mut bad_tag = hello();
-    let tag = bad_tag.len() - 21;
+    let tag = bad_tag.len() - 22;
     bad_tag[tag] = 7;
     let mut other_shape = wire;
     other_shape.block_bytes *= 2;

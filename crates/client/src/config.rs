@@ -27,6 +27,10 @@ pub struct ClientConfig {
     /// reply may still come), so it is a bound for a stuck daemon, not a
     /// latency target.
     pub timeout: Duration,
+    /// The metadata-service instance the blocks belong to in the cluster
+    /// view, when the daemon runs the metadata service (`None`: one the
+    /// daemon derives from the namespace; docs/node-protocol.md §4.1).
+    pub instance: Option<String>,
 }
 
 impl ClientConfig {
@@ -41,7 +45,15 @@ impl ClientConfig {
             namespace,
             geometry,
             timeout: DEFAULT_TIMEOUT,
+            instance: None,
         }
+    }
+
+    /// Names the metadata-service instance of the blocks. Default: none
+    /// (the daemon derives one from the namespace).
+    pub fn with_instance(mut self, instance: impl Into<String>) -> Self {
+        self.instance = Some(instance.into());
+        self
     }
 
     /// Sets the timeout. Default: [`DEFAULT_TIMEOUT`] (10 s).

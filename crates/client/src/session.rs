@@ -16,7 +16,8 @@ use kvtier_core::BlockHash;
 use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Counter, Hello, HelloOk, KeysRequest, LayerReady,
-    LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, WireGeometry,
+    LoadResult, Message, PROTOCOL_VERSION, ProtocolVersion, ReserveResult, Stats, Tier,
+    WireGeometry,
 };
 
 use crate::config::ClientConfig;
@@ -412,12 +413,21 @@ mod parse {
     }
 }
 
-/// The handshake's first frame.
+/// The handshake's first frame. A client that names no instance speaks
+/// 2.0, whose Hello every 2.x daemon reads; naming one needs 2.1.
 pub(crate) fn hello(config: &ClientConfig) -> Message {
+    let protocol_version = match config.instance {
+        Some(_) => PROTOCOL_VERSION,
+        None => ProtocolVersion {
+            major: PROTOCOL_VERSION.major,
+            minor: 0,
+        },
+    };
     Message::Hello(Hello {
-        protocol_version: PROTOCOL_VERSION,
+        protocol_version,
         namespace: config.namespace.clone(),
         geometry: config.geometry,
+        instance: config.instance.clone(),
     })
 }
 

@@ -504,6 +504,11 @@ pub struct MetaSectionConfig {
     /// directory is refused before anything is created. Empty (the
     /// default): `<data_dir>/pool` only.
     pub storage_roots: Vec<PathBuf>,
+    /// Whether `kvtier serve` publishes the blocks its engines commit as
+    /// `kvtier://<node>/...` locations (storage and group `node-<node>`),
+    /// so the cluster-wide view knows what the node holds
+    /// (docs/meta-api.md, "Node-published locations").
+    pub publish_node_blocks: bool,
 }
 
 impl Default for MetaSectionConfig {
@@ -532,6 +537,7 @@ impl Default for MetaSectionConfig {
             pool_capacity: ByteSize(4 << 30),
             default_storage: String::new(),
             storage_roots: Vec::new(),
+            publish_node_blocks: true,
         }
     }
 }

@@ -84,6 +84,6 @@ pub use service::{
 pub use service::{BackendStats, HealthCheckerHandle};
 pub use service::{
     CatalogRefresherHandle, FinishSummary, GroupReclaim, GroupUsage, LocationMatch, LocationQuery,
-    MetaConfig, MetaService, ReaperHandle, ReclaimReport, ReclaimStats, ReclaimerHandle, SessionId,
-    TrimPolicy, WriteGrant, WriteTarget, stored_accounts,
+    MetaConfig, MetaService, PublishedPart, ReaperHandle, ReclaimReport, ReclaimStats,
+    ReclaimerHandle, SessionId, TrimPolicy, WriteGrant, WriteTarget, stored_accounts,
 };

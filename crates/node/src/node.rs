@@ -1,8 +1,8 @@
 //! [`Node`]: the block manager over the node's arena, disk log and remote
 //! tier, with its background step and its shutdown.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use kvtier_core::{BlockHash, Config, Geometry};
 use kvtier_disk::{DiskTier, DiskTierConfig};
@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::observer::CommitObserver;
 use crate::stats::Counters;
 use crate::{NodeError, NodeOptions, NodeStats};
 
@@ -31,6 +32,8 @@ pub struct Node {
     stop_step: watch::Sender<bool>,
     stepper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
+    /// Told of every commit, once set (see [`Node::observe_commits`]).
+    observer: OnceLock<Arc<dyn CommitObserver>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -101,6 +104,7 @@ impl Node {
             stop_step,
             stepper: Mutex::new(None),
             closed: AtomicBool::new(false),
+            observer: OnceLock::new(),
         });
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
@@ -169,6 +173,16 @@ impl Node {
     /// Whether [`close`](Self::close) has begun.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Tells `observer` of every block committed from now on. One observer
+    /// per node: a second call is refused (returns false).
+    pub fn observe_commits(&self, observer: Arc<dyn CommitObserver>) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    pub(crate) fn commit_observer(&self) -> Option<&Arc<dyn CommitObserver>> {
+        self.observer.get()
     }
 
     /// Whether some tier holds `key` readable.

@@ -22,6 +22,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use crate::Node;
+use crate::observer::SessionNamespace;
 use crate::stats::Counters;
 
 /// Bytes a frame buffer grows by at most per read (docs/node-protocol.md,
@@ -244,6 +245,8 @@ struct Session {
     id: u64,
     /// Set by a successful `Hello`.
     keys: Option<KeyMap>,
+    /// What the `Hello` declared, for the node's commit observer.
+    namespace: Option<Arc<SessionNamespace>>,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
     pins: HashMap<BlockHash, Vec<Leased<Pin>>>,
 }
@@ -254,6 +257,7 @@ impl Session {
             node,
             id,
             keys: None,
+            namespace: None,
             reservations: HashMap::new(),
             pins: HashMap::new(),
         }
@@ -311,6 +315,11 @@ impl Session {
             );
         }
         self.keys = Some(KeyMap::new(&hello.namespace));
+        self.namespace = Some(Arc::new(SessionNamespace {
+            digest: hello.namespace.digest(),
+            namespace: hello.namespace.clone(),
+            instance: hello.instance.clone(),
+        }));
         Counters::add(&self.counters().sessions_opened, 1);
         Counters::add(&self.counters().sessions_open, 1);
         let ns = &hello.namespace;
@@ -451,17 +460,20 @@ impl Session {
         let mut batch = Vec::new();
         let mut positions = Vec::new();
         for (i, entry) in c.entries.into_iter().enumerate() {
-            if let Some(r) = self.reservations.remove(&keys.stored(entry.key)) {
+            let key = keys.stored(entry.key);
+            if let Some(r) = self.reservations.remove(&key) {
                 batch.push((r.value, entry.sums));
-                positions.push(i);
+                positions.push((i, key));
             }
         }
         let done = self.node.manager().commit_host(batch).await;
         let counters = &self.node.counters;
-        for (i, outcome) in positions.into_iter().zip(done) {
+        let mut stored = Vec::new();
+        for ((i, key), outcome) in positions.into_iter().zip(done) {
             results[i] = match outcome {
                 HostCommit::Stored => {
                     Counters::add(&counters.committed, 1);
+                    stored.push(key);
                     CommitResult::Stored
                 }
                 HostCommit::AlreadyStored => CommitResult::AlreadyStored,
@@ -470,6 +482,11 @@ impl Session {
                     CommitResult::BadChecksum
                 }
             };
+        }
+        if let (Some(observer), Some(ns)) = (self.node.commit_observer(), &self.namespace)
+            && !stored.is_empty()
+        {
+            observer.committed(ns, &stored);
         }
         vec![Message::CommitOk(CommitOk {
             request_id: c.request_id,

@@ -139,6 +139,11 @@ pub struct Hello {
     pub namespace: Namespace,
     /// The block shape.
     pub geometry: WireGeometry,
+    /// The metadata-service instance this client's blocks belong to in the
+    /// cluster-wide view (`None`: one the daemon derives from the
+    /// namespace). Sent from 2.1 on, after the geometry; a 2.0 Hello ends
+    /// before it.
+    pub instance: Option<String>,
 }
 
 /// Daemon -> client: the handshake succeeded.
@@ -176,12 +181,24 @@ impl Wire for Hello {
         self.protocol_version.put(out);
         self.namespace.put(out);
         self.geometry.put(out);
+        if self.protocol_version.minor >= 1 {
+            self.instance.put(out);
+        }
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let protocol_version = get_version(r)?;
+        let namespace = Namespace::get(r)?;
+        let geometry = WireGeometry::get(r)?;
+        let instance = if protocol_version.minor >= 1 {
+            Option::<String>::get(r)?
+        } else {
+            None
+        };
         Ok(Self {
-            protocol_version: get_version(r)?,
-            namespace: Namespace::get(r)?,
-            geometry: WireGeometry::get(r)?,
+            protocol_version,
+            namespace,
+            geometry,
+            instance,
         })
     }
 }

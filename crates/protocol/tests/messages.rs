@@ -73,7 +73,27 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[2, 0, 0, 0], "major 2, minor 0");
+    assert_eq!(&frame[5..9], &[2, 0, 1, 0], "major 2, minor 1");
+}
+
+/// 2.1 appends `instance` to `Hello`; a 2.0 Hello ends before it, and the
+/// decoder reads it only from a peer announcing minor 1 or later.
+#[test]
+fn hello_carries_the_instance_from_minor_one() {
+    let Message::Hello(mut hello) = samples::all()[0].clone() else {
+        panic!("not a hello");
+    };
+    hello.protocol_version.minor = 0;
+    hello.instance = None;
+    let old = Message::Hello(hello.clone()).to_frame().unwrap();
+    assert_eq!(Message::from_frame(&old).unwrap(), Message::Hello(hello));
+    // The same bytes announcing 2.1 lack the instance field.
+    let err = Message::from_frame(&with_version(&old, 2, 1)).unwrap_err();
+    assert!(matches!(err, DecodeError::Malformed { .. }), "{err}");
+    // A 2.1 Hello with an instance read as 2.0 has bytes left over.
+    let new = samples::all()[0].to_frame().unwrap();
+    let err = Message::from_frame(&with_version(&new, 2, 0)).unwrap_err();
+    assert!(matches!(err, DecodeError::TrailingBytes { .. }), "{err}");
 }
 
 fn with_version(frame: &[u8], major: u16, minor: u16) -> Vec<u8> {
@@ -249,9 +269,11 @@ fn bad_tags_and_strings_are_malformed() {
 fn a_present_option_tag_other_than_one_is_malformed() {
     let hello = &samples::all()[0];
     let frame = hello.to_frame().unwrap();
-    // The tenant salt ends the namespace; the 20-byte geometry follows it.
+    // The tenant salt ends the namespace; the 20-byte geometry and the
+    // instance (tag, length, name) follow it.
     let salt_len = 4 + b"tenant-a".len();
-    let tag_at = frame.len() - 20 - salt_len - 1;
+    let instance_len = 1 + 4 + b"llama-prod".len();
+    let tag_at = frame.len() - instance_len - 20 - salt_len - 1;
     assert_eq!(frame[tag_at], 1);
     assert!(matches!(
         corrupt(hello, tag_at, 2),
@@ -316,7 +338,7 @@ fn errors_render_their_detail() {
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 3.1 is not supported (this side speaks 2.0)"
+        "protocol version 3.1 is not supported (this side speaks 2.1)"
     );
 }
 

@@ -49,17 +49,25 @@ fn namespace() -> impl Strategy<Value = Namespace> {
 }
 
 fn hello() -> impl Strategy<Value = Message> {
-    (version(), namespace(), any::<(u32, u64, u64)>()).prop_map(|(v, namespace, g)| {
-        Message::Hello(Hello {
-            protocol_version: v,
-            namespace,
-            geometry: WireGeometry {
-                layers: g.0,
-                block_bytes: g.1,
-                layer_bytes: g.2,
-            },
+    (
+        version(),
+        namespace(),
+        any::<(u32, u64, u64)>(),
+        proptest::option::of(text()),
+    )
+        .prop_map(|(v, namespace, g, instance)| {
+            Message::Hello(Hello {
+                protocol_version: v,
+                namespace,
+                geometry: WireGeometry {
+                    layers: g.0,
+                    block_bytes: g.1,
+                    layer_bytes: g.2,
+                },
+                // A 2.0 Hello has no instance field (§4.1).
+                instance: instance.filter(|_| v.minor >= 1),
+            })
         })
-    })
 }
 
 fn hello_ok() -> impl Strategy<Value = Message> {

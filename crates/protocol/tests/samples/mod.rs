@@ -47,6 +47,7 @@ pub fn all() -> Vec<Message> {
                 block_bytes: 2 << 20,
                 layer_bytes: 64 << 10,
             },
+            instance: Some("llama-prod".into()),
         }),
         Message::HelloOk(HelloOk {
             protocol_version: PROTOCOL_VERSION,
