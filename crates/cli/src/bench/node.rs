@@ -16,6 +16,7 @@
 //! By default it runs twice, with `manager.verify_commits` on and off: the
 //! difference is the daemon's checksum work.
 
+mod echo;
 mod report;
 mod wire;
 mod worker;
@@ -145,9 +146,15 @@ impl Plan {
         (self.clients as u64 * per_client) * 5 / 4 + 16
     }
 
-    fn worker_args(&self, socket: &std::path::Path, index: u32) -> NodeWorkerArgs {
+    fn worker_args(
+        &self,
+        socket: &std::path::Path,
+        echo: &std::path::Path,
+        index: u32,
+    ) -> NodeWorkerArgs {
         NodeWorkerArgs {
             socket: socket.to_owned(),
+            echo: echo.to_owned(),
             run_id: std::process::id(),
             index,
             blocks: self.blocks,
@@ -223,7 +230,8 @@ fn run_pass(plan: &Plan, verify: Option<bool>) -> Result<Pass> {
         plan,
         &format!("{label}: starting {} client(s)", plan.clients),
     );
-    let mut workers = Workers::spawn(plan, &socket)?;
+    let echo = echo::EchoServer::start()?;
+    let mut workers = Workers::spawn(plan, &socket, echo.path())?;
     progress(plan, &format!("{label}: warm-up"));
     let warmup_rounds = warm_up(&mut workers, daemon.is_some())?;
     let mut rounds = Vec::with_capacity(plan.rounds);
@@ -377,12 +385,12 @@ struct Workers(Vec<WorkerProc>);
 
 impl Workers {
     /// Starts one worker per client and waits until each is ready.
-    fn spawn(plan: &Plan, socket: &std::path::Path) -> Result<Self> {
+    fn spawn(plan: &Plan, socket: &std::path::Path, echo: &std::path::Path) -> Result<Self> {
         let exe = std::env::current_exe().context("locating the kvtier binary")?;
         let mut procs = Vec::with_capacity(plan.clients);
         for i in 0..plan.clients {
             let mut child = std::process::Command::new(&exe)
-                .args(plan.worker_args(socket, i as u32).to_argv())
+                .args(plan.worker_args(socket, echo, i as u32).to_argv())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())

@@ -145,6 +145,12 @@ impl OpLatency {
 /// Control round trips of [`super::wire::CONTROL_KEYS`] keys.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Control {
+    /// A raw Unix-socket round trip between the worker and the bench
+    /// process (no protocol, no runtime): the machine's floor.
+    pub raw: OpLatency,
+    /// `Lookup` of no keys: the protocol's round trip itself, the floor
+    /// under every other row.
+    pub floor: OpLatency,
     /// `Lookup` of resident keys.
     pub lookup: OpLatency,
     /// `Reserve` of new keys.
@@ -166,6 +172,8 @@ impl Control {
     /// Percentiles of every worker's samples together.
     pub fn new(c: ControlResult) -> Self {
         Self {
+            raw: OpLatency::of(c.raw),
+            floor: OpLatency::of(c.floor),
             lookup: OpLatency::of(c.lookup),
             reserve: OpLatency::of(c.reserve),
             commit: OpLatency::of(c.commit),
@@ -176,8 +184,10 @@ impl Control {
         }
     }
 
-    fn rows(&self) -> [(&'static str, OpLatency); 7] {
+    fn rows(&self) -> [(&'static str, OpLatency); 9] {
         [
+            ("raw socket (baseline)", self.raw),
+            ("round trip (0 keys)", self.floor),
             ("lookup", self.lookup),
             ("reserve", self.reserve),
             ("commit", self.commit),

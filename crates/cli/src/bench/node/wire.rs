@@ -59,6 +59,12 @@ pub struct PhaseResult {
 /// Per-round-trip latencies of one worker's control phase, nanoseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ControlResult {
+    /// A raw Unix-socket round trip with the parent (no protocol, no
+    /// runtime): the machine's floor.
+    pub raw: Vec<u64>,
+    /// `Lookup` of no keys: the protocol's round trip itself, the floor
+    /// under every other row.
+    pub floor: Vec<u64>,
     /// `Lookup` of resident keys.
     pub lookup: Vec<u64>,
     /// `Reserve` of new keys.
@@ -78,6 +84,8 @@ pub struct ControlResult {
 impl ControlResult {
     /// Adds another worker's samples.
     pub fn extend(&mut self, other: ControlResult) {
+        self.raw.extend(other.raw);
+        self.floor.extend(other.floor);
         self.lookup.extend(other.lookup);
         self.reserve.extend(other.reserve);
         self.commit.extend(other.commit);

@@ -16,6 +16,7 @@ use kvtier_client::{
 use kvtier_io::AlignedBuf;
 use kvtier_protocol::KeyMap;
 
+use super::echo::EchoClient;
 use super::wire::{CONTROL_KEYS, Command, ControlResult, PhaseResult, Reply};
 use crate::bench::measure::{process_cpu_time, process_minor_faults};
 
@@ -25,6 +26,9 @@ pub struct NodeWorkerArgs {
     /// The daemon's socket.
     #[arg(long)]
     pub socket: PathBuf,
+    /// The parent's echo socket (the raw round-trip baseline).
+    #[arg(long)]
+    pub echo: PathBuf,
     /// Tells this run's keys from any other run's on the same daemon.
     #[arg(long)]
     pub run_id: u32,
@@ -58,6 +62,7 @@ impl NodeWorkerArgs {
         let socket = self.socket.display().to_string();
         let pairs = [
             ("--socket", socket),
+            ("--echo", self.echo.display().to_string()),
             ("--run-id", self.run_id.to_string()),
             ("--index", self.index.to_string()),
             ("--blocks", self.blocks.to_string()),
@@ -105,6 +110,8 @@ fn reply(out: &mut impl Write, r: &Reply) -> Result<()> {
 /// One client: its connection, its blocks and its keys.
 struct Worker {
     client: Client,
+    /// The raw round-trip baseline's socket.
+    echo: EchoClient,
     key_map: KeyMap,
     /// The blocks stored, one buffer each (also the memcpy source).
     src: Vec<AlignedBuf>,
@@ -149,6 +156,7 @@ impl Worker {
         let range = |r: u128, n: usize| (0..n as u128).map(move |j| BlockHash(base | r << 64 | j));
         Ok(Self {
             client,
+            echo: EchoClient::connect(&args.echo)?,
             key_map,
             src: (0..args.blocks)
                 .map(|i| source_block(block, args.index, i))
@@ -219,7 +227,8 @@ impl Worker {
         Ok(())
     }
 
-    /// Times `samples` rounds of: `Lookup` of the resident keys, `Load`
+    /// Times `samples` rounds of: a raw socket round trip (the baseline),
+    /// a `Lookup` of no keys (the protocol's round trip itself), `Lookup` of the resident keys, `Load`
     /// and `Release` of them, `Reserve` and `Commit` of new keys (filled
     /// between the two, untimed, then removed). Interleaved, so drift falls
     /// on every operation alike.
@@ -227,6 +236,8 @@ impl Worker {
         self.store_resident()?;
         let mut out = ControlResult::default();
         for round in 0..self.samples {
+            self.time_raw(&mut out)?;
+            self.time_floor(&mut out)?;
             self.time_lookup(&mut out)?;
             self.time_load_release(&mut out)?;
             self.time_reserve_commit(round, &mut out)?;
@@ -247,6 +258,21 @@ impl Worker {
             outcomes.iter().all(|o| o.is_stored()),
             "the resident control blocks were not all stored"
         );
+        Ok(())
+    }
+
+    fn time_raw(&mut self, out: &mut ControlResult) -> Result<()> {
+        let t = Instant::now();
+        self.echo.round_trip()?;
+        out.raw.push(nanos(t.elapsed()));
+        Ok(())
+    }
+
+    fn time_floor(&mut self, out: &mut ControlResult) -> Result<()> {
+        let t = Instant::now();
+        let tiers = self.client.lookup(&[])?;
+        out.floor.push(nanos(t.elapsed()));
+        ensure!(tiers.is_empty(), "a lookup of no keys found {tiers:?}");
         Ok(())
     }
 
