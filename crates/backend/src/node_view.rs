@@ -151,6 +151,17 @@ impl State {
         id
     }
 
+    /// Marks dirty those of `keys` the view knows; whether any was new.
+    fn touch(&mut self, keys: &[BlockHash]) -> bool {
+        let mut any = false;
+        for k in keys {
+            if self.known.contains_key(k) {
+                any |= self.dirty.insert(*k);
+            }
+        }
+        any
+    }
+
     fn mark(&mut self, key: BlockHash, source: u32, published: bool) {
         self.generation += 1;
         let generation = self.generation;
@@ -205,16 +216,14 @@ impl EventSink for NodeViewSink {
         let mut s = t.state.lock();
         let mut any = false;
         for event in &batch.events {
-            let keys: Vec<BlockHash> = match event {
-                KvEvent::Stored(e) => e.block_hashes.clone(),
-                KvEvent::Removed(e) => e.block_hashes.clone(),
-                KvEvent::AllCleared { .. } => s.known.keys().copied().collect(),
-            };
-            for k in keys {
-                if s.known.contains_key(&k) {
-                    any |= s.dirty.insert(k);
+            any |= match event {
+                KvEvent::Stored(e) => s.touch(&e.block_hashes),
+                KvEvent::Removed(e) => s.touch(&e.block_hashes),
+                KvEvent::AllCleared { .. } => {
+                    let all: Vec<BlockHash> = s.known.keys().copied().collect();
+                    s.touch(&all)
                 }
-            }
+            };
         }
         drop(s);
         t.sink.delivered();

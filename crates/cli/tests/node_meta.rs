@@ -12,24 +12,16 @@ mod support;
 
 const NODE: &str = "node-t";
 
-fn meta_http(d: &Daemon) -> SocketAddr {
+/// The address the daemon logged as `<field>=<addr>`.
+fn logged_addr(d: &Daemon, field: &str) -> SocketAddr {
     let log = d.log();
+    let name = format!("{field}=");
     log.iter()
         .find_map(|l| {
-            let at = l.find("meta_http=")? + "meta_http=".len();
+            let at = l.find(&name)? + name.len();
             l[at..].split_whitespace().next()?.parse().ok()
         })
-        .unwrap_or_else(|| panic!("no meta_http in the log: {log:?}"))
-}
-
-fn admin_http(d: &Daemon) -> SocketAddr {
-    let log = d.log();
-    log.iter()
-        .find_map(|l| {
-            let at = l.find("admin_http=")? + "admin_http=".len();
-            l[at..].split_whitespace().next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no admin_http in the log: {log:?}"))
+        .unwrap_or_else(|| panic!("no {field} in the log: {log:?}"))
 }
 
 /// The URI of each key's location, `None` for a miss.
@@ -60,7 +52,7 @@ fn committed_blocks_are_in_the_metadata_service_while_the_node_holds_them() {
             ("KVTIER_NODE", NODE),
         ],
     );
-    let addr = meta_http(&d);
+    let addr = logged_addr(&d, "meta_http");
     let mut client =
         kvtier_client::Client::connect(d.client_config().with_instance("llama")).expect("connect");
     let keys: Vec<u128> = (1..=3).map(|k| k | (7 << 64)).collect();
@@ -95,7 +87,8 @@ fn committed_blocks_are_in_the_metadata_service_while_the_node_holds_them() {
     });
     assert!(locations(addr, &keys)[1..].iter().all(Option::is_some));
 
-    let (_, metrics) = support::http_text(admin_http(&d), "GET", "/metrics", None, "");
+    let (_, metrics) =
+        support::http_text(logged_addr(&d, "admin_http"), "GET", "/metrics", None, "");
     assert!(
         metrics.contains("kvtier_node_meta_published_total 3"),
         "{metrics}"

@@ -144,6 +144,11 @@ async fn published_parts_are_served_charged_and_unpublished() {
     assert_eq!(hit.matched, 0);
 }
 
+async fn record(svc: &MetaService, key: u64) -> BlockMeta {
+    let mut found = svc.get_cache_meta("i", &[BlockKey(key)]).await.unwrap();
+    found.pop().flatten().expect("a record")
+}
+
 #[tokio::test]
 async fn a_published_part_sits_beside_a_written_location() {
     let svc = setup().await;
@@ -154,16 +159,11 @@ async fn a_published_part_sits_beside_a_written_location() {
     svc.publish_parts("i", "node-a", "tp0", &parts(&[7], 0))
         .await
         .unwrap();
-    let m = svc.get_cache_meta("i", &[BlockKey(7)]).await.unwrap()[0]
-        .clone()
-        .unwrap();
-    assert_eq!(m.locations.len(), 2);
+    assert_eq!(record(&svc, 7).await.locations.len(), 2);
     svc.unpublish_parts("i", "node-a", "tp0", &[BlockKey(7)])
         .await
         .unwrap();
-    let m = svc.get_cache_meta("i", &[BlockKey(7)]).await.unwrap()[0]
-        .clone()
-        .unwrap();
+    let m = record(&svc, 7).await;
     assert_eq!(m.locations.len(), 1);
     assert_eq!(m.locations[0].storage, "pool");
 }
