@@ -21,7 +21,7 @@ use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 use crate::load::Load;
 use crate::session::{self, Call, Session};
-use crate::store::{self, StoreOutcome};
+use crate::store::{self, BlockSource, StoreOutcome};
 
 /// The most the receive buffer grows by in one read: a frame announcing a
 /// large length costs memory only as its bytes arrive.
@@ -175,15 +175,22 @@ impl AsyncClient {
     /// Reserve, fill, commit; see [`Client::store`](crate::Client::store).
     pub async fn store(&mut self, blocks: &[(BlockHash, &[u8])]) -> Result<Vec<StoreOutcome>> {
         store::check_blocks(&self.arena, blocks)?;
-        if blocks.is_empty() {
+        self.store_from(blocks).await
+    }
+
+    /// See [`Client::store_from`](crate::Client::store_from).
+    pub async fn store_from(
+        &mut self,
+        src: &(impl BlockSource + Sync + ?Sized),
+    ) -> Result<Vec<StoreOutcome>> {
+        if src.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<BlockHash> = blocks.iter().map(|(k, _)| *k).collect();
-        let results = self.reserve(&keys).await?;
-        let filled = match store::fill(&self.arena, self.key_map, blocks, &results) {
+        let results = self.reserve(&store::keys(src)).await?;
+        let filled = match store::fill(&self.arena, self.key_map, src, &results) {
             Ok(filled) => filled,
             Err(failure) => {
-                if let Err(e) = self.abort(&store::granted(blocks, &results)).await {
+                if let Err(e) = self.abort(&store::granted(src, &results)).await {
                     tracing::warn!(error = %e, "cannot abort reservations after a failed fill");
                 }
                 return Err(failure.into_error());

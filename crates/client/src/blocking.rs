@@ -16,7 +16,7 @@ use crate::config::ClientConfig;
 use crate::error::{ClientError, Result};
 use crate::load::Load;
 use crate::session::{self, Call, Session};
-use crate::store::{self, StoreOutcome};
+use crate::store::{self, BlockSource, StoreOutcome};
 
 /// A connection to the node daemon, blocking. See the crate docs.
 ///
@@ -166,15 +166,22 @@ impl Client {
     /// reserved keys are aborted first. One outcome per block.
     pub fn store(&mut self, blocks: &[(BlockHash, &[u8])]) -> Result<Vec<StoreOutcome>> {
         store::check_blocks(&self.arena, blocks)?;
-        if blocks.is_empty() {
+        self.store_from(blocks)
+    }
+
+    /// [`store`](Self::store) from blocks whose layers lie apart (an
+    /// engine's per-layer KV tensors): each layer is copied from where
+    /// `src` says. A layer of the wrong length fails the store, the
+    /// reservations aborted.
+    pub fn store_from(&mut self, src: &(impl BlockSource + ?Sized)) -> Result<Vec<StoreOutcome>> {
+        if src.is_empty() {
             return Ok(Vec::new());
         }
-        let keys: Vec<BlockHash> = blocks.iter().map(|(k, _)| *k).collect();
-        let results = self.reserve(&keys)?;
-        let filled = match store::fill(&self.arena, self.key_map, blocks, &results) {
+        let results = self.reserve(&store::keys(src))?;
+        let filled = match store::fill(&self.arena, self.key_map, src, &results) {
             Ok(filled) => filled,
             Err(failure) => {
-                if let Err(e) = self.abort(&store::granted(blocks, &results)) {
+                if let Err(e) = self.abort(&store::granted(src, &results)) {
                     tracing::warn!(error = %e, "cannot abort reservations after a failed fill");
                 }
                 return Err(failure.into_error());

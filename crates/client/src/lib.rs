@@ -86,7 +86,7 @@ pub use blocking::Client;
 pub use config::{ClientConfig, DEFAULT_TIMEOUT};
 pub use error::{ClientError, Result};
 pub use load::Load;
-pub use store::StoreOutcome;
+pub use store::{BlockSource, StoreOutcome};
 
 pub use kvtier_core::{BlockHash, BlockSums, Lookup};
 pub use kvtier_protocol::{

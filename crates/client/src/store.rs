@@ -3,9 +3,10 @@
 //! into one outcome per block.
 
 use std::any::Any;
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, BlockSums};
 use kvtier_mem::{ArenaClient, MemError};
 use kvtier_protocol::{CommitEntry, CommitResult, KeyMap, ReserveResult};
 
@@ -36,6 +37,38 @@ impl StoreOutcome {
     /// an earlier one).
     pub fn is_stored(self) -> bool {
         matches!(self, Self::Stored | Self::AlreadyStored)
+    }
+}
+
+/// The blocks a store copies into the arena, read layer by layer: an
+/// engine keeps a block's layers apart (one tensor per layer), so a block
+/// need not be contiguous in its memory.
+pub trait BlockSource {
+    /// How many blocks.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The client key of block `i`.
+    fn key(&self, i: usize) -> BlockHash;
+    /// Layer `layer` of block `i`, which lies at `within` in a whole
+    /// block (so its length is `within.len()`; another length fails the
+    /// store before anything is committed).
+    fn layer(&self, i: usize, layer: usize, within: Range<usize>) -> &[u8];
+}
+
+/// Whole blocks, each contiguous and exactly the block size.
+impl BlockSource for [(BlockHash, &[u8])] {
+    fn len(&self) -> usize {
+        <[_]>::len(self)
+    }
+    fn key(&self, i: usize) -> BlockHash {
+        self[i].0
+    }
+    fn layer(&self, i: usize, _layer: usize, within: Range<usize>) -> &[u8] {
+        // `check_blocks` made every block the block size, so `within` fits.
+        &self[i].1[within]
     }
 }
 
@@ -75,13 +108,21 @@ pub(crate) fn check_buffers(
     }
 }
 
+/// The keys of a source, in order: what to reserve.
+pub(crate) fn keys(src: &(impl BlockSource + ?Sized)) -> Vec<BlockHash> {
+    (0..src.len()).map(|i| src.key(i)).collect()
+}
+
 /// The keys granted a slot: what to abort when filling fails.
-pub(crate) fn granted(blocks: &[(BlockHash, &[u8])], results: &[ReserveResult]) -> Vec<BlockHash> {
-    blocks
+pub(crate) fn granted(
+    src: &(impl BlockSource + ?Sized),
+    results: &[ReserveResult],
+) -> Vec<BlockHash> {
+    results
         .iter()
-        .zip(results)
+        .enumerate()
         .filter(|(_, r)| matches!(r, ReserveResult::Slot(_)))
-        .map(|((key, _), _)| *key)
+        .map(|(i, _)| src.key(i))
         .collect()
 }
 
@@ -112,50 +153,77 @@ impl FillFailure {
     }
 }
 
-/// Fills every slot granted in `results` with its block of `blocks`,
+/// Fills every slot granted in `results` with its block of `src`,
 /// computing the checksums in the same pass.
 pub(crate) fn fill(
     arena: &ArenaClient,
     key_map: KeyMap,
-    blocks: &[(BlockHash, &[u8])],
+    src: &(impl BlockSource + ?Sized),
     results: &[ReserveResult],
 ) -> Result<Filled, FillFailure> {
     // Nothing observable is left half-done by a panic here: the slots are
     // invisible until committed, and the caller aborts them.
-    catch_unwind(AssertUnwindSafe(|| {
-        fill_all(arena, key_map, blocks, results)
-    }))
-    .map_err(FillFailure::Panic)?
-    .map_err(FillFailure::Error)
+    catch_unwind(AssertUnwindSafe(|| fill_all(arena, key_map, src, results)))
+        .map_err(FillFailure::Panic)?
+        .map_err(FillFailure::Error)
 }
 
 fn fill_all(
     arena: &ArenaClient,
     key_map: KeyMap,
-    blocks: &[(BlockHash, &[u8])],
+    src: &(impl BlockSource + ?Sized),
     results: &[ReserveResult],
 ) -> Result<Filled> {
     let mut filled = Filled::default();
-    for (i, (&(key, bytes), result)) in blocks.iter().zip(results).enumerate() {
+    for (i, result) in results.iter().enumerate() {
         let ReserveResult::Slot(s) = result else {
             continue;
         };
+        let key = src.key(i);
         let slot = arena
             .slot_at(s.offset, s.len)
             .map_err(|e| ClientError::Unexpected {
                 what: format!("ReserveOk names {s:?}: {e}"),
             })?;
-        // SAFETY: the daemon reserved this slot for this connection in the
-        // ReserveOk just read and has seen no commit or abort for it, so it
-        // neither reads nor reuses it; this client fills each granted slot
-        // once, from this thread, and never reads a slot it reserved.
-        // Checksums are seeded by the stored key, the one the arena and
-        // every reader see; the commit names the client key.
-        let sums = unsafe { arena.fill(slot, key_map.stored(key), bytes) }?;
+        let sums = fill_block(arena, slot, key_map.stored(key), |layer, within| {
+            src.layer(i, layer, within)
+        })?;
         filled.entries.push(CommitEntry { key, sums });
         filled.indices.push(i);
     }
     Ok(filled)
+}
+
+/// Copies one block into `slot` layer by layer (`layer(l, within)` gives
+/// layer `l`, which lies at `within` in the block) and returns its
+/// checksums, computed in the same pass. Checksums are seeded by the
+/// stored key, the one the arena and every reader see.
+fn fill_block<'a>(
+    arena: &ArenaClient,
+    slot: usize,
+    stored: BlockHash,
+    layer: impl Fn(usize, Range<usize>) -> &'a [u8],
+) -> Result<BlockSums> {
+    let mut sums = Vec::with_capacity(arena.layers());
+    let mut at = 0;
+    for l in 0..arena.layers() {
+        let len = arena.layer_len(l).unwrap_or(0);
+        let bytes = layer(l, at..at + len);
+        if bytes.len() != len {
+            return Err(MemError::WrongLength {
+                expected: len,
+                got: bytes.len(),
+            }
+            .into());
+        }
+        // SAFETY: the daemon reserved this slot for this connection in the
+        // ReserveOk just read and has seen no commit or abort for it, so it
+        // neither reads nor reuses it; this client fills each granted slot
+        // once, from this thread, and never reads a slot it reserved.
+        sums.push(unsafe { arena.fill_layer(slot, stored, l, bytes) }?);
+        at += len;
+    }
+    Ok(arena.block_sums(stored, sums)?)
 }
 
 /// One outcome per block, from the `Reserve` results and the `Commit`
@@ -221,7 +289,7 @@ mod tests {
         );
         let blocks: Vec<(BlockHash, &[u8])> = (0..6).map(|k| (BlockHash(k), &[][..])).collect();
         assert_eq!(
-            granted(&blocks, &results),
+            granted(&blocks[..], &results),
             vec![BlockHash(0), BlockHash(2), BlockHash(5)]
         );
     }

@@ -2,8 +2,8 @@
 //! block manager) behind a real `NodeServer` socket, in this process.
 
 use kvtier_client::{
-    AsyncClient, BlockHash, Client, ClientConfig, ClientError, ErrorCode, Lookup, Namespace,
-    StoreOutcome, WireGeometry,
+    AsyncClient, BlockHash, BlockSource, Client, ClientConfig, ClientError, ErrorCode, Lookup,
+    Namespace, StoreOutcome, WireGeometry,
 };
 use kvtier_node::test_support::TestNode;
 
@@ -108,6 +108,79 @@ fn stores_and_loads_blocks_through_the_arena() {
     assert_eq!(part, block(3, len)[layer..2 * layer]);
     assert_eq!(load.read_layer(1, 1, &mut part).unwrap(), Lookup::Miss);
     client.release_load(load).unwrap();
+}
+
+/// Blocks whose layers lie in separate buffers, one per layer (as an
+/// engine's per-layer KV tensors hold them): block `i` of layer `l` at
+/// `layers[l][i * layer_bytes..]`.
+struct PerLayer {
+    keys: Vec<BlockHash>,
+    layers: Vec<Vec<u8>>,
+    layer_bytes: usize,
+}
+
+impl BlockSource for PerLayer {
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+    fn key(&self, i: usize) -> BlockHash {
+        self.keys[i]
+    }
+    fn layer(&self, i: usize, layer: usize, _within: std::ops::Range<usize>) -> &[u8] {
+        let at = i * self.layer_bytes;
+        &self.layers[layer][at..at + self.layer_bytes]
+    }
+}
+
+#[test]
+fn blocks_are_stored_from_layers_that_lie_apart() {
+    let daemon = Daemon::start();
+    let (len, layer) = (daemon.block_bytes(), daemon.layer_bytes());
+    let mut client = Client::connect(daemon.config()).expect("connect");
+    let whole: Vec<Vec<u8>> = (1..=3).map(|k| block(k, len)).collect();
+    let layers = len / layer;
+    // Layer l of every block, one after the other.
+    let per_layer: Vec<Vec<u8>> = (0..layers)
+        .map(|l| {
+            whole
+                .iter()
+                .flat_map(|b| b[l * layer..(l + 1) * layer].to_vec())
+                .collect()
+        })
+        .collect();
+    let src = PerLayer {
+        keys: keys(&[1, 2, 3]),
+        layers: per_layer,
+        layer_bytes: layer,
+    };
+    assert_eq!(
+        client.store_from(&src).unwrap(),
+        vec![StoreOutcome::Stored; 3]
+    );
+    let mut bufs = vec![vec![0u8; len]; 3];
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    assert_eq!(client.load_into(&keys(&[1, 2, 3]), &mut dsts).unwrap(), 3);
+    assert_eq!(bufs, whole);
+
+    // A layer of the wrong length fails the store and commits nothing;
+    // its reservations are given back.
+    let short = PerLayer {
+        keys: keys(&[7, 8]),
+        layers: vec![vec![0u8; layer]; layers],
+        layer_bytes: layer / 2,
+    };
+    assert!(matches!(
+        client.store_from(&short),
+        Err(ClientError::Arena(_))
+    ));
+    assert!(client.lookup(&keys(&[7])).unwrap().is_empty());
+    let stats: std::collections::HashMap<String, u64> = client
+        .stats()
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.name, c.value))
+        .collect();
+    assert_eq!(stats["aborted"], 2, "{stats:?}");
 }
 
 #[test]

@@ -1,0 +1,78 @@
+"""Type stubs of ``kvtier._native`` (the Rust half of the package)."""
+
+from collections.abc import Sequence
+from os import PathLike
+
+from typing_extensions import Buffer
+
+PROTOCOL_VERSION: str
+
+class KvtierError(Exception):
+    """A request the node daemon or the arena refused."""
+
+class DaemonUnavailable(KvtierError):
+    """The daemon cannot be reached, went away, or did not answer in time."""
+
+class Client:
+    """A connection to the node daemon for one namespace; thread-safe."""
+
+    def __init__(
+        self,
+        socket: str | PathLike[str],
+        *,
+        model: str,
+        dtype: str,
+        layers: int,
+        layer_bytes: int,
+        block_size_tokens: int,
+        layout_version: int = 1,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        tenant_salt: bytes | None = None,
+        instance: str | None = None,
+        timeout: float = 10.0,
+    ) -> None: ...
+    @property
+    def layers(self) -> int: ...
+    @property
+    def layer_bytes(self) -> int: ...
+    @property
+    def block_bytes(self) -> int: ...
+    @property
+    def session_id(self) -> int: ...
+    @property
+    def shm_name(self) -> str: ...
+    def lookup(self, keys: Sequence[int]) -> list[str]:
+        """Tiers (``"G2"``, ``"G3"``, ``"G4"``) of the longest stored prefix."""
+    def store_buffers(self, keys: Sequence[int], blocks: Sequence[Buffer]) -> list[str]:
+        """Stores whole blocks; one outcome per block."""
+    def store_layers(
+        self,
+        keys: Sequence[int],
+        layers: Sequence[tuple[int, int]],
+        block_ids: Sequence[int],
+        block_stride: int,
+    ) -> list[str]:
+        """Stores blocks whose layers lie in per-layer buffers."""
+    def load(self, keys: Sequence[int]) -> Load:
+        """Pins the longest stored prefix in the arena for this client."""
+    def remove(self, keys: Sequence[int]) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class Load:
+    """Blocks pinned for one client; read as layers arrive, then release."""
+
+    @property
+    def prefix_len(self) -> int: ...
+    def wait_layer(self, layer: int) -> None: ...
+    def read_layer(
+        self,
+        layer: int,
+        dst: tuple[int, int],
+        block_ids: Sequence[int],
+        block_stride: int,
+    ) -> list[bool]:
+        """Copies one layer of the first ``len(block_ids)`` blocks, verified."""
+    def read_block(self, index: int, dst: Buffer) -> bool:
+        """Copies one whole block, verified."""
+    def release(self) -> None: ...

@@ -1,0 +1,535 @@
+//! `kvtier._native`: the node daemon's client (`kvtier-client`) for Python
+//! engine processes. Every call that waits on the daemon or copies block
+//! bytes releases the GIL; the copies between engine memory and arena
+//! slots happen here, fused with the checksums, layer by layer.
+//!
+//! Engine memory is named by address and length (`(data_ptr, nbytes)` of a
+//! tensor), or by the buffer protocol. An address is the caller's promise
+//! that the memory stays valid for the call; every offset computed from it
+//! is checked against the length first.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use kvtier_client::{
+    BlockHash, BlockSource, ClientConfig, ClientError, Lookup, Namespace, StoreOutcome, Tier,
+    WireGeometry,
+};
+use pyo3::buffer::PyBuffer;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    _native,
+    KvtierError,
+    PyException,
+    "A request the node daemon or the arena refused."
+);
+create_exception!(
+    _native,
+    DaemonUnavailable,
+    KvtierError,
+    "The node daemon cannot be reached, went away, or did not answer in time; connect again."
+);
+
+fn to_py(e: ClientError) -> PyErr {
+    match e {
+        ClientError::Connect { .. }
+        | ClientError::Io(_)
+        | ClientError::Disconnected
+        | ClientError::Timeout(_) => DaemonUnavailable::new_err(e.to_string()),
+        e => KvtierError::new_err(e.to_string()),
+    }
+}
+
+fn tier_name(t: Tier) -> &'static str {
+    match t {
+        Tier::G1 => "G1",
+        Tier::G2 => "G2",
+        Tier::G3 => "G3",
+        Tier::G4 => "G4",
+    }
+}
+
+fn outcome_name(o: StoreOutcome) -> &'static str {
+    match o {
+        StoreOutcome::Stored => "stored",
+        StoreOutcome::AlreadyStored => "already_stored",
+        StoreOutcome::InFlightElsewhere => "in_flight_elsewhere",
+        StoreOutcome::NoSpace => "no_space",
+        StoreOutcome::NotReserved => "not_reserved",
+        StoreOutcome::BadChecksum => "bad_checksum",
+    }
+}
+
+fn hashes(keys: &[u128]) -> Vec<BlockHash> {
+    keys.iter().map(|k| BlockHash(*k)).collect()
+}
+
+/// A range of engine memory the caller vouches for.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    addr: usize,
+    len: usize,
+}
+
+impl Region {
+    /// `len` bytes at `offset`, if they lie inside.
+    fn at(self, offset: usize, len: usize) -> PyResult<usize> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && self.addr != 0 => Ok(self.addr + offset),
+            _ => Err(PyValueError::new_err(format!(
+                "{len} bytes at offset {offset} do not fit in a buffer of {} bytes",
+                self.len
+            ))),
+        }
+    }
+}
+
+/// Where block `i`'s layer `l` lies: `layers[l]` + `block_ids[i]` *
+/// `stride`, `layer_bytes` long, each checked against its region.
+struct Strided {
+    addrs: Vec<Vec<usize>>,
+    layer_bytes: usize,
+}
+
+impl Strided {
+    fn new(
+        layers: &[(usize, usize)],
+        block_ids: &[usize],
+        stride: usize,
+        layer_bytes: usize,
+    ) -> PyResult<Self> {
+        let addrs = layers
+            .iter()
+            .map(|&(addr, len)| {
+                let region = Region { addr, len };
+                block_ids
+                    .iter()
+                    .map(|&b| {
+                        let offset = b.checked_mul(stride).ok_or_else(|| {
+                            PyValueError::new_err(format!(
+                                "block {b} times stride {stride} overflows"
+                            ))
+                        })?;
+                        region.at(offset, layer_bytes)
+                    })
+                    .collect::<PyResult<Vec<usize>>>()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(Self { addrs, layer_bytes })
+    }
+
+    fn slice(&self, layer: usize, block: usize) -> &[u8] {
+        // SAFETY: the address was checked to lie, with `layer_bytes` after
+        // it, inside a region the caller vouched for (see the module docs).
+        unsafe {
+            std::slice::from_raw_parts(self.addrs[layer][block] as *const u8, self.layer_bytes)
+        }
+    }
+}
+
+/// Blocks to store whose layers lie in per-layer engine buffers.
+struct LayerSource {
+    keys: Vec<BlockHash>,
+    at: Strided,
+}
+
+impl BlockSource for LayerSource {
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+    fn key(&self, i: usize) -> BlockHash {
+        self.keys[i]
+    }
+    fn layer(&self, i: usize, layer: usize, _within: std::ops::Range<usize>) -> &[u8] {
+        self.at.slice(layer, i)
+    }
+}
+
+/// Whole blocks in buffers (the buffer protocol), read-only here.
+struct BufferSource {
+    keys: Vec<BlockHash>,
+    blocks: Vec<(usize, usize)>,
+}
+
+impl BlockSource for BufferSource {
+    fn len(&self) -> usize {
+        self.keys.len()
+    }
+    fn key(&self, i: usize) -> BlockHash {
+        self.keys[i]
+    }
+    fn layer(&self, i: usize, _layer: usize, within: std::ops::Range<usize>) -> &[u8] {
+        let (addr, len) = self.blocks[i];
+        // SAFETY: the buffer is held (its `PyBuffer` outlives the store)
+        // and `len` is its length; a block shorter than `within` yields a
+        // shorter slice, which the store refuses.
+        let whole = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+        whole.get(within).unwrap_or(&[])
+    }
+}
+
+fn contiguous(buf: &PyBuffer<u8>, writable: bool) -> PyResult<(usize, usize)> {
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err("the buffer is not contiguous"));
+    }
+    if writable && buf.readonly() {
+        return Err(PyValueError::new_err("the buffer is read-only"));
+    }
+    Ok((buf.buf_ptr() as usize, buf.len_bytes()))
+}
+
+/// A connection to the node daemon (`kvtier serve`), for one namespace.
+/// Thread-safe: calls from several threads take turns.
+#[pyclass(module = "kvtier._native", frozen)]
+struct Client {
+    inner: Mutex<kvtier_client::Client>,
+    layers: usize,
+    layer_bytes: usize,
+    block_bytes: usize,
+    session_id: u64,
+    shm_name: String,
+}
+
+impl Client {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut kvtier_client::Client) -> Result<T, ClientError>,
+    ) -> PyResult<T> {
+        let mut c = self
+            .inner
+            .lock()
+            .map_err(|_| KvtierError::new_err("a call on this client panicked; connect again"))?;
+        f(&mut c).map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to the daemon's socket and opens the arena. The namespace
+    /// (model, dtype, layout version, tokens per block, TP rank and size,
+    /// tenant salt) keeps these blocks apart from every other namespace's;
+    /// `layers` and `layer_bytes` must be the node's block shape.
+    #[new]
+    #[pyo3(signature = (socket, *, model, dtype, layers, layer_bytes, block_size_tokens,
+        layout_version=1, tp_rank=0, tp_size=1, tenant_salt=None, instance=None, timeout=10.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        socket: std::path::PathBuf,
+        model: String,
+        dtype: String,
+        layers: u32,
+        layer_bytes: u64,
+        block_size_tokens: u32,
+        layout_version: u32,
+        tp_rank: u32,
+        tp_size: u32,
+        tenant_salt: Option<Vec<u8>>,
+        instance: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        if !(timeout.is_finite() && timeout > 0.0) {
+            return Err(PyValueError::new_err(
+                "timeout must be a positive number of seconds",
+            ));
+        }
+        let namespace = Namespace {
+            model,
+            dtype,
+            layout_version,
+            block_size_tokens,
+            tp_rank,
+            tp_size,
+            tenant_salt,
+        };
+        let geometry = WireGeometry {
+            layers,
+            block_bytes: layer_bytes * u64::from(layers),
+            layer_bytes,
+        };
+        let mut config = ClientConfig::new(socket, namespace, geometry)
+            .with_timeout(Duration::from_secs_f64(timeout));
+        if let Some(i) = instance {
+            config = config.with_instance(i);
+        }
+        let client = py
+            .detach(|| kvtier_client::Client::connect(config))
+            .map_err(to_py)?;
+        let arena = client.arena();
+        Ok(Self {
+            layers: arena.layers(),
+            layer_bytes: arena.layer_bytes(),
+            block_bytes: arena.block_bytes(),
+            session_id: client.hello().session_id,
+            shm_name: client.hello().shm_name.clone(),
+            inner: Mutex::new(client),
+        })
+    }
+
+    /// Layers per block.
+    #[getter]
+    fn layers(&self) -> usize {
+        self.layers
+    }
+
+    /// Bytes of one layer of one block.
+    #[getter]
+    fn layer_bytes(&self) -> usize {
+        self.layer_bytes
+    }
+
+    /// Bytes of one block (all layers).
+    #[getter]
+    fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    /// The daemon's id of this connection (its logs name it).
+    #[getter]
+    fn session_id(&self) -> u64 {
+        self.session_id
+    }
+
+    /// The shared-memory arena this client maps.
+    #[getter]
+    fn shm_name(&self) -> &str {
+        &self.shm_name
+    }
+
+    /// The longest stored prefix of `keys`: the tier of each of its blocks
+    /// (`"G2"`, `"G3"`, `"G4"`).
+    fn lookup(&self, py: Python<'_>, keys: Vec<u128>) -> PyResult<Vec<&'static str>> {
+        let keys = hashes(&keys);
+        let tiers = py.detach(|| self.with(|c| c.lookup(&keys)))?;
+        Ok(tiers.into_iter().map(tier_name).collect())
+    }
+
+    /// Stores whole blocks, one buffer of `block_bytes` per key; one
+    /// outcome per block (`"stored"`, `"already_stored"`, ...).
+    fn store_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<u128>,
+        blocks: Vec<PyBuffer<u8>>,
+    ) -> PyResult<Vec<&'static str>> {
+        if keys.len() != blocks.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} keys and {} buffers",
+                keys.len(),
+                blocks.len()
+            )));
+        }
+        let spans = blocks
+            .iter()
+            .map(|b| contiguous(b, false))
+            .collect::<PyResult<Vec<_>>>()?;
+        if let Some((_, len)) = spans.iter().find(|(_, len)| *len != self.block_bytes) {
+            return Err(PyValueError::new_err(format!(
+                "a block buffer of {len} bytes; blocks are {}",
+                self.block_bytes
+            )));
+        }
+        let src = BufferSource {
+            keys: hashes(&keys),
+            blocks: spans,
+        };
+        let out = py.detach(|| self.with(|c| c.store_from(&src)))?;
+        drop(blocks);
+        Ok(out.into_iter().map(outcome_name).collect())
+    }
+
+    /// Stores blocks whose layers lie in per-layer engine buffers:
+    /// `layers[l]` is `(address, nbytes)` of layer `l`'s buffer, and key
+    /// `i`'s layer `l` is the `layer_bytes` at `block_ids[i] *
+    /// block_stride` in it. One outcome per block.
+    fn store_layers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<u128>,
+        layers: Vec<(usize, usize)>,
+        block_ids: Vec<usize>,
+        block_stride: usize,
+    ) -> PyResult<Vec<&'static str>> {
+        self.check_layout(keys.len(), &layers, &block_ids)?;
+        let src = LayerSource {
+            keys: hashes(&keys),
+            at: Strided::new(&layers, &block_ids, block_stride, self.layer_bytes)?,
+        };
+        let out = py.detach(|| self.with(|c| c.store_from(&src)))?;
+        Ok(out.into_iter().map(outcome_name).collect())
+    }
+
+    /// Makes the longest stored prefix of `keys` resident in the arena and
+    /// pins it for this client; read it with the returned [`Load`] as its
+    /// layers arrive, then release it.
+    fn load(slf: Py<Self>, py: Python<'_>, keys: Vec<u128>) -> PyResult<Load> {
+        let keys = hashes(&keys);
+        let load = {
+            let me = slf.get();
+            py.detach(|| me.with(|c| c.load(&keys)))?
+        };
+        Ok(Load {
+            client: slf,
+            load: Mutex::new(Some(load)),
+        })
+    }
+
+    /// Drops the blocks from every tier of the node.
+    fn remove(&self, py: Python<'_>, keys: Vec<u128>) -> PyResult<()> {
+        let keys = hashes(&keys);
+        py.detach(|| self.with(|c| c.remove(&keys)))
+    }
+
+    /// The daemon's counters by name.
+    fn stats(&self, py: Python<'_>) -> PyResult<HashMap<String, u64>> {
+        let counters = py.detach(|| self.with(|c| c.stats()))?;
+        Ok(counters.into_iter().map(|c| (c.name, c.value)).collect())
+    }
+}
+
+impl Client {
+    fn check_layout(
+        &self,
+        keys: usize,
+        layers: &[(usize, usize)],
+        block_ids: &[usize],
+    ) -> PyResult<()> {
+        if layers.len() != self.layers {
+            return Err(PyValueError::new_err(format!(
+                "{} layer buffers; blocks have {} layers",
+                layers.len(),
+                self.layers
+            )));
+        }
+        if block_ids.len() != keys {
+            return Err(PyValueError::new_err(format!(
+                "{keys} keys and {} block ids",
+                block_ids.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Blocks pinned in the arena for one client by [`Client::load`]. Their
+/// layers become readable in order; each read is verified before it is
+/// served.
+#[pyclass(module = "kvtier._native", frozen)]
+struct Load {
+    client: Py<Client>,
+    load: Mutex<Option<kvtier_client::Load>>,
+}
+
+impl Load {
+    fn with<T>(&self, f: impl FnOnce(&kvtier_client::Load) -> PyResult<T>) -> PyResult<T> {
+        let guard = self
+            .load
+            .lock()
+            .map_err(|_| KvtierError::new_err("a call on this load panicked"))?;
+        match guard.as_ref() {
+            Some(load) => f(load),
+            None => Err(KvtierError::new_err("the load was released")),
+        }
+    }
+}
+
+#[pymethods]
+impl Load {
+    /// How many leading keys the daemon pinned (the rest are misses).
+    #[getter]
+    fn prefix_len(&self) -> PyResult<usize> {
+        self.with(|l| Ok(l.prefix_len()))
+    }
+
+    /// Waits until layer `layer` of every pinned block can be read.
+    fn wait_layer(&self, py: Python<'_>, layer: u32) -> PyResult<()> {
+        let client = self.client.get();
+        py.detach(|| self.with(|l| client.with(|c| c.wait_layer(l, layer))))
+    }
+
+    /// Copies layer `layer` of the first `len(block_ids)` pinned blocks
+    /// into the engine buffer `dst` (`(address, nbytes)`), block `i` at
+    /// `block_ids[i] * block_stride`, each verified against its checksum.
+    /// Returns whether each block's layer was a verified hit; a block that
+    /// failed is never copied over good bytes the caller may rely on
+    /// (treat it as a miss: recompute it).
+    fn read_layer(
+        &self,
+        py: Python<'_>,
+        layer: u32,
+        dst: (usize, usize),
+        block_ids: Vec<usize>,
+        block_stride: usize,
+    ) -> PyResult<Vec<bool>> {
+        let layer_bytes = self.client.get().layer_bytes;
+        let at = Strided::new(&[dst], &block_ids, block_stride, layer_bytes)?;
+        py.detach(|| {
+            self.with(|l| {
+                (0..block_ids.len())
+                    .map(|i| {
+                        let addr = at.addrs[0][i];
+                        // SAFETY: checked to lie inside `dst`, which the
+                        // caller vouches for and lends us for the call.
+                        let out =
+                            unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, layer_bytes) };
+                        match l.read_layer(i, layer, out) {
+                            Ok(Lookup::Hit) => Ok(true),
+                            Ok(_) => Ok(false),
+                            Err(e) => Err(to_py(e)),
+                        }
+                    })
+                    .collect()
+            })
+        })
+    }
+
+    /// Copies pinned block `index` whole into `dst` (a writable buffer of
+    /// `block_bytes`), verified; whether it was a verified hit. Every
+    /// layer must be ready.
+    fn read_block(&self, py: Python<'_>, index: usize, dst: PyBuffer<u8>) -> PyResult<bool> {
+        let (addr, len) = contiguous(&dst, true)?;
+        let hit = py.detach(|| {
+            self.with(|l| {
+                // SAFETY: a writable, contiguous buffer of `len` bytes,
+                // held by `dst` for the call.
+                let out = unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) };
+                l.read(index, out).map_err(to_py)
+            })
+        })?;
+        drop(dst);
+        Ok(hit == Lookup::Hit)
+    }
+
+    /// Unpins the blocks (at once; also when the client disconnects).
+    /// Releasing twice is a no-op.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self
+            .load
+            .lock()
+            .map_err(|_| KvtierError::new_err("a call on this load panicked"))?
+            .take();
+        let Some(load) = taken else {
+            return Ok(());
+        };
+        let client = self.client.get();
+        py.detach(|| client.with(|c| c.release_load(load)))
+    }
+}
+
+/// The native half of the `kvtier` package.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Client>()?;
+    m.add_class::<Load>()?;
+    m.add("KvtierError", m.py().get_type::<KvtierError>())?;
+    m.add("DaemonUnavailable", m.py().get_type::<DaemonUnavailable>())?;
+    m.add(
+        "PROTOCOL_VERSION",
+        kvtier_protocol::PROTOCOL_VERSION.to_string(),
+    )?;
+    Ok(())
+}
