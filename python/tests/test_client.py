@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import LAYER_BYTES, LAYERS, Daemon
+from conftest import LAYER_BYTES, LAYERS, TinyDaemon as Daemon
 
 import kvtier
 

@@ -1,0 +1,91 @@
+"""A real ``kvtier serve`` for tests (this package's and an engine
+integration's): started in a directory of the caller's, on loopback only,
+stopped by the caller.
+
+The binary is ``$KVTIER_BIN``, else ``target/release/kvtier`` or
+``target/debug/kvtier`` of the checkout this package was installed from
+(``$KVTIER_REPO``) or of the current directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: How long a daemon may take to say it is ready.
+START_TIMEOUT = 60.0
+
+
+class DaemonError(RuntimeError):
+    """The daemon could not be started."""
+
+
+def kvtier_bin() -> Path:
+    """The ``kvtier`` binary to run; :class:`DaemonError` if there is none."""
+    env = os.environ.get("KVTIER_BIN")
+    if env:
+        candidates = [Path(env)]
+    else:
+        roots = [Path(os.environ.get("KVTIER_REPO", ".")), Path.cwd()]
+        candidates = [r / "target" / p / "kvtier" for r in roots for p in ("release", "debug")]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise DaemonError(f"no kvtier binary at {[str(c) for c in candidates]}: build it or set KVTIER_BIN")
+
+
+@dataclass
+class Daemon:
+    """A running ``kvtier serve``; :meth:`stop` it."""
+
+    proc: subprocess.Popen[str]
+    socket: Path
+    log: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown), and waits."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+def start_daemon(data: Path, env: dict[str, str]) -> Daemon:
+    """Starts ``kvtier serve --data-dir data`` with ``KVTIER_*`` settings
+    ``env`` (on top of: a fresh arena name, psync disk I/O without fsync,
+    no metadata service) and waits until it is ready."""
+    full = dict(os.environ)
+    full.update(
+        KVTIER_MEMORY__SHM_NAME=f"kvtier-test-{uuid.uuid4().hex[:12]}",
+        KVTIER_DISK__IO_ENGINE="psync",
+        KVTIER_DISK__SYNC="false",
+        KVTIER_META__ENABLED="false",
+        KVTIER_LOG="info",
+    )
+    full.update(env)
+    proc = subprocess.Popen(
+        [str(kvtier_bin()), "serve", "--data-dir", str(data)],
+        env=full,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    daemon = Daemon(proc=proc, socket=data / "node.sock")
+    ready = threading.Event()
+
+    def drain() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            daemon.log.append(line.rstrip("\n"))
+            if "kvtier serving" in line:
+                ready.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not ready.wait(START_TIMEOUT):
+        proc.kill()
+        raise DaemonError("kvtier serve did not become ready:\n" + "\n".join(daemon.log))
+    return daemon

@@ -1,0 +1,19 @@
+"""kvtier for vLLM: :class:`KvtierConnector`, a ``KVConnectorBase_V1`` that
+keeps vLLM's KV blocks in a kvtier node (``kvtier serve``).
+
+Load it with::
+
+    KVTransferConfig(
+        kv_connector="KvtierConnector",
+        kv_connector_module_path="kvtier.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"socket": "/path/to/node.sock"},
+        kv_load_failure_policy="recompute",
+    )
+
+See docs/vllm.md in the repository.
+"""
+
+from kvtier.vllm.connector import KvtierConnector, KvtierConnectorMetadata
+
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
