@@ -24,8 +24,8 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use support::node::{
-    Daemon, PATIENCE, Stats, Worker, block, block_bytes, check_block, geometry, namespace, param,
-    report, role, seed, shm_name, wait_until, worker_config,
+    Daemon, PATIENCE, Stats, Worker, block, block_bytes, check_block, check_held_block, geometry,
+    namespace, param, report, role, seed, shm_name, wait_until, worker_config,
 };
 
 mod support;
@@ -109,7 +109,10 @@ fn concurrent_clients_store_each_key_once_and_read_exact_bytes() {
         (CLIENTS - 1) * n
     );
     for key in 0..SHARED_KEYS {
-        assert!(check_block(&mut client, key), "block {key} not readable");
+        assert!(
+            check_held_block(&mut client, key),
+            "block {key} not readable"
+        );
     }
 }
 
@@ -255,7 +258,10 @@ fn client_sigkill_anywhere_in_a_store_leaves_nothing_half_written() {
         });
         check_victim_blocks(&mut client, &outcome);
         for &key in &resident {
-            assert!(check_block(&mut client, key), "resident block {key} lost");
+            assert!(
+                check_held_block(&mut client, key),
+                "resident block {key} lost"
+            );
         }
         check_reservations_ended(&mut client, refused);
         store_again_and_remove(&mut client, &outcome);
@@ -293,7 +299,7 @@ fn store_again_and_remove(client: &mut Client, outcome: &Outcome) {
             "block {key} ({:?}) stored again: {got:?}",
             outcome.expect[&key]
         );
-        assert!(check_block(client, key), "block {key} not readable");
+        assert!(check_held_block(client, key), "block {key} not readable");
     }
     let keys: Vec<BlockHash> = outcome.keys.iter().map(|k| BlockHash(*k)).collect();
     client.remove(&keys).expect("remove");

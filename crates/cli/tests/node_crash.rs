@@ -20,8 +20,8 @@ use kvtier_client::{BlockHash, Client, ClientError, StoreOutcome};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::node::{
-    Daemon, Stats, Worker, block, check_block, param, report, role, seed, shm_name, try_read_block,
-    worker_config,
+    Daemon, Stats, Worker, block, check_held_block, param, report, role, seed, shm_name,
+    try_read_block, try_read_held_block, worker_config,
 };
 
 mod support;
@@ -159,7 +159,7 @@ fn check_acked(daemon: &Daemon, keys: &[u128], total: usize) {
     let lost: Vec<u128> = keys
         .iter()
         .copied()
-        .filter(|&key| !check_block(&mut client, key))
+        .filter(|&key| !check_held_block(&mut client, key))
         .collect();
     assert!(
         lost.is_empty(),
@@ -245,7 +245,7 @@ impl Traffic {
         }
         if !self.mine.is_empty() {
             let key = self.mine[rng.random_range(0..self.mine.len())];
-            let got = try_read_block(client, key)?;
+            let got = try_read_held_block(client, key)?;
             assert!(got.is_some(), "block {key} it stored is not readable");
             assert!(got == Some(block(key)), "block {key} read back wrong bytes");
         }

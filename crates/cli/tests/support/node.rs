@@ -308,6 +308,39 @@ pub fn try_read_block(client: &mut Client, key: u128) -> Result<Option<Vec<u8>>,
     Ok(got)
 }
 
+/// Reads of a held block tried before it counts as unreadable.
+const HELD_READ_TRIES: usize = 16;
+
+/// [`try_read_block`] for a block that must not be lost: a load may miss
+/// while concurrent transfers hold the arena's free slots (a miss is a
+/// legitimate answer), so a miss of a block the node still holds (its
+/// `Lookup` finds it) is retried. `None` only when the node no longer
+/// holds it, or it stays unreadable over [`HELD_READ_TRIES`] loads.
+pub fn try_read_held_block(client: &mut Client, key: u128) -> Result<Option<Vec<u8>>, ClientError> {
+    for _ in 0..HELD_READ_TRIES {
+        if let Some(bytes) = try_read_block(client, key)? {
+            return Ok(Some(bytes));
+        }
+        if client.lookup(&[BlockHash(key)])?.is_empty() {
+            return Ok(None);
+        }
+    }
+    Ok(None)
+}
+
+/// Whether block `key`, which must not be lost, is readable (see
+/// [`try_read_held_block`]); panics if it reads back other bytes than
+/// [`block`]`(key)`.
+pub fn check_held_block(client: &mut Client, key: u128) -> bool {
+    match try_read_held_block(client, key).expect("load a block") {
+        Some(bytes) => {
+            assert!(bytes == block(key), "block {key} read back wrong bytes");
+            true
+        }
+        None => false,
+    }
+}
+
 /// Whether block `key` is readable; panics if it reads back other bytes
 /// than [`block`]`(key)`.
 pub fn check_block(client: &mut Client, key: u128) -> bool {
