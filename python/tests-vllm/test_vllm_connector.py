@@ -114,3 +114,26 @@ def test_without_a_daemon_the_engine_runs_uncached(tmp_path: Path, model_dir: Pa
     assert llm.reset_prefix_cache()
     second, cached = run(llm, PROMPT)
     assert second == first and cached == 0
+
+
+def test_multi_process_mode(daemon: Daemon, model_dir: Path) -> None:
+    """The scheduler and the worker in different processes, each its own
+    client of the daemon."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("mp_engine.py")
+    r = subprocess.run(
+        [sys.executable, str(script), str(model_dir), str(daemon.socket)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    assert r.returncode == 0 and result, r.stderr[-8000:]
+    first, second = json.loads(result[0].removeprefix("RESULT "))
+    assert first["cached"] == 0
+    assert second["cached"] == (len(PROMPT) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+    assert second["tokens"] == first["tokens"]
+    assert stats(daemon)["loaded"] >= len(PROMPT) // BLOCK_TOKENS - 1
