@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import kvtier
 from kvtier.vllm.config import KvtierConfig, Shape, namespace_of
@@ -15,6 +15,7 @@ from kvtier.vllm.config import KvtierConfig, Shape, namespace_of
 T = TypeVar("T")
 
 # vLLM's logger when present (its format and level settings), else ours.
+logger: Any
 try:
     from vllm.logger import init_logger
 

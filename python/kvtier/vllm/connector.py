@@ -20,6 +20,7 @@ cache (one warning) and reconnects when it answers again.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,7 @@ def _shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Shape:
     platform = type(vllm.platforms.current_platform).__name__
     return Shape(
         model=str(vllm_config.model_config.model),
-        dtype=str(spec.dtype).removeprefix("torch."),
+        dtype=str(getattr(spec, "dtype", "")).removeprefix("torch."),
         layout=f"vllm {vllm.__version__} {platform} {type(spec).__name__} "
         f"heads={getattr(spec, 'num_kv_heads', 0)} head={getattr(spec, 'head_size', 0)}",
         block_size=spec.block_size,
@@ -121,6 +122,15 @@ class KvtierConnector(KVConnectorBase_V1):
         self._shape = _shape(vllm_config, kv_cache_config)
         tp_rank, tp_size = _tp(vllm_config)
         self._clients = Clients(self._config, self._shape, tp_rank, tp_size)
+        # This version copies host KV buffers only (vLLM's CPU platform).
+        import vllm.platforms
+
+        self._enabled = vllm.platforms.current_platform.device_type == "cpu"
+        if not self._enabled:
+            logger.warning(
+                "kvtier connector: KV caches on %s are not supported yet; running without the cache",
+                vllm.platforms.current_platform.device_type,
+            )
         # Scheduler side.
         self._requests: dict[str, _Request] = {}
         # Worker side.
@@ -142,12 +152,15 @@ class KvtierConnector(KVConnectorBase_V1):
     # ---------------------------------------------------------------- scheduler
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if not self._enabled:
+            return 0, False
         bs = self._shape.block_size
         # vLLM computes at least the last token itself.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
         keys = [block_key(h) for h in request.block_hashes[:usable]]
         salt = request.cache_salt
-        tiers = self._clients.call(salt, "lookup", lambda c: c.lookup(keys), []) if keys else []
+        none: list[str] = []
+        tiers = self._clients.call(salt, "lookup", lambda c: c.lookup(keys), none) if keys else none
         hit = len(tiers)
         self._requests[request.request_id] = _Request(request=request, computed=num_computed_tokens, saved=hit)
         return max(hit * bs - num_computed_tokens, 0), False
@@ -220,15 +233,23 @@ class KvtierConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------- worker
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._layers = list(kv_caches.values())
-        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
         for name, t in kv_caches.items():
             per_block = t[0].numel() * t.element_size()
             if t.device.type != "cpu" or not t[0].is_contiguous() or per_block != self._shape.layer_bytes:
-                raise ValueError(
-                    f"kvtier needs host KV blocks of {self._shape.layer_bytes} contiguous bytes; "
-                    f"layer {name} is {tuple(t.shape)} {t.dtype} on {t.device}"
+                # Device memory needs a staging copy this version does not
+                # have: run without the cache rather than stop the engine.
+                logger.warning(
+                    "kvtier needs host KV blocks of %d contiguous bytes; layer %s is %s %s on %s: "
+                    "running without the cache",
+                    self._shape.layer_bytes,
+                    name,
+                    tuple(t.shape),
+                    t.dtype,
+                    t.device,
                 )
+                return
+        self._layers = list(kv_caches.values())
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
 
     def _region(self, layer: int) -> tuple[int, int, int]:
         """(address, nbytes, block stride) of one layer's paged buffer."""
@@ -239,9 +260,14 @@ class KvtierConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        if not self._layers:
+            # No usable KV buffers: every planned block is recomputed.
+            for t in meta.loads:
+                self._load_errors.update(t.block_ids)
+            return
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients.call(t.salt, "load", lambda c, keys=t.keys: c.load(keys), None)
+            load = self._clients.call(t.salt, "load", _loader(t.keys), None)
             pinned = load.prefix_len if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
@@ -284,7 +310,7 @@ class KvtierConnector(KVConnectorBase_V1):
         # remove it, so the next save of its key stores good bytes.
         for salt, keys in self._corrupt.items():
             logger.warning("kvtier: %d blocks failed verification; vLLM recomputes them", len(keys))
-            self._clients.call(salt, "remove", lambda c, k=sorted(keys): c.remove(k), None)
+            self._clients.call(salt, "remove", _remover(sorted(keys)), None)
         self._corrupt.clear()
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any) -> None:
@@ -310,9 +336,8 @@ class KvtierConnector(KVConnectorBase_V1):
         layers = [(addr, nbytes) for addr, nbytes, _ in regions]
         for t in meta.saves:
             began = time.perf_counter()
-            outcomes = self._clients.call(
-                t.salt, "store", lambda c, t=t: c.store_layers(t.keys, layers, t.block_ids, stride), []
-            )
+            none: list[str] = []
+            outcomes = self._clients.call(t.salt, "store", _storer(t, layers, stride), none)
             stored = sum(o in ("stored", "already_stored") for o in outcomes)
             self._stats.saved(began, stored * self._shape.layers * self._shape.layer_bytes, stored)
 
@@ -327,6 +352,27 @@ class KvtierConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
         return KvtierStats(data=dict(data or {}))
+
+
+def _loader(keys: list[int]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+    def load(c: kvtier.Client) -> kvtier.Load | None:
+        return c.load(keys)
+
+    return load
+
+
+def _remover(keys: list[int]) -> Callable[[kvtier.Client], None]:
+    def remove(c: kvtier.Client) -> None:
+        c.remove(keys)
+
+    return remove
+
+
+def _storer(t: Transfer, layers: list[tuple[int, int]], stride: int) -> Callable[[kvtier.Client], list[str]]:
+    def store(c: kvtier.Client) -> list[str]:
+        return c.store_layers(t.keys, layers, t.block_ids, stride)
+
+    return store
 
 
 @dataclass
