@@ -14,7 +14,6 @@ one from a contiguous CPU tensor (or anything with ``data_ptr()``,
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kvtier._native import (
@@ -33,8 +32,6 @@ __all__ = [
     "Load",
     "region",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 def region(tensor: Any) -> tuple[int, int]:

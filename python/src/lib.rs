@@ -129,6 +129,18 @@ impl Strided {
             std::slice::from_raw_parts(self.addrs[layer][block] as *const u8, self.layer_bytes)
         }
     }
+
+    /// # Safety
+    /// The caller holds the region for writing, and no other slice of
+    /// this block's layer is alive.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice_mut(&self, layer: usize, block: usize) -> &mut [u8] {
+        // SAFETY: checked to lie inside a region the caller vouched for and
+        // lends for writing; exclusive per the function's contract.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.addrs[layer][block] as *mut u8, self.layer_bytes)
+        }
+    }
 }
 
 /// Blocks to store whose layers lie in per-layer engine buffers.
@@ -471,11 +483,9 @@ impl Load {
             self.with(|l| {
                 (0..block_ids.len())
                     .map(|i| {
-                        let addr = at.addrs[0][i];
-                        // SAFETY: checked to lie inside `dst`, which the
-                        // caller vouches for and lends us for the call.
-                        let out =
-                            unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, layer_bytes) };
+                        // SAFETY: `dst` is lent for writing for the call;
+                        // one block's slice at a time.
+                        let out = unsafe { at.slice_mut(0, i) };
                         match l.read_layer(i, layer, out) {
                             Ok(Lookup::Hit) => Ok(true),
                             Ok(_) => Ok(false),

@@ -170,12 +170,11 @@ impl State {
             published,
             generation,
         });
+        // Another source's entry is replaced; the same source's keeps
+        // whether it is published.
         if e.source != source {
-            *e = Entry {
-                source,
-                published,
-                generation,
-            };
+            e.source = source;
+            e.published = published;
         }
         e.generation = generation;
         self.dirty.insert(key);
@@ -696,11 +695,7 @@ async fn publish(shared: &Shared, id: u32, source: &Source, keys: Vec<BlockHash>
             Err(e) => Err(MetaError::InvalidArgument(e.to_string())),
         };
         match result {
-            Ok(_) => settle(shared, chunk, |e| {
-                if e.source == id {
-                    e.published = true;
-                }
-            }),
+            Ok(_) => published(shared, id, chunk),
             Err(e @ MetaError::InvalidArgument(_)) => return refuse(shared, id, source, &e),
             Err(e) => {
                 failed(shared, "publish", source, &e);
@@ -736,12 +731,12 @@ async fn unpublish(shared: &Shared, source: &Source, keys: Vec<(BlockHash, u64)>
     }
 }
 
-/// Applies `f` to the entries of `keys` that are still known.
-fn settle(shared: &Shared, keys: &[BlockHash], f: impl Fn(&mut Entry)) {
+/// Marks the still-known entries of `keys` from source `id` published.
+fn published(shared: &Shared, id: u32, keys: &[BlockHash]) {
     let mut s = shared.tracker.state.lock();
     for k in keys {
-        if let Some(e) = s.known.get_mut(k) {
-            f(e);
+        if let Some(e) = s.known.get_mut(k).filter(|e| e.source == id) {
+            e.published = true;
         }
     }
     drop(s);

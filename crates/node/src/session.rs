@@ -468,12 +468,16 @@ impl Session {
         }
         let done = self.node.manager().commit_host(batch).await;
         let counters = &self.node.counters;
+        // The stored keys are collected only for an observer to tell.
+        let observer = self.node.commit_observer().zip(self.namespace.as_ref());
         let mut stored = Vec::new();
         for ((i, key), outcome) in positions.into_iter().zip(done) {
             results[i] = match outcome {
                 HostCommit::Stored => {
                     Counters::add(&counters.committed, 1);
-                    stored.push(key);
+                    if observer.is_some() {
+                        stored.push(key);
+                    }
                     CommitResult::Stored
                 }
                 HostCommit::AlreadyStored => CommitResult::AlreadyStored,
@@ -483,7 +487,7 @@ impl Session {
                 }
             };
         }
-        if let (Some(observer), Some(ns)) = (self.node.commit_observer(), &self.namespace)
+        if let Some((observer, ns)) = observer
             && !stored.is_empty()
         {
             observer.committed(ns, &stored);
