@@ -40,10 +40,14 @@ def kvtier_bin() -> Path:
 
 @dataclass
 class Daemon:
-    """A running ``kvtier serve``; :meth:`stop` it."""
+    """A running ``kvtier serve``; :meth:`stop` or :meth:`kill` it, and
+    :meth:`restart` it on the same data directory and arena name."""
 
     proc: subprocess.Popen[str]
     socket: Path
+    data: Path
+    env: dict[str, str]
+    """The ``KVTIER_*`` settings it was started with (its arena name included)."""
     log: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
@@ -52,20 +56,32 @@ class Daemon:
             self.proc.terminate()
             self.proc.wait(timeout=60)
 
+    def kill(self) -> None:
+        """SIGKILL (a crash), and waits."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+
+    def restart(self) -> Daemon:
+        """A new daemon on this one's data directory and settings (stop or
+        kill this one first)."""
+        return start_daemon(self.data, self.env)
+
 
 def start_daemon(data: Path, env: dict[str, str]) -> Daemon:
     """Starts ``kvtier serve --data-dir data`` with ``KVTIER_*`` settings
     ``env`` (on top of: a fresh arena name, psync disk I/O without fsync,
     no metadata service) and waits until it is ready."""
-    full = dict(os.environ)
-    full.update(
+    settings = dict(
         KVTIER_MEMORY__SHM_NAME=f"kvtier-test-{uuid.uuid4().hex[:12]}",
         KVTIER_DISK__IO_ENGINE="psync",
         KVTIER_DISK__SYNC="false",
         KVTIER_META__ENABLED="false",
         KVTIER_LOG="info",
     )
-    full.update(env)
+    settings.update(env)
+    full = dict(os.environ)
+    full.update(settings)
     proc = subprocess.Popen(
         [str(kvtier_bin()), "serve", "--data-dir", str(data)],
         env=full,
@@ -74,7 +90,7 @@ def start_daemon(data: Path, env: dict[str, str]) -> Daemon:
         stderr=subprocess.PIPE,
         text=True,
     )
-    daemon = Daemon(proc=proc, socket=data / "node.sock")
+    daemon = Daemon(proc=proc, socket=data / "node.sock", data=data, env=settings)
     ready = threading.Event()
 
     def drain() -> None:

@@ -45,8 +45,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
+def daemon_env(**extra: str) -> dict[str, str]:
+    """The daemon's settings for the tiny Llama, plus ``extra``."""
     env = dict(
         KVTIER_GEOMETRY__PRESET="tiny",
         KVTIER_GEOMETRY__LAYERS="2",
@@ -58,8 +58,14 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         KVTIER_DISK__CAPACITY_PER_DIR="32MiB",
         KVTIER_DISK__REGION_SIZE="1MiB",
     )
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
     try:
-        d = start_daemon(tmp_path / "data", env)
+        d = start_daemon(tmp_path / "data", daemon_env())
     except DaemonError as e:
         pytest.fail(str(e))
     yield d

@@ -1,9 +1,9 @@
 """A vLLM engine in multi-process mode (the scheduler in this process, the
 worker in an engine-core process, each a client of the daemon): runs one
-prompt twice, emptying vLLM's prefix cache in between, and prints the
-output tokens and cached token counts as one JSON line.
+prompt once and prints its output tokens and cached token count as one
+JSON line.
 
-Usage: python mp_engine.py MODEL_DIR SOCKET
+Usage: python mp_engine.py MODEL_DIR SOCKET PROMPT_JSON
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
 
-    model_dir, socket = sys.argv[1], sys.argv[2]
-    prompt = [(i * 37 + 11) % 997 + 3 for i in range(300)]
+    model_dir, socket, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     sampling = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False)
     llm = LLM(
         model=model_dir,
@@ -42,12 +41,9 @@ def main() -> None:
             kv_load_failure_policy="recompute",
         ),
     )
-    runs = []
-    for _ in range(2):
-        out = llm.generate([{"prompt_token_ids": prompt}], sampling, use_tqdm=False)[0]
-        runs.append({"tokens": list(out.outputs[0].token_ids), "cached": int(out.num_cached_tokens or 0)})
-        assert llm.reset_prefix_cache()
-    print("RESULT " + json.dumps(runs), flush=True)
+    out = llm.generate([{"prompt_token_ids": prompt}], sampling, use_tqdm=False)[0]
+    result = {"tokens": list(out.outputs[0].token_ids), "cached": int(out.num_cached_tokens or 0)}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

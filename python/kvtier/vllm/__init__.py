@@ -11,9 +11,14 @@ Load it with::
         kv_load_failure_policy="recompute",
     )
 
+With the offline ``LLM``, empty vLLM's own prefix cache with
+:func:`reset_prefix_cache` (it waits for the connector's saves).
+
 See docs/vllm.md in the repository.
 """
 
-from kvtier.vllm.connector import KvtierConnector, KvtierConnectorMetadata
+from kvtier.vllm.connector import KvtierConnector
+from kvtier.vllm.offline import reset_prefix_cache
+from kvtier.vllm.scheduler import KvtierConnectorMetadata
 
-__all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata", "reset_prefix_cache"]

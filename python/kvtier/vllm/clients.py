@@ -5,6 +5,7 @@ no cache (one warning), and it connects again once the daemon answers.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -28,7 +29,8 @@ except ImportError:  # pragma: no cover - kvtier without vLLM
 
 class Clients:
     """Lazily connected :class:`kvtier.Client`s, one per tenant salt (each
-    salt is its own namespace, so tenants never share blocks)."""
+    salt is its own namespace, so tenants never share blocks). Callable
+    from several threads (the worker saves on its own)."""
 
     def __init__(self, config: KvtierConfig, shape: Shape, tp_rank: int, tp_size: int) -> None:
         self._config = config
@@ -37,17 +39,20 @@ class Clients:
         self._clients: dict[str | None, kvtier.Client] = {}
         self._down_since: float | None = None
         self._refused: str | None = None
+        self._lock = threading.Lock()
 
     def call(self, salt: str | None, what: str, f: Callable[[kvtier.Client], T], default: T) -> T:
         """``f(client)``, or ``default`` while the daemon is down, refuses
         this engine, or the call fails (the failure is logged)."""
-        client = self._client(salt)
+        with self._lock:
+            client = self._client(salt)
         if client is None:
             return default
         try:
             return f(client)
         except kvtier.DaemonUnavailable as e:
-            self._lost(e)
+            with self._lock:
+                self._lost(e)
         except kvtier.KvtierError as e:
             logger.warning("kvtier %s failed: %s", what, e)
         return default

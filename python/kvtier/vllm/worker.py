@@ -1,0 +1,250 @@
+"""The connector's worker side: loads read layer by layer into vLLM's paged
+KV buffers as the forward reaches each layer; saves copy finished prompt
+blocks from those buffers into the node on a background thread, so the
+next step does not wait for them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+import kvtier
+from kvtier.vllm.clients import Clients, logger
+from kvtier.vllm.config import Shape
+from kvtier.vllm.events import KvtierWorkerMetadata
+from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
+from kvtier.vllm.stats import KvtierStats, WorkerStats
+
+
+@dataclass
+class _Loading:
+    """A load in progress: the node pinned ``pinned`` leading blocks."""
+
+    transfer: Transfer
+    load: kvtier.Load
+    pinned: int
+
+
+class KvtierWorker:
+    """Loads and saves of one worker (one TP rank)."""
+
+    def __init__(self, shape: Shape, clients: Clients, tp_rank: int) -> None:
+        self._shape = shape
+        self._clients = clients
+        self._reports = tp_rank == 0
+        self._layers: list[torch.Tensor] = []
+        self._layer_index: dict[str, int] = {}
+        self._loading: list[_Loading] = []
+        self._load_errors: set[int] = set()
+        self._corrupt: dict[str | None, set[int]] = {}
+        self._stats = WorkerStats()
+        # Saves run one at a time, off the forward's thread; the copies
+        # release the GIL, so the next step runs beside them.
+        self._saver = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-save")
+        self._lock = threading.Lock()
+        self._saves: dict[str, list[Future[None]]] = {}
+        self._finishing: set[str] = set()
+        self._said = KvtierWorkerMetadata()
+
+    # ---------------------------------------------------------------- buffers
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        for name, t in kv_caches.items():
+            per_block = t[0].numel() * t.element_size()
+            if t.device.type != "cpu" or not t[0].is_contiguous() or per_block != self._shape.layer_bytes:
+                # Device memory needs a staging copy this version does not
+                # have: run without the cache rather than stop the engine.
+                logger.warning(
+                    "kvtier needs host KV blocks of %d contiguous bytes; layer %s is %s %s on %s: "
+                    "running without the cache",
+                    self._shape.layer_bytes,
+                    name,
+                    tuple(t.shape),
+                    t.dtype,
+                    t.device,
+                )
+                return
+        self._layers = list(kv_caches.values())
+        self._layer_index = {name: i for i, name in enumerate(kv_caches)}
+
+    def _region(self, layer: int) -> tuple[int, int, int]:
+        """(address, nbytes, block stride) of one layer's paged buffer."""
+        t = self._layers[layer]
+        stride = t.stride(0) * t.element_size()
+        return t.data_ptr(), stride * t.shape[0], stride
+
+    # ------------------------------------------------------------------ loads
+
+    def start_load_kv(self, meta: KvtierConnectorMetadata) -> None:
+        if not self._layers:
+            # No usable KV buffers: every planned block is recomputed.
+            for t in meta.loads:
+                self._load_errors.update(t.block_ids)
+            return
+        for t in meta.loads:
+            began = time.perf_counter()
+            load = self._clients.call(t.salt, "load", _loader(t.keys), None)
+            pinned = load.prefix_len if load is not None else 0
+            # What the node no longer holds is recomputed.
+            self._load_errors.update(t.block_ids[pinned:])
+            if load is not None:
+                self._loading.append(_Loading(t, load, pinned))
+            self._stats.load_started(began)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = self._layer_index.get(layer_name)
+        if layer is None or not self._loading:
+            return
+        self._read_layer(layer)
+        if layer == len(self._layers) - 1:
+            self._finish_loads()
+
+    def _read_layer(self, layer: int) -> None:
+        addr, nbytes, stride = self._region(layer)
+        for ld in self._loading:
+            t = ld.transfer
+            ids = t.block_ids[: ld.pinned]
+            try:
+                ld.load.wait_layer(layer)
+                ok = ld.load.read_layer(layer, (addr, nbytes), ids, stride)
+            except kvtier.KvtierError as e:
+                logger.warning("kvtier load of request %s failed at layer %d: %s", t.req_id, layer, e)
+                ok = [False] * len(ids)
+            for i, good in enumerate(ok):
+                if not good:
+                    self._load_errors.add(ids[i])
+                    self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
+
+    def _finish_loads(self) -> None:
+        block_bytes = self._shape.layers * self._shape.layer_bytes
+        for ld in self._loading:
+            try:
+                ld.load.release()
+            except kvtier.KvtierError as e:
+                logger.warning("kvtier release of request %s failed: %s", ld.transfer.req_id, e)
+            self._stats.loaded(block_bytes, ld.transfer.tiers[: ld.pinned])
+        self._loading.clear()
+        # A block that failed verification is a miss for every reader:
+        # remove it, so the next save of its key stores good bytes.
+        for salt, keys in self._corrupt.items():
+            logger.warning("kvtier: %d blocks failed verification; vLLM recomputes them", len(keys))
+            self._clients.call(salt, "remove", _remover(sorted(keys)), None)
+            if self._reports:
+                self._said.removed.extend(keys)
+        self._corrupt.clear()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        self._stats.add(load_failed_blocks=len(errors))
+        return errors
+
+    # ------------------------------------------------------------------ saves
+
+    def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
+        """Ends this step's loads and starts its saves."""
+        if self._loading:
+            # A forward that did not visit every layer: read the rest so no
+            # slot stays pinned.
+            for layer in range(len(self._layers)):
+                self._read_layer(layer)
+            self._finish_loads()
+        if meta is None:
+            return
+        for t in meta.saves:
+            if self._layers:
+                future = self._saver.submit(self._save, t)
+            else:
+                future = Future()
+                future.set_result(None)
+                self._report(t, [])
+            with self._lock:
+                self._saves.setdefault(t.req_id, []).append(future)
+
+    def _save(self, t: Transfer) -> None:
+        stored: list[int] = []
+        try:
+            regions = [self._region(i) for i in range(len(self._layers))]
+            stride = regions[0][2]
+            layers = [(addr, nbytes) for addr, nbytes, _ in regions]
+            began = time.perf_counter()
+            none: list[str] = []
+            outcomes = self._clients.call(t.salt, "store", _storer(t, layers, stride), none)
+            stored = [k for k, o in zip(t.keys, outcomes, strict=False) if o in ("stored", "already_stored")]
+            self._stats.saved(began, len(stored) * self._shape.layers * self._shape.layer_bytes, len(stored))
+        except Exception as e:  # a bug here must not leave the request's blocks held
+            logger.warning("kvtier save of request %s failed: %s", t.req_id, e)
+        finally:
+            self._report(t, stored)
+
+    def _report(self, t: Transfer, stored: list[int]) -> None:
+        if not self._reports:
+            return
+        done = set(stored)
+        with self._lock:
+            self._said.stored.extend(stored)
+            self._said.not_stored.extend(k for k in t.keys if k not in done)
+
+    def handle_preemptions(self, meta: KvtierConnectorMetadata) -> None:
+        """vLLM may hand a preempted request's blocks to another request in
+        this step: its saves finish before the forward writes them."""
+        for req_id in meta.preempted:
+            with self._lock:
+                futures = list(self._saves.get(req_id, ()))
+            for f in futures:
+                f.exception()
+
+    def get_finished(self, meta: KvtierConnectorMetadata | None) -> set[str]:
+        """Requests whose blocks the scheduler kept for their saves
+        (``meta.delayed``), once those saves are done: vLLM frees the
+        blocks now. Every rank reports each of them, as vLLM expects."""
+        done: set[str] = set()
+        with self._lock:
+            if meta is not None:
+                self._finishing.update(meta.delayed)
+            for req_id in list(self._finishing):
+                if all(f.done() for f in self._saves.get(req_id, ())):
+                    self._finishing.discard(req_id)
+                    self._saves.pop(req_id, None)
+                    done.add(req_id)
+        return done
+
+    def take_worker_metadata(self) -> KvtierWorkerMetadata | None:
+        with self._lock:
+            said, self._said = self._said, KvtierWorkerMetadata()
+        if not (said.stored or said.not_stored or said.removed):
+            return None
+        return said
+
+    def take_stats(self) -> KvtierStats | None:
+        return self._stats.take()
+
+    def shutdown(self) -> None:
+        """Waits for saves in flight (their blocks must not be freed under
+        them)."""
+        self._saver.shutdown(wait=True)
+
+
+def _loader(keys: list[int]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+    def load(c: kvtier.Client) -> kvtier.Load | None:
+        return c.load(keys)
+
+    return load
+
+
+def _remover(keys: list[int]) -> Callable[[kvtier.Client], None]:
+    def remove(c: kvtier.Client) -> None:
+        c.remove(keys)
+
+    return remove
+
+
+def _storer(t: Transfer, layers: list[tuple[int, int]], stride: int) -> Callable[[kvtier.Client], list[str]]:
+    def store(c: kvtier.Client) -> list[str]:
+        return c.store_layers(t.keys, layers, t.block_ids, stride)
+
+    return store
