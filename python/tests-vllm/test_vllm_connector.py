@@ -86,14 +86,15 @@ def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int
     return tokens
 
 
-def probe(daemon: Daemon) -> kvtier.Client:
+def probe(daemon: Daemon, layer_bytes: int = 16384) -> kvtier.Client:
     """A client of the daemon, outside vLLM's namespaces."""
-    # The geometry of the tiny Llama: 2 layers of 16 KiB per block.
-    return kvtier.Client(daemon.socket, model="probe", dtype="f32", layers=2, layer_bytes=16384, block_size_tokens=BLOCK_TOKENS)
+    # The geometry of the tiny Llama: 2 layers of 16 KiB per block (8 KiB
+    # per TP rank at TP=2).
+    return kvtier.Client(daemon.socket, model="probe", dtype="f32", layers=2, layer_bytes=layer_bytes, block_size_tokens=BLOCK_TOKENS)
 
 
-def node_stats(daemon: Daemon) -> dict[str, int]:
-    return probe(daemon).stats()
+def node_stats(daemon: Daemon, layer_bytes: int = 16384) -> dict[str, int]:
+    return probe(daemon, layer_bytes).stats()
 
 
 def cached_by_source(llm: LLM) -> dict[str, int]:
@@ -243,19 +244,19 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
         daemon.stop()
 
 
-def engine_process(model_dir: Path, daemon: Daemon) -> dict[str, Any]:
-    """One run of ``PROMPT`` by a vLLM in multi-process mode in a process
-    of its own (``mp_engine.py``)."""
+def engine_process(model_dir: Path, daemon: Daemon, tp: int = 1, runs: int = 1) -> list[dict[str, Any]]:
+    """``runs`` runs of ``PROMPT`` by a vLLM in multi-process mode in a
+    process of its own (``mp_engine.py``)."""
     script = Path(__file__).with_name("mp_engine.py")
     r = subprocess.run(
-        [sys.executable, str(script), str(model_dir), str(daemon.socket), json.dumps(PROMPT)],
+        [sys.executable, str(script), str(model_dir), str(daemon.socket), json.dumps(PROMPT), str(tp), str(runs)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     assert r.returncode == 0 and result, r.stderr[-8000:]
-    out: dict[str, Any] = json.loads(result[0].removeprefix("RESULT "))
+    out: list[dict[str, Any]] = json.loads(result[0].removeprefix("RESULT "))
     return out
 
 
@@ -263,9 +264,27 @@ def test_two_engine_processes_share_one_daemon(daemon: Daemon, model_dir: Path) 
     """Two engines in vLLM's multi-process mode (scheduler and worker in
     different processes, each a client of the daemon), one after the
     other: the second reuses what the first stored."""
-    first = engine_process(model_dir, daemon)
+    [first] = engine_process(model_dir, daemon)
     assert first["cached"] == 0
-    second = engine_process(model_dir, daemon)
+    [second] = engine_process(model_dir, daemon)
     assert second["cached"] == usable_tokens(PROMPT)
     assert second["tokens"] == first["tokens"]
     assert node_stats(daemon)["loaded"] >= usable_tokens(PROMPT) // BLOCK_TOKENS
+
+
+def test_tensor_parallel_ranks_store_and_load_their_own_heads(tmp_path: Path, model_dir: Path) -> None:
+    """TP=2: each rank is its own client with its own KV heads (one of the
+    tiny Llama's two), so the daemon holds the per-rank shape; the second
+    run loads every full block on both ranks."""
+    daemon = start_daemon(tmp_path / "data", daemon_env(KVTIER_GEOMETRY__KV_HEADS="1"))
+    try:
+        first, second = engine_process(model_dir, daemon, tp=2, runs=2)
+        assert first["cached"] == 0
+        assert second["cached"] == usable_tokens(PROMPT)
+        assert second["tokens"] == first["tokens"]
+        stats = node_stats(daemon, layer_bytes=8192)
+        blocks = len(PROMPT) // BLOCK_TOKENS
+        assert stats["committed"] == 2 * blocks, stats
+        assert stats["loaded"] == 2 * (usable_tokens(PROMPT) // BLOCK_TOKENS), stats
+    finally:
+        daemon.stop()
