@@ -107,12 +107,13 @@ class KvtierConnector(KVConnectorBase_V1):
         # This version copies host KV buffers only (vLLM's CPU platform).
         import vllm.platforms
 
-        self._enabled = vllm.platforms.current_platform.device_type == "cpu"
-        if not self._enabled:
-            logger.warning(
-                "kvtier connector: KV caches on %s are not supported yet; running without the cache",
-                vllm.platforms.current_platform.device_type,
-            )
+        device = vllm.platforms.current_platform.device_type
+        groups = len(kv_cache_config.kv_cache_groups)
+        self._enabled = device == "cpu" and groups == 1
+        if device != "cpu":
+            logger.warning("kvtier connector: KV caches on %s are not supported yet; running without the cache", device)
+        elif groups != 1:
+            logger.warning("kvtier connector: %d KV-cache groups (a hybrid model); one is supported: running without the cache", groups)
         self._scheduler = KvtierScheduler(shape, clients)
         self._worker = KvtierWorker(shape, clients, tp_rank)
         logger.info(

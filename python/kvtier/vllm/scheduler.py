@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from kvtier.vllm.clients import Clients
+from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape, block_key
 from kvtier.vllm.events import EventTracker, KvtierWorkerMetadata
 from kvtier.vllm.stats import hit_sources
@@ -86,6 +86,14 @@ class KvtierScheduler:
         none: list[str] = []
         tiers = self._clients.call(request.cache_salt, "lookup", lambda c: c.lookup(keys), none) if keys else none
         self._events.looked_up(keys, tiers)
+        logger.debug(
+            "kvtier lookup of request %s: %d of %d full blocks stored %s, %d tokens computed already",
+            request.request_id,
+            len(tiers),
+            len(keys),
+            {t: tiers.count(t) for t in set(tiers)},
+            num_computed_tokens,
+        )
         # A preempted request is looked up again: the saves it already
         # handed to the workers still hold its blocks at the end.
         before = self._requests.get(request.request_id)
