@@ -10,122 +10,53 @@ import time
 from pathlib import Path
 from typing import Any
 
-import kvtier
-import msgspec
-import zmq
 from conftest import BLOCK_TOKENS, daemon_env
+from engines import (
+    PROMPT,
+    PROMPTS,
+    Events,
+    cached_by_source,
+    corrupt_every_slot,
+    distinct_blocks,
+    engine,
+    node_stats,
+    probe,
+    run,
+    run_all,
+    uncached_outputs,
+    usable_tokens,
+)
 from kvtier.testing import Daemon, start_daemon
 from kvtier.vllm import reset_prefix_cache
-from vllm import LLM, SamplingParams
-from vllm.config import KVEventsConfig, KVTransferConfig
-from vllm.distributed.kv_events import BlockStored, KVEventBatch
-
-# Prompts sharing prefixes: a 160-token system prompt, two of them a
-# further 96 tokens, then tails of their own.
-SYSTEM = [(i * 37 + 11) % 997 + 3 for i in range(160)]
-BRANCH = [(i * 53 + 7) % 991 + 3 for i in range(96)]
-PROMPTS = [
-    SYSTEM + BRANCH + [(i * 17 + 5) % 983 + 3 for i in range(60)],
-    SYSTEM + BRANCH + [(i * 29 + 1) % 977 + 3 for i in range(75)],
-    SYSTEM + [(i * 41 + 9) % 971 + 3 for i in range(140)],
-    [(i * 13 + 2) % 967 + 3 for i in range(230)],
-]
-PROMPT = PROMPTS[0]
-SAMPLING = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False)
+from vllm import LLM
+from vllm.config import KVTransferConfig
+from vllm.distributed.kv_events import BlockStored
 
 
-def usable_tokens(prompt: list[int]) -> int:
-    """Prompt tokens an external cache can supply: whole blocks, leaving
-    vLLM at least the last token to compute."""
-    return (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
-
-
-def engine(model_dir: Path, socket_path: Path | None, **kw: Any) -> LLM:
-    if socket_path is not None:
-        kw["kv_transfer_config"] = KVTransferConfig(
-            kv_connector="KvtierConnector",
-            kv_connector_module_path="kvtier.vllm",
-            kv_role="kv_both",
-            kv_connector_extra_config={"socket": str(socket_path), "reconnect_interval": 0.1},
-            kv_load_failure_policy="recompute",
-        )
-    return LLM(
-        model=str(model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        max_model_len=1024,
-        block_size=BLOCK_TOKENS,
-        enable_prefix_caching=True,
-        dtype="float32",
-        seed=0,
-        kv_cache_memory_bytes=64 << 20,
-        disable_log_stats=False,
-        **kw,
+def connected(model_dir: Path, socket_path: Path, **kw: Any) -> LLM:
+    """A vLLM with the kvtier connector on ``socket_path``."""
+    kw["kv_transfer_config"] = KVTransferConfig(
+        kv_connector="KvtierConnector",
+        kv_connector_module_path="kvtier.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"socket": str(socket_path), "reconnect_interval": 0.1},
+        kv_load_failure_policy="recompute",
     )
-
-
-def run_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """Greedy output tokens, and the prompt tokens vLLM did not compute, of
-    each prompt (one batch)."""
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SAMPLING, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs], [int(o.num_cached_tokens or 0) for o in outs]
-
-
-def run(llm: LLM, prompt: list[int]) -> tuple[list[int], int]:
-    tokens, cached = run_all(llm, [prompt])
-    return tokens[0], cached[0]
-
-
-def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
-    """The outputs of vLLM without kvtier."""
-    llm = engine(model_dir, None)
-    tokens, _ = run_all(llm, prompts)
-    del llm
-    gc.collect()
-    return tokens
-
-
-def probe(daemon: Daemon, layer_bytes: int = 16384) -> kvtier.Client:
-    """A client of the daemon, outside vLLM's namespaces."""
-    # The geometry of the tiny Llama: 2 layers of 16 KiB per block (8 KiB
-    # per TP rank at TP=2).
-    return kvtier.Client(daemon.socket, model="probe", dtype="f32", layers=2, layer_bytes=layer_bytes, block_size_tokens=BLOCK_TOKENS)
-
-
-def node_stats(daemon: Daemon, layer_bytes: int = 16384) -> dict[str, int]:
-    return probe(daemon, layer_bytes).stats()
-
-
-def cached_by_source(llm: LLM) -> dict[str, int]:
-    """vLLM's ``prompt_tokens_cached_by_source`` counter, by source."""
-    out: dict[str, int] = {}
-    for m in llm.get_metrics():
-        if m.name == "vllm:prompt_tokens_cached_by_source":
-            source = m.labels["source"]
-            out[source] = out.get(source, 0) + int(getattr(m, "value", 0))
-    return out
+    return engine(model_dir, **kw)
 
 
 def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, model_dir: Path, tmp_path: Path) -> None:
     expected = uncached_outputs(model_dir, PROMPTS)
-    events = f"ipc://{tmp_path / 'kv-events.sock'}"
-    llm = engine(
-        model_dir,
-        daemon.socket,
-        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=events),
-    )
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(events)
+    events = Events(tmp_path)
+    llm = connected(model_dir, daemon.socket, kv_events_config=events.config())
 
     first, cached = run_all(llm, PROMPTS)
     assert first == expected
     # Every distinct full prompt block, each stored once (shared prefixes
     # included).
-    distinct = {tuple(p[: (i + 1) * BLOCK_TOKENS]) for p in PROMPTS for i in range(len(p) // BLOCK_TOKENS)}
+    distinct = distinct_blocks(PROMPTS)
     reset_prefix_cache(llm)
-    assert node_stats(daemon)["committed"] == len(distinct)
+    assert node_stats(daemon)["committed"] == distinct
 
     before = cached_by_source(llm)
     second, cached = run_all(llm, PROMPTS)
@@ -142,42 +73,16 @@ def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, mod
     assert gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
 
     # Our KV events: each stored block once, in host memory ("CPU").
-    stored = kv_events(sub, BlockStored, medium="CPU", want=len(distinct))
-    assert len(stored) == len(distinct)
-    sub.close()
-
-
-def kv_events(sub: Any, kind: type, medium: str, want: int, timeout: float = 30.0) -> list[Any]:
-    """``kind`` events of ``medium`` from vLLM's event publisher, until
-    ``want`` have come or nothing more comes for ``timeout`` seconds."""
-    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-    found: list[Any] = []
-    while len(found) < want and sub.poll(int(timeout * 1000)):
-        _topic, _seq, payload = sub.recv_multipart()
-        for e in decoder.decode(payload).events:
-            if isinstance(e, kind) and getattr(e, "medium", None) == medium:
-                found.append(e)
-    return found
-
-
-def corrupt_every_slot(shm_name: str) -> None:
-    """Flips every byte of the arena's slot data (docs/memory-arena.md:
-    the data offset is the u64 at byte 72 of the header)."""
-    path = Path("/dev/shm") / shm_name
-    with open(path, "r+b") as f:
-        f.seek(72)
-        data_offset = int.from_bytes(f.read(8), "little")
-        f.seek(0, 2)
-        end = f.tell()
-        f.seek(data_offset)
-        f.write(bytes([0x5A]) * (end - data_offset))
+    stored = events.wait_for(BlockStored, medium="CPU", want=distinct)
+    assert len(stored) == distinct
+    events.close()
 
 
 def test_a_corrupted_block_is_recomputed_never_served(daemon: Daemon, model_dir: Path) -> None:
-    llm = engine(model_dir, daemon.socket)
+    llm = connected(model_dir, daemon.socket)
     expected, _ = run(llm, PROMPT)
     reset_prefix_cache(llm)
-    corrupt_every_slot(probe(daemon).shm_name)
+    corrupt_every_slot(daemon)
     # Every block fails verification: vLLM recomputes, the output stands.
     again, _ = run(llm, PROMPT)
     assert again == expected
@@ -192,7 +97,7 @@ def test_a_corrupted_block_is_recomputed_never_served(daemon: Daemon, model_dir:
 
 
 def test_without_a_daemon_the_engine_runs_uncached(tmp_path: Path, model_dir: Path) -> None:
-    llm = engine(model_dir, tmp_path / "nobody-listens.sock")
+    llm = connected(model_dir, tmp_path / "nobody-listens.sock")
     first, _ = run(llm, PROMPT)
     reset_prefix_cache(llm)
     second, cached = run(llm, PROMPT)
@@ -216,7 +121,7 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
     expected = uncached_outputs(model_dir, [PROMPT])[0]
     daemon = start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))
     try:
-        llm = engine(model_dir, daemon.socket)
+        llm = connected(model_dir, daemon.socket)
         tokens, cached = run(llm, PROMPT)
         assert tokens == expected and cached == 0
         reset_prefix_cache(llm)
@@ -236,7 +141,7 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
 
         daemon.kill()
         daemon = daemon.restart()
-        llm = engine(model_dir, daemon.socket)
+        llm = connected(model_dir, daemon.socket)
         tokens, cached = run(llm, PROMPT)
         assert tokens == expected and cached == usable_tokens(PROMPT)
         assert cached_by_source(llm).get("disk", 0) == cached

@@ -48,10 +48,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import vllm
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
@@ -70,6 +72,7 @@ from vllm.v1.kv_offload.base import (
     PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
+    ScheduleEndContext,
     TransferResult,
     get_offload_block_hash,
 )
@@ -85,6 +88,7 @@ if TYPE_CHECKING:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.kv_offload.config import OffloadingConfig
+    from vllm.v1.outputs import KVConnectorOutput
 
 logger = init_logger(__name__)
 
@@ -94,6 +98,7 @@ __all__ = [
     "KvtierOffloadingManager",
     "KvtierOffloadingSpec",
     "KvtierOffloadingWorker",
+    "KvtierOffloadingWorkerMetadata",
     "TIER_MEDIUMS",
 ]
 
@@ -121,6 +126,9 @@ TIER_MEDIUMS: dict[str, tuple[Medium, Locality]] = {
 
 #: Blocks whose ``BlockStored`` the manager remembers (oldest forgotten).
 ANNOUNCED_LIMIT = 1 << 18
+
+#: Blocks a worker failed to load that the manager remembers.
+FAILED_LIMIT = 1 << 16
 
 
 class KvtierLoadStoreSpec(LoadStoreSpec):
@@ -159,6 +167,8 @@ def _shape(config: OffloadingConfig) -> Shape:
 def _unsupported(config: OffloadingConfig) -> str | None:
     """Why this engine's KV cache cannot be offloaded to kvtier, if so."""
     p = config.parallel
+    if current_platform.device_type != "cpu":
+        return f"a KV cache on {current_platform.device_type} (kvtier copies host memory)"
     if len(config.groups) != 1:
         return f"{len(config.groups)} KV cache groups (kvtier holds one)"
     if p.pp_size != 1 or p.pcp_size != 1 or p.dcp_size != 1:
@@ -204,10 +214,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
         self._manager: KvtierOffloadingManager | None = None
         self._worker: KvtierOffloadingWorker | None = None
 
-    def _clients(self, tp_rank: int) -> Clients | None:
+    def _clients(self, tp_rank: int, config: KvtierConfig | None = None) -> Clients | None:
         if self.unsupported is not None:
             return None
-        return Clients(self.kvtier_config, self.shape, tp_rank, self.config.parallel.tp_size)
+        return Clients(config or self.kvtier_config, self.shape, tp_rank, self.config.parallel.tp_size)
 
     def get_manager(self) -> OffloadingManager:
         """The scheduler side; it looks up TP rank 0's blocks."""
@@ -236,6 +246,10 @@ class KvtierOffloadingSpec(OffloadingSpec):
                 self.shape,
                 kv_caches,
                 report_load_errors=self.report_load_errors,
+                # The scheduler found the blocks of a load in the node a
+                # moment ago: a load tries the daemon even while stores
+                # wait out the reconnect interval.
+                load_clients=self._clients(rank, replace(self.kvtier_config, reconnect_interval=0.0)),
             )
         return self._worker
 
@@ -276,6 +290,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._loading: dict[str, dict[OffloadKey, _Pin]] = {}
         self._storing: dict[OffloadKey, int] = {}
         self._replace: set[str] = set()
+        self._failed: OrderedDict[int, bool] = OrderedDict()
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
         self._announced: OrderedDict[OffloadKey, str] = OrderedDict()
 
@@ -293,6 +308,13 @@ class KvtierOffloadingManager(OffloadingManager):
         if key in pins:
             return LookupResult.HIT
         k = _key(key)
+        if k in self._failed:
+            # A worker failed to load it: a miss until this engine stores
+            # it again. A corrupt one may have been pinned when the worker
+            # removed it: removing is retried.
+            if self._failed[k]:
+                self._clients.call(None, "remove", _remover([k]), None)
+            return LookupResult.MISS
         down: _Pin | str | None = _DOWN
         found = self._clients.call(None, "lookup", lambda c: self._pin(c, k), down)
         if found is _DOWN:
@@ -323,18 +345,21 @@ class KvtierOffloadingManager(OffloadingManager):
         if load.prefix_len == 0:
             load.release()
             return None
+        verified = True
         try:
             if self.verify_on_lookup:
                 if self._scratch is None:
                     self._scratch = bytearray(self._shape.layers * self._shape.layer_bytes)
                 load.wait_layer(self._shape.layers - 1)
-                if not load.read_block(0, self._scratch):
-                    load.release()
-                    c.remove([k])
-                    return _CORRUPT
+                verified = load.read_block(0, self._scratch)
         except BaseException:
             load.release()
             raise
+        if not verified:
+            # Unpinned first: the daemon does not remove a pinned block.
+            load.release()
+            c.remove([k])
+            return _CORRUPT
         return _Pin(load, tiers[0])
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
@@ -374,10 +399,16 @@ class KvtierOffloadingManager(OffloadingManager):
         to_store = [] if self._clients is None else [k for k in keys if k not in self._storing]
         for k in to_store:
             self._storing[k] = 1
-        if to_store and self._clients is not None and req_context.req_id in self._replace:
-            # Blocks stored beside a corrupt one are replaced by what this
-            # request computed, rather than kept as "already stored".
-            self._clients.call(None, "remove", _remover([_key(k) for k in to_store]), None)
+        if to_store and self._clients is not None:
+            # Blocks stored beside a corrupt one, or that a worker failed
+            # to load, are replaced by what this request computed rather
+            # than kept as "already stored".
+            if req_context.req_id in self._replace:
+                replace = [_key(k) for k in to_store]
+            else:
+                replace = [_key(k) for k in to_store if _key(k) in self._failed]
+            if replace:
+                self._clients.call(None, "remove", _remover(replace), None)
         return PrepareStoreOutput(
             keys_to_store=to_store,
             store_spec=KvtierLoadStoreSpec([_key(k) for k in to_store]),
@@ -387,6 +418,7 @@ class KvtierOffloadingManager(OffloadingManager):
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext, success: bool = True) -> None:
         for key in keys:
             self._storing.pop(key, None)
+            self._failed.pop(_key(key), None)
         if self._events is None or self._clients is None:
             return
         # What the node holds now is what the store did (a full or gone
@@ -397,9 +429,19 @@ class KvtierOffloadingManager(OffloadingManager):
             if tiers:
                 self._saw(key, tiers[0], stored=True)
 
+    def load_failed(self, keys: Iterable[int], corrupt: Collection[int] = ()) -> None:
+        """Blocks a worker could not load (gone, or failed verification:
+        ``corrupt``): misses for this engine until it stores them again, so
+        a request vLLM recomputes does not load them again."""
+        for k in keys:
+            self._failed[k] = k in corrupt or self._failed.get(k, False)
+            self._failed.move_to_end(k)
+        while len(self._failed) > FAILED_LIMIT:
+            self._failed.popitem(last=False)
+
     # ---------------------------------------------------------- lifecycle
 
-    def on_schedule_end(self, context: Any) -> None:
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
         """Releases the pins of hits vLLM did not load this step."""
         for pins in self._looked.values():
             for pin in pins.values():
@@ -494,6 +536,8 @@ class _Done:
 
     result: TransferResult
     failed_blocks: set[int] = field(default_factory=set)
+    failed_keys: list[int] = field(default_factory=list)
+    corrupt_keys: list[int] = field(default_factory=list)
 
 
 class KvtierOffloadingWorker(OffloadingWorker):
@@ -517,8 +561,10 @@ class KvtierOffloadingWorker(OffloadingWorker):
         kv_caches: CanonicalKVCaches,
         *,
         report_load_errors: bool = False,
+        load_clients: Clients | None = None,
     ) -> None:
         self._clients = clients
+        self._load_clients = load_clients if load_clients is not None else clients
         self._shape = shape
         self._report_load_errors = report_load_errors
         self._layers: list[tuple[int, int]] = []
@@ -528,6 +574,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvtier-offload")
         self._jobs: dict[int, Future[_Done]] = {}
         self._load_errors: set[int] = set()
+        self._failed_keys: list[int] = []
+        self._corrupt_keys: list[int] = []
         self._lock = threading.Lock()
 
     def _map(self, kv_caches: CanonicalKVCaches) -> None:
@@ -535,7 +583,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
         warning and no layers (every transfer a miss)."""
         shape = self._shape
         if len(kv_caches.group_data_refs) != 1 or len(kv_caches.group_data_refs[0]) != shape.layers:
-            logger.warning("kvtier offloading: KV cache layers do not match %d layers; running without it", shape.layers)
+            logger.warning("kvtier offloading: KV cache layers are not %d layers; running without it", shape.layers)
             return
         layers: list[tuple[int, int]] = []
         strides = set()
@@ -543,7 +591,7 @@ class KvtierOffloadingWorker(OffloadingWorker):
             t = kv_caches.tensors[ref.tensor_idx].tensor
             if t.device.type != "cpu" or t.dim() != 2 or t.stride(1) != 1 or ref.page_size_bytes != shape.layer_bytes:
                 logger.warning(
-                    "kvtier offloading needs host KV pages of %d bytes; got %s %s of %d bytes on %s: running without it",
+                    "kvtier offloading needs host KV pages of %d bytes; got %s %s of %d bytes on %s: running uncached",
                     shape.layer_bytes,
                     tuple(t.shape),
                     t.dtype,
@@ -583,6 +631,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
                     done = f.result()
                     out.append(done.result)
                     self._load_errors |= done.failed_blocks
+                    self._failed_keys.extend(done.failed_keys)
+                    self._corrupt_keys.extend(done.corrupt_keys)
         return out
 
     def wait(self, job_ids: set[int]) -> None:
@@ -597,6 +647,14 @@ class KvtierOffloadingWorker(OffloadingWorker):
         with self._lock:
             errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def take_failed_keys(self) -> tuple[list[int], list[int]]:
+        """Keys of those blocks, and of those among them that failed
+        verification, for the scheduler (with ``report_load_errors``)."""
+        with self._lock:
+            keys, self._failed_keys = self._failed_keys, []
+            corrupt, self._corrupt_keys = self._corrupt_keys, []
+        return keys, corrupt
 
     def shutdown(self) -> None:
         """Waits for the transfers in flight."""
@@ -628,8 +686,12 @@ class KvtierOffloadingWorker(OffloadingWorker):
         n = len(block_ids)
         bad: set[int] = set(range(n))
         corrupt: list[int] = []
-        if self._clients is not None and self._layers and len(keys) == n:
-            load = self._clients.call(None, "load", lambda c: c.load(keys), None)
+        if self._load_clients is not None and self._layers and len(keys) == n:
+            load = self._load_clients.call(None, "load", lambda c: c.load(keys), None)
+            if load is None:
+                # A connection that a restart of the daemon broke: once
+                # more, on a new one.
+                load = self._load_clients.call(None, "load", lambda c: c.load(keys), None)
             if load is not None:
                 bad, corrupt = self._read(load, block_ids, keys)
         if corrupt:
@@ -642,7 +704,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
         failed = {block_ids[i] for i in bad}
         if self._report_load_errors:
             logger.warning("kvtier: %d of %d blocks were not loaded; vLLM computes them", len(bad), n)
-            return _Done(TransferResult(job_id, True, nbytes, elapsed), failed)
+            failed_keys = [keys[i] for i in sorted(bad) if i < len(keys)]
+            return _Done(TransferResult(job_id, True, nbytes, elapsed), failed, failed_keys, corrupt)
         logger.error(
             "kvtier: %d of %d blocks of a load were not filled (gone or failed verification). vLLM's "
             "OffloadingConnector cannot recompute them; failing the transfer rather than serve them. "
@@ -679,8 +742,8 @@ class KvtierOffloadingWorker(OffloadingWorker):
         return bad, corrupt
 
     def _clients_remove(self, keys: list[int]) -> None:
-        if self._clients is not None:
-            self._clients.call(None, "remove", _remover(keys), None)
+        if self._load_clients is not None:
+            self._load_clients.call(None, "remove", _remover(keys), None)
 
 
 def _guarded(job_id: int, f: Any, *args: Any) -> _Done:
@@ -699,7 +762,9 @@ class KvtierOffloadingConnector(OffloadingConnector):
     reported to vLLM (``get_block_ids_with_load_errors``), which recomputes
     them with ``kv_load_failure_policy="recompute"`` (with ``"fail"`` it
     fails the request). Lookups then pin blocks without reading them
-    back first.
+    back first. The keys of those blocks go to the scheduler with the
+    workers' metadata, and are misses there until this engine stores them
+    again, so the recomputed request does not load them again.
 
     Load it with ``kv_connector="KvtierOffloadingConnector"``,
     ``kv_connector_module_path="kvtier.vllm.offloading"`` and the same
@@ -729,8 +794,52 @@ class KvtierOffloadingConnector(OffloadingConnector):
                 transfer.kv_load_failure_policy,
             )
 
-    def get_block_ids_with_load_errors(self) -> set[int]:
+    def _kvtier_worker(self) -> KvtierOffloadingWorker | None:
         worker = self.connector_worker.worker if self.connector_worker is not None else None
-        if isinstance(worker, KvtierOffloadingWorker):
-            return worker.take_load_errors()
-        return set()
+        return worker if isinstance(worker, KvtierOffloadingWorker) else None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        worker = self._kvtier_worker()
+        return worker.take_load_errors() if worker is not None else set()
+
+    def build_connector_worker_meta(self) -> OffloadingWorkerMetadata | None:
+        meta = super().build_connector_worker_meta()
+        worker = self._kvtier_worker()
+        failed, corrupt = worker.take_failed_keys() if worker is not None else ([], [])
+        if not failed:
+            return meta
+        base = meta if meta is not None else OffloadingWorkerMetadata()
+        return KvtierOffloadingWorkerMetadata(
+            completed_jobs=base.completed_jobs,
+            transfer_stats=base.transfer_stats,
+            failed_keys=failed,
+            corrupt_keys=corrupt,
+        )
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if isinstance(meta, KvtierOffloadingWorkerMetadata) and self.connector_scheduler is not None:
+            manager = self.connector_scheduler.manager
+            if isinstance(manager, KvtierOffloadingManager):
+                manager.load_failed(meta.failed_keys, set(meta.corrupt_keys))
+        super().update_connector_output(connector_output)
+
+
+@dataclass
+class KvtierOffloadingWorkerMetadata(OffloadingWorkerMetadata):
+    """``OffloadingWorkerMetadata`` plus the keys of blocks the workers
+    failed to load, and of those that failed verification
+    (:meth:`KvtierOffloadingManager.load_failed`)."""
+
+    failed_keys: list[int] = field(default_factory=list)
+    corrupt_keys: list[int] = field(default_factory=list)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        merged = super().aggregate(other)
+        assert isinstance(merged, OffloadingWorkerMetadata)
+        return KvtierOffloadingWorkerMetadata(
+            completed_jobs=merged.completed_jobs,
+            transfer_stats=merged.transfer_stats,
+            failed_keys=self.failed_keys + list(getattr(other, "failed_keys", [])),
+            corrupt_keys=self.corrupt_keys + list(getattr(other, "corrupt_keys", [])),
+        )

@@ -1,0 +1,173 @@
+"""What the vLLM tests share: prompts, a vLLM engine on the tiny Llama,
+runs, the daemon's counters, vLLM's metrics and KV events, and arena
+corruption."""
+
+from __future__ import annotations
+
+import gc
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kvtier
+import msgspec
+import zmq
+from conftest import BLOCK_TOKENS
+from kvtier.testing import Daemon
+from vllm import LLM, SamplingParams
+from vllm.config import KVEventsConfig
+from vllm.distributed.kv_events import KVEventBatch
+
+# Prompts sharing prefixes: a 160-token system prompt, two of them a
+# further 96 tokens, then tails of their own.
+SYSTEM = [(i * 37 + 11) % 997 + 3 for i in range(160)]
+BRANCH = [(i * 53 + 7) % 991 + 3 for i in range(96)]
+PROMPTS = [
+    SYSTEM + BRANCH + [(i * 17 + 5) % 983 + 3 for i in range(60)],
+    SYSTEM + BRANCH + [(i * 29 + 1) % 977 + 3 for i in range(75)],
+    SYSTEM + [(i * 41 + 9) % 971 + 3 for i in range(140)],
+    [(i * 13 + 2) % 967 + 3 for i in range(230)],
+]
+PROMPT = PROMPTS[0]
+SAMPLING = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, detokenize=False)
+#: Seconds one batch may take (about one on an idle machine): an engine
+#: that keeps rescheduling a request fails the test instead of hanging it.
+RUN_DEADLINE = 300.0
+#: The tiny Llama's block: 2 layers of 16 KiB (8 KiB per rank at TP=2).
+LAYERS = 2
+LAYER_BYTES = 16384
+
+
+def usable_tokens(prompt: list[int]) -> int:
+    """Prompt tokens an external cache can supply: whole blocks, leaving
+    vLLM at least the last token to compute."""
+    return (len(prompt) - 1) // BLOCK_TOKENS * BLOCK_TOKENS
+
+
+def distinct_blocks(prompts: list[list[int]]) -> int:
+    """Distinct full blocks of ``prompts`` (a block is its whole prefix)."""
+    return len({tuple(p[: (i + 1) * BLOCK_TOKENS]) for p in prompts for i in range(len(p) // BLOCK_TOKENS)})
+
+
+def engine(model_dir: Path, **kw: Any) -> LLM:
+    """A vLLM on the tiny Llama (dummy weights, float32), with ``kw``."""
+    return LLM(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        max_model_len=1024,
+        block_size=BLOCK_TOKENS,
+        enable_prefix_caching=True,
+        dtype="float32",
+        seed=0,
+        kv_cache_memory_bytes=64 << 20,
+        disable_log_stats=False,
+        **kw,
+    )
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Fails with ``TimeoutError`` if the block runs longer than ``seconds``."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """Greedy output tokens, and the prompt tokens vLLM did not compute, of
+    each prompt (one batch)."""
+    with deadline(RUN_DEADLINE):
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SAMPLING, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], [int(o.num_cached_tokens or 0) for o in outs]
+
+
+def run(llm: LLM, prompt: list[int]) -> tuple[list[int], int]:
+    tokens, cached = run_all(llm, [prompt])
+    return tokens[0], cached[0]
+
+
+def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+    """The outputs of vLLM without kvtier."""
+    llm = engine(model_dir)
+    tokens, _ = run_all(llm, prompts)
+    del llm
+    gc.collect()
+    return tokens
+
+
+def probe(daemon: Daemon, layer_bytes: int = LAYER_BYTES) -> kvtier.Client:
+    """A client of the daemon in a namespace of its own."""
+    return kvtier.Client(
+        daemon.socket, model="probe", dtype="f32", layers=LAYERS, layer_bytes=layer_bytes, block_size_tokens=BLOCK_TOKENS
+    )
+
+
+def node_stats(daemon: Daemon, layer_bytes: int = LAYER_BYTES) -> dict[str, int]:
+    return probe(daemon, layer_bytes).stats()
+
+
+def cached_by_source(llm: LLM) -> dict[str, int]:
+    """vLLM's ``prompt_tokens_cached_by_source`` counter, by source."""
+    out: dict[str, int] = {}
+    for m in llm.get_metrics():
+        if m.name == "vllm:prompt_tokens_cached_by_source":
+            source = m.labels["source"]
+            out[source] = out.get(source, 0) + int(getattr(m, "value", 0))
+    return out
+
+
+def corrupt_every_slot(daemon: Daemon) -> None:
+    """Flips every byte of the daemon's arena slot data (docs/memory-arena.md:
+    the data offset is the u64 at byte 72 of the header)."""
+    path = Path("/dev/shm") / probe(daemon).shm_name
+    with open(path, "r+b") as f:
+        f.seek(72)
+        data_offset = int.from_bytes(f.read(8), "little")
+        f.seek(0, 2)
+        end = f.tell()
+        f.seek(data_offset)
+        f.write(bytes([0x5A]) * (end - data_offset))
+
+
+class Events:
+    """vLLM's KV-event stream, subscribed to. vLLM's publisher binds an
+    ``ipc://`` endpoint (it connects to a ``tcp://`` one without a
+    wildcard, which delivered nothing here)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.endpoint = f"ipc://{directory}/kv-events"
+        self.sub = zmq.Context.instance().socket(zmq.SUB)
+        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.sub.connect(self.endpoint)
+        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self.seen: list[Any] = []
+
+    def config(self) -> KVEventsConfig:
+        return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=self.endpoint)
+
+    def wait_for(self, kind: type, medium: str, want: int, timeout: float = 30.0) -> list[Any]:
+        """``kind`` events of ``medium`` received so far, once ``want``
+        have come or nothing more came for ``timeout`` seconds."""
+
+        def found() -> list[Any]:
+            return [e for e in self.seen if isinstance(e, kind) and getattr(e, "medium", None) == medium]
+
+        while len(found()) < want and self.sub.poll(int(timeout * 1000)):
+            _topic, _seq, payload = self.sub.recv_multipart()
+            self.seen.extend(self.decoder.decode(payload).events)
+        return found()
+
+    def close(self) -> None:
+        self.sub.close()
