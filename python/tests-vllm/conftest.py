@@ -6,6 +6,7 @@ of a block, as vLLM's CPU KV cache lays it out).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from collections.abc import Iterator
@@ -36,6 +37,14 @@ TINY_LLAMA = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+
+
+@pytest.fixture(autouse=True)
+def collect_engines() -> Iterator[None]:
+    """Frees each test's engines before the next test builds its own: two
+    in-process vLLM engines alive at once share global state."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import gc
 import signal
-from collections.abc import Iterator
+import time
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import kvtier
-import msgspec
-import zmq
 from conftest import BLOCK_TOKENS
 from kvtier.testing import Daemon
 from vllm import LLM, SamplingParams
 from vllm.config import KVEventsConfig
-from vllm.distributed.kv_events import KVEventBatch
 
 # Prompts sharing prefixes: a 160-token system prompt, two of them a
 # further 96 tokens, then tails of their own.
@@ -142,32 +141,44 @@ def corrupt_every_slot(daemon: Daemon) -> None:
 
 
 class Events:
-    """vLLM's KV-event stream, subscribed to. vLLM's publisher binds an
-    ``ipc://`` endpoint (it connects to a ``tcp://`` one without a
-    wildcard, which delivered nothing here)."""
+    """The KV events an in-process engine hands its event publisher, as it
+    hands them. (Recorded at the publisher rather than read from its ZMQ
+    socket: a subscriber may join after the first batches, and what the
+    connector owes vLLM is the batch, not its transport.)"""
 
-    def __init__(self, directory: Path) -> None:
-        self.endpoint = f"ipc://{directory}/kv-events"
-        self.sub = zmq.Context.instance().socket(zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(self.endpoint)
-        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    def __init__(self) -> None:
         self.seen: list[Any] = []
+        self._llm: Callable[[], LLM | None] = lambda: None
 
     def config(self) -> KVEventsConfig:
-        return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=self.endpoint)
+        return KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+
+    def attach(self, llm: LLM) -> LLM:
+        """Records every batch ``llm``'s scheduler publishes; returns ``llm``."""
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        publisher = scheduler.kv_event_publisher
+        publish = publisher.publish
+        seen = self.seen
+
+        # The engine must not hold this object (nor itself, through it):
+        # an engine left for the garbage collector would outlive its test.
+        def record(batch: Any) -> None:
+            seen.extend(batch.events)
+            publish(batch)
+
+        publisher.publish = record
+        self._llm = weakref.ref(llm)
+        return llm
 
     def wait_for(self, kind: type, medium: str, want: int, timeout: float = 30.0) -> list[Any]:
-        """``kind`` events of ``medium`` received so far, once ``want``
-        have come or nothing more came for ``timeout`` seconds."""
+        """``kind`` events of ``medium`` so far, stepping the idle engine
+        until ``want`` have come or ``timeout`` seconds have passed."""
 
         def found() -> list[Any]:
             return [e for e in self.seen if isinstance(e, kind) and getattr(e, "medium", None) == medium]
 
-        while len(found()) < want and self.sub.poll(int(timeout * 1000)):
-            _topic, _seq, payload = self.sub.recv_multipart()
-            self.seen.extend(self.decoder.decode(payload).events)
+        deadline = time.monotonic() + timeout
+        llm = self._llm()
+        while len(found()) < want and time.monotonic() < deadline and llm is not None:
+            llm.llm_engine.step()
         return found()
-
-    def close(self) -> None:
-        self.sub.close()

@@ -68,8 +68,8 @@ def reset(llm: LLM) -> None:
 
 def test_prompts_are_served_from_kvtier_with_identical_outputs(daemon: Daemon, model_dir: Path, tmp_path: Path) -> None:
     expected = uncached_outputs(model_dir, PROMPTS)
-    events = Events(tmp_path)
-    llm = engine(model_dir, kv_transfer_config=transfer_config(daemon.socket), kv_events_config=events.config())
+    events = Events()
+    llm = events.attach(engine(model_dir, kv_transfer_config=transfer_config(daemon.socket), kv_events_config=events.config()))
 
     first, _ = run_all(llm, PROMPTS)
     assert first == expected
@@ -96,7 +96,6 @@ def test_prompts_are_served_from_kvtier_with_identical_outputs(daemon: Daemon, m
     # A BlockStored in host memory ("CPU") for each.
     stored = events.wait_for(BlockStored, medium="CPU", want=distinct)
     assert len(stored) == distinct
-    events.close()
 
 
 @pytest.mark.parametrize("connector", ["OffloadingConnector", "KvtierOffloadingConnector"])
@@ -167,8 +166,10 @@ def test_daemon_restart_reconnects_and_serves_from_disk(
     uncached; restarted, it serves the prompt from the disk tier (G3), and
     the blocks' KV events move from "CPU" to "STORAGE"."""
     blocks = usable_tokens(PROMPT) // BLOCK_TOKENS
-    events = Events(tmp_path)
-    llm = engine(model_dir, kv_transfer_config=transfer_config(inclusive_daemon[0].socket), kv_events_config=events.config())
+    events = Events()
+    llm = events.attach(
+        engine(model_dir, kv_transfer_config=transfer_config(inclusive_daemon[0].socket), kv_events_config=events.config())
+    )
     expected, _ = run(llm, PROMPT)
     reset(llm)
     tokens, cached = run(llm, PROMPT)
@@ -190,7 +191,6 @@ def test_daemon_restart_reconnects_and_serves_from_disk(
     assert cached_by_source(llm).get("disk", 0) - before == cached
     assert len(events.wait_for(BlockRemoved, medium="CPU", want=1)) >= 1
     assert len(events.wait_for(BlockStored, medium="STORAGE", want=blocks)) == blocks
-    events.close()
 
 
 # ------------------------------------------------------------ the worker alone

@@ -45,10 +45,10 @@ def connected(model_dir: Path, socket_path: Path, **kw: Any) -> LLM:
     return engine(model_dir, **kw)
 
 
-def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, model_dir: Path, tmp_path: Path) -> None:
+def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, model_dir: Path) -> None:
     expected = uncached_outputs(model_dir, PROMPTS)
-    events = Events(tmp_path)
-    llm = connected(model_dir, daemon.socket, kv_events_config=events.config())
+    events = Events()
+    llm = events.attach(connected(model_dir, daemon.socket, kv_events_config=events.config()))
 
     first, cached = run_all(llm, PROMPTS)
     assert first == expected
@@ -75,7 +75,6 @@ def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, mod
     # Our KV events: each stored block once, in host memory ("CPU").
     stored = events.wait_for(BlockStored, medium="CPU", want=distinct)
     assert len(stored) == distinct
-    events.close()
 
 
 def test_a_corrupted_block_is_recomputed_never_served(daemon: Daemon, model_dir: Path) -> None:
