@@ -455,11 +455,14 @@ async fn g1_is_optional_and_tiers_must_match_the_configuration() {
 }
 
 /// An arena of `blocks` slots that never evicts by itself, as the node
-/// daemon's: the G2 pool is its only eviction authority.
+/// daemon's: the G2 pool is its only eviction authority. Each has a name of
+/// its own: tests run in parallel threads of one process.
 fn node_arena(blocks: u64) -> MemoryTier {
+    static ARENAS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = ARENAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let g = geometry();
     let cfg = MemoryTierConfig {
-        shm_name: format!("kvtier-mgr-node-{}", std::process::id()),
+        shm_name: format!("kvtier-mgr-node-{}-{n}", std::process::id()),
         capacity_bytes: blocks * g.block_bytes(),
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
