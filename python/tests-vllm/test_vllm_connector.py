@@ -115,8 +115,11 @@ def wait_until_on_disk(daemon: Daemon, blocks: int, timeout: float = 60.0) -> No
 
 def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
     """The daemon killed (SIGKILL) while the engine runs: the engine serves
-    uncached, then reconnects to the restarted daemon; a restarted engine
-    then loads the prompt from the disk tier."""
+    uncached, then reconnects to the restarted daemon and is served from it
+    again; after a clean restart of the daemon, a restarted engine loads the
+    prompt from the disk tier. (Blocks still in the disk log's open region
+    when the daemon is killed are lost with it, so which blocks survive a
+    SIGKILL is not pinned here.)"""
     expected = uncached_outputs(model_dir, [PROMPT])[0]
     daemon = start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))
     try:
@@ -132,13 +135,15 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
         reset_prefix_cache(llm)
 
         daemon = daemon.restart()
+        tokens, _ = run(llm, PROMPT)
+        assert tokens == expected
+        reset_prefix_cache(llm)
         tokens, cached = run(llm, PROMPT)
-        assert tokens == expected and cached == usable_tokens(PROMPT), "reconnected, loaded from disk"
-        assert cached_by_source(llm).get("disk", 0) == cached
+        assert tokens == expected and cached == usable_tokens(PROMPT), "reconnected and served again"
         del llm
         gc.collect()
 
-        daemon.kill()
+        daemon.stop()
         daemon = daemon.restart()
         llm = connected(model_dir, daemon.socket)
         tokens, cached = run(llm, PROMPT)
