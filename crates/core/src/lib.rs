@@ -14,6 +14,9 @@
 //!   real models.
 //! - [`Layout`] says how many blocks sit in one buffer (fully contiguous or
 //!   layer-separate) and computes object offsets.
+//! - [`HeadShards`] cuts a block into per-KV-head-range objects, *head
+//!   shards*, keyed so that engines at any tensor-parallel size share them
+//!   ([`shard`]).
 //! - [`checksum`] is the block checksum every tier stores and verifies.
 //! - [`Config`] is the TOML configuration with `KVTIER_*` environment
 //!   overrides.
@@ -38,6 +41,7 @@ pub mod geometry;
 pub mod hash;
 pub mod layout;
 pub mod lookup;
+pub mod shard;
 
 pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
@@ -53,3 +57,4 @@ pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
 pub use hash::{BlockHash, HashChain, Salt};
 pub use layout::Layout;
 pub use lookup::Lookup;
+pub use shard::{HeadShards, SHARED_TP_RANK, SHARED_TP_SIZE, blocks_in_prefix, virtual_block_ids};
