@@ -7,6 +7,10 @@ the arena run in Rust with the GIL released, layer by layer, with the
 checksums computed in the same pass; every block read back is verified
 before it is served, and a block that fails is reported as a miss.
 
+Blocks meant to be shared across tensor-parallel sizes are stored as head
+shards: :class:`HeadShards` gives each rank its shard keys and where they lie
+in its memory.
+
 Engine memory is named by ``(address, nbytes)`` pairs; :func:`region` makes
 one from a contiguous CPU tensor (or anything with ``data_ptr()``,
 ``numel()`` and ``element_size()``).
@@ -20,6 +24,7 @@ from kvtier._native import (
     PROTOCOL_VERSION,
     Client,
     DaemonUnavailable,
+    HeadShards,
     KvtierError,
     Load,
 )
@@ -28,6 +33,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Client",
     "DaemonUnavailable",
+    "HeadShards",
     "KvtierError",
     "Load",
     "region",

@@ -76,3 +76,42 @@ class Load:
     def read_block(self, index: int, dst: Buffer) -> bool:
         """Copies one whole block, verified."""
     def release(self) -> None: ...
+
+class HeadShards:
+    """How a model's KV heads are cut into head shards: the objects a block
+    is stored as, so that engines at any tensor-parallel size share it.
+
+    Shard ``s`` holds heads ``[s * shard_heads, (s + 1) * shard_heads)`` of
+    every layer. Clients storing shards connect with ``tp_rank=0,
+    tp_size=1`` to a node whose ``layer_bytes`` is one shard's layer.
+    """
+
+    def __init__(self, kv_heads: int, shard_heads: int = 1) -> None: ...
+    @staticmethod
+    def for_tp_sizes(kv_heads: int, tp_sizes: Sequence[int]) -> HeadShards:
+        """The largest shards every rank of each of ``tp_sizes`` holds whole."""
+    @staticmethod
+    def mla() -> HeadShards:
+        """Latent attention: one shard that every rank holds (stored once)."""
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def shard_heads(self) -> int: ...
+    @property
+    def count(self) -> int:
+        """Shards per block."""
+    def rank_heads(self, tp_rank: int, tp_size: int) -> range:
+        """KV heads rank ``tp_rank`` of ``tp_size`` holds (replicated past ``kv_heads`` ranks)."""
+    def for_rank(self, tp_rank: int, tp_size: int) -> range:
+        """Shards rank ``tp_rank`` of ``tp_size`` stores and loads."""
+    def key(self, block: int, shard: int) -> int:
+        """Client key of one shard of the block the engine keys ``block``."""
+    def all_keys(self, block_keys: Sequence[int]) -> list[int]:
+        """Keys of every shard of each block, block-major (a scheduler's lookup)."""
+    def rank_keys(self, block_keys: Sequence[int], tp_rank: int, tp_size: int) -> list[int]:
+        """Keys of the rank's shards of each block, block-major."""
+    def rank_block_ids(self, block_ids: Sequence[int], tp_rank: int, tp_size: int) -> list[int]:
+        """Virtual block ids of the rank's shards, in ``rank_keys`` order:
+        ``b * shards_per_rank + j``; use with ``block_stride`` = one shard's layer."""
+    def blocks_in_prefix(self, prefix_len: int, tp_rank: int = 0, tp_size: int = 1) -> int:
+        """Whole blocks in a stored prefix of ``prefix_len`` keys of ``rank_keys``."""

@@ -20,6 +20,7 @@ use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyRange;
 
 create_exception!(
     _native,
@@ -66,6 +67,14 @@ fn outcome_name(o: StoreOutcome) -> &'static str {
 
 fn hashes(keys: &[u128]) -> Vec<BlockHash> {
     keys.iter().map(|k| BlockHash(*k)).collect()
+}
+
+fn ints(keys: Vec<BlockHash>) -> Vec<u128> {
+    keys.into_iter().map(|k| k.0).collect()
+}
+
+fn core_err(e: kvtier_core::CoreError) -> PyErr {
+    PyValueError::new_err(e.to_string())
 }
 
 /// A range of engine memory the caller vouches for.
@@ -530,11 +539,153 @@ impl Load {
     }
 }
 
+/// How a model's KV heads are cut into *head shards*, the objects a block
+/// is stored as so that engines at any tensor-parallel size share it
+/// (docs/block-identity.md, "Head shards"). Shard `s` holds heads
+/// `[s * shard_heads, (s + 1) * shard_heads)` of every layer; each rank
+/// stores and loads the shards its heads cover, under keys every rank of
+/// every TP size derives alike. Clients storing shards connect with
+/// `tp_rank=0, tp_size=1` (the shards are no one rank's) to a node whose
+/// `layer_bytes` is one shard's: `shard_heads` heads' bytes of one layer of
+/// one block.
+#[pyclass(module = "kvtier._native", frozen, eq, hash)]
+#[derive(PartialEq, Eq, Hash)]
+struct HeadShards {
+    inner: kvtier_core::HeadShards,
+}
+
+#[pymethods]
+impl HeadShards {
+    /// Shards of `shard_heads` heads of a model with `kv_heads` KV heads
+    /// (`shard_heads` divides `kv_heads`; ValueError otherwise).
+    #[new]
+    #[pyo3(signature = (kv_heads, shard_heads=1))]
+    fn new(kv_heads: u32, shard_heads: u32) -> PyResult<Self> {
+        let inner = kvtier_core::HeadShards::new(kv_heads, shard_heads).map_err(core_err)?;
+        Ok(Self { inner })
+    }
+
+    /// The largest shards every rank of each TP size in `tp_sizes` holds
+    /// whole (`shard_heads` = the gcd of the heads per rank).
+    #[staticmethod]
+    fn for_tp_sizes(kv_heads: u32, tp_sizes: Vec<u32>) -> PyResult<Self> {
+        let inner = kvtier_core::HeadShards::for_tp_sizes(kv_heads, &tp_sizes).map_err(core_err)?;
+        Ok(Self { inner })
+    }
+
+    /// Multi-head latent attention: one shard, the latent, which every
+    /// rank holds; a second rank's store of it is a dedup hit.
+    #[staticmethod]
+    fn mla() -> Self {
+        Self {
+            inner: kvtier_core::HeadShards::mla(),
+        }
+    }
+
+    /// KV heads of the whole model.
+    #[getter]
+    fn kv_heads(&self) -> u32 {
+        self.inner.kv_heads()
+    }
+
+    /// KV heads per shard.
+    #[getter]
+    fn shard_heads(&self) -> u32 {
+        self.inner.shard_heads()
+    }
+
+    /// Shards per block.
+    #[getter]
+    fn count(&self) -> u32 {
+        self.inner.count()
+    }
+
+    /// The KV heads rank `tp_rank` of `tp_size` holds (vLLM's split,
+    /// replicated when there are more ranks than heads).
+    fn rank_heads<'py>(
+        &self,
+        py: Python<'py>,
+        tp_rank: u32,
+        tp_size: u32,
+    ) -> PyResult<Bound<'py, PyRange>> {
+        let heads = self.inner.rank_heads(tp_rank, tp_size).map_err(core_err)?;
+        PyRange::new(py, heads.start as isize, heads.end as isize)
+    }
+
+    /// The shards rank `tp_rank` of `tp_size` stores and loads.
+    fn for_rank<'py>(
+        &self,
+        py: Python<'py>,
+        tp_rank: u32,
+        tp_size: u32,
+    ) -> PyResult<Bound<'py, PyRange>> {
+        let shards = self.inner.for_rank(tp_rank, tp_size).map_err(core_err)?;
+        PyRange::new(py, shards.start as isize, shards.end as isize)
+    }
+
+    /// The client key of shard `shard` of the block the engine keys
+    /// `block`.
+    fn key(&self, block: u128, shard: u32) -> u128 {
+        self.inner.key(BlockHash(block), shard).0
+    }
+
+    /// The keys of every shard of each block, block-major: a lookup of
+    /// them answers how many whole blocks the node holds
+    /// (`blocks_in_prefix(len(tiers))`).
+    fn all_keys(&self, block_keys: Vec<u128>) -> Vec<u128> {
+        ints(self.inner.all_keys(&hashes(&block_keys)))
+    }
+
+    /// The keys rank `tp_rank` of `tp_size` stores and loads for
+    /// `block_keys`: its shards of each block, block-major.
+    fn rank_keys(&self, block_keys: Vec<u128>, tp_rank: u32, tp_size: u32) -> PyResult<Vec<u128>> {
+        let keys = self.inner.rank_keys(&hashes(&block_keys), tp_rank, tp_size);
+        Ok(ints(keys.map_err(core_err)?))
+    }
+
+    /// Where the rank's shards of each engine block lie, as virtual block
+    /// ids in the order of `rank_keys`: block `b`'s `j`-th shard is `b *
+    /// shards_per_rank + j`. With a per-layer layout that holds a block's
+    /// heads one after the other, pass them to `Client.store_layers` and
+    /// `Load.read_layer` with `block_stride` = the node's `layer_bytes`.
+    fn rank_block_ids(
+        &self,
+        block_ids: Vec<usize>,
+        tp_rank: u32,
+        tp_size: u32,
+    ) -> PyResult<Vec<usize>> {
+        self.inner
+            .rank_block_ids(&block_ids, tp_rank, tp_size)
+            .map_err(core_err)
+    }
+
+    /// Whole blocks in a stored prefix of `prefix_len` keys of
+    /// `rank_keys(..., tp_rank, tp_size)` (the defaults: of `all_keys`).
+    #[pyo3(signature = (prefix_len, tp_rank=0, tp_size=1))]
+    fn blocks_in_prefix(&self, prefix_len: usize, tp_rank: u32, tp_size: u32) -> PyResult<usize> {
+        let per = self
+            .inner
+            .for_rank(tp_rank, tp_size)
+            .map_err(core_err)?
+            .len();
+        Ok(kvtier_core::blocks_in_prefix(prefix_len, per))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HeadShards(kv_heads={}, shard_heads={})",
+            self.inner.kv_heads(),
+            self.inner.shard_heads()
+        )
+    }
+}
+
 /// The native half of the `kvtier` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Load>()?;
+    m.add_class::<HeadShards>()?;
     m.add("KvtierError", m.py().get_type::<KvtierError>())?;
     m.add("DaemonUnavailable", m.py().get_type::<DaemonUnavailable>())?;
     m.add(
