@@ -1,0 +1,95 @@
+"""Connections to the node daemon, one per tenant, that survive the daemon
+going away: while it is down every call answers as if the node held
+nothing (one warning), and the next call after ``reconnect_interval``
+seconds connects again."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import kvtier
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+
+class Clients:
+    """Lazily connected :class:`kvtier.Client`s, one per tenant (``None``:
+    requests without one). ``connect(tenant)`` makes one; callable from
+    SGLang's prefetch and backup threads at once."""
+
+    def __init__(self, socket: str, reconnect_interval: float, connect: Callable[[str | None], kvtier.Client]) -> None:
+        self._socket = socket
+        self._interval = reconnect_interval
+        self._connect = connect
+        self._clients: dict[str | None, kvtier.Client] = {}
+        self._down_since: float | None = None
+        self._refused: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def refused(self) -> str | None:
+        """Why the daemon refused this engine (its block shape), if it did."""
+        return self._refused
+
+    def tenants(self) -> list[str | None]:
+        """Tenants with a live connection."""
+        with self._lock:
+            return list(self._clients)
+
+    def call(self, tenant: str | None, what: str, f: Callable[[kvtier.Client], T], default: T) -> T:
+        """``f(client)``, or ``default`` while the daemon is down, refuses this
+        engine, or the call fails (the failure is logged)."""
+        with self._lock:
+            client = self._client(tenant)
+        if client is None:
+            return default
+        try:
+            return f(client)
+        except kvtier.DaemonUnavailable as e:
+            with self._lock:
+                self._lost(e)
+        except kvtier.KvtierError as e:
+            logger.warning("kvtier %s failed: %s", what, e)
+        return default
+
+    def _client(self, tenant: str | None) -> kvtier.Client | None:
+        if self._refused is not None:
+            return None
+        c = self._clients.get(tenant)
+        if c is not None:
+            return c
+        if self._down_since is not None and time.monotonic() - self._down_since < self._interval:
+            return None
+        try:
+            c = self._connect(tenant)
+        except kvtier.DaemonUnavailable as e:
+            self._lost(e)
+            return None
+        except kvtier.KvtierError as e:
+            # A block shape the node does not hold: nothing changes that
+            # while this engine runs.
+            self._refused = str(e)
+            logger.warning("kvtier refused this engine's pages; HiCache runs without it: %s", e)
+            return None
+        if self._down_since is not None:
+            logger.info("kvtier daemon at %s is back", self._socket)
+        self._down_since = None
+        self._clients[tenant] = c
+        return c
+
+    def _lost(self, e: Exception) -> None:
+        if self._down_since is None:
+            logger.warning(
+                "kvtier daemon at %s unavailable (%s); HiCache storage misses until it is back, retrying every %.0f s",
+                self._socket,
+                e,
+                self._interval,
+            )
+        self._clients.clear()
+        self._down_since = time.monotonic()
