@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
-    LAYERS,
     PAGE,
     NodeFactory,
     attach,
@@ -23,6 +22,7 @@ from conftest import (
     pool_of,
     prompt,
     slots,
+    storage_config,
 )
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
 
@@ -171,12 +171,10 @@ def test_a_missing_daemon_is_a_miss_with_one_warning_then_reconnects(
     assert backend.batch_exists(keys) == 0
     assert backend.batch_get_v1(keys, slots([5, 6])) == [False, False]
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
-    n.daemon.restart().stop()  # the restarted daemon is stopped by hand
-    n2 = node(pool, data=data)
+    node(pool, data=data)
     assert backend.batch_set_v1(keys, slots([0, 1])) == [True, True]
     assert backend.batch_get_v1(keys, slots([5, 6])) == [True, True]
     assert [page_bytes(pool, p) for p in (5, 6)] == [page_bytes(pool, p) for p in (0, 1)]
-    assert n2.stats()["committed"] >= 2
 
 
 def test_a_node_of_another_shape_refuses_with_one_warning(
@@ -294,8 +292,6 @@ def test_settings_and_pools_it_cannot_take_are_refused(tmp_path: Path) -> None:
     pool = mha_pool("layer_first")
     with pytest.raises(ValueError, match="unknown kvtier storage settings"):
         attach(pool, tmp_path / "s", sockte="x")
-    from conftest import storage_config
-
     cfg = storage_config(socket=tmp_path / "s")
     cfg.should_split_heads = True
     with pytest.raises(ValueError, match="tp_lcm_size"):
@@ -304,4 +300,3 @@ def test_settings_and_pools_it_cannot_take_are_refused(tmp_path: Path) -> None:
     backend.register_mem_host_pool_v2(pool, "kv")
     with pytest.raises(ValueError, match="mamba"):
         backend.register_mem_host_pool_v2(mla_pool("layer_first"), "mamba")
-    assert LAYERS == 3

@@ -88,6 +88,8 @@ class KvtierHiCacheStorage(HiCacheStorage):
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
+        """``kwargs``: what SGLang's factory passes a dynamic backend besides
+        its config (nothing, in 0.5.23); unused."""
         self.config = KvtierStorageConfig.from_extra(storage_config.extra_config)
         if storage_config.should_split_heads:
             raise ValueError(
@@ -337,9 +339,10 @@ class KvtierHiCacheStorage(HiCacheStorage):
         hits = sum(ok)
         elapsed = max(time.perf_counter() - began, 1e-9)
         self._add(loaded_pages=hits)
-        with self._lock:
-            self._counters.prefetch_pages.append(hits)
-            self._counters.prefetch_gbps.append(hits * self._require_layout().block_bytes / elapsed / 1e9)
+        if self.storage_config.enable_storage_metrics:
+            with self._lock:
+                self._counters.prefetch_pages.append(hits)
+                self._counters.prefetch_gbps.append(hits * self._require_layout().block_bytes / elapsed / 1e9)
         self._remember(tenant, [k for k, hit in zip(keys, ok, strict=True) if hit])
         # A page the node pinned but that failed its checksum (or the copy)
         # is a miss for every reader: remove it, so the next store of its
@@ -355,9 +358,11 @@ class KvtierHiCacheStorage(HiCacheStorage):
         fresh = sum(o == "stored" for o in outcomes)
         elapsed = max(time.perf_counter() - began, 1e-9)
         self._add(stored_pages=fresh, dedup_pages=sum(ok) - fresh, store_failed_pages=len(keys) - sum(ok))
-        with self._lock:
-            self._counters.backup_pages.append(sum(ok))
-            self._counters.backup_gbps.append(fresh * self._require_layout().block_bytes / elapsed / 1e9)
+        # Kept only for SGLang's collector, which drains them (get_stats).
+        if self.storage_config.enable_storage_metrics:
+            with self._lock:
+                self._counters.backup_pages.append(sum(ok))
+                self._counters.backup_gbps.append(fresh * self._require_layout().block_bytes / elapsed / 1e9)
         self._remember(tenant, [k for k, good in zip(keys, ok, strict=True) if good])
         return ok
 
