@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,102 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tiny-llama")
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
     return d
+
+
+#: A tiny DeepSeek-V2: multi-head latent attention with the latent vLLM's
+#: CPU kernel needs (512 + 64 elements), two dense layers.
+TINY_DEEPSEEK = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "first_k_dense_replace": 2,
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 1,
+    "vocab_size": 1000,
+    "kv_lora_rank": 512,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 32,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": None,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+#: vLLM's CPU MLA kernel takes blocks of 16 tokens only.
+MLA_BLOCK_TOKENS = 16
+
+
+@pytest.fixture(scope="session")
+def mla_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny-deepseek")
+    (d / "config.json").write_text(json.dumps(TINY_DEEPSEEK))
+    return d
+
+
+def mla_daemon_env() -> dict[str, str]:
+    """The daemon's settings for the tiny DeepSeek: one 576-element latent
+    per token and layer, float32."""
+    return dict(
+        KVTIER_GEOMETRY__PRESET="deepseek-v3",
+        KVTIER_GEOMETRY__LAYERS="2",
+        KVTIER_GEOMETRY__DTYPE="f32",
+        KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(MLA_BLOCK_TOKENS),
+        KVTIER_MEMORY__CAPACITY="8MiB",
+        KVTIER_DISK__CAPACITY_PER_DIR="32MiB",
+        KVTIER_DISK__REGION_SIZE="1MiB",
+    )
+
+
+@pytest.fixture(scope="session")
+def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with real (random, seeded) weights in a safetensors
+    file: vLLM's dummy weights are drawn per rank, so engines of two TP
+    sizes would be two different models."""
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("tiny-llama-weights")
+    (d / "config.json").write_text(json.dumps(TINY_LLAMA))
+    save_file(_llama_weights(torch.Generator().manual_seed(0)), str(d / "model.safetensors"))
+    return d
+
+
+def _llama_weights(g: Any) -> dict[str, Any]:
+    import torch
+
+    c = TINY_LLAMA
+    hidden, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    head_dim = hidden // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head_dim
+
+    def w(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.05
+
+    out = {"model.embed_tokens.weight": w(vocab, hidden), "model.norm.weight": torch.ones(hidden), "lm_head.weight": w(vocab, hidden)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "self_attn.q_proj.weight": w(hidden, hidden),
+            p + "self_attn.k_proj.weight": w(kv, hidden),
+            p + "self_attn.v_proj.weight": w(kv, hidden),
+            p + "self_attn.o_proj.weight": w(hidden, hidden),
+            p + "mlp.gate_proj.weight": w(inter, hidden),
+            p + "mlp.up_proj.weight": w(inter, hidden),
+            p + "mlp.down_proj.weight": w(hidden, inter),
+            p + "input_layernorm.weight": torch.ones(hidden),
+            p + "post_attention_layernorm.weight": torch.ones(hidden),
+        }
+    return out
 
 
 def daemon_env(**extra: str) -> dict[str, str]:

@@ -5,7 +5,10 @@ corruption."""
 from __future__ import annotations
 
 import gc
+import json
 import signal
+import subprocess
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -17,7 +20,7 @@ import kvtier
 from conftest import BLOCK_TOKENS
 from kvtier.testing import Daemon
 from vllm import LLM, SamplingParams
-from vllm.config import KVEventsConfig
+from vllm.config import KVEventsConfig, KVTransferConfig
 
 # Prompts sharing prefixes: a 160-token system prompt, two of them a
 # further 96 tokens, then tails of their own.
@@ -84,17 +87,30 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_all(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+def run_all(llm: LLM, prompts: list[list[int]], salt: str | None = None) -> tuple[list[list[int]], list[int]]:
     """Greedy output tokens, and the prompt tokens vLLM did not compute, of
-    each prompt (one batch)."""
+    each prompt (one batch; ``salt`` is the requests' ``cache_salt``)."""
+    inputs: list[Any] = [{"prompt_token_ids": p} | ({} if salt is None else {"cache_salt": salt}) for p in prompts]
     with deadline(RUN_DEADLINE):
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SAMPLING, use_tqdm=False)
+        outs = llm.generate(inputs, SAMPLING, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs], [int(o.num_cached_tokens or 0) for o in outs]
 
 
-def run(llm: LLM, prompt: list[int]) -> tuple[list[int], int]:
-    tokens, cached = run_all(llm, [prompt])
+def run(llm: LLM, prompt: list[int], salt: str | None = None) -> tuple[list[int], int]:
+    tokens, cached = run_all(llm, [prompt], salt)
     return tokens[0], cached[0]
+
+
+def connected(model_dir: Path, socket_path: Path, **kw: Any) -> LLM:
+    """A vLLM with the kvtier connector on ``socket_path``."""
+    kw["kv_transfer_config"] = KVTransferConfig(
+        kv_connector="KvtierConnector",
+        kv_connector_module_path="kvtier.vllm",
+        kv_role="kv_both",
+        kv_connector_extra_config={"socket": str(socket_path), "reconnect_interval": 0.1},
+        kv_load_failure_policy="recompute",
+    )
+    return engine(model_dir, **kw)
 
 
 def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
@@ -106,15 +122,42 @@ def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int
     return tokens
 
 
-def probe(daemon: Daemon, layer_bytes: int = LAYER_BYTES) -> kvtier.Client:
+def engine_process(
+    model_dir: Path,
+    daemon: Daemon,
+    tp: int = 1,
+    runs: int = 1,
+    prompts: list[list[int]] | None = None,
+    shard_heads: int | None = None,
+    weights: bool = False,
+    block_size: int = BLOCK_TOKENS,
+) -> list[dict[str, Any]]:
+    """Each of ``prompts`` (default ``[PROMPT]``) run ``runs`` times by a
+    vLLM in multi-process mode in a process of its own (``mp_engine.py``):
+    the output tokens and cached tokens of each run."""
+    script = Path(__file__).with_name("mp_engine.py")
+    cmd = [sys.executable, str(script), str(model_dir), str(daemon.socket), json.dumps(prompts or [PROMPT])]
+    cmd += ["--tp", str(tp), "--runs", str(runs), "--block-size", str(block_size)]
+    if shard_heads is not None:
+        cmd += ["--shard-heads", str(shard_heads)]
+    if weights:
+        cmd.append("--weights")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert r.returncode == 0 and result, r.stderr[-8000:]
+    out: list[dict[str, Any]] = json.loads(result[0].removeprefix("RESULT "))
+    return out
+
+
+def probe(daemon: Daemon, layer_bytes: int = LAYER_BYTES, block_tokens: int = BLOCK_TOKENS) -> kvtier.Client:
     """A client of the daemon in a namespace of its own."""
     return kvtier.Client(
-        daemon.socket, model="probe", dtype="f32", layers=LAYERS, layer_bytes=layer_bytes, block_size_tokens=BLOCK_TOKENS
+        daemon.socket, model="probe", dtype="f32", layers=LAYERS, layer_bytes=layer_bytes, block_size_tokens=block_tokens
     )
 
 
-def node_stats(daemon: Daemon, layer_bytes: int = LAYER_BYTES) -> dict[str, int]:
-    return probe(daemon, layer_bytes).stats()
+def node_stats(daemon: Daemon, layer_bytes: int = LAYER_BYTES, block_tokens: int = BLOCK_TOKENS) -> dict[str, int]:
+    return probe(daemon, layer_bytes, block_tokens).stats()
 
 
 def cached_by_source(llm: LLM) -> dict[str, int]:

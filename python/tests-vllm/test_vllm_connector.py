@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import gc
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from conftest import BLOCK_TOKENS, daemon_env
 from engines import (
@@ -16,9 +12,10 @@ from engines import (
     PROMPTS,
     Events,
     cached_by_source,
+    connected,
     corrupt_every_slot,
     distinct_blocks,
-    engine,
+    engine_process,
     node_stats,
     probe,
     run,
@@ -28,21 +25,7 @@ from engines import (
 )
 from kvtier.testing import Daemon, start_daemon
 from kvtier.vllm import reset_prefix_cache
-from vllm import LLM
-from vllm.config import KVTransferConfig
 from vllm.distributed.kv_events import BlockStored
-
-
-def connected(model_dir: Path, socket_path: Path, **kw: Any) -> LLM:
-    """A vLLM with the kvtier connector on ``socket_path``."""
-    kw["kv_transfer_config"] = KVTransferConfig(
-        kv_connector="KvtierConnector",
-        kv_connector_module_path="kvtier.vllm",
-        kv_role="kv_both",
-        kv_connector_extra_config={"socket": str(socket_path), "reconnect_interval": 0.1},
-        kv_load_failure_policy="recompute",
-    )
-    return engine(model_dir, **kw)
 
 
 def test_prompts_with_shared_prefixes_are_served_from_kvtier(daemon: Daemon, model_dir: Path) -> None:
@@ -151,22 +134,6 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
         assert cached_by_source(llm).get("disk", 0) == cached
     finally:
         daemon.stop()
-
-
-def engine_process(model_dir: Path, daemon: Daemon, tp: int = 1, runs: int = 1) -> list[dict[str, Any]]:
-    """``runs`` runs of ``PROMPT`` by a vLLM in multi-process mode in a
-    process of its own (``mp_engine.py``)."""
-    script = Path(__file__).with_name("mp_engine.py")
-    r = subprocess.run(
-        [sys.executable, str(script), str(model_dir), str(daemon.socket), json.dumps(PROMPT), str(tp), str(runs)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    assert r.returncode == 0 and result, r.stderr[-8000:]
-    out: list[dict[str, Any]] = json.loads(result[0].removeprefix("RESULT "))
-    return out
 
 
 def test_two_engine_processes_share_one_daemon(daemon: Daemon, model_dir: Path) -> None:

@@ -20,11 +20,15 @@ class KvtierConfig:
     """Seconds to wait for each reply of the daemon."""
     reconnect_interval: float = 5.0
     """Seconds between attempts to reach a daemon that went away."""
+    shard_heads: int | None = None
+    """KV heads per stored object: set, blocks are stored as head shards
+    that engines of any TP size reuse (docs/vllm.md, "Tensor
+    parallelism"); unset, each rank stores its own blocks."""
 
     @staticmethod
     def from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
         extra = dict(extra or {})
-        known = {"socket", "instance", "timeout", "reconnect_interval"}
+        known = {"socket", "instance", "timeout", "reconnect_interval", "shard_heads"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(f"unknown kvtier connector settings {unknown}; known: {sorted(known)}")
@@ -33,7 +37,17 @@ class KvtierConfig:
             instance=extra.get("instance"),
             timeout=float(extra.get("timeout", KvtierConfig.timeout)),
             reconnect_interval=float(extra.get("reconnect_interval", KvtierConfig.reconnect_interval)),
+            shard_heads=_positive_int(extra, "shard_heads"),
         )
+
+
+def _positive_int(extra: dict[str, Any], name: str) -> int | None:
+    value = extra.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"kvtier connector setting {name} must be a positive integer, not {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

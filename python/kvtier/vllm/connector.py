@@ -27,6 +27,7 @@ cache (one warning) and reconnects when it answers again.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,8 +39,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+import kvtier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import KvtierConfig, Shape
+from kvtier.vllm.layouts import HeadShardBlocks, RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, KvtierScheduler
 from kvtier.vllm.stats import KvtierStats
 from kvtier.vllm.worker import KvtierWorker
@@ -59,22 +62,56 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 
-def _shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Shape:
-    """The namespace and block shape of this engine's KV blocks."""
+def _shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: KvtierConfig, tp_size: int) -> Shape:
+    """The namespace and stored-object shape of this engine's KV blocks.
+    Head shards name the model's KV heads and the shard's bytes, so every
+    TP size derives the same shape; rank blocks name the rank's."""
     import vllm
 
     group = kv_cache_config.kv_cache_groups[0]
     spec = group.kv_cache_spec
     platform = type(vllm.platforms.current_platform).__name__
+    rank_heads = int(getattr(spec, "num_kv_heads", 0))
+    page_bytes = spec.page_size_bytes
+    heads, layer_bytes = rank_heads, page_bytes
+    if config.shard_heads is not None:
+        heads = _total_kv_heads(vllm_config)
+        layer_bytes = _shard_layer_bytes(page_bytes, rank_heads, config.shard_heads, heads, tp_size)
     return Shape(
         model=str(vllm_config.model_config.model),
         dtype=str(getattr(spec, "dtype", "")).removeprefix("torch."),
         layout=f"vllm {vllm.__version__} {platform} {type(spec).__name__} "
-        f"heads={getattr(spec, 'num_kv_heads', 0)} head={getattr(spec, 'head_size', 0)}",
+        f"heads={heads} head={getattr(spec, 'head_size', 0)}" + ("" if config.shard_heads is None else f" shard={config.shard_heads}"),
         block_size=spec.block_size,
         layers=len(group.layer_names),
-        layer_bytes=spec.page_size_bytes,
+        layer_bytes=layer_bytes,
     )
+
+
+def _total_kv_heads(vllm_config: VllmConfig) -> int:
+    """The model's KV heads; one latent for MLA (whatever its config says
+    of heads, every rank holds the one latent)."""
+    model = vllm_config.model_config
+    return 1 if model.use_mla else model.get_total_num_kv_heads()
+
+
+def _shard_layer_bytes(page_bytes: int, rank_heads: int, shard_heads: int, heads: int, tp_size: int) -> int:
+    """Bytes of one layer of one head shard; a ``shard_heads`` that does not
+    divide this rank's heads is a configuration error."""
+    if rank_heads <= 0 or rank_heads % shard_heads != 0 or page_bytes % rank_heads != 0:
+        raise ValueError(
+            f"kvtier connector: shard_heads={shard_heads} must divide the {rank_heads} KV heads each rank holds "
+            f"({heads} KV heads at TP {tp_size})"
+        )
+    return page_bytes // rank_heads * shard_heads
+
+
+def _layout(config: KvtierConfig, kv_heads: int, tp_rank: int, tp_size: int) -> RankBlocks:
+    """Rank blocks, or head shards when `shard_heads` is set."""
+    if config.shard_heads is None:
+        return RankBlocks()
+    shards = kvtier.HeadShards(kv_heads=kv_heads, shard_heads=config.shard_heads)
+    return HeadShardBlocks(shards, tp_rank, tp_size)
 
 
 def _tp(vllm_config: VllmConfig) -> tuple[int, int]:
@@ -101,9 +138,15 @@ class KvtierConnector(KVConnectorBase_V1):
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         config = KvtierConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
-        shape = _shape(vllm_config, kv_cache_config)
+        if vllm_config.model_config.use_mla and config.shard_heads is None:
+            # The latent is the same on every rank: one stored copy serves
+            # every rank of every TP size (head shards of the one latent).
+            config = dataclasses.replace(config, shard_heads=1)
         tp_rank, tp_size = _tp(vllm_config)
-        clients = Clients(config, shape, tp_rank, tp_size)
+        shape = _shape(vllm_config, kv_cache_config, config, tp_size)
+        layout = _layout(config, _total_kv_heads(vllm_config), tp_rank, tp_size)
+        # Head shards belong to no rank: every TP size shares them.
+        clients = Clients(config, shape, *((0, 1) if layout.rank_free else (tp_rank, tp_size)))
         # This version copies host KV buffers only (vLLM's CPU platform).
         import vllm.platforms
 
@@ -114,10 +157,10 @@ class KvtierConnector(KVConnectorBase_V1):
             logger.warning("kvtier connector: KV caches on %s are not supported yet; running without the cache", device)
         elif groups != 1:
             logger.warning("kvtier connector: %d KV-cache groups (a hybrid model); one is supported: running without the cache", groups)
-        self._scheduler = KvtierScheduler(shape, clients)
-        self._worker = KvtierWorker(shape, clients, tp_rank)
+        self._scheduler = KvtierScheduler(shape, clients, layout)
+        self._worker = KvtierWorker(shape, clients, tp_rank, layout)
         logger.info(
-            "kvtier connector (%s, TP rank %d of %d) on %s: %s, %d layers of %d bytes per block",
+            "kvtier connector (%s, TP rank %d of %d) on %s: %s, %d layers of %d bytes per stored object, %s",
             role.name,
             tp_rank,
             tp_size,
@@ -125,6 +168,7 @@ class KvtierConnector(KVConnectorBase_V1):
             shape.model,
             shape.layers,
             shape.layer_bytes,
+            "rank blocks" if config.shard_heads is None else f"head shards of {config.shard_heads} KV heads ({layout.per_block} per block on this rank)",
         )
 
     # ---------------------------------------------------------------- scheduler

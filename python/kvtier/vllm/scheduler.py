@@ -13,6 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape, block_key
 from kvtier.vllm.events import EventTracker, KvtierWorkerMetadata
+from kvtier.vllm.layouts import RankBlocks
 from kvtier.vllm.stats import hit_sources
 
 if TYPE_CHECKING:
@@ -71,9 +72,10 @@ class _Request:
 class KvtierScheduler:
     """Lookups, load and save plans, and delayed frees of one engine."""
 
-    def __init__(self, shape: Shape, clients: Clients) -> None:
+    def __init__(self, shape: Shape, clients: Clients, layout: RankBlocks) -> None:
         self._shape = shape
         self._clients = clients
+        self._layout = layout
         self._requests: dict[str, _Request] = {}
         self._events = EventTracker(shape.block_size)
         self._delayed: set[str] = set()
@@ -83,8 +85,7 @@ class KvtierScheduler:
         # vLLM computes at least the last token itself.
         usable = min(len(request.block_hashes), (request.num_tokens - 1) // bs)
         keys = [block_key(h) for h in request.block_hashes[:usable]]
-        none: list[str] = []
-        tiers = self._clients.call(request.cache_salt, "lookup", lambda c: c.lookup(keys), none) if keys else none
+        tiers = self._lookup(request.cache_salt, keys)
         self._events.looked_up(keys, tiers)
         logger.debug(
             "kvtier lookup of request %s: %d of %d full blocks stored %s, %d tokens computed already",
@@ -105,6 +106,15 @@ class KvtierScheduler:
             saving=before.saving if before is not None else [],
         )
         return max(len(tiers) * bs - num_computed_tokens, 0), False
+
+    def _lookup(self, salt: str | None, keys: list[int]) -> list[str]:
+        """Tier of each leading block of ``keys`` the node holds whole."""
+        if not keys:
+            return []
+        objects = self._layout.lookup_keys(keys)
+        none: list[str] = []
+        tiers = self._clients.call(salt, "lookup", lambda c: c.lookup(objects), none)
+        return self._layout.lookup_blocks(keys, tiers)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         st = self._requests.get(request.request_id)

@@ -17,6 +17,7 @@ import kvtier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape
 from kvtier.vllm.events import KvtierWorkerMetadata
+from kvtier.vllm.layouts import RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
 from kvtier.vllm.stats import KvtierStats, WorkerStats
 
@@ -33,9 +34,10 @@ class _Loading:
 class KvtierWorker:
     """Loads and saves of one worker (one TP rank)."""
 
-    def __init__(self, shape: Shape, clients: Clients, tp_rank: int) -> None:
+    def __init__(self, shape: Shape, clients: Clients, tp_rank: int, layout: RankBlocks) -> None:
         self._shape = shape
         self._clients = clients
+        self._layout = layout
         self._reports = tp_rank == 0
         self._layers: list[torch.Tensor] = []
         self._layer_index: dict[str, int] = {}
@@ -54,15 +56,17 @@ class KvtierWorker:
     # ---------------------------------------------------------------- buffers
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        # A rank's objects of a block lie side by side in its block row.
+        row = self._shape.layer_bytes * self._layout.per_block
         for name, t in kv_caches.items():
             per_block = t[0].numel() * t.element_size()
-            if t.device.type != "cpu" or not t[0].is_contiguous() or per_block != self._shape.layer_bytes:
+            if t.device.type != "cpu" or not t[0].is_contiguous() or per_block != row:
                 # Device memory needs a staging copy this version does not
                 # have: run without the cache rather than stop the engine.
                 logger.warning(
                     "kvtier needs host KV blocks of %d contiguous bytes; layer %s is %s %s on %s: "
                     "running without the cache",
-                    self._shape.layer_bytes,
+                    row,
                     name,
                     tuple(t.shape),
                     t.dtype,
@@ -73,10 +77,11 @@ class KvtierWorker:
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
 
     def _region(self, layer: int) -> tuple[int, int, int]:
-        """(address, nbytes, block stride) of one layer's paged buffer."""
+        """(address, nbytes, object stride) of one layer's paged buffer:
+        the stride between the layout's virtual blocks."""
         t = self._layers[layer]
         stride = t.stride(0) * t.element_size()
-        return t.data_ptr(), stride * t.shape[0], stride
+        return t.data_ptr(), stride * t.shape[0], stride // self._layout.per_block
 
     # ------------------------------------------------------------------ loads
 
@@ -88,8 +93,8 @@ class KvtierWorker:
             return
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients.call(t.salt, "load", _loader(t.keys), None)
-            pinned = load.prefix_len if load is not None else 0
+            load = self._clients.call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
+            pinned = self._layout.blocks_of(load.prefix_len) if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
             if load is not None:
@@ -106,22 +111,24 @@ class KvtierWorker:
 
     def _read_layer(self, layer: int) -> None:
         addr, nbytes, stride = self._region(layer)
+        n = self._layout.per_block
         for ld in self._loading:
             t = ld.transfer
             ids = t.block_ids[: ld.pinned]
+            objects = self._layout.rank_ids(ids)
             try:
                 ld.load.wait_layer(layer)
-                ok = ld.load.read_layer(layer, (addr, nbytes), ids, stride)
+                ok = ld.load.read_layer(layer, (addr, nbytes), objects, stride)
             except kvtier.KvtierError as e:
                 logger.warning("kvtier load of request %s failed at layer %d: %s", t.req_id, layer, e)
-                ok = [False] * len(ids)
-            for i, good in enumerate(ok):
-                if not good:
+                ok = [False] * len(objects)
+            for i in range(len(ids)):
+                if not all(ok[i * n : (i + 1) * n]):
                     self._load_errors.add(ids[i])
                     self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
 
     def _finish_loads(self) -> None:
-        block_bytes = self._shape.layers * self._shape.layer_bytes
+        block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
         for ld in self._loading:
             try:
                 ld.load.release()
@@ -133,7 +140,7 @@ class KvtierWorker:
         # remove it, so the next save of its key stores good bytes.
         for salt, keys in self._corrupt.items():
             logger.warning("kvtier: %d blocks failed verification; vLLM recomputes them", len(keys))
-            self._clients.call(salt, "remove", _remover(sorted(keys)), None)
+            self._clients.call(salt, "remove", _remover(self._layout.rank_keys(sorted(keys))), None)
             if self._reports:
                 self._said.removed.extend(keys)
         self._corrupt.clear()
@@ -173,13 +180,22 @@ class KvtierWorker:
             layers = [(addr, nbytes) for addr, nbytes, _ in regions]
             began = time.perf_counter()
             none: list[str] = []
-            outcomes = self._clients.call(t.salt, "store", _storer(t, layers, stride), none)
-            stored = [k for k, o in zip(t.keys, outcomes, strict=False) if o in ("stored", "already_stored")]
-            self._stats.saved(began, len(stored) * self._shape.layers * self._shape.layer_bytes, len(stored))
+            keys, ids = self._layout.rank_keys(t.keys), self._layout.rank_ids(t.block_ids)
+            outcomes = self._clients.call(t.salt, "store", _storer(keys, layers, ids, stride), none)
+            stored = self._whole_blocks(t.keys, outcomes)
+            block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
+            self._stats.saved(began, len(stored) * block_bytes, len(stored))
         except Exception as e:  # a bug here must not leave the request's blocks held
             logger.warning("kvtier save of request %s failed: %s", t.req_id, e)
         finally:
             self._report(t, stored)
+
+    def _whole_blocks(self, keys: list[int], outcomes: list[str]) -> list[int]:
+        """The blocks of ``keys`` whose every object the node holds after a
+        store with ``outcomes`` (one per object)."""
+        n = self._layout.per_block
+        held = [o in ("stored", "already_stored") for o in outcomes]
+        return [k for i, k in enumerate(keys) if len(held) >= (i + 1) * n and all(held[i * n : (i + 1) * n])]
 
     def _report(self, t: Transfer, stored: list[int]) -> None:
         if not self._reports:
@@ -243,8 +259,10 @@ def _remover(keys: list[int]) -> Callable[[kvtier.Client], None]:
     return remove
 
 
-def _storer(t: Transfer, layers: list[tuple[int, int]], stride: int) -> Callable[[kvtier.Client], list[str]]:
+def _storer(
+    keys: list[int], layers: list[tuple[int, int]], ids: list[int], stride: int
+) -> Callable[[kvtier.Client], list[str]]:
     def store(c: kvtier.Client) -> list[str]:
-        return c.store_layers(t.keys, layers, t.block_ids, stride)
+        return c.store_layers(keys, layers, ids, stride)
 
     return store
