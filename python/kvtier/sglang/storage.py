@@ -36,7 +36,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 import kvtier
-from kvtier.sglang.clients import Clients
+from kvtier.clients import Clients
 from kvtier.sglang.config import KvtierStorageConfig, page_key, tenant_of
 from kvtier.sglang.layout import PageLayout
 
@@ -115,7 +115,13 @@ class KvtierHiCacheStorage(HiCacheStorage):
         layout = PageLayout.of(mem_pool_host)
         super().register_mem_pool_host(mem_pool_host)
         self._layout = layout
-        self._clients = Clients(self.config.socket, self.config.reconnect_interval, self._connect)
+        self._clients = Clients(
+            self.config.socket,
+            self.config.reconnect_interval,
+            self._connect,
+            log=logger,
+            uncached="HiCache storage answers every call as a miss",
+        )
         logger.info(
             "kvtier HiCache storage: %s pages of %d tokens, %d layers of %d bytes per block (rank %d of %d); "
             "the node needs [geometry] %s",

@@ -1,7 +1,8 @@
 """Connections to the node daemon, one per tenant, that survive the daemon
 going away: while it is down every call answers as if the node held
 nothing (one warning), and the next call after ``reconnect_interval``
-seconds connects again."""
+seconds connects again. The engines' connectors (``kvtier.vllm``,
+``kvtier.sglang``) share it."""
 
 from __future__ import annotations
 
@@ -20,13 +21,27 @@ logger = logging.getLogger(__name__)
 
 class Clients:
     """Lazily connected :class:`kvtier.Client`s, one per tenant (``None``:
-    requests without one). ``connect(tenant)`` makes one; callable from
-    SGLang's prefetch and backup threads at once."""
+    requests without one). ``connect(tenant)`` makes one. Callable from
+    several threads at once (an engine's forward, save, prefetch and backup
+    threads).
 
-    def __init__(self, socket: str, reconnect_interval: float, connect: Callable[[str | None], kvtier.Client]) -> None:
+    ``log`` is the engine's logger (its format and level settings), and
+    ``uncached`` says in its warnings what the engine does meanwhile."""
+
+    def __init__(
+        self,
+        socket: str,
+        reconnect_interval: float,
+        connect: Callable[[str | None], kvtier.Client],
+        *,
+        log: logging.Logger | None = None,
+        uncached: str = "running without the cache",
+    ) -> None:
         self._socket = socket
         self._interval = reconnect_interval
         self._connect = connect
+        self._log = log or logger
+        self._uncached = uncached
         self._clients: dict[str | None, kvtier.Client] = {}
         self._down_since: float | None = None
         self._refused: str | None = None
@@ -55,7 +70,7 @@ class Clients:
             with self._lock:
                 self._lost(e)
         except kvtier.KvtierError as e:
-            logger.warning("kvtier %s failed: %s", what, e)
+            self._log.warning("kvtier %s failed: %s", what, e)
         return default
 
     def _client(self, tenant: str | None) -> kvtier.Client | None:
@@ -75,20 +90,21 @@ class Clients:
             # A block shape the node does not hold: nothing changes that
             # while this engine runs.
             self._refused = str(e)
-            logger.warning("kvtier refused this engine's pages; HiCache runs without it: %s", e)
+            self._log.warning("kvtier refused this engine's blocks; %s: %s", self._uncached, e)
             return None
         if self._down_since is not None:
-            logger.info("kvtier daemon at %s is back", self._socket)
+            self._log.info("kvtier daemon at %s is back", self._socket)
         self._down_since = None
         self._clients[tenant] = c
         return c
 
     def _lost(self, e: Exception) -> None:
         if self._down_since is None:
-            logger.warning(
-                "kvtier daemon at %s unavailable (%s); HiCache storage misses until it is back, retrying every %.0f s",
+            self._log.warning(
+                "kvtier daemon at %s unavailable (%s); %s, retrying every %g s",
                 self._socket,
                 e,
+                self._uncached,
                 self._interval,
             )
         self._clients.clear()
