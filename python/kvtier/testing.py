@@ -105,3 +105,17 @@ def start_daemon(data: Path, env: dict[str, str]) -> Daemon:
         proc.kill()
         raise DaemonError("kvtier serve did not become ready:\n" + "\n".join(daemon.log))
     return daemon
+
+
+def corrupt_arena_slots(shm_name: str) -> None:
+    """Overwrites the data of every slot of the daemon's arena
+    ``/dev/shm/<shm_name>`` (docs/memory-arena.md: the data offset is the
+    u64 at byte 72 of the header), so that every block held there fails
+    verification."""
+    with open(Path("/dev/shm") / shm_name, "r+b") as f:
+        f.seek(72)
+        data_offset = int.from_bytes(f.read(8), "little")
+        f.seek(0, 2)
+        end = f.tell()
+        f.seek(data_offset)
+        f.write(bytes([0x5A]) * (end - data_offset))

@@ -27,20 +27,9 @@ from conftest import (
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorageExtraInfo
 
 from kvtier.sglang import KvtierHiCacheStorage
+from kvtier.testing import corrupt_arena_slots
 
 KINDS_LAYOUTS = [(k, lay) for k in ("mha", "mla") for lay in ("layer_first", "page_first")]
-
-
-def corrupt_every_slot(shm_name: str) -> None:
-    """Overwrites the daemon's arena slot data (docs/memory-arena.md: the
-    data offset is the u64 at byte 72 of the header)."""
-    with open(Path("/dev/shm") / shm_name, "r+b") as f:
-        f.seek(72)
-        data_offset = int.from_bytes(f.read(8), "little")
-        f.seek(0, 2)
-        end = f.tell()
-        f.seek(data_offset)
-        f.write(bytes([0x5A]) * (end - data_offset))
 
 
 @pytest.mark.parametrize(("kind", "layout"), KINDS_LAYOUTS)
@@ -132,7 +121,7 @@ def test_a_corrupted_page_is_a_miss_and_is_replaced(node: NodeFactory, layout: s
     keys = page_keys(prompt(3))
     want = [page_bytes(pool, p) for p in (0, 1, 2)]
     assert backend.batch_set_v1(keys, slots([0, 1, 2])) == [True] * 3
-    corrupt_every_slot(n.daemon.env["KVTIER_MEMORY__SHM_NAME"])
+    corrupt_arena_slots(n.daemon.env["KVTIER_MEMORY__SHM_NAME"])
 
     assert backend.batch_get_v1(keys, slots([20, 21, 22])) == [False] * 3
     c = backend.counters()

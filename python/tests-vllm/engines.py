@@ -18,7 +18,7 @@ from typing import Any
 
 import kvtier
 from conftest import BLOCK_TOKENS
-from kvtier.testing import Daemon
+from kvtier.testing import Daemon, corrupt_arena_slots
 from vllm import LLM, SamplingParams
 from vllm.config import KVEventsConfig, KVTransferConfig
 
@@ -171,16 +171,8 @@ def cached_by_source(llm: LLM) -> dict[str, int]:
 
 
 def corrupt_every_slot(daemon: Daemon) -> None:
-    """Flips every byte of the daemon's arena slot data (docs/memory-arena.md:
-    the data offset is the u64 at byte 72 of the header)."""
-    path = Path("/dev/shm") / probe(daemon).shm_name
-    with open(path, "r+b") as f:
-        f.seek(72)
-        data_offset = int.from_bytes(f.read(8), "little")
-        f.seek(0, 2)
-        end = f.tell()
-        f.seek(data_offset)
-        f.write(bytes([0x5A]) * (end - data_offset))
+    """Corrupts every block held in the daemon's arena."""
+    corrupt_arena_slots(probe(daemon).shm_name)
 
 
 class Events:
