@@ -42,10 +42,12 @@ from kvtier.sglang.layout import PageLayout
 
 logger = logging.getLogger(__name__)
 
-#: Store outcomes after which the node holds the page: stored now, stored
-#: before (by this engine, another, or another TP rank of an MLA model), or
-#: being stored by another client right now (it is stored once).
-HELD = frozenset({"stored", "already_stored", "in_flight_elsewhere"})
+#: Store outcomes after which the node holds the page: stored now, or stored
+#: before (by this engine, another, or another TP rank of an MLA model). A
+#: page another client is storing right now ("in_flight_elsewhere") is not
+#: readable yet, so it is not acknowledged: SGLang backs it up again later,
+#: and finds it stored then.
+HELD = frozenset({"stored", "already_stored"})
 
 
 @dataclass
