@@ -8,26 +8,42 @@ use std::task::{Context, Poll};
 
 use crate::{AlignedBuf, FileId, IoError, Result};
 
-/// Read or write.
+/// What an operation does: move bytes, or make a file durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoKind {
     /// Read from the file into memory.
     Read,
     /// Write memory to the file.
     Write,
+    /// `fdatasync` the file: its data, and the metadata needed to read it
+    /// back (its size), reach stable storage. No memory, offset or length.
+    Fdatasync,
+    /// `fsync` the file: as [`Fdatasync`](Self::Fdatasync) plus every other
+    /// metadata. The one to use on a directory after a rename in it.
+    Fsync,
 }
 
 impl IoKind {
-    /// "read" or "write".
+    /// "read", "write", "fdatasync" or "fsync".
     pub const fn name(self) -> &'static str {
         match self {
             IoKind::Read => "read",
             IoKind::Write => "write",
+            IoKind::Fdatasync => "fdatasync",
+            IoKind::Fsync => "fsync",
         }
+    }
+
+    /// Whether the operation is a sync ([`Fdatasync`](Self::Fdatasync) or
+    /// [`Fsync`](Self::Fsync)), which transfers no bytes.
+    pub const fn is_sync(self) -> bool {
+        matches!(self, IoKind::Fdatasync | IoKind::Fsync)
     }
 }
 
-/// One operation: `len` bytes between `buf` and `file` at `offset`.
+/// One operation: `len` bytes between `buf` and `file` at `offset`, or, for
+/// a sync kind, a sync of `file` (then `buf` is null and `offset` and `len`
+/// are 0; a sync completes with `Ok(0)`).
 /// For `O_DIRECT` files, `buf`, `offset` and `len` must be aligned as
 /// [`dio_alignment`](crate::dio_alignment) reports.
 #[derive(Debug, Clone, Copy)]
@@ -130,6 +146,28 @@ impl IoBatch {
         // SAFETY: as in `read_owned`.
         unsafe { self.push(op) };
         self.keep_alive(buf);
+    }
+
+    /// Adds a sync of `file` (`kind` is [`IoKind::Fdatasync`] or
+    /// [`IoKind::Fsync`]; any other kind is taken as `Fdatasync`). Operations
+    /// of one batch may run in any order, so a sync covers only writes
+    /// that completed before the batch was submitted: submit the writes,
+    /// wait, then submit the sync.
+    pub fn sync(&mut self, file: FileId, kind: IoKind) {
+        let kind = if kind == IoKind::Fsync {
+            IoKind::Fsync
+        } else {
+            IoKind::Fdatasync
+        };
+        let op = IoOp {
+            kind,
+            file,
+            offset: 0,
+            buf: std::ptr::null_mut(),
+            len: 0,
+        };
+        // SAFETY: a sync touches no memory.
+        unsafe { self.push(op) };
     }
 
     /// The operations, in submission order.

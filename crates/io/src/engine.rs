@@ -33,6 +33,9 @@ pub struct IoStats {
     pub syscalls: u64,
     /// Operations that used a registered buffer.
     pub fixed_buffer_ops: u64,
+    /// Sync operations ([`IoKind::Fdatasync`](crate::IoKind::Fdatasync),
+    /// [`IoKind::Fsync`](crate::IoKind::Fsync)) completed.
+    pub syncs: u64,
 }
 
 /// Batched asynchronous I/O on registered files.
@@ -51,6 +54,10 @@ pub struct IoStats {
 /// - Operations in one batch may run in any order and concurrently; a caller
 ///   that needs order submits separate batches and waits.
 /// - An error of one operation does not fail the others.
+/// - Every operation on a device goes through `submit`, syncs included
+///   ([`IoBatch::sync`]): a sync completes only once the file's data is on
+///   stable storage, and its failure is reported like any other, so a
+///   wrapper such as [`FaultyEngine`](crate::FaultyEngine) can inject it.
 /// - Engines are `Send + Sync`; any thread may submit.
 pub trait IoEngine: Send + Sync + 'static {
     /// Short name for logs and benchmark output (`io_uring`, `psync`, ...).
@@ -59,6 +66,24 @@ pub trait IoEngine: Send + Sync + 'static {
     /// Takes ownership of `file` (opened by [`open_direct`](crate::open_direct))
     /// and returns its id. Files stay registered for the engine's lifetime.
     fn register_file(&self, file: File) -> Result<FileId>;
+
+    /// Forgets a registered file and closes it; its id may be handed out
+    /// again by a later [`register_file`](IoEngine::register_file). For
+    /// short-lived files (a checkpoint's temporary file), so that
+    /// registering one per use does not pile up descriptors.
+    ///
+    /// The caller must have waited for every operation it submitted on the
+    /// file; operations submitted after the call fail with `EBADF` (until
+    /// the id is reused). The default keeps the file open until the engine
+    /// drops and says so with [`IoError::Unsupported`](crate::IoError::Unsupported);
+    /// every engine of this crate implements it.
+    fn close_file(&self, id: FileId) -> Result<()> {
+        let _ = id;
+        Err(crate::IoError::Unsupported {
+            engine: self.name(),
+            what: "close_file",
+        })
+    }
 
     /// Offers `[ptr, ptr + len)` for registered-buffer I/O. Returns `true` if
     /// operations whose buffer lies inside the range will use it (the io_uring

@@ -37,7 +37,7 @@ pub enum IoError {
     /// An operation failed in the kernel.
     #[error("{kind} of {len} bytes at offset {offset} failed: {source}")]
     Op {
-        /// "read" or "write".
+        /// The operation ([`IoKind::name`](crate::IoKind::name)).
         kind: &'static str,
         /// Offset in the file.
         offset: u64,
@@ -50,7 +50,7 @@ pub enum IoError {
     /// ends early, e.g. it was truncated).
     #[error("short {kind} at offset {offset}: {done} of {len} bytes")]
     Short {
-        /// "read" or "write".
+        /// The operation ([`IoKind::name`](crate::IoKind::name)).
         kind: &'static str,
         /// Offset in the file.
         offset: u64,
@@ -58,6 +58,20 @@ pub enum IoError {
         len: u32,
         /// Bytes transferred.
         done: u32,
+    },
+    /// A file id that is not (or no longer) registered.
+    #[error("file id {id} is not registered with the I/O engine")]
+    NotRegistered {
+        /// The id.
+        id: u32,
+    },
+    /// The engine does not implement an optional operation.
+    #[error("the {engine} I/O engine does not support {what}")]
+    Unsupported {
+        /// Engine name.
+        engine: &'static str,
+        /// The operation.
+        what: &'static str,
     },
     /// The engine has shut down.
     #[error("the I/O engine has shut down")]

@@ -22,7 +22,9 @@ use forwarder::Forwarder;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     /// Every `every`-th operation (of `kind`, or of any kind when `None`)
-    /// fails with `errno` without reaching the inner engine.
+    /// fails with `errno` without reaching the inner engine. Syncs are
+    /// operations too: `kind: Some(IoKind::Fdatasync)` fails data syncs, as
+    /// a device that lost its volatile cache reports them.
     FailOps {
         /// Only operations of this kind count and fail; `None` for all.
         kind: Option<IoKind>,
@@ -260,6 +262,10 @@ impl IoEngine for FaultyEngine {
 
     fn register_file(&self, file: File) -> Result<FileId> {
         self.inner.register_file(file)
+    }
+
+    fn close_file(&self, id: FileId) -> Result<()> {
+        self.inner.close_file(id)
     }
 
     unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {

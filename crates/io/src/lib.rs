@@ -15,7 +15,11 @@
 //! [`build_engine`] picks one from an [`IoEngineKind`](kvtier_core::IoEngineKind)
 //! (`auto` probes io_uring and falls back; setting
 //! [`KVTIER_DISABLE_IO_URING=1`](DISABLE_IO_URING_ENV) forces the fallback,
-//! as a seccomp profile would). [`AlignedBuf`] is an owned buffer
+//! as a seccomp profile would; tests that need io_uring skip where it is
+//! unavailable unless [`KVTIER_REQUIRE_IO_URING=1`](REQUIRE_IO_URING_ENV),
+//! which CI sets, makes them fail). Syncs are operations of a batch like
+//! reads and writes ([`IoBatch::sync`]), so they can fail and be injected
+//! like them. [`AlignedBuf`] is an owned buffer
 //! aligned for direct I/O; [`open_direct`] opens and preallocates files and
 //! [`dio_alignment`] asks the file system what alignment it needs.
 //!
@@ -52,4 +56,4 @@ pub use error::{IoError, Result};
 pub use fault::{Fault, FaultyEngine};
 pub use file::{DioAlignment, dio_alignment, open_direct};
 pub use psync::PsyncEngine;
-pub use uring::{DISABLE_IO_URING_ENV, UringEngine};
+pub use uring::{DISABLE_IO_URING_ENV, REQUIRE_IO_URING_ENV, UringEngine, uring_unavailable};

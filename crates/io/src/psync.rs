@@ -152,11 +152,36 @@ fn worker(rx: &Receiver<Job>, shared: &Shared) {
     }
 }
 
-/// Performs one operation with `pread`/`pwrite`, retrying `EINTR` and
+/// Performs one operation: a sync, or a transfer (see [`copy`]).
+fn transfer(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
+    if !op.kind.is_sync() {
+        return copy(fd, op, stats);
+    }
+    loop {
+        // SAFETY: plain system calls on a descriptor that stays open while
+        // the operation is in flight (see `FileTable`); no memory involved.
+        let rc = unsafe {
+            match op.kind {
+                IoKind::Fsync => libc::fsync(fd),
+                _ => libc::fdatasync(fd),
+            }
+        };
+        stats.syscalls(1);
+        if rc == 0 {
+            return Ok(0);
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Performs one transfer with `pread`/`pwrite`, retrying `EINTR` and
 /// continuing short transfers until done or the file ends. An error after
 /// some bytes moved reports those bytes (a short transfer), as `read(2)`
 /// itself does.
-fn transfer(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
+fn copy(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
     let len = op.len as usize;
     let mut done = 0usize;
     while done < len {
@@ -175,7 +200,8 @@ fn transfer(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
             let ptr = op.buf.add(done).cast::<libc::c_void>();
             match op.kind {
                 IoKind::Read => libc::pread(fd, ptr, len - done, offset),
-                IoKind::Write => libc::pwrite(fd, ptr, len - done, offset),
+                // `Write`: syncs never get here (`transfer` sends them on).
+                _ => libc::pwrite(fd, ptr, len - done, offset),
             }
         };
         stats.syscalls(1);
@@ -209,6 +235,14 @@ impl IoEngine for PsyncEngine {
             })
     }
 
+    fn close_file(&self, id: FileId) -> Result<()> {
+        // Dropping the file closes it; the caller has waited for its ops.
+        match self.shared.files.remove(id) {
+            Some(_file) => Ok(()),
+            None => Err(IoError::NotRegistered { id: id.0 }),
+        }
+    }
+
     unsafe fn register_memory(&self, _ptr: *mut u8, _len: usize) -> bool {
         false
     }
@@ -230,6 +264,7 @@ impl IoEngine for PsyncEngine {
                 .map(|op| {
                     files
                         .get(op.file.0 as usize)
+                        .and_then(Option::as_ref)
                         .map(std::os::fd::AsRawFd::as_raw_fd)
                 })
                 .collect()

@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     errors: AtomicU64,
     syscalls: AtomicU64,
     fixed_buffer_ops: AtomicU64,
+    syncs: AtomicU64,
 }
 
 impl Counters {
@@ -60,6 +61,9 @@ impl Counters {
                 self.writes.fetch_add(1, Relaxed);
                 self.bytes_written.fetch_add(done, Relaxed);
             }
+            IoKind::Fdatasync | IoKind::Fsync => {
+                self.syncs.fetch_add(1, Relaxed);
+            }
         }
     }
 
@@ -75,6 +79,7 @@ impl Counters {
             errors: self.errors.load(Relaxed),
             syscalls: self.syscalls.load(Relaxed),
             fixed_buffer_ops: self.fixed_buffer_ops.load(Relaxed),
+            syncs: self.syncs.load(Relaxed),
         }
     }
 }

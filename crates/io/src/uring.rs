@@ -26,6 +26,23 @@ use buffers::BufferTable;
 /// refuse (see [`UringEngine`], *Disabling*).
 pub const DISABLE_IO_URING_ENV: &str = "KVTIER_DISABLE_IO_URING";
 
+/// The environment variable that, set to `1`, says io_uring must be
+/// available: tests that need it fail instead of skipping (see
+/// [`uring_unavailable`]). CI sets it, since its machines have io_uring.
+pub const REQUIRE_IO_URING_ENV: &str = "KVTIER_REQUIRE_IO_URING";
+
+/// What a test that needs io_uring does when [`UringEngine::new`] failed
+/// with `why`: panics when [`KVTIER_REQUIRE_IO_URING=1`](REQUIRE_IO_URING_ENV)
+/// is set (so a CI host without io_uring fails loudly), else prints
+/// `skipping: io_uring unavailable (why)` and returns, for the caller to
+/// skip. For the tests of this and other crates.
+pub fn uring_unavailable(why: &dyn std::fmt::Display) {
+    if std::env::var_os(REQUIRE_IO_URING_ENV).is_some_and(|v| v == "1") {
+        panic!("io_uring unavailable but {REQUIRE_IO_URING_ENV}=1: {why}");
+    }
+    eprintln!("skipping: io_uring unavailable ({why})");
+}
+
 /// Slots in the sparse registered-file table (capped by `RLIMIT_NOFILE`).
 const FILE_SLOTS: u32 = 1024;
 
@@ -135,9 +152,11 @@ pub(crate) struct Shared {
     pub(crate) inbox: Mutex<Inbox>,
     /// Written to wake the driver; the driver keeps a read on it in the ring.
     pub(crate) wake_fd: OwnedFd,
-    /// Registered files in `FileId` order, with how entries should name them.
-    /// The `File`s are kept open for the engine's life.
-    files: RwLock<Vec<(File, Target)>>,
+    /// Registered files in `FileId` order, with how entries should name them;
+    /// `None` for an id closed and not reused yet. A `File` is kept open
+    /// until [`close_file`](IoEngine::close_file) (whose caller has no
+    /// operation on it in flight) or the engine drops.
+    files: RwLock<Vec<Option<(File, Target)>>>,
     /// Slots of the sparse file table (0 if the kernel refused it).
     file_slots: u32,
     buffers: BufferTable,
@@ -285,7 +304,13 @@ impl IoEngine for UringEngine {
 
     fn register_file(&self, file: File) -> Result<FileId> {
         let mut files = self.shared.files.write();
-        let id = u32::try_from(files.len())
+        // The lowest free id, so that closing and registering short-lived
+        // files keeps reusing the same slots of the registered-file table.
+        let index = files
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(files.len());
+        let id = u32::try_from(index)
             .map_err(|_| setup_err(io::Error::other("too many files registered")))?;
         let fd = file.as_raw_fd();
         let target = if id < self.shared.file_slots {
@@ -304,8 +329,33 @@ impl IoEngine for UringEngine {
         } else {
             Target::Fd(fd)
         };
-        files.push((file, target));
+        if index == files.len() {
+            files.push(Some((file, target)));
+        } else {
+            files[index] = Some((file, target));
+        }
         Ok(FileId(id))
+    }
+
+    fn close_file(&self, id: FileId) -> Result<()> {
+        let mut files = self.shared.files.write();
+        let Some((file, target)) = files.get_mut(id.0 as usize).and_then(Option::take) else {
+            return Err(IoError::NotRegistered { id: id.0 });
+        };
+        if let Target::Fixed(slot) = target {
+            // -1 empties the slot. Requests still holding the file keep
+            // their own reference in the kernel; the caller has none left.
+            if let Err(e) = self
+                .shared
+                .ring
+                .submitter()
+                .register_files_update(slot, &[-1])
+            {
+                tracing::warn!(error = %e, slot, "io_uring: cannot empty a registered-file slot");
+            }
+        }
+        drop(file);
+        Ok(())
     }
 
     unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
@@ -329,10 +379,13 @@ impl IoEngine for UringEngine {
         let preps = self.shared.buffers.with_lookup(|lookup| {
             ops.iter()
                 .map(|op| {
-                    let (_, target) = files.get(op.file.0 as usize)?;
+                    let (_, target) = files.get(op.file.0 as usize)?.as_ref()?;
                     Some(Prep {
                         target: *target,
-                        buf_index: lookup(op.buf, op.len),
+                        // A sync has no buffer to look up.
+                        buf_index: (!op.kind.is_sync())
+                            .then(|| lookup(op.buf, op.len))
+                            .flatten(),
                     })
                 })
                 .collect()
@@ -396,9 +449,9 @@ mod tests {
     /// without one or past its slots) moves the same bytes.
     #[test]
     fn plain_descriptors_work() {
-        let Ok(engine) = UringEngine::with_file_table(8, false) else {
-            eprintln!("skipping: io_uring unavailable");
-            return;
+        let engine = match UringEngine::with_file_table(8, false) {
+            Ok(e) => e,
+            Err(e) => return uring_unavailable(&e),
         };
         assert!(!engine.uses_registered_files());
         let dir = tempfile::tempdir_in("/tmp").expect("tempdir");

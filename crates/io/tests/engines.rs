@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kvtier_io::{
     AlignedBuf, BatchDone, FileId, IoBatch, IoEngine, IoError, IoKind, IoOp, PsyncEngine,
-    UringEngine, dio_alignment, open_direct,
+    UringEngine, dio_alignment, open_direct, uring_unavailable,
 };
 use proptest::prelude::*;
 
@@ -27,7 +27,7 @@ fn uring(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
     match UringEngine::new(queue_depth) {
         Ok(e) => Some(Arc::new(e)),
         Err(IoError::EngineSetup { source, .. }) => {
-            eprintln!("skipping: io_uring unavailable here ({source})");
+            uring_unavailable(&source);
             None
         }
         Err(e) => panic!("unexpected error: {e}"),
@@ -60,6 +60,8 @@ suite!(
     last_reference_dropped_by_an_owner,
     awaits_on_a_tokio_runtime,
     model_check,
+    syncs_are_operations,
+    closed_files_are_forgotten_and_ids_reused,
 );
 
 const BLOCK: usize = 4096;
@@ -317,6 +319,85 @@ fn unknown_file_fails_with_ebadf(make: Factory) {
     let done = engine.submit(batch).wait();
     assert_eq!(done.results.len(), 1);
     assert!(done.results[0].is_err());
+}
+
+/// Syncs go through `submit` like any operation: data syncs of a data file,
+/// full syncs of a directory, each completing with `Ok(0)` and counted; a
+/// sync of an unknown file fails with `EBADF`, and a failed sync fails
+/// `check` with its kind named.
+fn syncs_are_operations(make: Factory) {
+    let Some(engine) = make(8) else { return };
+    let dir = tmpdir();
+    let id = file(&*engine, &dir, "f", 4 * BLOCK as u64);
+    let dir_id = engine
+        .register_file(std::fs::File::open(dir.path()).expect("open dir"))
+        .expect("register dir");
+    write_pattern(&*engine, id, 5, 0, BLOCK);
+    let before = engine.stats();
+    let mut batch = IoBatch::new();
+    batch.sync(id, IoKind::Fdatasync);
+    batch.sync(dir_id, IoKind::Fsync);
+    let done = engine.submit(batch).wait();
+    done.check().expect("syncs");
+    assert_eq!(done.ops[0].kind, IoKind::Fdatasync);
+    assert_eq!(done.ops[1].kind, IoKind::Fsync);
+    assert!(done.results.iter().all(|r| matches!(r, Ok(0))));
+    let after = engine.stats();
+    assert_eq!(after.syncs - before.syncs, 2);
+    assert_eq!(after.ops - before.ops, 2);
+    assert_eq!(after.errors, before.errors);
+    assert_eq!(after.bytes_written, before.bytes_written);
+
+    let mut batch = IoBatch::new();
+    batch.sync(FileId(4242), IoKind::Fdatasync);
+    let done = engine.submit(batch).wait();
+    assert_eq!(
+        done.results[0]
+            .as_ref()
+            .expect_err("unknown file")
+            .raw_os_error(),
+        Some(libc::EBADF)
+    );
+    match done.check() {
+        Err(IoError::Op { kind, len: 0, .. }) => assert_eq!(kind, "fdatasync"),
+        other => panic!("expected a failed fdatasync, got {other:?}"),
+    }
+    assert_eq!(engine.stats().errors, after.errors + 1);
+}
+
+/// `close_file` forgets a file: later operations on its id fail with
+/// `EBADF`, closing twice is refused, and the next registration reuses the
+/// id (so short-lived files do not pile up).
+fn closed_files_are_forgotten_and_ids_reused(make: Factory) {
+    let Some(engine) = make(8) else { return };
+    let dir = tmpdir();
+    let keep = file(&*engine, &dir, "keep", 4 * BLOCK as u64);
+    let gone = file(&*engine, &dir, "gone", 4 * BLOCK as u64);
+    write_pattern(&*engine, gone, 9, 0, BLOCK);
+    engine.close_file(gone).expect("close");
+    let mut batch = IoBatch::new();
+    batch.read_owned(gone, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+    batch.sync(gone, IoKind::Fdatasync);
+    batch.read_owned(keep, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+    let done = engine.submit(batch).wait();
+    for i in 0..2 {
+        let err = done.results[i].as_ref().expect_err("closed file");
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF));
+    }
+    done.check_op(2).expect("the other file is untouched");
+    assert!(matches!(
+        engine.close_file(gone),
+        Err(IoError::NotRegistered { .. })
+    ));
+    let again = file(&*engine, &dir, "again", 4 * BLOCK as u64);
+    assert_eq!(again, gone, "the lowest free id is reused");
+    write_pattern(&*engine, again, 11, 0, BLOCK);
+    let mut batch = IoBatch::new();
+    batch.read_owned(again, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+    let mut done = engine.submit(batch).wait();
+    done.check().expect("read the new file");
+    let back: AlignedBuf = done.take_owner(0).expect("buf");
+    assert!(is_pattern(&back, 11, 0), "the reused id names the new file");
 }
 
 /// An owner that, when dropped, records whether the read into its buffer had
@@ -635,9 +716,9 @@ fn uring_uses_registered_buffers_inside_registered_memory() {
     // Declared before the engine so it is dropped after it: registered
     // memory must outlive the engine.
     let mut arena = AlignedBuf::zeroed(1 << 20, BLOCK);
-    let Ok(engine) = UringEngine::new(16) else {
-        eprintln!("skipping: io_uring unavailable");
-        return;
+    let engine = match UringEngine::new(16) {
+        Ok(e) => e,
+        Err(e) => return uring_unavailable(&e),
     };
     let dir = tmpdir();
     let id = file(&engine, &dir, "f", 1 << 20);
@@ -720,9 +801,9 @@ fn uring_uses_registered_buffers_inside_registered_memory() {
 
 #[test]
 fn uring_one_enter_per_batch() {
-    let Ok(engine) = UringEngine::new(64) else {
-        eprintln!("skipping: io_uring unavailable");
-        return;
+    let engine = match UringEngine::new(64) {
+        Ok(e) => e,
+        Err(e) => return uring_unavailable(&e),
     };
     assert!(engine.uses_registered_files());
     let dir = tmpdir();
@@ -745,9 +826,8 @@ fn uring_one_enter_per_batch() {
 
 #[test]
 fn auto_prefers_io_uring() {
-    if UringEngine::new(8).is_err() {
-        eprintln!("skipping: io_uring unavailable");
-        return;
+    if let Err(e) = UringEngine::new(8) {
+        return uring_unavailable(&e);
     }
     let engine = kvtier_io::build_engine(kvtier_core::IoEngineKind::Auto, 8, 2).expect("auto");
     assert_eq!(engine.name(), "io_uring");

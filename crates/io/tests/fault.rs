@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kvtier_io::{
     AlignedBuf, Fault, FaultyEngine, FileId, IoBatch, IoEngine, IoError, IoKind, PsyncEngine,
-    UringEngine, open_direct,
+    UringEngine, open_direct, uring_unavailable,
 };
 
 const BLOCK: usize = 4096;
@@ -25,7 +25,7 @@ fn uring() -> Option<Arc<dyn IoEngine>> {
     match UringEngine::new(16) {
         Ok(e) => Some(Arc::new(e)),
         Err(e) => {
-            eprintln!("skipping: io_uring unavailable ({e})");
+            uring_unavailable(&e);
             None
         }
     }
@@ -51,6 +51,7 @@ suite!(
     set_faults_changes_and_resets,
     no_faults_is_transparent,
     dropped_completion_keeps_owners,
+    fail_only_syncs,
 );
 
 /// A faulty engine over `inner` with a 16-block file full of `DATA`.
@@ -140,6 +141,50 @@ fn fail_only_writes(make: Factory) {
     done.check().expect("reads pass");
     assert!(buffer(&mut done, 0).iter().all(|&b| b == DATA));
     assert_eq!(engine.injected(), 1);
+}
+
+/// A sync fault fails exactly the syncs, which never reach the inner
+/// engine, and leaves writes alone; `FailAfter` counts syncs as operations.
+fn fail_only_syncs(make: Factory) {
+    let faults = vec![Fault::FailOps {
+        kind: Some(IoKind::Fdatasync),
+        errno: libc::EIO,
+        every: 1,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let before = engine.stats();
+    let mut batch = IoBatch::new();
+    let mut buf = AlignedBuf::zeroed(BLOCK, BLOCK);
+    buf.fill(0x22);
+    batch.write_owned(id, 0, buf);
+    batch.sync(id, IoKind::Fdatasync);
+    batch.sync(id, IoKind::Fsync);
+    let done = engine.submit(batch).wait();
+    done.check_op(0).expect("the write passes");
+    let err = done.results[1].as_ref().expect_err("the data sync fails");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    done.check_op(2).expect("a full sync is another kind");
+    assert_eq!(engine.injected(), 1);
+    let after = engine.stats();
+    assert_eq!(
+        after.syncs - before.syncs,
+        1,
+        "the failed sync never reached the inner engine"
+    );
+    assert_eq!(after.writes - before.writes, 1);
+
+    engine.set_faults(vec![Fault::FailAfter {
+        ops: 1,
+        errno: libc::EIO,
+    }]);
+    let mut batch = IoBatch::new();
+    batch.sync(id, IoKind::Fdatasync);
+    batch.sync(id, IoKind::Fdatasync);
+    let done = engine.submit(batch).wait();
+    done.check_op(0).expect("the first op passes");
+    assert!(done.check_op(1).is_err(), "the second op is past the limit");
 }
 
 fn short_reads(make: Factory) {

@@ -332,10 +332,14 @@ impl Driver<'_> {
 /// The submission entry for one operation.
 fn entry(op: &IoOp, prep: Prep) -> squeue::Entry {
     // The opcode builders are generic over the file kind; the macro writes the
-    // four read/write x fixed/plain cases once for each.
+    // four read/write x fixed/plain cases and the two syncs once for each.
     macro_rules! rw {
         ($fd:expr) => {
             match (op.kind, prep.buf_index) {
+                (IoKind::Fdatasync, _) => opcode::Fsync::new($fd)
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build(),
+                (IoKind::Fsync, _) => opcode::Fsync::new($fd).build(),
                 (IoKind::Read, Some(b)) => opcode::ReadFixed::new($fd, op.buf, op.len, b)
                     .offset(op.offset)
                     .build(),
