@@ -73,6 +73,19 @@ pub enum DiskError {
         /// The directory.
         dir: PathBuf,
     },
+    /// A sync (`fdatasync` of a data file, or of a checkpoint or meta file
+    /// or its directory) failed earlier in this run. The durability of what
+    /// was written since the previous sync is unknown, so the whole tier is
+    /// latched: every later put and checkpoint is refused until it is
+    /// reopened (reads go on, verified as always). The blocks whose
+    /// acknowledgement waited for the failed sync get it too.
+    #[error(
+        "the disk tier is latched after a failed sync ({reason}); writes and checkpoints are refused until restart"
+    )]
+    SyncFailed {
+        /// The failed sync: its file and error.
+        reason: String,
+    },
     /// Every directory has failed; nothing can be written.
     #[error("every disk tier directory has failed; writes are refused")]
     AllDirsFailed,

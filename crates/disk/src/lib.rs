@@ -35,6 +35,10 @@
 //!   which blocks were dropped (module `reclaim`).
 //! - Checkpoints (module `checkpoint`) and recovery (module `recover`)
 //!   rebuild the index at open.
+//! - Every device operation goes through the engine, syncs and checkpoint
+//!   writes included, so a fault-injecting engine reaches them all; the
+//!   first failed sync latches the whole tier (module `durability`): no
+//!   later put or checkpoint is acknowledged until it is reopened.
 //! - [`DiskStats`] are the counters; [`DiskError`] the one error type.
 //!
 //! ```no_run
@@ -74,6 +78,7 @@
 
 pub mod checkpoint;
 mod config;
+mod durability;
 mod error;
 pub mod format;
 pub mod index;

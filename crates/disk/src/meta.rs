@@ -20,11 +20,12 @@
 //! ```
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use kvtier_io::{AlignedBuf, FileId, IoBatch, IoEngine, IoKind};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::durability::SyncLatch;
 use crate::format::{FORMAT_VERSION, Layout, get_u32, get_u64, get_u128, put};
 use crate::{DiskError, Result};
 
@@ -39,7 +40,8 @@ pub const INDEX_FILE: &str = "kvtier-disk.index";
 pub const LOCK_FILE: &str = "kvtier-disk.lock";
 
 /// Takes the directory's exclusive lock; the returned file holds it until
-/// dropped (or the process dies).
+/// dropped (or the process dies). With std: the lock file is never written,
+/// only opened and `flock`ed.
 pub fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
     let f = std::fs::OpenOptions::new()
@@ -209,20 +211,90 @@ pub fn new_creation_id(dir: &Path) -> u128 {
     xxhash_rust::xxh3::xxh3_128(&bytes)
 }
 
-/// Writes `bytes` to `path` atomically: a temporary file beside it, fsync,
-/// rename over `path`, fsync of the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Largest write op of [`write_atomic`]; a checkpoint of a million blocks
+/// (32 MB) goes out as 32 ops of one batch.
+const SMALL_FILE_OP_BYTES: usize = 1 << 20;
+
+/// Writes `bytes` to `path` atomically, every write and sync through
+/// `engine` (so they fail, and can be made to fail, like the data file's):
+/// a temporary file beside it, written and `fdatasync`ed, renamed over
+/// `path`, then the directory `fsync`ed. A failed sync latches the tier.
+///
+/// The std calls left are not device I/O on data: `File::create` and
+/// `File::open` only name and open files, and `rename` moves a directory
+/// entry (the trait has no rename). Each returns its error before anything
+/// is acknowledged; the rename's durability is the directory's `fsync`,
+/// which goes through the engine. If the rename fails, `path` still holds
+/// the previous complete file.
+pub(crate) fn write_atomic(
+    engine: &dyn IoEngine,
+    latch: &SyncLatch,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<()> {
+    latch.check()?;
     let tmp = tmp_path(path);
-    let mut f = File::create(&tmp).map_err(|e| DiskError::io(&tmp, e))?;
-    f.write_all(bytes).map_err(|e| DiskError::io(&tmp, e))?;
-    f.sync_all().map_err(|e| DiskError::io(&tmp, e))?;
-    drop(f);
+    // Buffered, not O_DIRECT: a small file of any length, written once.
+    let f = File::create(&tmp).map_err(|e| DiskError::io(&tmp, e))?;
+    let file = Registered::new(engine, f, &tmp)?;
+    write_all(engine, file.id, bytes, &tmp)?;
+    latch.sync(engine, file.id, IoKind::Fdatasync, &tmp)?;
+    drop(file);
     std::fs::rename(&tmp, path).map_err(|e| DiskError::io(path, e))?;
     if let Some(dir) = path.parent() {
         let d = File::open(dir).map_err(|e| DiskError::io(dir, e))?;
-        d.sync_all().map_err(|e| DiskError::io(dir, e))?;
+        let d = Registered::new(engine, d, dir)?;
+        latch.sync(engine, d.id, IoKind::Fsync, dir)?;
     }
     Ok(())
+}
+
+/// A short-lived file registered with the engine, forgotten on drop (every
+/// operation on it has been waited for by then).
+struct Registered<'a> {
+    engine: &'a dyn IoEngine,
+    id: FileId,
+}
+
+impl<'a> Registered<'a> {
+    fn new(engine: &'a dyn IoEngine, file: File, path: &Path) -> Result<Self> {
+        let id = engine
+            .register_file(file)
+            .map_err(|source| DiskError::Engine {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(Registered { engine, id })
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        // An engine that cannot forget files keeps this one open until it
+        // drops: a descriptor per checkpoint, not a correctness problem.
+        if let Err(e) = self.engine.close_file(self.id) {
+            tracing::debug!(error = %e, "cannot close a short-lived file in the I/O engine");
+        }
+    }
+}
+
+/// Writes all of `bytes` at offset 0 of `file` in one batch and waits.
+fn write_all(engine: &dyn IoEngine, file: FileId, bytes: &[u8], path: &Path) -> Result<()> {
+    let mut batch = IoBatch::with_capacity(bytes.len().div_ceil(SMALL_FILE_OP_BYTES));
+    for (i, chunk) in bytes.chunks(SMALL_FILE_OP_BYTES).enumerate() {
+        let mut buf = AlignedBuf::zeroed(chunk.len(), 4096);
+        buf.copy_from_slice(chunk);
+        batch.write_owned(file, (i * SMALL_FILE_OP_BYTES) as u64, buf);
+    }
+    let done = engine.submit(batch).wait();
+    let engine_err = |source| DiskError::Engine {
+        path: path.to_path_buf(),
+        source,
+    };
+    if done.results.len() != done.ops.len() || (done.ops.is_empty() && !bytes.is_empty()) {
+        return Err(engine_err(kvtier_io::IoError::Closed));
+    }
+    done.check().map_err(engine_err)
 }
 
 fn tmp_path(path: &Path) -> PathBuf {
@@ -232,6 +304,12 @@ fn tmp_path(path: &Path) -> PathBuf {
 }
 
 /// Reads a whole file; `Ok(None)` if it does not exist.
+///
+/// With std, not the engine: it runs only at open, before anything is
+/// acknowledged, on the meta file and the checkpoint. A failure fails the
+/// open (meta) or makes recovery scan instead (checkpoint), and a damaged
+/// file fails its checksum (I9); the reads recovery trusts blocks from
+/// (region and slot headers) go through the engine.
 pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
     match std::fs::read(path) {
         Ok(b) => Ok(Some(b)),
@@ -241,6 +319,10 @@ pub fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
 }
 
 /// Removes a file if it exists.
+///
+/// With std: an unlink moves no data (the trait has no unlink). It runs only
+/// while a directory is created afresh, before anything is acknowledged; a
+/// crash after it finds no valid meta file and creates the directory again.
 pub fn remove_optional(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -288,12 +370,49 @@ mod tests {
     }
 
     #[test]
-    fn atomic_write_replaces() {
+    fn atomic_write_replaces_through_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        write_atomic(&p, b"one").unwrap();
-        write_atomic(&p, b"two").unwrap();
+        let engine = kvtier_io::PsyncEngine::new(1, 8).unwrap();
+        let latch = SyncLatch::default();
+        write_atomic(&engine, &latch, &p, b"one").unwrap();
+        let long: Vec<u8> = (0..(SMALL_FILE_OP_BYTES * 2 + 77))
+            .map(|i| i as u8)
+            .collect();
+        write_atomic(&engine, &latch, &p, &long).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), long);
+        write_atomic(&engine, &latch, &p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert!(!dir.path().join("f.tmp").exists());
+        let s = kvtier_io::IoEngine::stats(&engine);
+        // Per file: its data sync and the directory's sync.
+        assert_eq!(s.syncs, 6);
+        assert_eq!(s.writes, 1 + 3 + 1);
+    }
+
+    #[test]
+    fn a_failed_sync_latches_and_keeps_the_old_file() {
+        use kvtier_io::{Fault, FaultyEngine};
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let inner = std::sync::Arc::new(kvtier_io::PsyncEngine::new(1, 8).unwrap());
+        let engine = FaultyEngine::new(inner, vec![]);
+        let latch = SyncLatch::default();
+        write_atomic(&engine, &latch, &p, b"one").unwrap();
+        engine.set_faults(vec![Fault::FailOps {
+            kind: Some(IoKind::Fdatasync),
+            errno: libc::EIO,
+            every: 1,
+        }]);
+        let e = write_atomic(&engine, &latch, &p, b"two").unwrap_err();
+        assert!(matches!(e, DiskError::SyncFailed { .. }), "{e}");
+        assert!(latch.reason().is_some());
+        assert_eq!(std::fs::read(&p).unwrap(), b"one", "not renamed over");
+        // Latched: refused even once syncs work again.
+        engine.set_faults(vec![]);
+        let e = write_atomic(&engine, &latch, &p, b"three").unwrap_err();
+        assert!(matches!(e, DiskError::SyncFailed { .. }), "{e}");
+        assert_eq!(std::fs::read(&p).unwrap(), b"one");
+        assert_eq!(engine.inner().stats().syncs, 2, "no sync after the latch");
     }
 }

@@ -10,11 +10,12 @@ use std::sync::{Arc, Condvar, Weak};
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
-use kvtier_io::{DioAlignment, DmaTarget, FileId, IoEngine, IoError};
+use kvtier_io::{DioAlignment, DmaTarget, FileId, IoEngine, IoError, IoKind};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::checkpoint::{Checkpoint, CkEntry, RegionMark};
+use crate::durability::SyncLatch;
 use crate::format::{Layout, MAX_DIRS, geometry_fingerprint};
 use crate::index::Index;
 use crate::latch::state;
@@ -49,8 +50,6 @@ pub(crate) struct Dir {
     pub path: PathBuf,
     /// The engine's id of the data file.
     pub file: FileId,
-    /// A second descriptor of the data file, for `fdatasync`.
-    pub sync_file: File,
     /// Random id of the directory's creation.
     pub creation_id: u128,
     /// Holds the directory's exclusive lock while the tier lives.
@@ -137,6 +136,8 @@ pub(crate) struct Shared {
     /// Told about blocks reclaim drops and asked which to keep; read (and
     /// the `Arc` cloned out) once per reclaim.
     pub reclaim_listener: RwLock<Option<Arc<dyn ReclaimListener>>>,
+    /// Set by the first failed sync: no more writes or checkpoints (I12).
+    pub latch: SyncLatch,
 }
 
 impl Drop for Shared {
@@ -161,6 +162,8 @@ impl Shared {
     /// Checkpoints every directory (blocking file I/O).
     pub fn checkpoint_blocking(&self) -> Result<()> {
         let _serial = self.ckpt_lock.lock();
+        // After a failed sync no checkpoint may claim anything durable (I12).
+        self.latch.check()?;
         let mut first_err = None;
         for dir in &self.dirs {
             if let Err(e) = self.checkpoint_dir(dir) {
@@ -175,9 +178,8 @@ impl Shared {
     fn checkpoint_dir(&self, dir: &Dir) -> Result<()> {
         if self.cfg.sync {
             // Slots the checkpoint names must be durable before it is.
-            dir.sync_file
-                .sync_data()
-                .map_err(|e| DiskError::io(dir.data_path(), e))?;
+            self.latch
+                .sync(&*self.engine, dir.file, IoKind::Fdatasync, &dir.data_path())?;
         }
         let hwm = self.generation.load(Ordering::SeqCst);
         // Region marks first, entries second: an entry whose write finished
@@ -221,7 +223,12 @@ impl Shared {
             regions,
             entries,
         };
-        write_atomic(&dir.path.join(INDEX_FILE), &ck.encode())
+        write_atomic(
+            &*self.engine,
+            &self.latch,
+            &dir.path.join(INDEX_FILE),
+            &ck.encode(),
+        )
     }
 
     /// Counts a `put_batch` in; `None` if the tier is closed.
@@ -300,14 +307,13 @@ impl DiskTier {
             mem: 512,
             offset: 512,
         };
+        let latch = SyncLatch::default();
         for (i, path) in cfg.dirs.iter().enumerate() {
-            let (lock, creation_id, file) = prepare_dir(&cfg, &layout, i as u32, path, fp)?;
+            let (lock, creation_id, file) =
+                prepare_dir(&cfg, &layout, i as u32, path, fp, (&*engine, &latch))?;
             let a = kvtier_io::dio_alignment(&path.join(DATA_FILE));
             align.mem = align.mem.max(a.mem);
             align.offset = align.offset.max(a.offset);
-            let sync_file = file
-                .try_clone()
-                .map_err(|e| DiskError::io(path.join(DATA_FILE), e))?;
             let id = engine
                 .register_file(file)
                 .map_err(|source| DiskError::Engine {
@@ -318,7 +324,6 @@ impl DiskTier {
                 index: i as u8,
                 path: path.clone(),
                 file: id,
-                sync_file,
                 creation_id,
                 _lock: lock,
                 failed: AtomicBool::new(false),
@@ -359,6 +364,7 @@ impl DiskTier {
             checkpointer: Mutex::new(None),
             layer_sums: crate::layer_sums::LayerSumsCache::new(cfg.layer_sums_cache),
             reclaim_listener: RwLock::new(None),
+            latch,
             cfg,
         });
         crate::recover::recover(&shared)?;
@@ -380,7 +386,8 @@ impl DiskTier {
     /// blocks are also `fdatasync`ed when it seals) and readable. A key
     /// already present is `Ok` without a write. An `Err` block was not
     /// stored: keep your copy. A failed write latches its directory; others
-    /// go on.
+    /// go on. A failed sync latches the whole tier: from then on every put
+    /// is refused with [`DiskError::SyncFailed`] (I12).
     pub async fn put_batch(&self, blocks: &[DiskPut<'_>]) -> Vec<Result<(), DiskError>> {
         crate::writer::put_batch(&self.shared, blocks).await
     }
@@ -517,14 +524,16 @@ impl DiskTier {
     }
 
     /// Writes an index checkpoint in every directory (blocking file I/O on
-    /// the calling thread).
+    /// the calling thread, through the engine). `Err(SyncFailed)` once a
+    /// sync has failed.
     pub async fn checkpoint(&self) -> Result<(), DiskError> {
         self.shared.checkpoint_blocking()
     }
 
     /// Refuses further puts, waits for the puts in progress, writes a
     /// checkpoint and stops the background checkpoint thread. Reads keep
-    /// working. Closing twice is fine.
+    /// working. Closing twice is fine. After a failed sync the checkpoint is
+    /// refused: `Err(SyncFailed)`, everything else done.
     pub async fn close(&self) -> Result<(), DiskError> {
         let s = &self.shared;
         s.closed.store(true, Ordering::SeqCst);
@@ -611,7 +620,11 @@ fn prepare_dir(
     index: u32,
     path: &std::path::Path,
     fp: u64,
+    (engine, latch): (&dyn IoEngine, &SyncLatch),
 ) -> Result<(File, u128, File)> {
+    // With std: creating a directory moves no data (the engine has no
+    // mkdir); the files in it are made durable through the engine (the
+    // meta file's atomic write syncs this directory).
     std::fs::create_dir_all(path).map_err(|e| DiskError::io(path, e))?;
     let lock = crate::meta::lock_dir(path)?;
     let meta_path = path.join(META_FILE);
@@ -663,7 +676,7 @@ fn prepare_dir(
         None => {
             let id = new_creation_id(path);
             let m = Meta::expected(index, layout, fp, id);
-            write_atomic(&meta_path, &m.encode())?;
+            write_atomic(engine, latch, &meta_path, &m.encode())?;
             id
         }
     };
@@ -681,8 +694,11 @@ fn start_checkpointer(shared: &Arc<Shared>) -> Result<()> {
         .spawn(move || {
             while !stop.wait(every) {
                 let Some(s) = weak.upgrade() else { break };
-                if let Err(e) = s.checkpoint_blocking() {
-                    tracing::warn!(error = %e, "periodic checkpoint failed");
+                match s.checkpoint_blocking() {
+                    Ok(()) => {}
+                    // Latched (logged once already): none will succeed.
+                    Err(DiskError::SyncFailed { .. }) => break,
+                    Err(e) => tracing::warn!(error = %e, "periodic checkpoint failed"),
                 }
             }
         })

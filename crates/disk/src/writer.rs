@@ -7,7 +7,9 @@
 //!           ──unlock──> copy headers + data into the region buffer (own slots only)
 //!           ──> submit the new extent in ONE submission (ops of <= 128 KiB); hand the Completion to the ticket
 //! reaper    ──> wait for the write ──> extent ok and its region header durable?
-//!           ──> (last extent of a sealed region: fdatasync if `sync`)
+//!           ──> tier latched by a failed sync? not acknowledged (I12)
+//!           ──> (last extent of a sealed region: fdatasync through the engine if `sync`;
+//!                a failure latches the tier)
 //!           ──> insert index entries ──> retire the extent ──> reply to put_batch
 //! ```
 //!
@@ -97,6 +99,9 @@ pub(crate) enum NotAcked {
     /// The write carrying its region's header failed, which latched the
     /// directory.
     DirFailed,
+    /// A sync failed (its own, or an earlier one anywhere in the tier),
+    /// which latched the tier (I12).
+    SyncFailed(String),
 }
 
 /// An extent's outcome.
@@ -179,12 +184,26 @@ fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) ->
         }
         fill.sealed && fill.inflight.len() == 1
     };
+    // Checked after the write finished, before anything is indexed: no
+    // block is acknowledged once a sync has failed (I12).
+    if outcome.is_ok()
+        && let Some(why) = shared.latch.reason()
+    {
+        outcome = Err(NotAcked::SyncFailed(why.to_owned()));
+    }
     if outcome.is_ok()
         && last
         && shared.cfg.sync
-        && let Err(e) = dir.sync_file.sync_data()
+        && let Err(e) = shared.latch.sync(
+            &*shared.engine,
+            dir.file,
+            IoKind::Fdatasync,
+            &dir.data_path(),
+        )
     {
-        outcome = Err(NotAcked::Write(format!("fdatasync: {e}")));
+        add(&shared.stats.io_errors, 1);
+        dir.fail(&e.to_string());
+        outcome = Err(NotAcked::SyncFailed(e.to_string()));
     }
     match &outcome {
         Ok(()) => {
@@ -214,6 +233,8 @@ fn retire(shared: &Shared, dir_idx: u8, ext: Extent, done: Option<BatchDone>) ->
             dir.fail(why);
         }
         Err(NotAcked::DirFailed) => dir.fail("an earlier write of the region failed"),
+        // Counted and logged where the sync failed.
+        Err(NotAcked::SyncFailed(_)) => {}
     }
     if ext.reinsert && outcome.is_err() {
         // Their old copies are gone: the blocks are lost after all.
@@ -476,6 +497,14 @@ pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> V
         add(&shared.stats.put_errors, blocks.len() as u64);
         return blocks.iter().map(|_| Err(DiskError::Closed)).collect();
     };
+    // Latched after a failed sync: nothing more is written (I12).
+    if let Some(why) = shared.latch.reason() {
+        add(&shared.stats.put_errors, blocks.len() as u64);
+        let refused = || DiskError::SyncFailed {
+            reason: why.to_owned(),
+        };
+        return blocks.iter().map(|_| Err(refused())).collect();
+    }
     let l = &shared.layout;
     // Validate, skip present keys and duplicates inside the batch.
     let mut first_of: hashbrown::HashMap<BlockHash, usize> = hashbrown::HashMap::new();
@@ -587,6 +616,7 @@ pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> V
                 NotAcked::DirFailed => DiskError::DirFailed {
                     dir: dir.path.clone(),
                 },
+                NotAcked::SyncFailed(reason) => DiskError::SyncFailed { reason },
             }));
         }
     }

@@ -10,3 +10,4 @@ mod crash;
 mod listener;
 mod reclaim;
 mod recovery;
+mod sync_latch;
