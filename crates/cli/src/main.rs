@@ -2,11 +2,11 @@
 //!
 //! A thin binary over the library crates: it parses arguments, loads the
 //! configuration (file, then `KVTIER_*` environment overrides, then flags)
-//! and hands off to `serve`, `bench` or `replay`.
+//! and hands off to `serve`, `meta`, `bench` or `replay`.
 
 mod bench;
 mod config;
-mod manager;
+mod meta;
 mod node_http;
 mod replay;
 mod serve;
@@ -32,13 +32,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the node store (DRAM + disk tiers) and, unless `meta.enabled` is
-    /// false, the KV cache manager, until Ctrl-C or SIGTERM; then flush DRAM
+    /// false, the metadata service, until Ctrl-C or SIGTERM; then flush DRAM
     /// to disk and checkpoint.
     Serve(serve::ServeArgs),
-    /// Run the global KV cache manager alone (meta + admin APIs over HTTP
-    /// and gRPC), e.g. as a stateless frontend over a shared Redis/Valkey:
-    /// `kvtier manager --meta redis://host:6379/0`.
-    Manager(manager::ManagerArgs),
+    /// Run the metadata service alone (the global KV cache manager's meta +
+    /// admin APIs over HTTP and gRPC), e.g. as a stateless frontend over a
+    /// shared Redis/Valkey: `kvtier meta --index redis://host:6379/0`.
+    Meta(meta::MetaArgs),
+    /// The old name of `meta`, kept hidden for one release: prints a
+    /// deprecation note, then runs `meta`.
+    #[command(hide = true)]
+    Manager(meta::MetaArgs),
     /// Benchmarks that run their baselines in the same run and print ratios.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -49,6 +53,10 @@ enum Command {
     /// Print the effective configuration (file + environment + defaults).
     Config,
 }
+
+/// What `kvtier manager` prints before it runs `meta`: scripts still using
+/// the old name keep working for one release and are told what to change.
+const MANAGER_DEPRECATED: &str = "kvtier: `kvtier manager` is deprecated and will be removed in the next release; use `kvtier meta` (same arguments)";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -69,7 +77,11 @@ fn main() -> Result<()> {
         .init();
     match cli.command {
         Command::Serve(args) => serve::run(cli.config.as_deref(), args),
-        Command::Manager(args) => manager::run(cli.config.as_deref(), args),
+        Command::Meta(args) => meta::run(cli.config.as_deref(), args),
+        Command::Manager(args) => {
+            eprintln!("{MANAGER_DEPRECATED}");
+            meta::run(cli.config.as_deref(), args)
+        }
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(args) => replay::run(*args),
         Command::Config => {

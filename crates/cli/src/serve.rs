@@ -20,8 +20,8 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 pub struct ServeArgs {
     /// Data directory (overrides `serve.data_dir`, default `./kvtier-data`).
     /// It holds the disk tier (`<data-dir>/disk`, unless `disk.dirs` is
-    /// set), the metadata index (`<data-dir>/meta.redb`) and the KV cache
-    /// manager's file pool (`<data-dir>/pool`, `meta.pool_capacity`
+    /// set), the metadata index (`<data-dir>/meta.redb`) and the metadata
+    /// service's file pool (`<data-dir>/pool`, `meta.pool_capacity`
     /// reserved, unless `meta.default_storage` is set) and, unless
     /// `manager.socket` is set, the node socket (`<data-dir>/node.sock`).
     #[arg(long)]
@@ -51,14 +51,14 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     if config.meta.enabled {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.
-        crate::manager::configured_accounts(&config)?;
-        crate::manager::check_admin_exists(&config)?;
+        crate::meta::configured_accounts(&config)?;
+        crate::meta::check_admin_exists(&config)?;
     }
     rt.block_on(async move {
         let geometry = config.geometry.resolve()?;
         // A pool the file system cannot hold stops the start before the
         // arena and the disk tier are made.
-        crate::manager::check_default_pool_space(&config)?;
+        crate::meta::check_default_pool_space(&config)?;
         let publish = config.meta.enabled && config.meta.publish_node_blocks;
         let view_sink = NodeViewSink::new();
         let sinks: Vec<Arc<dyn EventSink>> = if publish {
@@ -73,12 +73,12 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
         let view: Arc<OnceLock<NodeView>> = Arc::default();
-        let manager = if config.meta.enabled {
-            Some(start_manager(&config, &node, &view).await?)
+        let meta = if config.meta.enabled {
+            Some(start_meta(&config, &node, &view).await?)
         } else {
             None
         };
-        if let (true, Some(m)) = (publish, &manager) {
+        if let (true, Some(m)) = (publish, &meta) {
             let name = node.options().node_name.clone();
             let started = NodeView::start(
                 &view_sink,
@@ -120,8 +120,8 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         if let Some(h) = http {
             h.stop().await;
         }
-        if let Some(m) = manager {
-            tracing::info!("shutting down: stopping the kv cache manager");
+        if let Some(m) = meta {
+            tracing::info!("shutting down: stopping the metadata service");
             m.shutdown().await;
         }
         tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
@@ -135,13 +135,13 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     })
 }
 
-/// Starts the kv cache manager over this host's node; its `/metrics`
+/// Starts the metadata service over this host's node; its `/metrics`
 /// carries the node's figures and, once it runs, the view's.
-async fn start_manager(
+async fn start_meta(
     config: &kvtier_core::Config,
     node: &Arc<Node>,
     view: &Arc<OnceLock<NodeView>>,
-) -> Result<crate::manager::Manager> {
+) -> Result<crate::meta::RunningMeta> {
     let (n, v) = (node.clone(), view.clone());
     let metrics: kvtier_server::ExtraMetrics = Arc::new(move || {
         let mut text = n.metrics_text();
@@ -150,14 +150,14 @@ async fn start_manager(
         }
         text
     });
-    let host = crate::manager::HostNode {
+    let host = crate::meta::HostNode {
         name: node.options().node_name.clone(),
         node: node.clone(),
         metrics,
     };
-    crate::manager::Manager::start(config, Some(host))
+    crate::meta::RunningMeta::start(config, Some(host))
         .await
-        .context("starting the kv cache manager")
+        .context("starting the metadata service")
 }
 
 /// SIGINT and SIGTERM, registered up front.

@@ -37,9 +37,9 @@ fn serve(data: &Path, shm: &str) -> Command {
     c
 }
 
-/// `kvtier manager` over a memory index.
-fn manager(data: &Path) -> Command {
-    kvtier(&["manager", "--meta", "memory"], data)
+/// `kvtier meta` over a memory index.
+fn meta_frontend(data: &Path) -> Command {
+    kvtier(&["meta", "--index", "memory"], data)
 }
 
 /// Starts `cmd`; returns it, the log lines up to its "listening" line, and
@@ -60,7 +60,7 @@ fn start(cmd: &mut Command) -> (Proc, Vec<String>, Vec<(String, SocketAddr)>) {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
             .unwrap_or_else(|_| panic!("kvtier never printed its listening line: {lines:#?}"));
-        let done = line.contains("kv cache manager listening");
+        let done = line.contains("metadata service listening");
         lines.push(line);
         if done {
             break;
@@ -208,7 +208,7 @@ fn auth_without_any_admin_is_refused_before_any_state_exists() {
 fn an_open_remote_bind_starts_when_explicitly_allowed_with_a_warning() {
     let data = tempfile::tempdir().unwrap();
     let (_proc, lines, addrs) = start(
-        manager(data.path())
+        meta_frontend(data.path())
             .env("KVTIER_META__BIND", "0.0.0.0")
             .env("KVTIER_META__ALLOW_UNAUTHENTICATED_REMOTE", "true"),
     );
@@ -242,7 +242,7 @@ fn configured_accounts_are_scoped_to_their_groups() {
     };
 
     // A key_env variable that is not set: a clear error, nothing started.
-    let mut cmd = manager(data.path());
+    let mut cmd = meta_frontend(data.path());
     with_config(&mut cmd);
     let out = cmd.output().unwrap();
     assert!(!out.status.success());
@@ -252,7 +252,7 @@ fn configured_accounts_are_scoped_to_their_groups() {
         "{err}"
     );
 
-    let mut cmd = manager(data.path());
+    let mut cmd = meta_frontend(data.path());
     with_config(&mut cmd);
     cmd.env("KVTIER_TEST_ENGINE_KEY", ENGINE_KEY);
     let (_proc, _, addrs) = start(&mut cmd);

@@ -60,7 +60,7 @@ fn start_ready_at(cmd: &mut Command) -> (Proc, SocketAddr) {
         let mut log = Vec::new();
         let mut addr = None;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("kv cache manager listening") {
+            if line.contains("metadata service listening") {
                 addr = line
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("meta_http="))

@@ -436,12 +436,14 @@ impl ManagerSectionConfig {
     }
 }
 
-/// `[meta]`: the global KV cache manager (Tair-KVCM-compatible metadata and
-/// admin services) that `kvtier serve` hosts and `kvtier manager` runs alone.
+/// `[meta]`: the metadata service (Tair-KVCM-compatible metadata and admin
+/// APIs, a global KV cache manager) that `kvtier serve` hosts and
+/// `kvtier meta` runs alone.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetaSectionConfig {
-    /// Whether `kvtier serve` hosts the manager (`kvtier manager` always does).
+    /// Whether `kvtier serve` hosts the metadata service (`kvtier meta`
+    /// always does).
     pub enabled: bool,
     /// Where metadata lives: `embedded` (redb file `<data_dir>/meta.redb`),
     /// `memory` (lost on exit; tests and demos) or a Redis/Valkey URL

@@ -54,7 +54,7 @@ impl Drop for Proc {
     }
 }
 
-/// `kvtier <args> --data-dir <data>` with the hosted manager on OS-chosen
+/// `kvtier <args> --data-dir <data>` with the hosted metadata service on OS-chosen
 /// loopback ports, a 1 MiB file pool, `info` logs on a piped stderr.
 pub fn kvtier(args: &[&str], data: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_kvtier"));

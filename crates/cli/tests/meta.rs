@@ -1,7 +1,8 @@
-//! The KV cache manager as the binary runs it: `kvtier serve` hosts it with
+//! The metadata service as the binary runs it: `kvtier serve` hosts it with
 //! a `default` group on a local file pool and no admin step, keeps its
-//! metadata across a restart, and `kvtier manager --meta redis://...` runs
-//! stateless frontends that share one Redis index.
+//! metadata across a restart, and `kvtier meta --index redis://...` runs
+//! stateless frontends that share one Redis index. `kvtier manager`, its
+//! old name, still runs it for one release, hidden from `--help`.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -34,6 +35,14 @@ fn addr_in(line: &str, key: &str) -> SocketAddr {
 
 /// Starts `cmd` and returns it with its "listening" log line.
 fn start_listening(cmd: &mut Command) -> (Proc, String) {
+    let (proc, mut lines) = start_logged(cmd);
+    let line = lines.pop().expect("the listening line");
+    (proc, line)
+}
+
+/// Starts `cmd` and returns it with its stderr lines up to and including
+/// the "listening" one (read as they come; no sleeping).
+fn start_logged(cmd: &mut Command) -> (Proc, Vec<String>) {
     let mut child = cmd.spawn().expect("start kvtier");
     let stderr = child.stderr.take().expect("stderr piped");
     let proc = Proc(child);
@@ -41,15 +50,20 @@ fn start_listening(cmd: &mut Command) -> (Proc, String) {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("  | {line}");
-            if line.contains("kv cache manager listening") {
-                let _ = tx.send(line);
-            }
+            let _ = tx.send(line);
         }
     });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("kvtier printed its listening line");
-    (proc, line)
+    let mut lines = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("kvtier never printed its listening line: {lines:#?}"));
+        let done = line.contains("metadata service listening");
+        lines.push(line);
+        if done {
+            return (proc, lines);
+        }
+    }
 }
 
 /// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer,
@@ -162,7 +176,7 @@ fn admin_storages_are_confined_to_the_pool_root_and_open_at_once() {
 }
 
 #[test]
-fn serve_hosts_the_manager_and_keeps_its_metadata_across_restarts() {
+fn serve_hosts_the_metadata_service_and_keeps_its_metadata_across_restarts() {
     let data = tempfile::tempdir().unwrap();
     let shm = format!("kvt-mgr-{}", std::process::id());
     let (proc, addr) = start(&mut serve(data.path(), &shm));
@@ -193,12 +207,12 @@ fn serve_hosts_the_manager_and_keeps_its_metadata_across_restarts() {
 }
 
 #[test]
-fn manager_frontends_share_one_redis_index() {
+fn meta_frontends_share_one_redis_index() {
     let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
     let url = redis.url();
     let pool = tempfile::tempdir().unwrap();
     let frontend = |data: &Path| {
-        let mut c = support::kvtier(&["manager", "--meta", &url], data);
+        let mut c = support::kvtier(&["meta", "--index", &url], data);
         // One shared pool directory, as on a shared file system.
         c.env(
             "KVTIER_META__DEFAULT_STORAGE",
@@ -241,4 +255,56 @@ fn manager_frontends_share_one_redis_index() {
     assert!(a.terminate().success());
     assert_eq!(matched(addr_b, "qwen", &[1, 2]), 2);
     assert!(b.terminate().success());
+}
+
+/// `kvtier manager`, the subcommand's name before it was `meta`, still runs
+/// the metadata service for one release (with the old `--meta` flag too),
+/// and says on stderr that it is deprecated; `kvtier meta` does not.
+#[test]
+fn the_old_manager_name_still_runs_meta_with_a_deprecation_note() {
+    let deprecated = |lines: &[String]| {
+        lines
+            .iter()
+            .any(|l| l.contains("`kvtier manager` is deprecated") && l.contains("`kvtier meta`"))
+    };
+    let data = tempfile::tempdir().unwrap();
+    let (proc, lines) = start_logged(&mut support::kvtier(
+        &["manager", "--meta", "memory"],
+        data.path(),
+    ));
+    assert!(deprecated(&lines), "no deprecation note: {lines:#?}");
+    let addr = addr_in(lines.last().expect("listening line"), "meta_http=");
+    register(addr, "old-name");
+    assert!(proc.terminate().success());
+
+    let (proc, lines) = start_logged(&mut support::kvtier(
+        &["meta", "--index", "memory"],
+        data.path(),
+    ));
+    assert!(!deprecated(&lines), "`kvtier meta` warned: {lines:#?}");
+    assert!(proc.terminate().success());
+}
+
+/// `kvtier --help` lists the subcommand as `meta` and never as `manager`
+/// (the old name is a hidden alias).
+#[test]
+fn help_lists_meta_and_not_manager() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .arg("--help")
+        .output()
+        .expect("run kvtier --help");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).expect("UTF-8 help");
+    // The subcommands: the first word of each line under "Commands:".
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(commands.contains(&"serve"), "{help}");
+    assert!(commands.contains(&"meta"), "{help}");
+    assert!(!commands.contains(&"manager"), "{help}");
+    assert!(!help.contains("kvtier manager"), "{help}");
 }

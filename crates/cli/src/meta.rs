@@ -1,9 +1,10 @@
-//! The global KV cache manager as the binary runs it: opening the metadata
-//! index the configuration names, bootstrapping a fresh manager (storage and
-//! group `default`, the admin account), attaching storage backends, the
-//! background tasks (reclaimer, health checks) and the four listeners.
-//! `kvtier serve` hosts it next to the node daemon; `kvtier manager` runs it
-//! alone, typically as a stateless frontend over a shared Redis/Valkey.
+//! The metadata service (`meta`, the global KV cache manager of Tair KVCM's
+//! APIs) as the binary runs it: opening the metadata index the configuration
+//! names, bootstrapping a fresh service (storage and group `default`, the
+//! admin account), attaching storage backends, the background tasks
+//! (reclaimer, health checks) and the four listeners. `kvtier serve` hosts
+//! it next to the node daemon; `kvtier meta` runs it alone, typically as a
+//! stateless frontend over a shared Redis/Valkey.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -21,10 +22,10 @@ use kvtier_meta::{
 use kvtier_node::Node;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
 
-/// A running manager: the service, its listeners and background tasks.
-/// Dropping it stops the background tasks; call [`Manager::shutdown`] to
-/// finish in-flight requests first.
-pub struct Manager {
+/// A running metadata service: the service, its listeners and background
+/// tasks. Dropping it stops the background tasks; call
+/// [`RunningMeta::shutdown`] to finish in-flight requests first.
+pub struct RunningMeta {
     /// The service.
     pub svc: Arc<MetaService>,
     server: RunningServer,
@@ -44,11 +45,11 @@ pub struct HostNode {
     pub name: String,
     /// The node.
     pub node: Arc<Node>,
-    /// Its metrics, served on the admin `/metrics` beside the manager's.
+    /// Its metrics, served on the admin `/metrics` beside the service's.
     pub metrics: kvtier_server::ExtraMetrics,
 }
 
-impl Manager {
+impl RunningMeta {
     /// Opens the index, bootstraps, attaches backends and starts listening.
     /// `node` is this host's node when the process runs one (for
     /// `kvtier://<node>` storages and its metrics).
@@ -85,7 +86,7 @@ impl Manager {
         // Restores each file pool's allocation map from the index before
         // the first write, so live extents are never handed out twice; a
         // storage that cannot be opened is marked unhealthy and logged, so
-        // one bad storage does not stop the manager.
+        // one bad storage does not stop the service.
         svc.attach_configured_backends();
         let tasks = BackgroundTasks {
             _reclaimer: svc.spawn_reclaimer(Duration::from_secs(m.reclaim_interval_secs.max(1))),
@@ -109,9 +110,9 @@ impl Manager {
             admin_http = %server.admin_http_addr(),
             index = %m.index,
             auth = m.auth,
-            "kv cache manager listening"
+            "metadata service listening"
         );
-        Ok(Manager {
+        Ok(RunningMeta {
             svc,
             server,
             _tasks: tasks,
@@ -340,7 +341,7 @@ fn provision(svc: &MetaService, account: &ConfiguredAccount<'_>) -> Result<()> {
         .with_context(|| format!("provisioning account {:?} from meta.accounts", e.name))
 }
 
-/// Storage and group `default` on a fresh manager (never overwrites), the
+/// Storage and group `default` on a fresh service (never overwrites), the
 /// bootstrap admin account when a key is configured, and the configured
 /// accounts (created or replaced).
 fn bootstrap(svc: &MetaService, config: &Config, accounts: &[ConfiguredAccount<'_>]) -> Result<()> {
@@ -365,13 +366,14 @@ fn bootstrap(svc: &MetaService, config: &Config, accounts: &[ConfiguredAccount<'
     Ok(())
 }
 
-/// Arguments of `kvtier manager`.
+/// Arguments of `kvtier meta`.
 #[derive(Args)]
-pub struct ManagerArgs {
+pub struct MetaArgs {
     /// Metadata index: `embedded`, `memory` or a `redis://host:port/db`
-    /// URL shared with other frontends (overrides `meta.index`).
-    #[arg(long)]
-    meta: Option<String>,
+    /// URL shared with other frontends (overrides `meta.index`; `--meta`,
+    /// the old name, still works).
+    #[arg(long, alias = "meta")]
+    index: Option<String>,
     /// Data directory for the embedded index and the default file pool
     /// (overrides `serve.data_dir`).
     #[arg(long)]
@@ -381,11 +383,11 @@ pub struct ManagerArgs {
     bind: Option<String>,
 }
 
-/// Runs `kvtier manager` until SIGINT or SIGTERM.
-pub fn run(config_path: Option<&Path>, args: ManagerArgs) -> Result<()> {
+/// Runs `kvtier meta` until SIGINT or SIGTERM.
+pub fn run(config_path: Option<&Path>, args: MetaArgs) -> Result<()> {
     let mut config = crate::config::load(config_path)?;
-    if let Some(m) = args.meta {
-        config.meta.index = m;
+    if let Some(index) = args.index {
+        config.meta.index = index;
     }
     if let Some(d) = args.data_dir {
         config.serve.data_dir = d;
@@ -400,11 +402,11 @@ pub fn run(config_path: Option<&Path>, args: ManagerArgs) -> Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let signals = crate::serve::Signals::install()?;
-        let manager = Manager::start(&config, None).await?;
-        tracing::info!("kvtier manager ready; Ctrl-C or SIGTERM to stop");
+        let meta = RunningMeta::start(&config, None).await?;
+        tracing::info!("kvtier meta ready; Ctrl-C or SIGTERM to stop");
         signals.wait_only().await;
         tracing::info!("shutting down");
-        manager.shutdown().await;
+        meta.shutdown().await;
         tracing::info!("stopped cleanly");
         Ok(())
     })
