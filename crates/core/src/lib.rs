@@ -18,6 +18,8 @@
 //!   shards*, keyed so that engines at any tensor-parallel size share them
 //!   ([`shard`]).
 //! - [`checksum`] is the block checksum every tier stores and verifies.
+//! - [`Tier`] names the levels of the hierarchy (G1 device ... G4 remote),
+//!   the one tier type of the block manager, the wire and the binding.
 //! - [`Config`] is the TOML configuration with `KVTIER_*` environment
 //!   overrides.
 //!
@@ -42,6 +44,7 @@ pub mod hash;
 pub mod layout;
 pub mod lookup;
 pub mod shard;
+pub mod tier;
 
 pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
@@ -58,3 +61,4 @@ pub use hash::{BlockHash, HashChain, Salt};
 pub use layout::Layout;
 pub use lookup::Lookup;
 pub use shard::{HeadShards, SHARED_TP_RANK, SHARED_TP_SIZE, blocks_in_prefix, virtual_block_ids};
+pub use tier::Tier;

@@ -1,55 +1,12 @@
-//! Tiers of the hierarchy and the paths blocks move along.
+//! The tiers of the hierarchy ([`Tier`], kvtier-core's) and the paths
+//! blocks move along.
 
 use serde::{Deserialize, Serialize};
 
-/// A level of the KV cache hierarchy, fastest first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum Tier {
-    /// GPU HBM (owned by the engine; reached through a `Device`).
-    G1,
-    /// Host DRAM (the shared-memory arena).
-    G2,
-    /// Local NVMe (the log-structured disk tier).
-    G3,
-    /// Remote: peers, object stores, shared file systems.
-    G4,
-}
-
-impl Tier {
-    /// Every tier, fastest first.
-    pub const ALL: [Tier; 4] = [Tier::G1, Tier::G2, Tier::G3, Tier::G4];
-
-    /// Position in [`Tier::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The next slower tier, where blocks evicted from this one cascade.
-    pub fn below(self) -> Option<Tier> {
-        match self {
-            Tier::G1 => Some(Tier::G2),
-            Tier::G2 => Some(Tier::G3),
-            Tier::G3 => Some(Tier::G4),
-            Tier::G4 => None,
-        }
-    }
-
-    /// Lower-case name (`g1` ...), as used in configuration and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::G1 => "g1",
-            Tier::G2 => "g2",
-            Tier::G3 => "g3",
-            Tier::G4 => "g4",
-        }
-    }
-}
-
-impl std::fmt::Display for Tier {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// The tier type is kvtier-core's, shared with the node protocol and the
+/// Python binding; re-exported here because every seam of this crate is
+/// keyed by it.
+pub use kvtier_core::Tier;
 
 /// A directed path a transfer takes; the transfer engine keeps one queue
 /// per path.

@@ -4,10 +4,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvtier_core::{BlockHash, Config, Geometry};
+use kvtier_core::{BlockHash, Config, Geometry, Tier};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_io::IoEngine;
-use kvtier_manager::Tier;
 use kvtier_manager::events::{EventSink, NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;

@@ -14,7 +14,7 @@ use kvtier_mem::BlockRef;
 use kvtier_protocol::{
     Ack, Commit, CommitOk, CommitResult, DecodeError, Error, ErrorCode, Hello, HelloOk, KeyMap,
     KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, PROTOCOL_VERSION, ReserveOk,
-    ReserveResult, Slot, StatsOk, Tier, WireGeometry,
+    ReserveResult, Slot, StatsOk, WireGeometry,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -231,15 +231,6 @@ fn error(request_id: u64, code: ErrorCode, message: String) -> Message {
     })
 }
 
-fn wire_tier(t: kvtier_manager::Tier) -> Tier {
-    match t {
-        kvtier_manager::Tier::G1 => Tier::G1,
-        kvtier_manager::Tier::G2 => Tier::G2,
-        kvtier_manager::Tier::G3 => Tier::G3,
-        kvtier_manager::Tier::G4 => Tier::G4,
-    }
-}
-
 struct Session {
     node: Arc<Node>,
     id: u64,
@@ -404,7 +395,7 @@ impl Session {
     ) -> Result<Vec<Message>, ManagerError> {
         Counters::add(&self.counters().lookups, keys.len() as u64);
         let found = self.node.manager().lookup(&keys);
-        let tiers = found.blocks.iter().map(|b| wire_tier(b.tier)).collect();
+        let tiers = found.blocks.iter().map(|b| b.tier).collect();
         Ok(vec![Message::LookupOk(LookupOk {
             request_id: id,
             tiers,

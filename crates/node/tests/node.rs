@@ -249,21 +249,15 @@ fn stores_and_moves_are_published_with_tier_and_location() {
             }
         }
     }
-    let g2: Vec<_> = stored
-        .iter()
-        .filter(|(t, _)| *t == kvtier_manager::Tier::G2)
-        .collect();
-    let g3 = stored
-        .iter()
-        .filter(|(t, _)| *t == kvtier_manager::Tier::G3)
-        .count();
+    let g2: Vec<_> = stored.iter().filter(|(t, _)| *t == Tier::G2).collect();
+    let g3 = stored.iter().filter(|(t, _)| *t == Tier::G3).count();
     assert_eq!((g2.len(), g3), (4, 2), "{stored:?}");
     assert!(
         g2.iter()
             .all(|(_, l)| matches!(l, Some(BlockLocation::ArenaSlot { .. }))),
         "{g2:?}"
     );
-    assert_eq!(removed, vec![kvtier_manager::Tier::G2; 2]);
+    assert_eq!(removed, vec![Tier::G2; 2]);
 }
 
 /// With `manager.g4_url`, blocks the disk log has no room for cascade to

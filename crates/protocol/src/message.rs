@@ -235,18 +235,10 @@ pub struct KeysRequest {
 }
 wire_struct!(KeysRequest { request_id: u64, keys: Vec<BlockHash> });
 
-/// The tier a block is held in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Tier {
-    /// GPU memory of an engine (reported, never held by the daemon).
-    G1,
-    /// Host DRAM: the shared-memory arena.
-    G2,
-    /// Local disk.
-    G3,
-    /// Remote object store or shared file system.
-    G4,
-}
+/// The tier a block is held in: kvtier-core's [`Tier`], the one tier type
+/// of the block manager, the wire and the Python binding. On the wire it is
+/// one byte, `G1` = 1 ... `G4` = 4 (docs/node-protocol.md).
+pub use kvtier_core::Tier;
 wire_code_enum!(Tier { G1 = 1, G2 = 2, G3 = 3, G4 = 4 });
 
 /// Reply to `Lookup`: the longest stored prefix of the keys.
