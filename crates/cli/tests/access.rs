@@ -4,12 +4,9 @@
 //! (then it starts, with a warning); `[[meta.accounts]]` provisions
 //! accounts scoped to groups, with keys from the environment or as hashes.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::sync::mpsc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -45,27 +42,7 @@ fn meta_frontend(data: &Path) -> Command {
 /// Starts `cmd`; returns it, the log lines up to its "listening" line, and
 /// the four listener addresses that line names (read as the lines come).
 fn start(cmd: &mut Command) -> (Proc, Vec<String>, Vec<(String, SocketAddr)>) {
-    let mut child = cmd.spawn().expect("start kvtier");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let proc = Proc(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("  | {line}");
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("kvtier never printed its listening line: {lines:#?}"));
-        let done = line.contains("metadata service listening");
-        lines.push(line);
-        if done {
-            break;
-        }
-    }
+    let (proc, lines) = support::start_logged(cmd);
     let last = lines.last().cloned().unwrap_or_default();
     let addrs = ["meta_grpc", "meta_http", "admin_grpc", "admin_http"]
         .iter()

@@ -4,12 +4,9 @@
 //! stateless frontends that share one Redis index. `kvtier manager`, its
 //! old name, still runs it for one release, hidden from `--help`.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::sync::mpsc;
-use std::time::Duration;
 
 use kvtier_meta::test_support::RedisServer;
 use serde_json::{Value, json};
@@ -35,35 +32,9 @@ fn addr_in(line: &str, key: &str) -> SocketAddr {
 
 /// Starts `cmd` and returns it with its "listening" log line.
 fn start_listening(cmd: &mut Command) -> (Proc, String) {
-    let (proc, mut lines) = start_logged(cmd);
+    let (proc, mut lines) = support::start_logged(cmd);
     let line = lines.pop().expect("the listening line");
     (proc, line)
-}
-
-/// Starts `cmd` and returns it with its stderr lines up to and including
-/// the "listening" one (read as they come; no sleeping).
-fn start_logged(cmd: &mut Command) -> (Proc, Vec<String>) {
-    let mut child = cmd.spawn().expect("start kvtier");
-    let stderr = child.stderr.take().expect("stderr piped");
-    let proc = Proc(child);
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("  | {line}");
-            let _ = tx.send(line);
-        }
-    });
-    let mut lines = Vec::new();
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("kvtier never printed its listening line: {lines:#?}"));
-        let done = line.contains("metadata service listening");
-        lines.push(line);
-        if done {
-            return (proc, lines);
-        }
-    }
 }
 
 /// One HTTP/1.1 POST with a JSON body; returns the parsed JSON answer,
@@ -268,7 +239,7 @@ fn the_old_manager_name_still_runs_meta_with_a_deprecation_note() {
             .any(|l| l.contains("`kvtier manager` is deprecated") && l.contains("`kvtier meta`"))
     };
     let data = tempfile::tempdir().unwrap();
-    let (proc, lines) = start_logged(&mut support::kvtier(
+    let (proc, lines) = support::start_logged(&mut support::kvtier(
         &["manager", "--meta", "memory"],
         data.path(),
     ));
@@ -277,7 +248,7 @@ fn the_old_manager_name_still_runs_meta_with_a_deprecation_note() {
     register(addr, "old-name");
     assert!(proc.terminate().success());
 
-    let (proc, lines) = start_logged(&mut support::kvtier(
+    let (proc, lines) = support::start_logged(&mut support::kvtier(
         &["meta", "--index", "memory"],
         data.path(),
     ));

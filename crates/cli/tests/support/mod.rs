@@ -5,10 +5,11 @@
 
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -137,3 +138,29 @@ pub fn http_text(
 }
 
 pub mod node;
+
+/// Starts `cmd` and returns it with its stderr lines up to and including
+/// the "listening" one (read as they come; no sleeping).
+pub fn start_logged(cmd: &mut Command) -> (Proc, Vec<String>) {
+    let mut child = cmd.spawn().expect("start kvtier");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let proc = Proc(child);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("  | {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let mut lines = Vec::new();
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("kvtier never printed its listening line: {lines:#?}"));
+        let done = line.contains("metadata service listening");
+        lines.push(line);
+        if done {
+            return (proc, lines);
+        }
+    }
+}
