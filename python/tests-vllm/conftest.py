@@ -95,6 +95,14 @@ def mla_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+#: The tiers of every test daemon: a small arena and disk log.
+STORE_ENV = dict(
+    KVTIER_MEMORY__CAPACITY="8MiB",
+    KVTIER_DISK__CAPACITY_PER_DIR="32MiB",
+    KVTIER_DISK__REGION_SIZE="1MiB",
+)
+
+
 def mla_daemon_env() -> dict[str, str]:
     """The daemon's settings for the tiny DeepSeek: one 576-element latent
     per token and layer, float32."""
@@ -103,9 +111,7 @@ def mla_daemon_env() -> dict[str, str]:
         KVTIER_GEOMETRY__LAYERS="2",
         KVTIER_GEOMETRY__DTYPE="f32",
         KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(MLA_BLOCK_TOKENS),
-        KVTIER_MEMORY__CAPACITY="8MiB",
-        KVTIER_DISK__CAPACITY_PER_DIR="32MiB",
-        KVTIER_DISK__REGION_SIZE="1MiB",
+        **STORE_ENV,
     )
 
 
@@ -160,9 +166,7 @@ def daemon_env(**extra: str) -> dict[str, str]:
         KVTIER_GEOMETRY__HEAD_DIM="32",
         KVTIER_GEOMETRY__DTYPE="f32",
         KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(BLOCK_TOKENS),
-        KVTIER_MEMORY__CAPACITY="8MiB",
-        KVTIER_DISK__CAPACITY_PER_DIR="32MiB",
-        KVTIER_DISK__REGION_SIZE="1MiB",
+        **STORE_ENV,
     )
     env.update(extra)
     return env

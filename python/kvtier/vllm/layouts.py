@@ -78,7 +78,7 @@ class HeadShardBlocks(RankBlocks):
 
     def lookup_blocks(self, keys: list[int], tiers: list[str]) -> list[str]:
         n = self._shards.count
-        whole = len(tiers) // n
+        whole = self._shards.blocks_in_prefix(len(tiers))
         return [max(tiers[b * n : (b + 1) * n], key=_distance) for b in range(whole)]
 
     def rank_keys(self, keys: list[int]) -> list[int]:
@@ -86,3 +86,6 @@ class HeadShardBlocks(RankBlocks):
 
     def rank_ids(self, block_ids: list[int]) -> list[int]:
         return self._shards.rank_block_ids(block_ids, *self._rank)
+
+    def blocks_of(self, objects: int) -> int:
+        return self._shards.blocks_in_prefix(objects, *self._rank)
