@@ -5,12 +5,14 @@
 //!   [`EventBatch`] are the model.
 //! * [`EventPublisher`] batches events (by count, by age, on demand, on
 //!   close) and fans each batch out to every [`EventSink`].
-//! * Sinks: [`ChannelSink`] (in-process), [`NatsSink`] (JSON on a NATS
-//!   subject, the cluster event plane), [`ZmqSink`] (vLLM's msgpack
-//!   `KVEventBatch` on a ZMQ PUB socket, so Dynamo / vLLM routers consume
-//!   kvtier unchanged). The network sinks sit behind a bounded
-//!   [`QueuedSink`]: a slow or absent consumer costs dropped, counted
-//!   batches, never a blocked data path.
+//! * Sinks: [`ChannelSink`] (in-process) here; the network sinks live in
+//!   `kvtier-events`, so users of the manager that publish nowhere do not
+//!   build NATS and ZeroMQ clients: `NatsSink` (JSON on a NATS subject, the
+//!   cluster event plane) and `ZmqSink` (vLLM's msgpack `KVEventBatch`, as
+//!   [`vllm`] encodes it, on a ZMQ PUB socket, so Dynamo / vLLM routers
+//!   consume kvtier unchanged). They sit behind a bounded [`QueuedSink`]
+//!   over a [`BatchTransport`]: a slow or absent consumer costs dropped,
+//!   counted batches, never a blocked data path.
 //!
 //! Wire formats and their sources: `docs/events.md`.
 //!
@@ -33,19 +35,14 @@
 mod channel;
 mod error;
 mod model;
-mod nats;
 mod publisher;
 pub mod queue;
-pub mod replay;
 mod sink;
 pub mod vllm;
-mod zmq;
 
 pub use channel::ChannelSink;
 pub use error::EventError;
 pub use model::{BlockLocation, BlockRemoved, BlockStored, EventBatch, KvEvent};
-pub use nats::{NatsSink, NatsSinkConfig};
 pub use publisher::{EventPublisher, PublisherConfig};
 pub use queue::{BatchTransport, Overflow, QueueConfig, QueuedSink};
 pub use sink::{EventSink, SinkCounters, SinkCounts};
-pub use zmq::{ZmqSink, ZmqSinkConfig};

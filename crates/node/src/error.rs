@@ -26,9 +26,12 @@ pub enum NodeError {
     /// The block manager refused.
     #[error(transparent)]
     Manager(#[from] kvtier_manager::manager::ManagerError),
-    /// An event sink could not start.
+    /// The event publisher could not start.
     #[error(transparent)]
     Events(#[from] kvtier_manager::events::EventError),
+    /// A network event sink (NATS, ZMQ) could not connect or bind.
+    #[error(transparent)]
+    EventSink(#[from] kvtier_events::SinkError),
     /// Another live daemon answers on the socket path.
     #[error("{path}: another kvtier daemon is serving on this socket")]
     SocketInUse {

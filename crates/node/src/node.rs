@@ -6,8 +6,9 @@ use std::sync::{Arc, OnceLock};
 
 use kvtier_core::{BlockHash, Config, Geometry, Tier};
 use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_events::{NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_io::IoEngine;
-use kvtier_manager::events::{EventSink, NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
+use kvtier_manager::events::EventSink;
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;
 use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};

@@ -12,35 +12,10 @@ pub enum EventError {
         /// What was being created.
         what: &'static str,
     },
-    /// Connecting to the NATS server failed.
-    #[error("connecting to NATS at {url}: {source}")]
-    NatsConnect {
-        /// The server address.
-        url: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::ConnectError,
-    },
-    /// Publishing one batch to NATS failed.
-    #[error("publishing to NATS subject {subject}: {source}")]
-    NatsPublish {
-        /// The subject.
-        subject: String,
-        /// The client's error.
-        #[source]
-        source: async_nats::PublishError,
-    },
-    /// A ZeroMQ socket operation failed.
-    #[error("ZeroMQ {op} {endpoint}: {source}")]
-    Zmq {
-        /// The operation (`bind`, `send`).
-        op: &'static str,
-        /// The endpoint involved.
-        endpoint: String,
-        /// The socket's error.
-        #[source]
-        source: zeromq::ZmqError,
-    },
+    /// A network transport failed (connect, bind, send); the sink crate's
+    /// own error (`kvtier-events`' `SinkError`) says which and where.
+    #[error(transparent)]
+    Transport(Box<dyn std::error::Error + Send + Sync + 'static>),
     /// Encoding a batch failed.
     #[error("encoding an event batch as {format}: {message}")]
     Encode {

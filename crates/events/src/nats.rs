@@ -12,8 +12,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::queue::{BatchTransport, QueueConfig, QueuedSink};
-use super::{EventBatch, EventError, EventSink, SinkCounts};
+use kvtier_manager::events::{
+    BatchTransport, EventBatch, EventError, EventSink, QueueConfig, QueuedSink, SinkCounts,
+};
+
+use crate::SinkError;
 
 /// Where a [`NatsSink`] publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,10 +58,10 @@ impl NatsSink {
     /// Connects to the server and starts the sink's worker. Fails when the
     /// server cannot be reached now; later outages are ridden out by the
     /// client's reconnects.
-    pub async fn connect(config: NatsSinkConfig) -> Result<Self, EventError> {
+    pub async fn connect(config: NatsSinkConfig) -> Result<Self, SinkError> {
         let client = async_nats::connect(config.url.as_str())
             .await
-            .map_err(|source| EventError::NatsConnect {
+            .map_err(|source| SinkError::NatsConnect {
                 url: config.url.clone(),
                 source,
             })?;
@@ -70,7 +73,7 @@ impl NatsSink {
         client: async_nats::Client,
         subject: String,
         queue: QueueConfig,
-    ) -> Result<Self, EventError> {
+    ) -> Result<Self, SinkError> {
         let transport = NatsTransport {
             client,
             subject: subject.clone(),
@@ -123,9 +126,11 @@ impl BatchTransport for NatsTransport {
         self.client
             .publish(self.subject.clone(), Bytes::from(payload))
             .await
-            .map_err(|source| EventError::NatsPublish {
-                subject: self.subject.clone(),
-                source,
+            .map_err(|source| {
+                EventError::from(SinkError::NatsPublish {
+                    subject: self.subject.clone(),
+                    source,
+                })
             })
     }
 

@@ -20,26 +20,26 @@ use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::EventError;
+use crate::SinkError;
 
 /// The end-of-replay marker: -1 as a signed 64-bit big-endian integer.
 pub const END_SEQ: [u8; 8] = (-1i64).to_be_bytes();
 
 /// The last `capacity` published `(seq, payload)` pairs.
-pub(super) struct ReplayBuffer {
+pub(crate) struct ReplayBuffer {
     entries: Mutex<VecDeque<(u64, Bytes)>>,
     capacity: usize,
 }
 
 impl ReplayBuffer {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             entries: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
             capacity: capacity.max(1),
         }
     }
 
-    pub(super) fn push(&self, seq: u64, payload: Bytes) {
+    pub(crate) fn push(&self, seq: u64, payload: Bytes) {
         let mut entries = self.entries.lock();
         if entries.len() >= self.capacity {
             entries.pop_front();
@@ -58,22 +58,22 @@ impl ReplayBuffer {
 }
 
 /// A running replay server; stops when dropped.
-pub(super) struct ReplayServer {
+pub(crate) struct ReplayServer {
     task: JoinHandle<()>,
 }
 
 impl ReplayServer {
     /// Binds the ROUTER socket and serves requests from `buffer`. Returns
     /// the server and the bound endpoint.
-    pub(super) async fn bind(
+    pub(crate) async fn bind(
         endpoint: &str,
         buffer: Arc<ReplayBuffer>,
-    ) -> Result<(Self, String), EventError> {
+    ) -> Result<(Self, String), SinkError> {
         let mut socket = RouterSocket::new();
         let bound = socket
             .bind(endpoint)
             .await
-            .map_err(|source| EventError::Zmq {
+            .map_err(|source| SinkError::Zmq {
                 op: "bind",
                 endpoint: endpoint.to_owned(),
                 source,

@@ -11,7 +11,7 @@
 //! `seq` is the batch's [`EventBatch::seq`], so a subscriber sees a gap when
 //! this sink's queue dropped batches. With a replay endpoint configured, a
 //! ROUTER socket resends recent batches on request, as vLLM's does (see
-//! [`replay`](super::replay)). Uses the pure-Rust `zeromq` crate (ZMTP 3.x,
+//! [`replay`](crate::replay)). Uses the pure-Rust `zeromq` crate (ZMTP 3.x,
 //! interoperates with libzmq); no system library is needed.
 
 use std::sync::Arc;
@@ -19,10 +19,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use zeromq::{PubSocket, Socket, SocketSend, ZmqMessage};
 
-use super::queue::{BatchTransport, QueueConfig, QueuedSink};
-use super::replay::{ReplayBuffer, ReplayServer};
-use super::vllm::encode_kv_event_batch;
-use super::{EventBatch, EventError, EventSink, SinkCounts};
+use kvtier_manager::events::vllm::encode_kv_event_batch;
+use kvtier_manager::events::{
+    BatchTransport, EventBatch, EventError, EventSink, QueueConfig, QueuedSink, SinkCounts,
+};
+
+use crate::SinkError;
+use crate::replay::{ReplayBuffer, ReplayServer};
 
 /// Where and how a [`ZmqSink`] publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +73,7 @@ pub struct ZmqSink {
 
 impl ZmqSink {
     /// Binds the PUB socket and starts the sink's worker.
-    pub async fn bind(config: ZmqSinkConfig) -> Result<Self, EventError> {
+    pub async fn bind(config: ZmqSinkConfig) -> Result<Self, SinkError> {
         let (replay, replay_endpoint) = match &config.replay_endpoint {
             Some(endpoint) => {
                 let buffer = Arc::new(ReplayBuffer::new(config.replay_batches));
@@ -85,7 +88,7 @@ impl ZmqSink {
         let bound = socket
             .bind(&requested)
             .await
-            .map_err(|source| EventError::Zmq {
+            .map_err(|source| SinkError::Zmq {
                 op: "bind",
                 endpoint: requested.clone(),
                 source,
@@ -162,14 +165,13 @@ impl BatchTransport for ZmqTransport {
         message.push_back(Bytes::copy_from_slice(&batch.seq.to_be_bytes()));
         message.push_back(payload);
         match self.socket.as_mut() {
-            Some(socket) => socket
-                .send(message)
-                .await
-                .map_err(|source| EventError::Zmq {
+            Some(socket) => socket.send(message).await.map_err(|source| {
+                EventError::from(SinkError::Zmq {
                     op: "send",
                     endpoint: self.endpoint.clone(),
                     source,
-                }),
+                })
+            }),
             None => Ok(()),
         }
     }

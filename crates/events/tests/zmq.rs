@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::BlockHash;
+use kvtier_events::{ZmqSink, ZmqSinkConfig};
 use kvtier_manager::Tier;
 use kvtier_manager::events::vllm::{encode_kv_event_batch, vllm_block_hash, vllm_medium};
 use kvtier_manager::events::{
     BlockLocation, BlockRemoved, BlockStored, EventBatch, EventPublisher, EventSink, KvEvent,
-    PublisherConfig, ZmqSink, ZmqSinkConfig,
+    PublisherConfig,
 };
 use rmpv::Value;
 use zeromq::{Socket, SocketRecv, SubSocket};
@@ -394,7 +395,7 @@ async fn vllm_msgspec_classes_decode_our_batches() {
 
 #[tokio::test]
 async fn the_replay_socket_resends_batches_from_a_seq_then_the_end_mark() {
-    use kvtier_manager::events::replay::END_SEQ;
+    use kvtier_events::replay::END_SEQ;
     use zeromq::{DealerSocket, SocketSend, ZmqMessage};
 
     let sink = Arc::new(

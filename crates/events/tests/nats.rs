@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kvtier_core::BlockHash;
+use kvtier_events::{NatsSink, NatsSinkConfig};
 use kvtier_manager::Tier;
 use kvtier_manager::events::{
-    BlockRemoved, BlockStored, EventBatch, EventPublisher, EventSink, KvEvent, NatsSink,
-    NatsSinkConfig, Overflow, PublisherConfig, QueueConfig,
+    BlockRemoved, BlockStored, EventBatch, EventPublisher, EventSink, KvEvent, Overflow,
+    PublisherConfig, QueueConfig,
 };
 
 fn nats_server_binary() -> PathBuf {
@@ -180,7 +181,7 @@ async fn an_unreachable_server_is_a_connect_error() {
     .await;
     assert!(matches!(
         result,
-        Err(kvtier_manager::events::EventError::NatsConnect { .. })
+        Err(kvtier_events::SinkError::NatsConnect { .. })
     ));
 }
 
