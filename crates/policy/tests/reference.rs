@@ -1,0 +1,526 @@
+//! Every policy against a plain reference model: the same decisions for
+//! random operation sequences with random eligibility, for both key maps
+//! (hashed `u64` keys and dense `u32` keys).
+//!
+//! The references are the obvious O(n) formulations (vectors in recency
+//! order, a sort for LFU), written from the algorithms' definitions in the
+//! module docs, so the O(1) lists, buckets and slab reuse are what is
+//! tested.
+
+use std::collections::HashMap;
+
+use kvtier_policy::{CostModel, LeafFirst, PolicyConfig, PolicyKey, PolicyKind, Use, Verdict};
+use proptest::prelude::*;
+
+/// Keys oldest first.
+#[derive(Debug, Default, Clone)]
+struct Order(Vec<u64>);
+
+impl Order {
+    fn push(&mut self, k: u64) {
+        self.remove(k);
+        self.0.push(k);
+    }
+    fn remove(&mut self, k: u64) -> bool {
+        match self.0.iter().position(|x| *x == k) {
+            Some(i) => {
+                self.0.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+    fn has(&self, k: u64) -> bool {
+        self.0.contains(&k)
+    }
+    fn take_where(&mut self, ok: &dyn Fn(u64) -> bool) -> Option<u64> {
+        let i = self.0.iter().position(|k| ok(*k))?;
+        Some(self.0.remove(i))
+    }
+    fn trim(&mut self, cap: usize) {
+        while self.0.len() > cap {
+            self.0.remove(0);
+        }
+    }
+}
+
+/// The reference of one policy.
+#[derive(Debug)]
+enum Reference {
+    Lru(Order),
+    Ttl(Order, HashMap<u64, u64>, u64),
+    Lfu(HashMap<u64, (u64, u64)>, u64),
+    Arc {
+        cap: usize,
+        p: usize,
+        t1: Order,
+        t2: Order,
+        b1: Order,
+        b2: Order,
+    },
+    S3 {
+        cap: usize,
+        small: Order,
+        main: Order,
+        ghost: Order,
+        uses: HashMap<u64, u64>,
+    },
+    Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
+}
+
+impl Reference {
+    fn new(kind: PolicyKind, cap: usize, ttl: u64) -> Self {
+        let cap = cap.max(1);
+        match kind {
+            PolicyKind::Lru => Reference::Lru(Order::default()),
+            PolicyKind::Ttl => Reference::Ttl(Order::default(), HashMap::new(), ttl),
+            PolicyKind::Lfu => Reference::Lfu(HashMap::new(), 0),
+            PolicyKind::Arc => Reference::Arc {
+                cap,
+                p: 0,
+                t1: Order::default(),
+                t2: Order::default(),
+                b1: Order::default(),
+                b2: Order::default(),
+            },
+            PolicyKind::S3Fifo => Reference::S3 {
+                cap,
+                small: Order::default(),
+                main: Order::default(),
+                ghost: Order::default(),
+                uses: HashMap::new(),
+            },
+            PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
+            _ => unreachable!("node policies only"),
+        }
+    }
+
+    fn contains(&self, k: u64) -> bool {
+        match self {
+            Reference::Lru(o) | Reference::Ttl(o, ..) => o.has(k),
+            Reference::Cost(_, m, _) => m.contains_key(&k),
+            Reference::Lfu(m, _) => m.contains_key(&k),
+            Reference::Arc { t1, t2, .. } => t1.has(k) || t2.has(k),
+            Reference::S3 { small, main, .. } => small.has(k) || main.has(k),
+        }
+    }
+
+    fn insert(&mut self, k: u64, now: u64, depth: u32) {
+        match self {
+            Reference::Lru(o) => o.push(k),
+            Reference::Ttl(o, last, _) => {
+                o.push(k);
+                last.insert(k, now);
+            }
+            Reference::Lfu(m, seq) => {
+                *seq += 1;
+                m.insert(k, (1, *seq));
+            }
+            Reference::Arc {
+                cap,
+                p,
+                t2,
+                t1,
+                b1,
+                b2,
+            } => {
+                if b1.has(k) {
+                    let step = (b2.0.len() / b1.0.len()).max(1);
+                    b1.remove(k);
+                    *p = (*p + step).min(*cap);
+                    t2.push(k);
+                } else if b2.has(k) {
+                    let step = (b1.0.len() / b2.0.len()).max(1);
+                    b2.remove(k);
+                    *p = p.saturating_sub(step);
+                    t2.push(k);
+                } else {
+                    t1.push(k);
+                }
+            }
+            Reference::S3 {
+                small,
+                main,
+                ghost,
+                uses,
+                ..
+            } => {
+                uses.insert(k, 0);
+                if ghost.remove(k) {
+                    main.push(k);
+                } else {
+                    small.push(k);
+                }
+            }
+            Reference::Cost(_, m, seq) => {
+                *seq += 1;
+                m.insert(k, (1, now, depth, *seq));
+            }
+        }
+    }
+
+    fn access(&mut self, k: u64, now: u64) {
+        match self {
+            Reference::Lru(o) => {
+                if o.has(k) {
+                    o.push(k);
+                }
+            }
+            Reference::Ttl(o, last, _) => {
+                if o.has(k) {
+                    o.push(k);
+                    let t = last.entry(k).or_insert(0);
+                    *t = (*t).max(now);
+                }
+            }
+            Reference::Lfu(m, seq) => {
+                *seq += 1;
+                if let Some(e) = m.get_mut(&k) {
+                    *e = (e.0 + 1, *seq);
+                }
+            }
+            Reference::Arc { t1, t2, .. } => {
+                if t1.remove(k) || t2.has(k) {
+                    t2.push(k);
+                }
+            }
+            Reference::S3 {
+                small, main, uses, ..
+            } => {
+                if small.has(k) || main.has(k) {
+                    let u = uses.entry(k).or_insert(0);
+                    *u = (*u + 1).min(3);
+                }
+            }
+            Reference::Cost(_, m, seq) => {
+                *seq += 1;
+                if let Some(e) = m.get_mut(&k) {
+                    e.0 += 1;
+                    e.1 = e.1.max(now);
+                    e.3 = *seq;
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, k: u64) {
+        match self {
+            Reference::Lru(o) | Reference::Ttl(o, ..) => {
+                o.remove(k);
+            }
+            Reference::Lfu(m, _) => {
+                m.remove(&k);
+            }
+            Reference::Cost(_, m, _) => {
+                m.remove(&k);
+            }
+            Reference::Arc { t1, t2, .. } => {
+                t1.remove(k);
+                t2.remove(k);
+            }
+            Reference::S3 {
+                small, main, uses, ..
+            } => {
+                small.remove(k);
+                main.remove(k);
+                uses.remove(&k);
+            }
+        }
+    }
+
+    fn victim(&mut self, now: u64, ok: &dyn Fn(u64) -> bool) -> Option<u64> {
+        match self {
+            Reference::Lru(o) | Reference::Ttl(o, ..) => o.take_where(ok),
+            Reference::Lfu(m, _) => {
+                let mut v: Vec<(u64, u64, u64)> =
+                    m.iter().map(|(k, (u, s))| (*u, *s, *k)).collect();
+                v.sort();
+                let k = v.into_iter().map(|e| e.2).find(|k| ok(*k))?;
+                m.remove(&k);
+                Some(k)
+            }
+            Reference::Cost(model, m, _) => {
+                let mut best: Option<(f64, u64, u64)> = None;
+                for (k, (uses, last, depth, seq)) in m.iter() {
+                    let v = model.value(*uses, now.saturating_sub(*last), *depth);
+                    let better = best.is_none_or(|(bv, bs, _)| v < bv || (v == bv && *seq < bs));
+                    if better && ok(*k) {
+                        best = Some((v, *seq, *k));
+                    }
+                }
+                let (_, _, k) = best?;
+                m.remove(&k);
+                Some(k)
+            }
+            Reference::Arc {
+                cap,
+                p,
+                t1,
+                t2,
+                b1,
+                b2,
+            } => {
+                let recent_first = t1.0.len() > *p || t2.0.is_empty();
+                for from_t1 in if recent_first {
+                    [true, false]
+                } else {
+                    [false, true]
+                } {
+                    let (list, ghosts) = if from_t1 {
+                        (&mut *t1, &mut *b1)
+                    } else {
+                        (&mut *t2, &mut *b2)
+                    };
+                    if let Some(k) = list.take_where(ok) {
+                        ghosts.push(k);
+                        ghosts.trim(*cap);
+                        return Some(k);
+                    }
+                }
+                None
+            }
+            Reference::S3 {
+                cap,
+                small,
+                main,
+                ghost,
+                uses,
+            } => {
+                let target = (*cap / 10).max(1);
+                let small_first = small.0.len() >= target || main.0.is_empty();
+                let order = if small_first {
+                    [true, false]
+                } else {
+                    [false, true]
+                };
+                for from_small in order {
+                    let found = if from_small {
+                        s3_small(small, main, ghost, uses, *cap, ok)
+                    } else {
+                        s3_main(main, uses, ok)
+                    };
+                    if found.is_some() {
+                        return found;
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    fn expired(&self, now: u64) -> Vec<u64> {
+        match self {
+            Reference::Ttl(o, last, ttl) => {
+                o.0.iter()
+                    .copied()
+                    .take_while(|k| now.saturating_sub(last[k]) >= *ttl)
+                    .collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn s3_small(
+    small: &mut Order,
+    main: &mut Order,
+    ghost: &mut Order,
+    uses: &mut HashMap<u64, u64>,
+    cap: usize,
+    ok: &dyn Fn(u64) -> bool,
+) -> Option<u64> {
+    let keys = small.0.clone();
+    for k in keys {
+        if !ok(k) {
+            continue;
+        }
+        if uses.get(&k).copied().unwrap_or(0) > 0 {
+            small.remove(k);
+            uses.insert(k, 0);
+            main.push(k);
+            continue;
+        }
+        small.remove(k);
+        uses.remove(&k);
+        ghost.push(k);
+        ghost.trim(cap);
+        return Some(k);
+    }
+    None
+}
+
+fn s3_main(
+    main: &mut Order,
+    uses: &mut HashMap<u64, u64>,
+    ok: &dyn Fn(u64) -> bool,
+) -> Option<u64> {
+    let mut i = 0;
+    while i < main.0.len() {
+        let k = main.0[i];
+        if !ok(k) {
+            i += 1;
+            continue;
+        }
+        let u = uses.get(&k).copied().unwrap_or(0);
+        if u > 0 {
+            uses.insert(k, u - 1);
+            main.0.remove(i);
+            main.0.push(k);
+            continue;
+        }
+        main.0.remove(i);
+        uses.remove(&k);
+        return Some(k);
+    }
+    None
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u64, u32),
+    Access(u64),
+    Remove(u64),
+    Victim(u64),
+    Tick(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..24, 0u32..40).prop_map(|(k, d)| Op::Insert(k, d)),
+        4 => (0u64..24).prop_map(Op::Access),
+        1 => (0u64..24).prop_map(Op::Remove),
+        3 => any::<u64>().prop_map(Op::Victim),
+        1 => (0u64..50_000).prop_map(Op::Tick),
+    ]
+}
+
+/// Runs `ops` on the policy under test (keys of type `K`) and on the
+/// reference; every answer must agree.
+fn check<K: PolicyKey>(
+    kind: PolicyKind,
+    cap: usize,
+    ops: &[Op],
+    to: impl Fn(u64) -> K,
+    from: impl Fn(K) -> u64,
+) -> Result<(), TestCaseError> {
+    let ttl = 20_000;
+    let config = PolicyConfig {
+        ttl_ms: ttl,
+        ..PolicyConfig::of(kind)
+    };
+    let mut tested = config.build::<K>(cap).expect("node policy");
+    let mut reference = Reference::new(kind, cap, ttl);
+    let mut now = 0u64;
+    for op in ops {
+        match *op {
+            Op::Insert(k, depth) => {
+                if !reference.contains(k) {
+                    let u = Use {
+                        now,
+                        depth,
+                        next_use: u64::MAX,
+                    };
+                    tested.insert(to(k), &u);
+                    reference.insert(k, now, depth);
+                }
+            }
+            Op::Access(k) => {
+                tested.access(to(k), &Use::at(now));
+                reference.access(k, now);
+            }
+            Op::Remove(k) => {
+                tested.remove(to(k));
+                reference.remove(k);
+            }
+            Op::Victim(mask) => {
+                let ok = |k: u64| (mask >> (k % 64)) & 1 == 1;
+                let got = tested.victim(now, &mut |k| ok(from(k)).into());
+                let want = reference.victim(now, &ok);
+                prop_assert_eq!(got.map(&from), want, "victim after {:?}", op);
+            }
+            Op::Tick(dt) => {
+                now += dt;
+                let mut got = Vec::new();
+                tested.expired(now, &mut |k| got.push(from(k)));
+                prop_assert_eq!(got, reference.expired(now));
+            }
+        }
+        for k in 0..24 {
+            prop_assert_eq!(tested.contains(to(k)), reference.contains(k), "key {}", k);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn hashed_keys_match_the_reference(
+        kind in prop::sample::select(PolicyKind::NODE.to_vec()),
+        cap in 1usize..20,
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        check::<u64>(kind, cap, &ops, |k| k, |k| k)?;
+    }
+
+    #[test]
+    fn dense_keys_match_the_reference(
+        kind in prop::sample::select(PolicyKind::NODE.to_vec()),
+        cap in 1usize..20,
+        ops in prop::collection::vec(op(), 1..200),
+    ) {
+        check::<u32>(kind, cap, &ops, |k| k as u32, u64::from)?;
+    }
+}
+
+/// A stop ends the scan: no victim, even though a later key was eligible.
+#[test]
+fn stop_ends_every_scan() {
+    for kind in PolicyKind::NODE {
+        let mut p = PolicyConfig::of(kind).build::<u64>(4).expect("node policy");
+        for k in 0..4 {
+            p.insert(k, &Use::at(0));
+        }
+        let mut asked = 0;
+        let got = p.victim(0, &mut |_| {
+            asked += 1;
+            Verdict::Stop
+        });
+        assert_eq!((got, asked), (None, 1), "{kind}");
+        assert_eq!(p.len(), 4, "{kind}");
+    }
+}
+
+/// Leaf-first picks the policy's first leaf, and a parent only when no
+/// eligible leaf is left.
+#[test]
+fn leaf_first_prefers_leaves() {
+    for kind in PolicyKind::NODE {
+        let mut p = PolicyConfig::of(kind).build::<u64>(8).expect("node policy");
+        let mut leaves = LeafFirst::default();
+        // A chain 0 <- 1 <- 2 inserted in order: 2 is the only leaf.
+        for (k, parent) in [(0, None), (1, Some(0)), (2, Some(1))] {
+            p.insert(k, &Use::at(0));
+            leaves.entered(parent);
+        }
+        assert_eq!(
+            leaves.victim(&mut *p, 0, &mut |_| Verdict::Evict),
+            Some(2),
+            "{kind}"
+        );
+        leaves.left(Some(1));
+        assert_eq!(
+            leaves.victim(&mut *p, 0, &mut |_| Verdict::Evict),
+            Some(1),
+            "{kind}"
+        );
+        leaves.left(Some(0));
+        // 0 is not eligible: nothing goes.
+        assert_eq!(
+            leaves.victim(&mut *p, 0, &mut |k| (k != 0).into()),
+            None,
+            "{kind}"
+        );
+    }
+}
