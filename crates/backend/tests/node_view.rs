@@ -9,11 +9,11 @@ use std::sync::Arc;
 
 use kvtier_backend::{NodeStoreBackend, NodeView, NodeViewConfig, NodeViewSink, PublishedBlock};
 use kvtier_client::{AsyncClient, BlockHash, ClientConfig};
-use kvtier_core::Config;
 use kvtier_meta::{
     BlockKey, DEFAULT_GROUP, EvictionPolicy, Instance, InstanceGroup, LocationQuery,
     LocationSpecInfo, MemoryIndex, MetaConfig, MetaService, StorageBackend,
 };
+use kvtier_node::NodeConfig as Config;
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{Node, NodeServer};
 use kvtier_protocol::{KeyMap, Namespace, WireGeometry};

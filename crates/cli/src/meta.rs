@@ -14,13 +14,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_backend::{BackendOptions, FilePool, FilePoolOptions, PoolSpaceError};
-use kvtier_core::{AccountRole, Config, MetaAccountConfig};
 use kvtier_meta::{
     ApiKey, DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
     RedisIndexConfig, Role, Storage, StorageHealth, StorageKind,
 };
 use kvtier_node::Node;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
+
+use crate::config::{AccountRole, Config, MetaAccountConfig};
 
 /// A running metadata service: the service, its listeners and background
 /// tasks. Dropping it stops the background tasks; call

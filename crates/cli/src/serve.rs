@@ -66,7 +66,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         } else {
             Vec::new()
         };
-        let node = Node::open(&config, sinks)
+        let node = Node::open(&config.node(), sinks)
             .await
             .context("opening the node")?;
         // Install the handlers before announcing readiness, so a signal sent
@@ -138,7 +138,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
 /// Starts the metadata service over this host's node; its `/metrics`
 /// carries the node's figures and, once it runs, the view's.
 async fn start_meta(
-    config: &kvtier_core::Config,
+    config: &crate::config::Config,
     node: &Arc<Node>,
     view: &Arc<OnceLock<NodeView>>,
 ) -> Result<crate::meta::RunningMeta> {

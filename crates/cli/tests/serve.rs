@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::Command;
 
 use kvtier_client::{ClientError, StoreOutcome, Tier};
-use kvtier_core::{BlockHash, BlockSums, DiskConfig, ModelPreset};
+use kvtier_core::{BlockHash, BlockSums, ModelPreset};
+use kvtier_disk::DiskConfig;
 use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
 use support::node::{Daemon, Stats, block_bytes, check_block, shm_name};
 

@@ -20,8 +20,9 @@
 //! - [`checksum`] is the block checksum every tier stores and verifies.
 //! - [`Tier`] names the levels of the hierarchy (G1 device ... G4 remote),
 //!   the one tier type of the block manager, the wire and the binding.
-//! - [`Config`] is the TOML configuration with `KVTIER_*` environment
-//!   overrides.
+//! - [`config`] is the machinery of the TOML configuration with `KVTIER_*`
+//!   environment overrides ([`ByteSize`], `[geometry]`); each section's
+//!   type lives in the crate that uses it.
 //!
 //! ```
 //! use kvtier_core::{HashChain, ModelPreset, Salt};
@@ -50,11 +51,7 @@ pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
     layer_checksums,
 };
-pub use config::{
-    AccountRole, ByteSize, Config, DiskConfig, EvictionPolicyKind, GeometryConfig, IoEngineKind,
-    ManagerSectionConfig, MemoryConfig, MetaAccountConfig, MetaSectionConfig, RegionEvictionKind,
-    ServeConfig,
-};
+pub use config::{ByteSize, EvictionPolicyKind, GeometryConfig, IoEngineKind, RegionEvictionKind};
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
 pub use hash::{BlockHash, HashChain, Salt};

@@ -1,9 +1,81 @@
-//! [`DiskTierConfig`]: what a [`DiskTier`](crate::DiskTier) is opened with.
+//! [`DiskConfig`], the `[disk]` section, and [`DiskTierConfig`]: what a
+//! [`DiskTier`](crate::DiskTier) is opened with.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvtier_core::{DiskConfig, Geometry, RegionEvictionKind};
+use kvtier_core::{ByteSize, CoreError, Geometry, IoEngineKind, RegionEvictionKind};
+use serde::{Deserialize, Serialize};
+
+/// `[disk]`: the log-structured region store on local disks (G3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskConfig {
+    /// Directories, one per device; regions are placed round-robin. Empty
+    /// means `<serve.data_dir>/disk`.
+    pub dirs: Vec<PathBuf>,
+    /// Bytes reserved in each directory.
+    pub capacity_per_dir: ByteSize,
+    /// Bytes per region (the unit of sequential writes and of eviction).
+    pub region_size: ByteSize,
+    /// I/O engine.
+    pub io_engine: IoEngineKind,
+    /// Operations in flight per device.
+    pub queue_depth: u32,
+    /// Threads of the pread/pwrite engine.
+    pub psync_threads: u32,
+    /// Register region and arena buffers with io_uring (needs memlock).
+    pub register_buffers: bool,
+    /// Region reclaim order.
+    pub eviction: RegionEvictionKind,
+    /// Re-insert blocks read since they were written when their region is
+    /// reclaimed (they get a second life in a new region).
+    pub reinsert_hot: bool,
+    /// Seconds between index checkpoints (0 disables periodic ones; clean
+    /// shutdown always writes one).
+    pub checkpoint_interval_secs: u64,
+    /// fdatasync after each region is sealed and before a checkpoint, so
+    /// data survives power loss, not just a process crash.
+    pub sync: bool,
+}
+
+impl Default for DiskConfig {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            capacity_per_dir: ByteSize(4 << 30),
+            region_size: ByteSize(64 << 20),
+            io_engine: IoEngineKind::Auto,
+            queue_depth: 32,
+            psync_threads: 8,
+            register_buffers: true,
+            eviction: RegionEvictionKind::Fifo,
+            reinsert_hot: true,
+            checkpoint_interval_secs: 30,
+            sync: true,
+        }
+    }
+}
+
+impl DiskConfig {
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> kvtier_core::Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        if self.region_size.0 < 1 << 20 {
+            return bad("disk.region_size must be at least 1MiB");
+        }
+        if self.capacity_per_dir.0 < self.region_size.0 * 2 {
+            return bad("disk.capacity_per_dir must hold at least two regions");
+        }
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return bad("disk.queue_depth must be in 1..=4096");
+        }
+        if self.psync_threads == 0 {
+            return bad("disk.psync_threads must be positive");
+        }
+        Ok(())
+    }
+}
 
 /// Configuration of one disk tier. Build it from the `[disk]` section with
 /// [`DiskTierConfig::new`], or field by field in tests.

@@ -94,7 +94,7 @@ mod stats;
 mod tier;
 mod writer;
 
-pub use config::DiskTierConfig;
+pub use config::{DiskConfig, DiskTierConfig};
 pub use error::{DiskError, Result};
 pub use reclaim::ReclaimListener;
 pub use stats::DiskStats;

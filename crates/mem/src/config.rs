@@ -1,6 +1,46 @@
-//! [`MemoryTierConfig`]: everything [`MemoryTier::create`](crate::MemoryTier::create) needs.
+//! [`MemoryConfig`], the `[memory]` section, and [`MemoryTierConfig`]:
+//! everything [`MemoryTier::create`](crate::MemoryTier::create) needs.
 
-use kvtier_core::{EvictionPolicyKind, Geometry, MemoryConfig};
+use kvtier_core::{ByteSize, CoreError, EvictionPolicyKind, Geometry};
+use serde::{Deserialize, Serialize};
+
+/// `[memory]`: the shared-memory DRAM tier (G2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Bytes of block slots in the arena.
+    pub capacity: ByteSize,
+    /// Name of the shared-memory file (`/dev/shm/<name>`) other processes
+    /// map to read blocks.
+    pub shm_name: String,
+    /// Back the arena with huge pages (`MAP_HUGETLB`) when available.
+    pub hugepages: bool,
+    /// Eviction policy.
+    pub policy: EvictionPolicyKind,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            capacity: ByteSize(1 << 30),
+            shm_name: "kvtier".into(),
+            hugepages: false,
+            policy: EvictionPolicyKind::Lru,
+        }
+    }
+}
+
+impl MemoryConfig {
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> kvtier_core::Result<()> {
+        if self.shm_name.is_empty() || self.shm_name.contains('/') {
+            return Err(CoreError::InvalidConfig(
+                "memory.shm_name must be a non-empty name without '/'".into(),
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// The resolved configuration of one memory tier.
 ///

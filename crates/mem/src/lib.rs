@@ -68,7 +68,7 @@ mod tier;
 mod verify;
 
 pub use client::ArenaClient;
-pub use config::MemoryTierConfig;
+pub use config::{MemoryConfig, MemoryTierConfig};
 pub use error::{MemError, Result};
 pub use policy::{EvictionPolicy, Lru, NoEviction, build_policy};
 pub use reader::{ArenaReader, ReaderStats};

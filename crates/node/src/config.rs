@@ -3,14 +3,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvtier_core::Config;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::manager::ManagerConfig;
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::policy::{PolicyConfig, PolicyKind};
 use kvtier_manager::pool::PoolConfig;
 
-use crate::NodeError;
+use crate::{NodeConfig, NodeError};
 
 /// The node's settings, from `[manager]` (docs/configuration.md).
 #[derive(Debug, Clone)]
@@ -48,7 +47,7 @@ pub struct NodeOptions {
 
 impl NodeOptions {
     /// The options of `config` (its `[manager]` section).
-    pub fn from_config(config: &Config) -> Result<Self, NodeError> {
+    pub fn from_config(config: &NodeConfig) -> Result<Self, NodeError> {
         let m = &config.manager;
         let policy: PolicyKind = m
             .policy

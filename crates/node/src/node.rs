@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvtier_core::{BlockHash, Config, Geometry, Tier};
+use kvtier_core::{BlockHash, Geometry, Tier};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_events::{NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_io::IoEngine;
@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::observer::CommitObserver;
 use crate::stats::Counters;
-use crate::{NodeError, NodeOptions, NodeStats};
+use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
 
 /// The node: one block manager for every engine process of the host. See
 /// the [crate docs](crate).
@@ -54,7 +54,7 @@ impl Node {
     /// sinks (`manager.events_nats_url`, `manager.events_zmq_endpoint`) and
     /// to `extra_sinks`. Must run inside a tokio runtime.
     pub async fn open(
-        config: &Config,
+        config: &NodeConfig,
         extra_sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Arc<Self>, NodeError> {
         let options = NodeOptions::from_config(config)?;
@@ -236,7 +236,7 @@ async fn configured_sinks(options: &NodeOptions) -> Result<Vec<Arc<dyn EventSink
 /// Opens the disk log (recovering it) on an engine with the arena
 /// registered, so disk reads land straight in arena slots.
 async fn open_disk(
-    config: &Config,
+    config: &NodeConfig,
     geometry: Geometry,
     memory: &MemoryTier,
 ) -> Result<DiskTier, NodeError> {

@@ -5,14 +5,16 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvtier_core::{ByteSize, Config, IoEngineKind};
+use kvtier_core::{ByteSize, IoEngineKind};
+
+use crate::NodeConfig;
 
 /// A configuration for a node under `dir` with `dram_blocks` arena slots
 /// and a 4 MiB disk log of 1 MiB regions (psync, no fsync), socket
 /// `<dir>/node.sock`.
-pub fn small_config(dir: &Path, dram_blocks: u64) -> Config {
+pub fn small_config(dir: &Path, dram_blocks: u64) -> NodeConfig {
     static N: AtomicU64 = AtomicU64::new(0);
-    let mut c = Config::default();
+    let mut c = NodeConfig::default();
     c.geometry.preset = Some("tiny".into());
     c.geometry.tokens_per_block = 16;
     let block = c.geometry.resolve().map_or(16 << 10, |g| g.block_bytes());
@@ -41,7 +43,7 @@ pub struct TestNode {
     /// The node.
     pub node: std::sync::Arc<crate::Node>,
     /// The configuration it was opened with.
-    pub config: Config,
+    pub config: NodeConfig,
     server: Option<crate::NodeServer>,
 }
 
@@ -49,7 +51,7 @@ impl TestNode {
     /// Opens a node on `config` with `sinks` and listens on its socket.
     /// Panics (it is a test helper) when either fails.
     pub fn start(
-        config: Config,
+        config: NodeConfig,
         sinks: Vec<std::sync::Arc<dyn kvtier_manager::events::EventSink>>,
     ) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -93,7 +95,7 @@ impl TestNode {
 
     /// Stops the server and closes the node (G2 moves to the disk log);
     /// returns the configuration, to start it again.
-    pub fn stop(mut self) -> Config {
+    pub fn stop(mut self) -> NodeConfig {
         self.shut();
         self.config.clone()
     }

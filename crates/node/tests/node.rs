@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
-use kvtier_core::Config;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
+use kvtier_node::NodeConfig as Config;
 use kvtier_node::NodeServer;
 use kvtier_node::test_support::TestNode;
 use kvtier_protocol::{ReserveResult, WireGeometry};

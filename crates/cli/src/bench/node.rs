@@ -29,8 +29,8 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::str::FromStr;
 use std::sync::Arc;
 
-use kvtier_core::{ByteSize, Config, Geometry, IoEngineKind, ModelPreset};
-use kvtier_node::{Node, NodeServer};
+use kvtier_core::{ByteSize, Geometry, IoEngineKind, ModelPreset};
+use kvtier_node::{Node, NodeConfig, NodeServer};
 
 use super::measure::process_cpu_time;
 use report::{Pass, PhaseTotals, Report, Round};
@@ -349,8 +349,8 @@ impl Daemon {
 /// The daemon's configuration: the plan's geometry, an arena for every
 /// client's peak, and a small disk log the bench never reaches (psync, no
 /// fsync, so no io_uring or locked-memory needs).
-fn daemon_config(plan: &Plan, dir: &std::path::Path, verify_commits: bool) -> Config {
-    let mut c = Config::default();
+fn daemon_config(plan: &Plan, dir: &std::path::Path, verify_commits: bool) -> NodeConfig {
+    let mut c = NodeConfig::default();
     c.geometry.preset = Some(plan.preset.name().to_owned());
     c.geometry.tokens_per_block = plan.geometry.tokens_per_block;
     let block = plan.geometry.block_bytes();

@@ -1,0 +1,239 @@
+//! `[meta]`: the metadata service's section, owned by the binary, which
+//! builds the service from it (`crate::meta`): listeners, index, auth and
+//! accounts, the default pool and storage roots.
+
+use std::path::PathBuf;
+
+use kvtier_core::{ByteSize, CoreError, Result};
+use serde::{Deserialize, Serialize};
+
+/// `[meta]`: the metadata service (Tair-KVCM-compatible metadata and admin
+/// APIs, a global KV cache manager) that `kvtier serve` hosts and
+/// `kvtier meta` runs alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetaSectionConfig {
+    /// Whether `kvtier serve` hosts the metadata service (`kvtier meta`
+    /// always does).
+    pub enabled: bool,
+    /// Where metadata lives: `embedded` (redb file `<data_dir>/meta.redb`),
+    /// `memory` (lost on exit; tests and demos) or a Redis/Valkey URL
+    /// (`redis://host:port/db`) shared by several stateless frontends.
+    pub index: String,
+    /// Key prefix in Redis/Valkey, so several clusters can share a server.
+    pub redis_prefix: String,
+    /// Address the four listeners bind to. Default `127.0.0.1`: only this
+    /// host. Any other address (`0.0.0.0` included) with `auth` off is
+    /// refused unless `allow_unauthenticated_remote` is set.
+    pub bind: String,
+    /// Meta service gRPC port (Tair KVCM `rpc_port`).
+    pub rpc_port: u16,
+    /// Meta service HTTP port (Tair KVCM `http_port`).
+    pub http_port: u16,
+    /// Admin service gRPC port.
+    pub admin_rpc_port: u16,
+    /// Admin service HTTP port (also serves `/metrics` and `/health`).
+    pub admin_http_port: u16,
+    /// Require an API key on every request.
+    pub auth: bool,
+    /// Key of the bootstrap `admin` account, created or updated at start
+    /// (set it through `KVTIER_META__ADMIN_API_KEY`, not in a file).
+    pub admin_api_key: Option<String>,
+    /// Start with `auth` off although `bind` is not a loopback address, so
+    /// that everyone who reaches the ports is an administrator (a warning
+    /// is logged). For a network that is itself the access control.
+    pub allow_unauthenticated_remote: bool,
+    /// `[[meta.accounts]]`: accounts created or replaced at every start.
+    pub accounts: Vec<MetaAccountConfig>,
+    /// Seconds a write session may stay open before it fails and its
+    /// locations are reclaimed.
+    pub session_timeout_secs: u64,
+    /// Seconds between watermark reclaimer rounds.
+    pub reclaim_interval_secs: u64,
+    /// Seconds between storage health probes.
+    pub health_interval_secs: u64,
+    /// Seconds between re-reads of groups, storages, instances and
+    /// accounts when the index is shared with other frontends (Redis).
+    pub catalog_refresh_secs: u64,
+    /// With a shared index, how long (ms) a cached location may be served
+    /// before it is read again: another frontend's removals are not seen
+    /// by this one's cache. 0 turns the cache off for shared indexes.
+    pub shared_cache_ttl_ms: u64,
+    /// Largest request body accepted.
+    pub max_body: ByteSize,
+    /// Most block keys in one request.
+    pub max_keys: usize,
+    /// Quota of the `default` instance group a fresh manager creates;
+    /// 0: no quota beyond what its storage holds.
+    pub default_group_quota: ByteSize,
+    /// Size of the default file pool (`<data_dir>/pool`), reserved at start
+    /// in four files.
+    pub pool_capacity: ByteSize,
+    /// Storage of the `default` group: empty for a file pool in
+    /// `<data_dir>/pool`, else a base URI (`file://`, `s3://`, `kvtier://`).
+    pub default_storage: String,
+    /// Directories under which storages added or changed through the admin
+    /// API (and snapshot loads) may keep `file://` data; any other
+    /// directory is refused before anything is created. Empty (the
+    /// default): `<data_dir>/pool` only.
+    pub storage_roots: Vec<PathBuf>,
+    /// Whether `kvtier serve` publishes the blocks its engines commit as
+    /// `kvtier://<node>/...` locations (storage and group `node-<node>`),
+    /// so the cluster-wide view knows what the node holds
+    /// (docs/meta-api.md, "Node-published locations").
+    pub publish_node_blocks: bool,
+}
+
+impl Default for MetaSectionConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            index: "embedded".into(),
+            redis_prefix: "kvtier".into(),
+            bind: "127.0.0.1".into(),
+            rpc_port: 6381,
+            http_port: 6382,
+            admin_rpc_port: 6491,
+            admin_http_port: 6492,
+            auth: false,
+            admin_api_key: None,
+            allow_unauthenticated_remote: false,
+            accounts: Vec::new(),
+            session_timeout_secs: 30,
+            reclaim_interval_secs: 5,
+            health_interval_secs: 10,
+            catalog_refresh_secs: 5,
+            shared_cache_ttl_ms: 1000,
+            max_body: ByteSize(64 << 20),
+            max_keys: 65_536,
+            default_group_quota: ByteSize(0),
+            pool_capacity: ByteSize(4 << 30),
+            default_storage: String::new(),
+            storage_roots: Vec::new(),
+            publish_node_blocks: true,
+        }
+    }
+}
+
+/// Role of a configured account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountRole {
+    /// Meta calls on instances of the account's `groups`.
+    #[default]
+    User,
+    /// Everything, on every listener.
+    Admin,
+}
+
+/// One `[[meta.accounts]]` entry: an API account the manager creates, or
+/// replaces whole, at every start. The key is never in the file: either the
+/// name of an environment variable that holds it, or its salted hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaAccountConfig {
+    /// Account name.
+    pub name: String,
+    /// Role; default `user`.
+    #[serde(default)]
+    pub role: AccountRole,
+    /// Instance groups a `user` may use: group names, or `"*"` for every
+    /// group. Empty (the default): none.
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Environment variable holding the API key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_env: Option<String>,
+    /// The key's stored form, `sha256$<salt hex>$<SHA-256(salt || key) hex>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_hash: Option<String>,
+}
+
+impl MetaSectionConfig {
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        let m = self;
+        if m.bind.parse::<std::net::IpAddr>().is_err() {
+            return bad("meta.bind must be an IP address");
+        }
+        let ports = [m.rpc_port, m.http_port, m.admin_rpc_port, m.admin_http_port];
+        if ports
+            .iter()
+            .enumerate()
+            .any(|(i, p)| ports[..i].contains(p) && *p != 0)
+        {
+            return bad("meta ports must differ from each other");
+        }
+        if m.index != "embedded"
+            && m.index != "memory"
+            && !m.index.starts_with("redis://")
+            && !m.index.starts_with("rediss://")
+        {
+            return bad("meta.index must be embedded, memory or a redis:// URL");
+        }
+        if m.pool_capacity.0 < 4 * 4096 {
+            return bad("meta.pool_capacity must be at least 16KiB");
+        }
+        if m.session_timeout_secs == 0 || m.max_keys == 0 || m.max_body.0 < 1024 {
+            return bad(
+                "meta.session_timeout_secs, meta.max_keys must be positive and meta.max_body at least 1KiB",
+            );
+        }
+        if m.storage_roots.iter().any(|r| r.as_os_str().is_empty()) {
+            return bad("meta.storage_roots must not list an empty path");
+        }
+        if m.auth && m.admin_api_key.as_ref().is_some_and(|k| k.len() < 16) {
+            return bad("meta.admin_api_key must have at least 16 characters");
+        }
+        m.check_exposure()?;
+        m.check_accounts()
+    }
+
+    /// Refuses `auth` off on a non-loopback `bind` unless
+    /// `allow_unauthenticated_remote` accepts it.
+    fn check_exposure(&self) -> Result<()> {
+        let loopback = self
+            .bind
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+        if loopback || self.auth || self.allow_unauthenticated_remote {
+            return Ok(());
+        }
+        Err(CoreError::InvalidConfig(format!(
+            "meta.bind = {:?} exposes the meta and admin APIs to other hosts with meta.auth off, \
+             so anyone who reaches them could administer this server; set meta.auth = true \
+             (with an admin key and accounts), bind 127.0.0.1, or accept it explicitly with \
+             meta.allow_unauthenticated_remote = true",
+            self.bind
+        )))
+    }
+
+    /// Each `[[meta.accounts]]` entry: a unique non-empty name (not the
+    /// bootstrap `admin` when `admin_api_key` is set) and exactly one of
+    /// `key_env`, `key_hash`.
+    fn check_accounts(&self) -> Result<()> {
+        let mut seen = std::collections::HashSet::new();
+        for a in &self.accounts {
+            let bad = |why: &str| {
+                Err(CoreError::InvalidConfig(format!(
+                    "meta.accounts entry {:?}: {why}",
+                    a.name
+                )))
+            };
+            if a.name.is_empty() {
+                return bad("empty name");
+            }
+            if !seen.insert(a.name.as_str()) {
+                return bad("name listed twice");
+            }
+            if a.name == "admin" && self.admin_api_key.is_some() {
+                return bad("\"admin\" is the account meta.admin_api_key creates");
+            }
+            if a.key_env.is_some() == a.key_hash.is_some() {
+                return bad("give exactly one of key_env and key_hash");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! The node's configuration sections: [`ServeConfig`] (`[serve]`),
+//! [`ManagerSectionConfig`] (`[manager]`), and [`NodeConfig`], every
+//! section a node is opened with (docs/configuration.md).
+
+use std::path::PathBuf;
+
+use kvtier_core::{CoreError, GeometryConfig};
+use kvtier_disk::DiskConfig;
+use kvtier_mem::MemoryConfig;
+use serde::{Deserialize, Serialize};
+
+/// `[serve]`: the `kvtier serve` process.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Where persistent state lives (disk tier regions default to `disk/` here).
+    pub data_dir: PathBuf,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("kvtier-data"),
+        }
+    }
+}
+
+/// `[manager]`: the node block manager that `kvtier serve` runs for the
+/// engine processes of its host, and the local socket they reach it on.
+/// G2's pool is the arena (`[memory]`), G3's the disk log (`[disk]`); their
+/// sizes come from those sections, so a pool and its storage cannot
+/// disagree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagerSectionConfig {
+    /// The Unix socket engines connect to (created mode 0660). Empty means
+    /// `<serve.data_dir>/node.sock`.
+    pub socket: PathBuf,
+    /// Eviction policy of every pool: `lru`, `lfu`, `arc`, `s3fifo`, `ttl`
+    /// or `cost`.
+    pub policy: String,
+    /// `exclusive` (a block lives in one tier; G2 evictions move it down)
+    /// or `inclusive` (new blocks are also written to the tier below at
+    /// once, so they survive a crash).
+    pub mode: String,
+    /// Fraction of a pool above which the background step moves blocks
+    /// down.
+    pub high_watermark: f64,
+    /// Fraction of a pool the background step moves blocks down to.
+    pub low_watermark: f64,
+    /// Reuses a block needs before it is written to disk (0: every block).
+    pub admit_after: u32,
+    /// Milliseconds between background steps (watermark offloads, expiry).
+    pub step_interval_ms: u64,
+    /// Seconds a client's reservation or pin lives without being committed
+    /// or released while the client stays connected (a disconnect drops
+    /// them at once).
+    pub lease_secs: u64,
+    /// Hash every client-filled slot against its sums before publishing it
+    /// (a pass over each block in the daemon). Off, the sums' consistency is
+    /// checked and every reader verifies the bytes; a client that finds a
+    /// block corrupt removes it.
+    pub verify_commits: bool,
+    /// G4: an object store or shared directory URL (`s3://bucket/prefix`,
+    /// `file:///dir`); empty for none.
+    pub g4_url: String,
+    /// Blocks the G4 pool may hold.
+    pub g4_capacity_blocks: usize,
+    /// Largest batch of keys one request may name.
+    pub max_batch: usize,
+    /// NATS server the node publishes its stored / removed events to
+    /// (subject `kvtier.events.<node>`); empty for none.
+    pub events_nats_url: String,
+    /// ZMQ endpoint the node publishes events on in vLLM's KV-event
+    /// format (e.g. `tcp://127.0.0.1:5557`); empty for none.
+    pub events_zmq_endpoint: String,
+    /// Address of the node's own HTTP endpoint (`GET /metrics` in
+    /// OpenMetrics text, `GET /health`), e.g. `127.0.0.1:9400`; empty for
+    /// none. With `[meta]` enabled the node's families are also on the
+    /// admin service's `/metrics`.
+    pub metrics_addr: String,
+}
+
+impl Default for ManagerSectionConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::new(),
+            policy: "lru".into(),
+            mode: "exclusive".into(),
+            high_watermark: 0.95,
+            low_watermark: 0.85,
+            admit_after: 0,
+            step_interval_ms: 100,
+            lease_secs: 30,
+            verify_commits: false,
+            g4_url: String::new(),
+            g4_capacity_blocks: 1 << 20,
+            max_batch: 4096,
+            events_nats_url: String::new(),
+            events_zmq_endpoint: String::new(),
+            metrics_addr: String::new(),
+        }
+    }
+}
+
+impl ManagerSectionConfig {
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> kvtier_core::Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        let (low, high) = (self.low_watermark, self.high_watermark);
+        if !(0.0..=1.0).contains(&low) || !(0.0..=1.0).contains(&high) || low > high {
+            return bad("manager.low_watermark <= manager.high_watermark, both in 0..=1");
+        }
+        if self.mode != "exclusive" && self.mode != "inclusive" {
+            return bad("manager.mode must be exclusive or inclusive");
+        }
+        if self.step_interval_ms == 0 || self.lease_secs == 0 || self.max_batch == 0 {
+            return bad("manager.step_interval_ms, lease_secs and max_batch must be positive");
+        }
+        if !self.g4_url.is_empty() && self.g4_capacity_blocks == 0 {
+            return bad("manager.g4_capacity_blocks must be positive when g4_url is set");
+        }
+        if !self.metrics_addr.is_empty()
+            && self.metrics_addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return bad("manager.metrics_addr must be an IP address and port, e.g. 127.0.0.1:9400");
+        }
+        Ok(())
+    }
+}
+
+/// Every section a node is opened with: `[geometry]`, `[memory]`, `[disk]`,
+/// `[serve]` and `[manager]` of the configuration file (the `kvtier` binary
+/// reads the file, `[meta]` included, and hands the node these).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// `[geometry]`.
+    pub geometry: GeometryConfig,
+    /// `[memory]`.
+    pub memory: MemoryConfig,
+    /// `[disk]`.
+    pub disk: DiskConfig,
+    /// `[serve]`.
+    pub serve: ServeConfig,
+    /// `[manager]`.
+    pub manager: ManagerSectionConfig,
+}
+
+impl NodeConfig {
+    /// Checks values that parse but make no sense, section by section.
+    pub fn validate(&self) -> kvtier_core::Result<()> {
+        self.geometry.resolve()?;
+        self.memory.validate()?;
+        self.disk.validate()?;
+        self.manager.validate()
+    }
+
+    /// The node socket, defaulting to `<data_dir>/node.sock`.
+    pub fn node_socket(&self) -> PathBuf {
+        if self.manager.socket.as_os_str().is_empty() {
+            self.serve.data_dir.join("node.sock")
+        } else {
+            self.manager.socket.clone()
+        }
+    }
+
+    /// The disk directories, defaulting to `<data_dir>/disk`.
+    pub fn disk_dirs(&self) -> Vec<PathBuf> {
+        if self.disk.dirs.is_empty() {
+            vec![self.serve.data_dir.join("disk")]
+        } else {
+            self.disk.dirs.clone()
+        }
+    }
+}
