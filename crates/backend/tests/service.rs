@@ -3,12 +3,12 @@
 //! storages skipped when their backend refuses, restore after a restart,
 //! and health checks that stop and resume writes and reads.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_backend::{FilePool, FilePoolOptions};
+use kvtier_meta::test_support::world::{keys, service, uris};
 use kvtier_meta::*;
 
 const SPEC: u64 = 5000;
@@ -20,72 +20,6 @@ fn pool_opts(file_size: u64) -> FilePoolOptions {
         preallocate: false,
         probe_timeout: Duration::from_secs(5),
     }
-}
-
-fn storage(name: &str, kind: StorageKind, uri: String) -> Storage {
-    Storage {
-        name: name.into(),
-        kind,
-        uri,
-        enabled: true,
-        health: StorageHealth::Healthy,
-    }
-}
-
-async fn service(
-    index: Arc<dyn MetaIndex>,
-    dir: &Path,
-    storages: &[&str],
-    config: MetaConfig,
-) -> Arc<MetaService> {
-    let svc = MetaService::new(index, config).unwrap();
-    svc.put_storage(storage(
-        "pool",
-        StorageKind::FilePool,
-        format!("file://{}", dir.display()),
-    ))
-    .unwrap();
-    svc.put_storage(storage("plain", StorageKind::S3, "s3://b/p".into()))
-        .unwrap();
-    svc.put_group(InstanceGroup {
-        name: "g".into(),
-        quota_bytes: 1 << 40,
-        kind_quota_bytes: BTreeMap::new(),
-        watermark: 0.9,
-        eviction: EvictionPolicy::Lru,
-        storages: storages.iter().map(|s| s.to_string()).collect(),
-        max_instances: 4,
-    })
-    .unwrap();
-    svc.register_instance(Instance {
-        id: "i".into(),
-        group: "g".into(),
-        model: "m".into(),
-        block_size: 16,
-        location_specs: ["tp0", "tp1"]
-            .iter()
-            .map(|n| LocationSpecInfo {
-                name: n.to_string(),
-                size: SPEC,
-            })
-            .collect(),
-        spec_groups: vec![],
-    })
-    .await
-    .unwrap();
-    Arc::new(svc)
-}
-
-fn keys(r: std::ops::Range<u64>) -> Vec<BlockKey> {
-    r.map(BlockKey).collect()
-}
-
-fn uris(grant: &WriteGrant) -> Vec<String> {
-    grant
-        .blocks
-        .iter()
-        .flat_map(|b| b.location.specs.iter().map(|s| s.uri.clone()))
-        .collect()
 }
 
 async fn objects(pool: &FilePool) -> u64 {
@@ -102,7 +36,7 @@ struct Setup {
 async fn setup(storages: &[&str], file_size: u64, config: MetaConfig) -> Setup {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pool");
-    let svc = service(Arc::new(MemoryIndex::new()), &dir, storages, config).await;
+    let svc = service(Arc::new(MemoryIndex::new()), &dir, storages, config, SPEC).await;
     let pool = Arc::new(FilePool::open(dir.clone(), &pool_opts(file_size)).unwrap());
     svc.attach_backend("pool", pool.clone()).unwrap();
     Setup {
@@ -215,7 +149,7 @@ async fn restart_restores_the_pool_from_the_index() {
     let dir = tmp.path().join("pool");
     let index: Arc<dyn MetaIndex> = Arc::new(MemoryIndex::new());
     let (served, in_flight) = {
-        let svc = service(index.clone(), &dir, &["pool"], MetaConfig::default()).await;
+        let svc = service(index.clone(), &dir, &["pool"], MetaConfig::default(), SPEC).await;
         let pool = Arc::new(FilePool::open(dir.clone(), &pool_opts(1 << 20)).unwrap());
         svc.attach_backend("pool", pool).unwrap();
         let g = svc.start_write_cache("i", &keys(0..3)).await.unwrap();

@@ -81,6 +81,10 @@ pub struct ReplayArgs {
     /// Seed of randomised policies.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Replay the plain policies, without the node's leaves-before-parents
+    /// filter (the default models the node).
+    #[arg(long)]
+    no_leaf_first: bool,
     /// Replay threads (configurations run in parallel).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -146,6 +150,7 @@ struct Plan {
     ttl_ms: Option<u64>,
     timeline_points: usize,
     seed: u64,
+    leaf_first: bool,
     model: ServingModel,
     target: Option<Target>,
 }
@@ -280,6 +285,7 @@ impl Plan {
             ttl_ms: a.ttl_ms,
             timeline_points: a.timeline_points,
             seed: a.seed,
+            leaf_first: !a.no_leaf_first,
             model,
             target,
         })
@@ -318,6 +324,7 @@ impl Plan {
         grid.ttl_ms = self.ttl_ms;
         grid.timeline_points = self.timeline_points;
         grid.seed = self.seed;
+        grid.leaf_first = self.leaf_first;
         Ok(grid)
     }
 }

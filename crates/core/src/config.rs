@@ -8,7 +8,7 @@
 //! where the sections come together (the node's `NodeConfig`, the binary's
 //! `Config`). This module has what they all use: [`ByteSize`],
 //! [`GeometryConfig`] (`[geometry]`, which every tier needs), the kinds
-//! several crates pick from ([`IoEngineKind`], [`EvictionPolicyKind`],
+//! several crates pick from ([`IoEngineKind`],
 //! [`RegionEvictionKind`]) and [`from_toml_with_env`], which reads a file
 //! with its overrides into any of those assembled types.
 //!
@@ -130,15 +130,6 @@ pub enum IoEngineKind {
     IoUring,
     /// The pread/pwrite thread pool only.
     Psync,
-}
-
-/// Eviction policy of the memory tier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EvictionPolicyKind {
-    /// Least recently used.
-    #[default]
-    Lru,
 }
 
 /// Which region the disk tier reclaims first.

@@ -51,7 +51,7 @@ pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
     layer_checksums,
 };
-pub use config::{ByteSize, EvictionPolicyKind, GeometryConfig, IoEngineKind, RegionEvictionKind};
+pub use config::{ByteSize, GeometryConfig, IoEngineKind, RegionEvictionKind};
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
 pub use hash::{BlockHash, HashChain, Salt};

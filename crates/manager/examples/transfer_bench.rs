@@ -14,7 +14,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::{BlockHash, EvictionPolicyKind, IoEngineKind, ModelPreset, RegionEvictionKind};
+use kvtier_core::{BlockHash, IoEngineKind, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_manager::TransferPath;
 use kvtier_manager::device::{
@@ -85,7 +85,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_manager::policy::PolicyKind::Lru,
     })?;
     let tmp = tempfile::Builder::new()
         .prefix("kvtier-transfer-bench")

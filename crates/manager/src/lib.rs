@@ -22,12 +22,13 @@ pub mod events;
 pub mod manager;
 pub mod offloading;
 pub mod placement;
-pub mod policy;
+pub use kvtier_policy as policy;
 pub mod pool;
 pub mod registry;
 pub mod scheduler;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod tier;
-pub mod trace_bench;
 pub mod transfer;
 
 pub use tier::{Tier, TransferPath};

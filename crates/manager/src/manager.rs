@@ -53,7 +53,7 @@ use crate::Tier;
 use crate::device::{DeviceBlockId, HostSource, Span, Upload};
 use crate::events::{EventPublisher, EventSink};
 use crate::placement::{MoveHooks, Planner};
-use crate::pool::{BlockPool, ImmutableBlock, PoolConfig, SlotId};
+use crate::pool::{BlockPool, Clock, ImmutableBlock, PoolConfig, SlotId, wall_clock};
 use crate::registry::{PrefixMatch, Registry};
 use crate::scheduler::{IoScheduler, SystemClock};
 use crate::transfer::TransferEngine;
@@ -109,6 +109,17 @@ impl BlockManager {
         tiers: ManagerTiers,
         sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Self, ManagerError> {
+        Self::with_pool_clock(config, tiers, sinks, wall_clock())
+    }
+
+    /// [`new`](Self::new) with the pools' clock (policies' idle times and
+    /// TTLs) given: the trace bench replays on the trace's time.
+    pub fn with_pool_clock(
+        config: ManagerConfig,
+        tiers: ManagerTiers,
+        sinks: Vec<Arc<dyn EventSink>>,
+        clock: Clock,
+    ) -> Result<Self, ManagerError> {
         let geometry = tiers.geometry;
         let mut hierarchy = config.hierarchy.clone();
         check_tiers(&hierarchy, &tiers)?;
@@ -121,7 +132,7 @@ impl BlockManager {
                 cfg.evict_on_allocate = !config.offload_on_demand;
             }
         }
-        let registry: Registry = hierarchy.build_registry()?;
+        let registry: Registry = hierarchy.build_registry_on(clock)?;
         let capacity = registry.pool(Tier::G1).map_or(0, |p| p.stats().capacity);
         let device_blocks = match &tiers.device {
             Some(d) => d.allocate(capacity)?,

@@ -181,12 +181,16 @@ impl<L: PoolLock> BlockPool<L> {
     /// A pool for `tier` with the lock type `L` and `clock`.
     pub fn with_lock(tier: Tier, config: PoolConfig, clock: Clock) -> Result<Self, PoolError> {
         config.validate()?;
+        let policy = config
+            .policy
+            .build(config.capacity_blocks)
+            .map_err(PoolConfigError::from)?;
         Ok(Self {
             inner: Arc::new(PoolInner {
                 tier,
                 tokens_per_block: config.tokens_per_block,
                 clock,
-                lock: L::new(PoolState::new(tier, config)),
+                lock: L::new(PoolState::new(tier, config, policy)),
             }),
         })
     }

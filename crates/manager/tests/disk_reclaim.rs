@@ -13,7 +13,7 @@ use kvtier_manager::device::{Device, HostDevice, HostDeviceOptions};
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
-use kvtier_manager::trace_bench::block_content;
+use kvtier_manager::test_support::block_content;
 
 #[path = "support/tiers.rs"]
 mod tiers;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, EvictionPolicyKind, Lookup};
+use kvtier_core::{BlockHash, Lookup};
 use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
@@ -18,8 +18,8 @@ use kvtier_manager::manager::{
 };
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
-use kvtier_manager::trace_bench::block_content;
-use kvtier_mem::{ArenaClient, MemoryTier, MemoryTierConfig, NoEviction};
+use kvtier_manager::test_support::block_content;
+use kvtier_mem::{ArenaClient, MemoryTier, MemoryTierConfig};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -467,10 +467,9 @@ fn node_arena(blocks: u64) -> MemoryTier {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_manager::policy::PolicyKind::Lru,
     };
-    MemoryTier::create_with_policy(cfg, |slots| Box::new(NoEviction::new(slots)))
-        .expect("memory tier in /dev/shm")
+    MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
 }
 
 /// A node's manager: no device, G2 on a node arena of 4 slots, G3 on disk.

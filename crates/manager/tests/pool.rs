@@ -303,7 +303,7 @@ mod under_pressure {
     }
 
     fn policy() -> impl Strategy<Value = PolicyKind> {
-        proptest::sample::select(PolicyKind::ALL.to_vec())
+        proptest::sample::select(PolicyKind::NODE.to_vec())
     }
 
     proptest! {

@@ -14,7 +14,7 @@ use kvtier_manager::events::{BlockLocation, ChannelSink, EventBatch, EventSink, 
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
-use kvtier_manager::trace_bench::block_content;
+use kvtier_manager::test_support::block_content;
 use kvtier_manager::transfer::{BlockFailure, BlockMove, TransferEngine, TransferRequest};
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_remote::test_support::MotoServer;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Geometry};
+use kvtier_core::{BlockHash, BlockSums, Geometry};
 use kvtier_manager::TransferPath;
 use kvtier_manager::device::{
     CopyDirection, Device, DeviceBlockId, GatedDevice, HostDevice, HostDeviceOptions, HostSource,
@@ -63,7 +63,7 @@ fn rig(policy: PolicyConfig) -> Rig {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_manager::policy::PolicyKind::Lru,
     })
     .expect("memory tier");
     let engine = TransferEngine::builder(g)

@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup, ModelPreset};
+use kvtier_core::{BlockHash, BlockSums, Lookup, ModelPreset};
 use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         block_bytes: block,
         layer_bytes: layer,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_policy::PolicyKind::Lru,
     })?;
     let n = tier.capacity_blocks();
     let mut data = vec![0u8; block];

@@ -1,7 +1,8 @@
 //! [`MemoryConfig`], the `[memory]` section, and [`MemoryTierConfig`]:
 //! everything [`MemoryTier::create`](crate::MemoryTier::create) needs.
 
-use kvtier_core::{ByteSize, CoreError, EvictionPolicyKind, Geometry};
+use kvtier_core::{ByteSize, CoreError, Geometry};
+use kvtier_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 /// `[memory]`: the shared-memory DRAM tier (G2).
@@ -15,8 +16,9 @@ pub struct MemoryConfig {
     pub shm_name: String,
     /// Back the arena with huge pages (`MAP_HUGETLB`) when available.
     pub hugepages: bool,
-    /// Eviction policy.
-    pub policy: EvictionPolicyKind,
+    /// Eviction policy of an arena that evicts by itself (a standalone
+    /// arena; on a node the block manager's G2 pool evicts instead).
+    pub policy: PolicyKind,
 }
 
 impl Default for MemoryConfig {
@@ -25,7 +27,7 @@ impl Default for MemoryConfig {
             capacity: ByteSize(1 << 30),
             shm_name: "kvtier".into(),
             hugepages: false,
-            policy: EvictionPolicyKind::Lru,
+            policy: PolicyKind::Lru,
         }
     }
 }
@@ -37,6 +39,12 @@ impl MemoryConfig {
             return Err(CoreError::InvalidConfig(
                 "memory.shm_name must be a non-empty name without '/'".into(),
             ));
+        }
+        if self.policy.optimizer_only() {
+            return Err(CoreError::InvalidConfig(format!(
+                "memory.policy {} runs only in the optimizer; the arena runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware",
+                self.policy
+            )));
         }
         Ok(())
     }
@@ -64,7 +72,7 @@ pub struct MemoryTierConfig {
     /// log line otherwise.
     pub hugepages: bool,
     /// Which eviction policy orders the blocks.
-    pub policy: EvictionPolicyKind,
+    pub policy: PolicyKind,
 }
 
 impl MemoryTierConfig {

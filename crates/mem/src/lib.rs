@@ -29,7 +29,8 @@
 //! layout and its invariants are in `docs/memory-arena.md`.
 //!
 //! ```
-//! use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup};
+//! use kvtier_core::{BlockHash, BlockSums, Lookup};
+//! use kvtier_policy::PolicyKind;
 //! use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
 //!
 //! # fn main() -> Result<(), kvtier_mem::MemError> {
@@ -39,7 +40,7 @@
 //!     block_bytes: 8192,
 //!     layer_bytes: 2048,
 //!     hugepages: false,
-//!     policy: EvictionPolicyKind::Lru,
+//!     policy: PolicyKind::Lru,
 //! })?;
 //! let key = BlockHash(42);
 //! let block = vec![7u8; 8192];
@@ -62,7 +63,6 @@ mod arena;
 mod client;
 mod config;
 mod error;
-mod policy;
 mod reader;
 mod tier;
 mod verify;
@@ -70,7 +70,6 @@ mod verify;
 pub use client::ArenaClient;
 pub use config::{MemoryConfig, MemoryTierConfig};
 pub use error::{MemError, Result};
-pub use policy::{EvictionPolicy, Lru, NoEviction, build_policy};
 pub use reader::{ArenaReader, ReaderStats};
 pub use tier::{
     BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome, Reserve,

@@ -18,6 +18,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup};
+use kvtier_policy::{PolicyConfig, PolicyKind};
 use parking_lot::Mutex;
 
 use crate::arena::shm::{self, Mapping, OwnedShm, PendingShm};
@@ -25,7 +26,6 @@ use crate::arena::table::SlotTable;
 use crate::arena::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES, header};
 use crate::config::MemoryTierConfig;
 use crate::error::{MemError, Result};
-use crate::policy::{EvictionPolicy, build_policy};
 use crate::verify;
 use book::{Acquired, Book, Claim};
 use stats::Counters;
@@ -212,15 +212,21 @@ impl MemoryTier {
     /// up front, so a `/dev/shm` too small fails here
     /// ([`MemError::ShmFull`]) rather than with a `SIGBUS` later.
     pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
-        Self::create_with_policy(cfg.clone(), |slots| build_policy(cfg.policy, slots))
+        let kind = cfg.policy;
+        Self::create_evicting(cfg, Some(kind))
     }
 
-    /// Like [`create`](Self::create) with an eviction policy of the caller's
-    /// (`cfg.policy` is ignored): `policy(slots)` builds it for `slots` slots.
-    pub fn create_with_policy(
-        cfg: MemoryTierConfig,
-        policy: impl FnOnce(usize) -> Box<dyn EvictionPolicy>,
-    ) -> Result<Self> {
+    /// Like [`create`](Self::create) for an arena whose owner (the node's
+    /// block manager, whose G2 pool is the tier's one eviction authority)
+    /// removes blocks itself: `put` and `reserve` on a full arena answer
+    /// `Full` instead of evicting, and no block is offered for demotion
+    /// (`cfg.policy` is ignored).
+    pub fn create_owned(cfg: MemoryTierConfig) -> Result<Self> {
+        Self::create_evicting(cfg, None)
+    }
+
+    /// Creates the arena, evicting by `policy` (none: the owner's).
+    fn create_evicting(cfg: MemoryTierConfig, policy: Option<PolicyKind>) -> Result<Self> {
         let path = shm::shm_path(&cfg.shm_name)?;
         let page = if cfg.hugepages {
             match shm::hugepages_unavailable() {
@@ -270,11 +276,15 @@ impl MemoryTier {
         };
         // SAFETY: data_offset < file_bytes = the mapping's length.
         let data = unsafe { map.ptr().add(layout.data_offset) };
-        let book = Book::new(
-            layout.slot_count,
-            policy(layout.slot_count),
-            DEFAULT_EVICTION_SCAN_LIMIT,
-        );
+        let policy = match policy {
+            Some(kind) => Some(
+                PolicyConfig::of(kind)
+                    .build::<usize>(layout.slot_count)
+                    .map_err(|e| MemError::InvalidConfig(e.to_string()))?,
+            ),
+            None => None,
+        };
+        let book = Book::new(layout.slot_count, policy, DEFAULT_EVICTION_SCAN_LIMIT);
         tracing::info!(
             path = %path.display(),
             bytes = layout.file_bytes,

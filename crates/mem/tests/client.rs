@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup, layer_checksum};
+use kvtier_core::{BlockHash, BlockSums, Lookup, layer_checksum};
 use kvtier_mem::{ArenaClient, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
 use proptest::prelude::*;
 
@@ -30,7 +30,7 @@ fn tier_with(block: usize, layer: usize, slots: u64) -> MemoryTier {
         block_bytes: block,
         layer_bytes: layer,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_policy::PolicyKind::Lru,
     })
     .expect("create tier")
 }

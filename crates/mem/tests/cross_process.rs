@@ -9,7 +9,7 @@
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup};
+use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
 
 const BLOCK: usize = 64 * 1024;
@@ -40,7 +40,7 @@ fn tier(tag: &str) -> MemoryTier {
         block_bytes: BLOCK,
         layer_bytes: LAYER,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_policy::PolicyKind::Lru,
     })
     .unwrap()
 }

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use kvtier_core::{BlockHash, BlockSums, EvictionPolicyKind, Lookup};
+use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_mem::{ArenaReader, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
 use proptest::prelude::*;
 
@@ -28,7 +28,7 @@ fn config(tag: &str, slots: u64) -> MemoryTierConfig {
         block_bytes: BLOCK,
         layer_bytes: LAYER,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_policy::PolicyKind::Lru,
     }
 }
 
@@ -203,6 +203,48 @@ fn full_tier_evicts_only_persisted_unpinned_unreferenced_lru_first() {
     assert_eq!(t.evict(10), vec![BlockHash(2), BlockHash(3)]);
     let s = t.stats();
     assert_eq!((s.evictions, s.pinned), (4, 0));
+}
+
+/// An arena its owner evicts (the node's G2 pool): full means full, even
+/// with persisted, unreferenced blocks, and nothing is offered to demote.
+#[test]
+fn an_owned_arena_never_evicts() {
+    let t = MemoryTier::create_owned(config("owned", 2)).expect("create tier");
+    for k in 1..=2 {
+        put(&t, k);
+        assert!(t.set_persisted(BlockHash(k), true));
+    }
+    assert_eq!(put(&t, 3), PutOutcome::Full);
+    assert!(matches!(t.reserve(BlockHash(3)).unwrap(), Reserve::Full));
+    assert!(t.evict(10).is_empty());
+    assert!(t.demotion_candidates(10).is_empty());
+    assert!(t.remove(BlockHash(1)));
+    assert_eq!(put(&t, 3), PutOutcome::Stored);
+    assert_eq!(t.stats().evictions, 0);
+}
+
+/// Every policy the node runs orders the arena; the optimizer's are refused.
+#[test]
+fn the_arena_runs_every_node_policy() {
+    for kind in kvtier_policy::PolicyKind::NODE {
+        let t = MemoryTier::create(MemoryTierConfig {
+            policy: kind,
+            ..config("policy", 2)
+        })
+        .expect("create tier");
+        for k in 1..=2 {
+            put(&t, k);
+            assert!(t.set_persisted(BlockHash(k), true));
+        }
+        assert_eq!(put(&t, 3), PutOutcome::Stored, "{kind}");
+        assert_eq!(t.len(), 2, "{kind}");
+    }
+    let e = MemoryTier::create(MemoryTierConfig {
+        policy: kvtier_policy::PolicyKind::Belady,
+        ..config("belady", 2)
+    })
+    .expect_err("refused");
+    assert!(e.to_string().contains("only in the optimizer"), "{e}");
 }
 
 #[test]

@@ -272,3 +272,84 @@ impl Drop for Tmpfs {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// A service world shared by the tests that attach storage backends: a
+/// file pool `pool` at `dir`, an S3 storage `plain` (never reached), group
+/// `g` over `storages`, and instance `i` (model `m`, 16 tokens per block,
+/// location specs `tp0` and `tp1` of `spec_bytes` each).
+pub mod world {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use crate::*;
+
+    /// A healthy, enabled storage.
+    pub fn storage(name: &str, kind: StorageKind, uri: String) -> Storage {
+        Storage {
+            name: name.into(),
+            kind,
+            uri,
+            enabled: true,
+            health: StorageHealth::Healthy,
+        }
+    }
+
+    /// The service described in the module docs.
+    ///
+    /// # Panics
+    /// When the service refuses its setup (a test bug).
+    pub async fn service(
+        index: Arc<dyn MetaIndex>,
+        dir: &Path,
+        storages: &[&str],
+        config: MetaConfig,
+        spec_bytes: u64,
+    ) -> Arc<MetaService> {
+        let svc = MetaService::new(index, config).expect("service");
+        let pool_uri = format!("file://{}", dir.display());
+        svc.put_storage(storage("pool", StorageKind::FilePool, pool_uri))
+            .expect("pool storage");
+        svc.put_storage(storage("plain", StorageKind::S3, "s3://b/p".into()))
+            .expect("s3 storage");
+        svc.put_group(InstanceGroup {
+            name: "g".into(),
+            quota_bytes: 1 << 40,
+            kind_quota_bytes: BTreeMap::new(),
+            watermark: 0.9,
+            eviction: EvictionPolicy::Lru,
+            storages: storages.iter().map(|s| s.to_string()).collect(),
+            max_instances: 4,
+        })
+        .expect("group");
+        let specs = ["tp0", "tp1"].iter().map(|n| LocationSpecInfo {
+            name: n.to_string(),
+            size: spec_bytes,
+        });
+        svc.register_instance(Instance {
+            id: "i".into(),
+            group: "g".into(),
+            model: "m".into(),
+            block_size: 16,
+            location_specs: specs.collect(),
+            spec_groups: vec![],
+        })
+        .await
+        .expect("instance");
+        Arc::new(svc)
+    }
+
+    /// Block keys `r`.
+    pub fn keys(r: std::ops::Range<u64>) -> Vec<BlockKey> {
+        r.map(BlockKey).collect()
+    }
+
+    /// Every location URI of a write grant.
+    pub fn uris(grant: &WriteGrant) -> Vec<String> {
+        grant
+            .blocks
+            .iter()
+            .flat_map(|b| b.location.specs.iter().map(|s| s.uri.clone()))
+            .collect()
+    }
+}

@@ -2,79 +2,12 @@
 //! retried, then given up and counted. (The service with real file pools
 //! attached: `crates/backend/tests/service.rs`.)
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 
+use kvtier_meta::test_support::world::{keys, service, uris};
 use kvtier_meta::*;
 
 const SPEC: u64 = 5000;
-
-fn storage(name: &str, kind: StorageKind, uri: String) -> Storage {
-    Storage {
-        name: name.into(),
-        kind,
-        uri,
-        enabled: true,
-        health: StorageHealth::Healthy,
-    }
-}
-
-async fn service(
-    index: Arc<dyn MetaIndex>,
-    dir: &Path,
-    storages: &[&str],
-    config: MetaConfig,
-) -> Arc<MetaService> {
-    let svc = MetaService::new(index, config).unwrap();
-    svc.put_storage(storage(
-        "pool",
-        StorageKind::FilePool,
-        format!("file://{}", dir.display()),
-    ))
-    .unwrap();
-    svc.put_storage(storage("plain", StorageKind::S3, "s3://b/p".into()))
-        .unwrap();
-    svc.put_group(InstanceGroup {
-        name: "g".into(),
-        quota_bytes: 1 << 40,
-        kind_quota_bytes: BTreeMap::new(),
-        watermark: 0.9,
-        eviction: EvictionPolicy::Lru,
-        storages: storages.iter().map(|s| s.to_string()).collect(),
-        max_instances: 4,
-    })
-    .unwrap();
-    svc.register_instance(Instance {
-        id: "i".into(),
-        group: "g".into(),
-        model: "m".into(),
-        block_size: 16,
-        location_specs: ["tp0", "tp1"]
-            .iter()
-            .map(|n| LocationSpecInfo {
-                name: n.to_string(),
-                size: SPEC,
-            })
-            .collect(),
-        spec_groups: vec![],
-    })
-    .await
-    .unwrap();
-    Arc::new(svc)
-}
-
-fn keys(r: std::ops::Range<u64>) -> Vec<BlockKey> {
-    r.map(BlockKey).collect()
-}
-
-fn uris(grant: &WriteGrant) -> Vec<String> {
-    grant
-        .blocks
-        .iter()
-        .flat_map(|b| b.location.specs.iter().map(|s| s.uri.clone()))
-        .collect()
-}
 
 /// A backend whose deletes fail `fail_deletes` times before they work.
 #[derive(Debug, Default)]
@@ -144,6 +77,7 @@ async fn failed_deletes_are_retried_then_counted() {
         tmp.path(),
         &["plain"],
         MetaConfig::default(),
+        SPEC,
     )
     .await;
     let backend = Arc::new(FlakyDeletes::default());

@@ -11,7 +11,7 @@ use kvtier_io::IoEngine;
 use kvtier_manager::events::EventSink;
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;
-use kvtier_mem::{MemoryTier, MemoryTierConfig, NoEviction};
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
 use kvtier_remote::{RemoteConfig, RemoteTier};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -61,10 +61,7 @@ impl Node {
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
-        let memory = MemoryTier::create_with_policy(
-            MemoryTierConfig::new(&config.memory, &geometry),
-            |slots| Box::new(NoEviction::new(slots)),
-        )?;
+        let memory = MemoryTier::create_owned(MemoryTierConfig::new(&config.memory, &geometry))?;
         let disk = open_disk(config, geometry, &memory).await?;
         let remote = match &options.g4_url {
             Some(url) => Some(Arc::new(open_remote(url, geometry)?)),

@@ -116,6 +116,15 @@ impl<K: PolicyKey> EvictionPolicy<K> for Arc<K> {
         None
     }
 
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        let first = if self.lists.len(T1) > self.p || self.lists.len(T2) == 0 {
+            [T1, T2]
+        } else {
+            [T2, T1]
+        };
+        let _ = first.iter().any(|l| self.lists.visit_oldest(*l, visit));
+    }
+
     fn contains(&self, key: K) -> bool {
         self.resident(key).is_some()
     }

@@ -157,6 +157,10 @@ impl<K: PolicyKey> EvictionPolicy<K> for CostAware<K> {
         Some(key)
     }
 
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        self.lists.visit_oldest(RECENCY, visit);
+    }
+
     fn contains(&self, key: K) -> bool {
         self.lists.slot(key).is_some()
     }

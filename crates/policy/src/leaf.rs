@@ -13,7 +13,7 @@ use hashbrown::HashMap;
 use crate::{EvictionPolicy, PolicyKey, Verdict};
 
 /// Resident children per key of one tier, and the leaf-first victim.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeafFirst<K: PolicyKey> {
     children: HashMap<K, u32>,
 }

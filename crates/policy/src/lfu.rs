@@ -153,6 +153,13 @@ impl<K: PolicyKey> EvictionPolicy<K> for Lfu<K> {
         None
     }
 
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        let mut b = self.lowest;
+        while b != NIL && !self.lists.visit_oldest(b, visit) {
+            b = self.buckets[b as usize].higher;
+        }
+    }
+
     fn contains(&self, key: K) -> bool {
         self.lists.slot(key).is_some()
     }

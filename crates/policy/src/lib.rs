@@ -120,6 +120,13 @@ pub trait EvictionPolicy<K: PolicyKey>: Send + fmt::Debug {
     fn victim(&mut self, now: u64, eligible: &mut dyn FnMut(K) -> Verdict) -> Option<K>;
     /// Visits the keys idle too long at `now`, oldest first (TTL only).
     fn expired(&self, _now: u64, _visit: &mut dyn FnMut(K)) {}
+    /// Visits tracked keys without evicting, those the policy would give up
+    /// first first, until `visit` answers [`Verdict::Stop`]: the exact
+    /// victim order for LRU, TTL and LFU; for ARC and S3-FIFO their lists'
+    /// order (the preferred list first), which the adaptive state refines
+    /// when it evicts; for cost-aware, least recently used first. The
+    /// memory tier picks blocks to demote this way.
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict);
     /// Whether `key` is tracked.
     fn contains(&self, key: K) -> bool;
     /// Keys tracked.

@@ -195,6 +195,26 @@ impl<K: PolicyKey> Lists<K> {
         Ok(None)
     }
 
+    /// Visits `list`'s keys oldest first until `visit` stops; whether it
+    /// stopped.
+    pub(crate) fn visit_oldest(&self, list: u32, visit: &mut dyn FnMut(K) -> Verdict) -> bool {
+        self.iter_oldest(list)
+            .any(|(_, k)| visit(k) == Verdict::Stop)
+    }
+
+    /// Takes out and returns the oldest key of `list` that `eligible`
+    /// accepts (`None` when none does or it stopped the walk).
+    pub(crate) fn take_oldest(
+        &mut self,
+        list: u32,
+        eligible: &mut dyn FnMut(K) -> Verdict,
+    ) -> Option<K> {
+        let slot = self.find_oldest(list, eligible).ok()??;
+        let key = self.key(slot);
+        self.remove_slot(slot);
+        Some(key)
+    }
+
     /// Keys of `list`, oldest first.
     pub(crate) fn iter_oldest(&self, list: u32) -> impl Iterator<Item = (u32, K)> + '_ {
         std::iter::successors(self.oldest(list), |s| self.newer(*s)).map(|s| (s, self.key(s)))

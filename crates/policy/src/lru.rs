@@ -40,10 +40,11 @@ impl<K: PolicyKey> EvictionPolicy<K> for Lru<K> {
     }
 
     fn victim(&mut self, _now: u64, eligible: &mut dyn FnMut(K) -> Verdict) -> Option<K> {
-        let slot = self.lists.find_oldest(RECENCY, eligible).ok()??;
-        let key = self.lists.key(slot);
-        self.lists.remove_slot(slot);
-        Some(key)
+        self.lists.take_oldest(RECENCY, eligible)
+    }
+
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        self.lists.visit_oldest(RECENCY, visit);
     }
 
     fn contains(&self, key: K) -> bool {

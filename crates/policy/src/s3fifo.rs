@@ -8,6 +8,12 @@
 //! main queue instead of evicting it; eviction from the main queue gives a
 //! used key another round (its counter decremented). Uses are counted up
 //! to 3, in the node's value.
+//!
+//! A key the tier may not evict now ([`Verdict::Skip`]: held, pinned, in
+//! flight, or a parent under the leaf-first filter) goes to the back of its
+//! queue as a used key does, so such keys do not pile up at the front
+//! where every later scan would walk past them again; a scan gives up once
+//! it has sent every key of the queue round that way.
 
 use crate::lists::{Lists, Stopped};
 use crate::{EvictionPolicy, PolicyKey, PolicyKind, Use, Verdict};
@@ -48,6 +54,14 @@ impl<K: PolicyKey> S3Fifo<K> {
             .filter(|s| matches!(self.lists.list_at(*s), SMALL | MAIN))
     }
 
+    /// Moves `slot` to the back of its queue; the scan's next slot, `next`
+    /// or, when `slot` was the newest, `slot` itself again.
+    fn send_round(&mut self, slot: u32, next: Option<u32>) -> Option<u32> {
+        let queue = self.lists.list_at(slot);
+        self.lists.move_newest(slot, queue);
+        next.or(Some(slot))
+    }
+
     /// Scans the small queue: used keys move to main, the first unused
     /// eligible one is evicted and remembered as a ghost.
     fn evict_small(
@@ -55,11 +69,19 @@ impl<K: PolicyKey> S3Fifo<K> {
         eligible: &mut dyn FnMut(K) -> Verdict,
     ) -> Result<Option<K>, Stopped> {
         let mut next = self.lists.oldest(SMALL);
+        let mut skips_left = self.lists.len(SMALL);
         while let Some(slot) = next {
             next = self.lists.newer(slot);
             let key = self.lists.key(slot);
             match eligible(key) {
-                Verdict::Skip => continue,
+                Verdict::Skip => {
+                    if skips_left == 0 {
+                        return Ok(None);
+                    }
+                    skips_left -= 1;
+                    next = self.send_round(slot, next);
+                    continue;
+                }
                 Verdict::Stop => return Err(Stopped),
                 Verdict::Evict => {}
             }
@@ -82,21 +104,28 @@ impl<K: PolicyKey> S3Fifo<K> {
     /// every reinsertion lowers a counter.
     fn evict_main(&mut self, eligible: &mut dyn FnMut(K) -> Verdict) -> Result<Option<K>, Stopped> {
         let mut next = self.lists.oldest(MAIN);
+        let mut skips_left = self.lists.len(MAIN);
         while let Some(slot) = next {
             // A key sent round again is met again after the keys newer
             // than it, or at once when it was the newest.
             next = self.lists.newer(slot);
             let key = self.lists.key(slot);
             match eligible(key) {
-                Verdict::Skip => continue,
+                Verdict::Skip => {
+                    if skips_left == 0 {
+                        return Ok(None);
+                    }
+                    skips_left -= 1;
+                    next = self.send_round(slot, next);
+                    continue;
+                }
                 Verdict::Stop => return Err(Stopped),
                 Verdict::Evict => {}
             }
             let uses = self.lists.value(slot);
             if uses > 0 {
                 self.lists.set_value(slot, uses - 1);
-                self.lists.move_newest(slot, MAIN);
-                next = next.or(Some(slot));
+                next = self.send_round(slot, next);
                 continue;
             }
             self.lists.remove_slot(slot);
@@ -146,6 +175,12 @@ impl<K: PolicyKey> EvictionPolicy<K> for S3Fifo<K> {
                 None => self.evict_small(eligible).ok()?,
             }
         }
+    }
+
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        let _ = [SMALL, MAIN]
+            .iter()
+            .any(|l| self.lists.visit_oldest(*l, visit));
     }
 
     fn contains(&self, key: K) -> bool {

@@ -48,10 +48,7 @@ impl<K: PolicyKey> EvictionPolicy<K> for Ttl<K> {
     }
 
     fn victim(&mut self, _now: u64, eligible: &mut dyn FnMut(K) -> Verdict) -> Option<K> {
-        let slot = self.lists.find_oldest(RECENCY, eligible).ok()??;
-        let key = self.lists.key(slot);
-        self.lists.remove_slot(slot);
-        Some(key)
+        self.lists.take_oldest(RECENCY, eligible)
     }
 
     fn expired(&self, now: u64, visit: &mut dyn FnMut(K)) {
@@ -61,6 +58,10 @@ impl<K: PolicyKey> EvictionPolicy<K> for Ttl<K> {
             }
             visit(k);
         }
+    }
+
+    fn coldest(&self, visit: &mut dyn FnMut(K) -> Verdict) {
+        self.lists.visit_oldest(RECENCY, visit);
     }
 
     fn contains(&self, key: K) -> bool {

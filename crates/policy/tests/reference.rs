@@ -329,13 +329,22 @@ fn s3_small(
     cap: usize,
     ok: &dyn Fn(u64) -> bool,
 ) -> Option<u64> {
-    let keys = small.0.clone();
-    for k in keys {
+    let mut skips_left = small.0.len();
+    let i = 0;
+    while i < small.0.len() {
+        let k = small.0[i];
         if !ok(k) {
+            // Sent to the back; the scan gives up after a whole round.
+            if skips_left == 0 {
+                return None;
+            }
+            skips_left -= 1;
+            small.0.remove(i);
+            small.0.push(k);
             continue;
         }
         if uses.get(&k).copied().unwrap_or(0) > 0 {
-            small.remove(k);
+            small.0.remove(i);
             uses.insert(k, 0);
             main.push(k);
             continue;
@@ -354,11 +363,17 @@ fn s3_main(
     uses: &mut HashMap<u64, u64>,
     ok: &dyn Fn(u64) -> bool,
 ) -> Option<u64> {
-    let mut i = 0;
+    let mut skips_left = main.0.len();
+    let i = 0;
     while i < main.0.len() {
         let k = main.0[i];
         if !ok(k) {
-            i += 1;
+            if skips_left == 0 {
+                return None;
+            }
+            skips_left -= 1;
+            main.0.remove(i);
+            main.0.push(k);
             continue;
         }
         let u = uses.get(&k).copied().unwrap_or(0);

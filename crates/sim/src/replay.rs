@@ -6,13 +6,19 @@
 //! - a request's **hit blocks** are the leading run of its blocks found in
 //!   the cache when it arrives (a block after the first miss is recomputed
 //!   anyway); **hit rate** = hit blocks / requested blocks;
-//! - after a request, all of its blocks are in the cache (touched, or
-//!   inserted with eviction applied);
+//! - after a request, all of its blocks are in the fastest tier (touched,
+//!   or inserted after room was made), up to that tier's capacity: a
+//!   longer request keeps only its first blocks, as on the node;
 //! - caches are per instance (blocks are keyed by `(instance, key)`), and
 //!   the capacities are shared by all instances of the trace;
-//! - tiers are fastest first and **exclusive**: a hit in tier k counts for
-//!   tier k and promotes the block to tier 0; blocks evicted from tier k are
-//!   inserted into tier k + 1; those evicted from the last tier are dropped;
+//! - tiers are fastest first and **exclusive**, served the way the node's
+//!   block manager serves them: a hit in tier k counts for tier k and
+//!   promotes the block to tier 0; room for a request is made before its
+//!   blocks come in, with its hits protected; victims are chosen by the
+//!   tier's policy, **leaves of the prefix tree first** (unless
+//!   `leaf_first` is off), and go to tier k + 1; those evicted from the
+//!   last tier are dropped (`engine` lists every step; `kvtier-bench`'s
+//!   agreement test holds the replay to the real manager);
 //! - time: TTL expiry runs at each request's timestamp; the timeline buckets
 //!   requests by timestamp;
 //! - `reuse_distance` counts block accesses since the previous use of the
@@ -43,7 +49,7 @@
 //! ```
 //!
 //! Limits: at most 2^32 - 2 distinct `(instance, key)` blocks per replay
-//! (ids are `u32`) and 254 tiers.
+//! (ids are `u32`) and 64 tiers.
 
 use std::time::Instant;
 
@@ -90,6 +96,15 @@ pub struct ReplayConfig {
     /// false.
     #[serde(default)]
     pub keep_outcomes: bool,
+    /// Evict leaves of the prefix tree before their parents, as the node
+    /// always does. Default: true; false shows what the plain policy would
+    /// do.
+    #[serde(default = "default_leaf_first")]
+    pub leaf_first: bool,
+}
+
+fn default_leaf_first() -> bool {
+    true
 }
 
 fn default_timeline_points() -> usize {
@@ -121,6 +136,7 @@ impl ReplayConfig {
             timeline_points: default_timeline_points(),
             seed: 0,
             keep_outcomes: false,
+            leaf_first: default_leaf_first(),
         }
     }
 
@@ -133,6 +149,12 @@ impl ReplayConfig {
     /// Sets [`ReplayConfig::seed`].
     pub fn with_seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    /// Sets [`ReplayConfig::leaf_first`].
+    pub fn with_leaf_first(mut self, leaf_first: bool) -> Self {
+        self.leaf_first = leaf_first;
         self
     }
 
@@ -208,6 +230,9 @@ pub struct ReplayResult {
     pub hit_rate: f64,
     /// Hit blocks by tier, fastest first.
     pub tier_hit_blocks: Vec<u64>,
+    /// Blocks dropped from the last tier or expired (TTL).
+    #[serde(default)]
+    pub dropped_blocks: u64,
     /// Hit rate over time.
     pub timeline: Vec<TimelinePoint>,
     /// Distribution of reuse distances (distinct blocks between two uses).
@@ -299,6 +324,7 @@ fn finish(engine: Engine, cfg: &ReplayConfig, start: Instant) -> ReplayResult {
         hit_blocks: engine.hit_blocks,
         hit_rate: ratio(engine.hit_blocks, engine.requested_blocks),
         tier_hit_blocks: engine.tier_hit_blocks.clone(),
+        dropped_blocks: engine.dropped_blocks,
         timeline: engine.timeline.finish(),
         reuse_distance: engine.reuse.finish(),
         access_frequency: freq.finish(),

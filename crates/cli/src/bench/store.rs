@@ -658,7 +658,7 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
         block_bytes: block,
         layer_bytes: geometry.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_core::EvictionPolicyKind::Lru,
+        policy: kvtier_manager::policy::PolicyKind::Lru,
     };
     let mem = MemoryTier::create(cfg).context("creating the memory tier")?;
     let nslots = mem.capacity_blocks();

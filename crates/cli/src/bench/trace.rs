@@ -1,16 +1,16 @@
 //! `kvtier bench trace`: a request trace driven through the real block
 //! manager (G1 on a host-memory device, G2 in shared memory, G3 on disk,
-//! G4 in an object store or directory) with real bytes; see `kvtier_manager::trace_bench` for what it does.
+//! G4 in an object store or directory) with real bytes; see `kvtier_bench::trace` for what it does.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
+use kvtier_bench::trace::{self as trace_bench, TraceBenchConfig};
 use kvtier_core::ModelPreset;
 use kvtier_manager::placement::CascadeMode;
 use kvtier_manager::policy::PolicyKind;
-use kvtier_manager::trace_bench::{self, TraceBenchConfig};
 use kvtier_remote::RemoteConfig;
 use kvtier_sim::model::GpuKind;
 
@@ -45,6 +45,10 @@ pub struct TraceBenchArgs {
     /// G3 (disk) blocks; 0 for none.
     #[arg(long, default_value_t = 4096)]
     pub g3: usize,
+    /// Size of G3's disk log as a multiple of the G3 pool (a log that
+    /// wraps reclaims regions under the pool).
+    #[arg(long, default_value_t = 4)]
+    pub g3_log_factor: u32,
     /// G4 (remote) blocks; 0 for none.
     #[arg(long, default_value_t = 0)]
     pub g4: usize,
@@ -64,6 +68,10 @@ pub struct TraceBenchArgs {
     /// Eviction policy of every tier: lru, lfu, arc, s3-fifo, ttl, cost-aware.
     #[arg(long, default_value = "lru")]
     pub policy: String,
+    /// Idle time, milliseconds of trace time, after which the ttl policy
+    /// drops a block.
+    #[arg(long, default_value_t = 600_000)]
+    pub ttl_ms: u64,
     /// Inclusive cascade (lower tiers keep copies of what is above).
     #[arg(long, conflicts_with = "exclusive")]
     pub inclusive: bool,
@@ -142,6 +150,7 @@ fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
         g1_blocks: args.g1,
         g2_blocks: args.g2,
         g3_blocks: args.g3,
+        g3_log_factor: args.g3_log_factor,
         g4_blocks: args.g4,
         remote: args.g4_url.as_ref().map(|url| remote_config(url, args)),
         dir: args.dir.clone(),
@@ -149,6 +158,7 @@ fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
             .policy
             .parse::<PolicyKind>()
             .map_err(|e| anyhow::anyhow!("{e}"))?,
+        ttl_ms: args.ttl_ms,
         mode: if args.inclusive && !args.exclusive {
             CascadeMode::Inclusive
         } else {

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Tier;
 use crate::admission::AdmissionConfig;
-use crate::pool::{BlockPool, PoolConfig, PoolError, PoolLock, wall_clock};
+use crate::pool::{BlockPool, Clock, PoolConfig, PoolError, PoolLock, wall_clock};
 use crate::registry::Registry;
 
 /// Whether a copy stays in the faster tier when a block moves down, and in
@@ -77,7 +77,13 @@ impl HierarchyConfig {
     /// Builds a registry with one pool per configured tier, each on a wall
     /// clock.
     pub fn build_registry<L: PoolLock>(&self) -> Result<Registry<L>, PoolError> {
-        let clock = wall_clock();
+        self.build_registry_on(wall_clock())
+    }
+
+    /// Builds a registry with one pool per configured tier, all on `clock`
+    /// (a replay drives it with the trace's time, so idle times and TTLs
+    /// are the trace's).
+    pub fn build_registry_on<L: PoolLock>(&self, clock: Clock) -> Result<Registry<L>, PoolError> {
         let mut registry = Registry::new();
         for tier in Tier::ALL {
             if let Some(cfg) = self.tier(tier) {

@@ -21,6 +21,9 @@ pub enum PoolConfigError {
         /// The high watermark given.
         high: f64,
     },
+    /// The policy cannot run in a tier (an optimizer-only policy).
+    #[error(transparent)]
+    Policy(#[from] kvtier_policy::PolicyError),
 }
 
 /// Capacity, watermarks and eviction policy of one tier.
@@ -87,6 +90,9 @@ impl PoolConfig {
         let (low, high) = (self.low_watermark, self.high_watermark);
         if !(0.0..=1.0).contains(&low) || !(0.0..=1.0).contains(&high) || low > high {
             return Err(PoolConfigError::Watermarks { low, high });
+        }
+        if self.policy.kind.optimizer_only() {
+            return Err(kvtier_policy::PolicyError::OptimizerOnly(self.policy.kind).into());
         }
         Ok(())
     }

@@ -23,7 +23,7 @@ use super::hash_index::BlockHashMap;
 use super::{PoolError, PoolEvent, PoolStats};
 use crate::Tier;
 use crate::block::BlockError;
-use crate::policy::{EvictionPolicy, InsertInfo};
+use kvtier_policy::{EvictionPolicy, LeafFirst, Use, Verdict};
 
 /// Index of a block slot in its tier's pool.
 pub type SlotId = u32;
@@ -85,8 +85,8 @@ pub struct PoolState {
     slots: Vec<Slot>,
     free: Vec<SlotId>,
     by_hash: BlockHashMap<SlotId>,
-    children: BlockHashMap<u32>,
-    policy: Box<dyn EvictionPolicy>,
+    children: LeafFirst<BlockHash>,
+    policy: Box<dyn EvictionPolicy<BlockHash>>,
     events: Vec<PoolEvent>,
     stats: PoolStats,
     /// Registered blocks marked leaving (kept as a count so the planner
@@ -109,9 +109,12 @@ impl std::fmt::Debug for PoolState {
 }
 
 impl PoolState {
-    pub(crate) fn new(tier: Tier, config: PoolConfig) -> Self {
+    pub(crate) fn new(
+        tier: Tier,
+        config: PoolConfig,
+        policy: Box<dyn EvictionPolicy<BlockHash>>,
+    ) -> Self {
         let capacity = config.capacity_blocks;
-        let policy = config.policy.build(capacity);
         // Reversed so slot 0 is handed out first; the order is cosmetic.
         let free = (0..capacity as SlotId).rev().collect();
         Self {
@@ -119,7 +122,7 @@ impl PoolState {
             slots: vec![Slot::Free; capacity],
             free,
             by_hash: BlockHashMap::default(),
-            children: BlockHashMap::default(),
+            children: LeafFirst::default(),
             policy,
             events: Vec::new(),
             stats: PoolStats::default(),
@@ -180,27 +183,27 @@ impl PoolState {
     fn choose_victim(&mut self, now: u64) -> Option<SlotId> {
         let slots = &self.slots;
         let by_hash = &self.by_hash;
-        let children = &self.children;
-        let evictable = |h: BlockHash| -> bool {
-            by_hash.get(&h).is_some_and(
-                |s| matches!(&slots[*s as usize], Slot::Registered(r) if Self::evictable(r)),
-            )
+        let mut evictable = |h: BlockHash| -> Verdict {
+            by_hash
+                .get(&h)
+                .is_some_and(
+                    |s| matches!(&slots[*s as usize], Slot::Registered(r) if Self::evictable(r)),
+                )
+                .into()
         };
-        let is_leaf = |h: BlockHash| children.get(&h).copied().unwrap_or(0) == 0;
         let key = self
-            .policy
-            .victim(now, &mut |h| evictable(h) && is_leaf(h))
-            .or_else(|| self.policy.victim(now, &mut |h| evictable(h)))?;
+            .children
+            .victim(&mut *self.policy, now, &mut evictable)?;
         self.by_hash.get(&key).copied()
     }
 
-    /// Counts `r` as a resident child of its parent, or stops counting it.
+    /// Counts a block as a resident child of its parent (`delta` 1), or
+    /// stops counting it (-1).
     fn count_child(&mut self, parent: Option<BlockHash>, delta: i64) {
-        let Some(p) = parent else { return };
-        let entry = self.children.entry(p).or_insert(0);
-        *entry = (i64::from(*entry) + delta).max(0) as u32;
-        if *entry == 0 {
-            self.children.remove(&p);
+        if delta > 0 {
+            self.children.entered(parent);
+        } else {
+            self.children.left(parent);
         }
     }
 
@@ -315,7 +318,14 @@ impl PoolState {
         });
         self.by_hash.insert(hash, slot);
         self.count_child(parent, 1);
-        self.policy.insert(hash, InsertInfo { now, depth });
+        self.policy.insert(
+            hash,
+            &Use {
+                now,
+                depth,
+                next_use: u64::MAX,
+            },
+        );
         self.event(PoolEvent::Stored {
             tier: self.tier,
             hash,
@@ -335,7 +345,7 @@ impl PoolState {
             if self.update(existing, |r| r.refs += 1).is_none() {
                 return Err(BlockError::InFlight(hash));
             }
-            self.policy.access(hash, now);
+            self.policy.access(hash, &Use::at(now));
             self.free_mutable(slot);
             self.stats.dedup_hits += 1;
             return Ok(Registration::Existing(existing));
@@ -348,7 +358,7 @@ impl PoolState {
     pub(crate) fn acquire(&mut self, hash: BlockHash, now: u64) -> Option<SlotId> {
         let slot = *self.by_hash.get(&hash)?;
         self.update(slot, |r| r.refs += 1)?;
-        self.policy.access(hash, now);
+        self.policy.access(hash, &Use::at(now));
         self.stats.hits += 1;
         Some(slot)
     }
@@ -481,7 +491,14 @@ impl PoolState {
             self.update(slot, |r| r.leaving = false);
             self.leaving -= 1;
             self.count_child(parent, 1);
-            self.policy.insert(hash, InsertInfo { now, depth });
+            self.policy.insert(
+                hash,
+                &Use {
+                    now,
+                    depth,
+                    next_use: u64::MAX,
+                },
+            );
         }
     }
 
@@ -533,7 +550,9 @@ impl PoolState {
 
     /// Blocks the policy reports expired at `now`.
     pub(crate) fn expired(&self, now: u64) -> Vec<BlockHash> {
-        self.policy.expired(now)
+        let mut out = Vec::new();
+        self.policy.expired(now, &mut |h| out.push(h));
+        out
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
@@ -577,7 +596,7 @@ impl PoolState {
             *seen = true;
         }
         let mut tracked = 0;
-        let mut children: BlockHashMap<u32> = BlockHashMap::default();
+        let mut children = LeafFirst::default();
         for (i, slot) in self.slots.iter().enumerate() {
             let is_free = matches!(slot, Slot::Free);
             if is_free != seen_free[i] {
@@ -590,9 +609,7 @@ impl PoolState {
                 Slot::Registered(r) => {
                     if !r.leaving {
                         tracked += 1;
-                        if let Some(p) = r.parent {
-                            *children.entry(p).or_insert(0) += 1;
-                        }
+                        children.entered(r.parent);
                     } else if r.outgoing == 0 {
                         return Err(format!("slot {i} leaving without a transfer"));
                     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{EvictionPolicyKind, Geometry, RegionEvictionKind};
+use kvtier_core::{Geometry, RegionEvictionKind};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_io::IoEngine;
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
@@ -30,7 +30,7 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: EvictionPolicyKind::Lru,
+        policy: kvtier_manager::policy::PolicyKind::Lru,
     })
     .expect("memory tier in /dev/shm")
 }

@@ -23,12 +23,11 @@
 //! it: invisible, but not reusable until the last reference is released.
 
 use std::collections::HashMap;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use crate::policy::EvictionPolicy;
+use kvtier_policy::{EvictionPolicy, Use, Verdict};
 
 /// The state of one slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +108,9 @@ pub(crate) struct Book {
     /// Free slots, used last-in first-out (a recently freed slot is likely
     /// still in cache and mapped).
     free: Vec<u32>,
-    policy: Box<dyn EvictionPolicy>,
+    /// The arena's eviction order over slots; `None` when its owner evicts
+    /// (the node's block manager): no victim, no demotion candidate.
+    policy: Option<Box<dyn EvictionPolicy<usize>>>,
     /// How many of the coldest blocks `claim` examines for a victim.
     scan_limit: usize,
     /// Resident blocks with at least one pin.
@@ -118,7 +119,11 @@ pub(crate) struct Book {
 
 impl Book {
     /// A book of `slots` free slots ordered by `policy`.
-    pub(crate) fn new(slots: usize, policy: Box<dyn EvictionPolicy>, scan_limit: usize) -> Self {
+    pub(crate) fn new(
+        slots: usize,
+        policy: Option<Box<dyn EvictionPolicy<usize>>>,
+        scan_limit: usize,
+    ) -> Self {
         Self {
             index: HashMap::with_capacity(slots),
             slots: vec![SlotMeta::FREE; slots],
@@ -139,16 +144,13 @@ impl Book {
     /// evictable block's. A resident `key` is touched instead.
     pub(crate) fn claim(&mut self, key: BlockHash) -> Claim {
         if let Some(&slot) = self.index.get(&key) {
-            self.policy.touch(slot as usize);
+            self.touch(slot as usize);
             return Claim::AlreadyPresent;
         }
         let (slot, evicted) = match self.free.pop() {
             Some(slot) => (slot as usize, None),
             None => {
-                let slots = &self.slots;
-                let Some(victim) = self.policy.victim(self.scan_limit, &mut |s| {
-                    slots.get(s).is_some_and(SlotMeta::evictable)
-                }) else {
+                let Some(victim) = self.victim(self.scan_limit) else {
                     return Claim::Full;
                 };
                 let key = self.slots[victim].key;
@@ -169,7 +171,7 @@ impl Book {
     pub(crate) fn publish(&mut self, slot: usize, key: BlockHash, sums: Arc<BlockSums>) -> bool {
         debug_assert_eq!(self.slots[slot].state, SlotState::Filling);
         if let Some(&there) = self.index.get(&key) {
-            self.policy.touch(there as usize);
+            self.touch(there as usize);
             self.free_slot(slot);
             return false;
         }
@@ -180,7 +182,9 @@ impl Book {
             ..SlotMeta::FREE
         };
         self.index.insert(key, slot as u32);
-        self.policy.insert(slot);
+        if let Some(p) = &mut self.policy {
+            p.insert(slot, &Use::at(0));
+        }
         true
     }
 
@@ -193,7 +197,7 @@ impl Book {
     /// Takes a reference on resident `key` and touches it.
     pub(crate) fn acquire(&mut self, key: BlockHash) -> Option<Acquired> {
         let slot = *self.index.get(&key)? as usize;
-        self.policy.touch(slot);
+        self.touch(slot);
         Some(self.take_ref(slot))
     }
 
@@ -302,17 +306,19 @@ impl Book {
             return Vec::new();
         }
         let slots = &self.slots;
-        self.policy.scan_coldest(&mut |s| {
-            let m = &slots[s];
-            if m.state == SlotState::Resident && !m.persisted && m.pins == 0 {
-                picked.push(s);
-            }
-            if picked.len() >= max {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
+        if let Some(p) = &self.policy {
+            p.coldest(&mut |s| {
+                let m = &slots[s];
+                if m.state == SlotState::Resident && !m.persisted && m.pins == 0 {
+                    picked.push(s);
+                }
+                if picked.len() >= max {
+                    Verdict::Stop
+                } else {
+                    Verdict::Skip
+                }
+            });
+        }
         picked.into_iter().map(|s| self.take_ref(s)).collect()
     }
 
@@ -323,22 +329,39 @@ impl Book {
         if n == 0 {
             return victims;
         }
-        let slots = &self.slots;
-        self.policy.scan_coldest(&mut |s| {
-            if slots[s].evictable() {
-                victims.push((s, slots[s].key));
-            }
-            if victims.len() >= n {
-                ControlFlow::Break(())
-            } else {
-                ControlFlow::Continue(())
-            }
-        });
-        for &(slot, _) in &victims {
+        while victims.len() < n {
+            let Some(slot) = self.victim(usize::MAX) else {
+                break;
+            };
+            victims.push((slot, self.slots[slot].key));
             self.unindex(slot);
             self.free_slot(slot);
         }
         victims
+    }
+
+    /// A use of resident `slot`.
+    fn touch(&mut self, slot: usize) {
+        if let Some(p) = &mut self.policy {
+            p.access(slot, &Use::at(0));
+        }
+    }
+
+    /// The policy's coldest evictable slot among the first `scan_limit` it
+    /// offers, taken out of the policy (the caller unindexes it). Bounding
+    /// the scan keeps a claim O(1) when many cold blocks are pinned or not
+    /// yet persisted; a block past the bound is not found and the arena
+    /// answers full.
+    fn victim(&mut self, scan_limit: usize) -> Option<usize> {
+        let slots = &self.slots;
+        let mut scans_left = scan_limit;
+        self.policy.as_mut()?.victim(0, &mut |s| {
+            if scans_left == 0 {
+                return Verdict::Stop;
+            }
+            scans_left -= 1;
+            slots.get(s).is_some_and(SlotMeta::evictable).into()
+        })
     }
 
     /// Whether `key` is resident.
@@ -385,7 +408,9 @@ impl Book {
             self.pinned -= 1;
         }
         self.index.remove(&m.key);
-        self.policy.remove(slot);
+        if let Some(p) = &mut self.policy {
+            p.remove(slot);
+        }
     }
 
     fn free_slot(&mut self, slot: usize) {
@@ -397,7 +422,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Lru;
+    use kvtier_policy::{PolicyConfig, PolicyKind};
 
     fn sums() -> Arc<BlockSums> {
         Arc::new(BlockSums {
@@ -407,7 +432,8 @@ mod tests {
     }
 
     fn book(n: usize) -> Book {
-        Book::new(n, Box::new(Lru::new(n)), usize::MAX)
+        let lru = PolicyConfig::of(PolicyKind::Lru).build::<usize>(n).unwrap();
+        Book::new(n, Some(lru), usize::MAX)
     }
 
     fn fill(b: &mut Book, k: u128) -> usize {

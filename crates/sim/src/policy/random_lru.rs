@@ -3,13 +3,15 @@
 //!
 //! Cheaper than a recency list under concurrency in a real cache; here it
 //! shows how close sampling gets to LRU. Residents live in a dense array
-//! (swap-remove on eviction) so a sample is one random index.
+//! (swap-remove on eviction) so a sample is one random index. Samples the
+//! tier may not evict now are skipped; when no sample is eligible, the
+//! least recent eligible resident goes (a full scan, rare).
 
+use kvtier_policy::{EvictionPolicy, PolicyKind, Use, Verdict};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::list::{NIL, ensure};
-use super::{Access, Policy};
+use super::NIL;
 
 /// Blocks sampled per eviction.
 pub const SAMPLES: usize = 5;
@@ -17,7 +19,6 @@ pub const SAMPLES: usize = 5;
 /// Random-LRU over dense ids.
 #[derive(Debug)]
 pub(crate) struct RandomLru {
-    cap: usize,
     rng: SmallRng,
     tick: u64,
     residents: Vec<u32>,
@@ -26,9 +27,8 @@ pub(crate) struct RandomLru {
 }
 
 impl RandomLru {
-    pub(crate) fn new(cap: u64, seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         RandomLru {
-            cap: cap as usize,
             rng: SmallRng::seed_from_u64(seed),
             tick: 0,
             residents: Vec::new(),
@@ -45,42 +45,94 @@ impl RandomLru {
         }
         self.slot[id as usize] = NIL;
     }
+
+    /// The least recent of `SAMPLES` random residents that `eligible`
+    /// accepts; `Err` when it stopped the scan.
+    fn sample(&mut self, eligible: &mut dyn FnMut(u32) -> Verdict) -> Result<Option<u32>, ()> {
+        let n = self.residents.len();
+        let mut best: Option<u32> = None;
+        for _ in 0..SAMPLES {
+            let c = self.residents[self.rng.random_range(0..n)];
+            if best.is_some_and(|b| self.last_use[b as usize] <= self.last_use[c as usize]) {
+                continue;
+            }
+            match eligible(c) {
+                Verdict::Evict => best = Some(c),
+                Verdict::Skip => {}
+                Verdict::Stop => return Err(()),
+            }
+        }
+        Ok(best)
+    }
 }
 
-impl Policy for RandomLru {
-    fn hit(&mut self, a: &Access) {
-        self.tick += 1;
-        self.last_use[a.id as usize] = self.tick;
+impl EvictionPolicy<u32> for RandomLru {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::RandomLru
     }
 
-    fn insert(&mut self, a: &Access, evicted: &mut Vec<u32>) {
+    fn insert(&mut self, id: u32, _u: &Use) {
         self.tick += 1;
-        if self.cap == 0 {
-            evicted.push(a.id);
-            return;
+        let i = id as usize;
+        if self.slot.len() <= i {
+            self.slot.resize(i + 1, NIL);
+            self.last_use.resize(i + 1, 0);
         }
-        // Make room first, so the new block is never sampled as a victim.
-        while self.residents.len() >= self.cap {
-            let n = self.residents.len();
-            let mut victim = self.residents[self.rng.random_range(0..n)];
-            for _ in 1..SAMPLES {
-                let c = self.residents[self.rng.random_range(0..n)];
-                if self.last_use[c as usize] < self.last_use[victim as usize] {
-                    victim = c;
-                }
-            }
-            self.take_out(victim);
-            evicted.push(victim);
+        self.last_use[i] = self.tick;
+        self.slot[i] = self.residents.len() as u32;
+        self.residents.push(id);
+    }
+
+    fn access(&mut self, id: u32, _u: &Use) {
+        self.tick += 1;
+        if self.contains(id) {
+            self.last_use[id as usize] = self.tick;
         }
-        ensure(&mut self.slot, a.id, NIL);
-        ensure(&mut self.last_use, a.id, 0);
-        self.last_use[a.id as usize] = self.tick;
-        self.slot[a.id as usize] = self.residents.len() as u32;
-        self.residents.push(a.id);
     }
 
     fn remove(&mut self, id: u32) {
-        self.take_out(id);
+        if self.contains(id) {
+            self.take_out(id);
+        }
+    }
+
+    fn victim(&mut self, _now: u64, eligible: &mut dyn FnMut(u32) -> Verdict) -> Option<u32> {
+        if self.residents.is_empty() {
+            return None;
+        }
+        let found = match self.sample(eligible).ok()? {
+            Some(v) => Some(v),
+            None => {
+                let mut best: Option<u32> = None;
+                for &c in &self.residents {
+                    if best.is_some_and(|b| self.last_use[b as usize] <= self.last_use[c as usize])
+                    {
+                        continue;
+                    }
+                    match eligible(c) {
+                        Verdict::Evict => best = Some(c),
+                        Verdict::Skip => {}
+                        Verdict::Stop => return None,
+                    }
+                }
+                best
+            }
+        };
+        let v = found?;
+        self.take_out(v);
+        Some(v)
+    }
+
+    /// Least recent first, the order sampling approximates (a sort: the
+    /// replay never asks).
+    fn coldest(&self, visit: &mut dyn FnMut(u32) -> Verdict) {
+        let mut order = self.residents.clone();
+        order.sort_unstable_by_key(|id| self.last_use[*id as usize]);
+        let _ = order.iter().any(|id| visit(*id) == Verdict::Stop);
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.slot.get(id as usize).is_some_and(|s| *s != NIL)
     }
 
     fn len(&self) -> usize {

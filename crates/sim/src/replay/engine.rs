@@ -3,44 +3,107 @@
 //! Each `(instance, prefix key)` is interned once to a dense `u32` id; the
 //! intern table also records the id's parent (the previous key of the
 //! request that first used it), which makes the table a radix tree over
-//! prefix keys with one block per edge (the leaf-aware policy reads it).
-//! `tier_of[id]` says which tier holds a block, so finding a request's
-//! leading run of hits costs no policy call.
+//! prefix keys with one block per edge (the leaf-first filter reads it).
+//! `held[id]` says which tiers hold a block (a bit per tier), so finding a
+//! request's leading run of hits costs no policy call. Tiers are exclusive
+//! as the node's are: a block moves down when evicted and up when hit; it
+//! sits in two tiers only when a request stores it after a miss while a
+//! slower tier still holds it (the node stores a fresh copy and keeps the
+//! old one, as this replay does).
 //!
-//! Per request: TTL expiry at the request's time; the leading run of held
-//! blocks is counted (by the tier each was found in); then every block is
-//! applied in order: a block held by tier 0 is a hit there, a block held by
-//! a slower tier is promoted (taken out of that tier and inserted into tier
-//! 0: tiers are exclusive), any other block is inserted into tier 0. Blocks
-//! evicted from tier k are inserted into tier k + 1, and those evicted from
-//! the last tier are dropped. Counting before applying is equivalent to
-//! counting while applying: the leading run only touches, never inserts.
+//! A request is served the way the node's block manager serves it (see
+//! `replay` for the rules), so the optimizer's hit rates are the node's:
+//!
+//! 1. TTL expiry at the request's time, in every tier;
+//! 2. the leading run of held blocks is the request's hit (counted by the
+//!    fastest tier each was found in); only the first `capacity(G1)` blocks
+//!    are applied, as the node's G1 cannot hold more of one request;
+//! 3. hits in tier 0 are used twice (the manager takes a handle when it
+//!    matches the prefix and another when it plans the onboarding); room
+//!    is made in tier 0 for the hits below it and the new blocks, with the
+//!    request's hits protected (in the tier they were found in): victims
+//!    are chosen by the tier's policy, leaves first, and go one tier down
+//!    (which makes room there first the same way) unless that tier already
+//!    holds them; the last tier drops them;
+//! 4. hits below tier 0 move to tier 0 from the tier they were found in;
+//!    then every hit is used once more, in request order (the handles the
+//!    onboarding returns);
+//! 5. the blocks after the hit run are used if tier 0 holds them, else
+//!    enter tier 0.
+//!
+//! The number of uses matters to the counting policies (LFU, S3-FIFO,
+//! cost-aware) and the order to the recency ones; the agreement test in
+//! `kvtier-bench` holds this model to the manager.
 
 use hashbrown::HashMap;
+use kvtier_policy::{EvictionPolicy, LeafFirst, Use, Verdict};
 
 use super::stats::{Pow2Counter, Timeline};
 use super::{ReplayConfig, RequestOutcome};
-use crate::policy::list::NIL;
-use crate::policy::{self, Access, Policy, PolicyKind};
+use crate::policy::{self, NIL, PolicyKind};
 use crate::trace::Request;
 
-/// `tier_of` of a block no tier holds.
-const NOWHERE: u8 = u8::MAX;
+/// Most tiers a replay simulates (`held` has a bit per tier).
+pub(crate) const MAX_TIERS: usize = 64;
 
-/// Most tiers a replay simulates (`tier_of` is a `u8`, 255 means none).
-pub(crate) const MAX_TIERS: usize = 254;
+/// One tier: its policy, its resident-children counts and its fill.
+struct TierState {
+    policy: Box<dyn EvictionPolicy<u32>>,
+    leaves: LeafFirst<u32>,
+    capacity: usize,
+    len: usize,
+}
+
+/// Per-block state, by id.
+#[derive(Default)]
+struct Blocks {
+    parent: Vec<u32>,
+    /// Tiers holding the block, a bit per tier.
+    held: Vec<u64>,
+    /// Position in its sequence as the holding tier counts it (the
+    /// cost-aware policy's depth).
+    depth: Vec<u32>,
+    /// The request that protects the block from eviction right now, and
+    /// the tier it protects it in.
+    guard: Vec<(u64, u8)>,
+    next_use: Vec<u64>,
+    last_pos: Vec<u64>,
+    uses: Vec<u32>,
+}
+
+impl Blocks {
+    fn push(&mut self, parent: u32) {
+        self.parent.push(parent);
+        self.held.push(0);
+        self.depth.push(0);
+        self.guard.push((0, 0));
+        self.next_use.push(u64::MAX);
+        self.last_pos.push(0);
+        self.uses.push(0);
+    }
+
+    fn parent_of(&self, id: u32) -> Option<u32> {
+        Some(self.parent[id as usize]).filter(|p| *p != NIL)
+    }
+
+    /// The fastest tier holding `id`.
+    fn fastest(&self, id: u32) -> Option<usize> {
+        let h = self.held[id as usize];
+        (h != 0).then(|| h.trailing_zeros() as usize)
+    }
+
+    fn holds(&self, t: usize, id: u32) -> bool {
+        self.held[id as usize] & (1 << t) != 0
+    }
+}
 
 pub(crate) struct Engine {
     index: HashMap<(u32, u128), u32>,
-    parent: Vec<u32>,
-    tier_of: Vec<u8>,
-    next_use_of: Vec<u64>,
-    last_pos: Vec<u64>,
-    uses: Vec<u32>,
-    tiers: Vec<Box<dyn Policy>>,
-    caps: Vec<u64>,
-    scratch: Vec<Vec<u32>>,
-    dropped: Vec<u32>,
+    blocks: Blocks,
+    tiers: Vec<TierState>,
+    leaf_first: bool,
+    request_no: u64,
+    scratch: Vec<u32>,
     ids: Vec<u32>,
     pos: u64,
     belady: bool,
@@ -49,6 +112,7 @@ pub(crate) struct Engine {
     pub(crate) requested_blocks: u64,
     pub(crate) hit_blocks: u64,
     pub(crate) tier_hit_blocks: Vec<u64>,
+    pub(crate) dropped_blocks: u64,
     pub(crate) outcomes: Vec<RequestOutcome>,
     pub(crate) timeline: Timeline,
     pub(crate) reuse: Pow2Counter,
@@ -57,38 +121,31 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) fn new(cfg: &ReplayConfig, span: Option<(u64, u64)>) -> Self {
-        let tiers: Vec<Box<dyn Policy>> = cfg
+        let tiers: Vec<TierState> = cfg
             .tiers
             .iter()
             .take(MAX_TIERS)
             .enumerate()
-            .map(|(k, t)| {
-                policy::build(
+            .map(|(k, t)| TierState {
+                policy: policy::build(
                     cfg.policy,
                     t.capacity_blocks,
                     cfg.ttl_ms,
                     cfg.seed.wrapping_add(k as u64),
-                )
+                ),
+                leaves: LeafFirst::default(),
+                capacity: usize::try_from(t.capacity_blocks).unwrap_or(usize::MAX),
+                len: 0,
             })
             .collect();
         let n = tiers.len();
-        let caps = cfg
-            .tiers
-            .iter()
-            .take(n)
-            .map(|t| t.capacity_blocks)
-            .collect();
         Engine {
             index: HashMap::new(),
-            parent: Vec::new(),
-            tier_of: Vec::new(),
-            next_use_of: Vec::new(),
-            last_pos: Vec::new(),
-            uses: Vec::new(),
+            blocks: Blocks::default(),
             tiers,
-            caps,
-            scratch: vec![Vec::new(); n],
-            dropped: Vec::new(),
+            leaf_first: cfg.leaf_first,
+            request_no: 0,
+            scratch: Vec::new(),
             ids: Vec::new(),
             pos: 0,
             belady: cfg.policy == PolicyKind::Belady,
@@ -97,6 +154,7 @@ impl Engine {
             requested_blocks: 0,
             hit_blocks: 0,
             tier_hit_blocks: vec![0; n],
+            dropped_blocks: 0,
             outcomes: Vec::new(),
             timeline: Timeline::new(cfg.timeline_points, span),
             reuse: Pow2Counter::default(),
@@ -106,12 +164,12 @@ impl Engine {
 
     /// Distinct blocks seen.
     pub(crate) fn distinct_blocks(&self) -> usize {
-        self.parent.len()
+        self.blocks.parent.len()
     }
 
     /// Uses per distinct block.
     pub(crate) fn uses(&self) -> &[u32] {
-        &self.uses
+        &self.blocks.uses
     }
 
     /// Block accesses replayed.
@@ -123,84 +181,214 @@ impl Engine {
     /// to the block accessed at position `p` (Belady only).
     pub(crate) fn step(&mut self, r: &Request, next_use: &[u64]) {
         let now = r.timestamp_ms;
-        for t in &mut self.tiers {
-            self.dropped.clear();
-            t.expire(now, &mut self.dropped);
-            for &d in &self.dropped {
-                self.tier_of[d as usize] = NOWHERE;
-            }
-        }
-
-        // Intern, and count the leading run of held blocks.
+        self.request_no += 1;
+        self.expire(now);
         let mut ids = std::mem::take(&mut self.ids);
+        self.intern(r, &mut ids);
+        let hits = self.count_hits(&ids);
+        self.record_accesses(&ids, next_use);
+        if !self.tiers.is_empty() {
+            let applied = ids.len().min(self.tiers[0].capacity);
+            self.serve(&ids[..applied], hits.min(applied), now);
+        }
+        self.record_request(r, ids.len() as u32, hits as u32);
+        self.ids = ids;
+    }
+
+    /// Drops what every tier's policy reports expired at `now`.
+    fn expire(&mut self, now: u64) {
+        for t in 0..self.tiers.len() {
+            let mut expired = std::mem::take(&mut self.scratch);
+            expired.clear();
+            self.tiers[t]
+                .policy
+                .expired(now, &mut |id| expired.push(id));
+            for &id in &expired {
+                self.take_out(t, id);
+                self.dropped_blocks += 1;
+            }
+            self.scratch = expired;
+        }
+    }
+
+    fn intern(&mut self, r: &Request, ids: &mut Vec<u32>) {
         ids.clear();
         let mut parent = NIL;
         for k in &r.keys {
-            let next = self.parent.len() as u32;
+            let next = self.blocks.parent.len() as u32;
             let id = *self.index.entry((r.instance, k.0)).or_insert(next);
             if id == next {
-                self.parent.push(parent);
-                self.tier_of.push(NOWHERE);
-                self.last_pos.push(0);
-                self.uses.push(0);
-                if self.belady {
-                    self.next_use_of.push(u64::MAX);
-                }
+                self.blocks.push(parent);
             }
             ids.push(id);
             parent = id;
         }
-        self.per_tier.iter_mut().for_each(|c| *c = 0);
-        let mut hits = 0u32;
-        for &id in &ids {
-            let t = self.tier_of[id as usize];
-            if t == NOWHERE {
-                break;
-            }
-            hits += 1;
-            self.per_tier[t as usize] += 1;
-        }
+    }
 
-        // Apply every block.
-        for &id in &ids {
+    /// The leading run of held blocks, counted per tier in `per_tier`.
+    fn count_hits(&mut self, ids: &[u32]) -> usize {
+        self.per_tier.iter_mut().for_each(|c| *c = 0);
+        let mut hits = 0;
+        for &id in ids {
+            let Some(t) = self.blocks.fastest(id) else {
+                break;
+            };
+            hits += 1;
+            self.per_tier[t] += 1;
+        }
+        hits
+    }
+
+    /// Reuse distances, use counts and (Belady) next uses of every access.
+    fn record_accesses(&mut self, ids: &[u32], next_use: &[u64]) {
+        let b = &mut self.blocks;
+        for &id in ids {
             let i = id as usize;
             self.pos += 1;
-            if self.uses[i] > 0 {
-                self.reuse.add(self.pos - self.last_pos[i]);
+            if b.uses[i] > 0 {
+                self.reuse.add(self.pos - b.last_pos[i]);
             }
-            self.uses[i] = self.uses[i].saturating_add(1);
-            self.last_pos[i] = self.pos;
-            let nu = if self.belady {
-                let nu = next_use
+            b.uses[i] = b.uses[i].saturating_add(1);
+            b.last_pos[i] = self.pos;
+            if self.belady {
+                b.next_use[i] = next_use
                     .get(self.pos as usize - 1)
                     .copied()
                     .unwrap_or(u64::MAX);
-                self.next_use_of[i] = nu;
-                nu
-            } else {
-                0
-            };
-            let a = Access {
-                id,
-                parent: self.parent[i],
-                now_ms: now,
-                next_use: nu,
-            };
-            match self.tier_of[i] {
-                0 => self.tiers[0].hit(&a),
-                NOWHERE => self.insert_at(0, &a),
-                k => {
-                    self.tiers[k as usize].remove(id);
-                    self.tier_of[i] = NOWHERE;
-                    self.insert_at(0, &a);
+            }
+        }
+    }
+
+    /// Steps 3 and 4 of the module docs for the applied blocks `ids`, of
+    /// which the first `hits` are held.
+    fn serve(&mut self, ids: &[u32], hits: usize, now: u64) {
+        let (prefix, rest) = ids.split_at(hits);
+        let mut below = 0;
+        for &id in prefix {
+            let t = self.blocks.fastest(id).unwrap_or(0);
+            self.blocks.guard[id as usize] = (self.request_no, t as u8);
+            if t != 0 {
+                below += 1;
+            }
+        }
+        for _matched_then_planned in 0..2 {
+            for &id in prefix {
+                if self.blocks.holds(0, id) {
+                    self.use_in_top(id, now);
                 }
             }
         }
-        for t in &mut self.tiers {
-            t.end_request(&ids);
+        self.make_room(0, below + rest.len(), now);
+        // The manager loads one batch per source tier, fastest first; each
+        // block enters tier 0 as its load lands.
+        for source in 1..self.tiers.len() {
+            for &id in prefix {
+                if self.blocks.fastest(id) == Some(source) {
+                    self.take_out(source, id);
+                    self.put_in(0, id, now);
+                }
+            }
         }
+        for &id in prefix {
+            self.use_in_top(id, now);
+        }
+        for &id in rest {
+            if self.blocks.holds(0, id) {
+                self.use_in_top(id, now);
+            } else {
+                self.put_in(0, id, now);
+            }
+        }
+    }
 
-        let n = ids.len() as u32;
+    /// Frees `n` places in tier `t`: victims go one tier down, which makes
+    /// room first; the last tier drops them.
+    fn make_room(&mut self, t: usize, n: usize, now: u64) {
+        let free = self.tiers[t].capacity.saturating_sub(self.tiers[t].len);
+        if free >= n {
+            return;
+        }
+        let mut victims = Vec::with_capacity(n - free);
+        for _ in 0..n - free {
+            let Some(v) = self.victim(t, now) else { break };
+            self.take_out(t, v);
+            victims.push(v);
+        }
+        if t + 1 == self.tiers.len() {
+            self.dropped_blocks += victims.len() as u64;
+            return;
+        }
+        // A copy already below: the victim leaves for free.
+        victims.retain(|v| !self.blocks.holds(t + 1, *v));
+        self.make_room(t + 1, victims.len(), now);
+        for v in victims {
+            if self.tiers[t + 1].len < self.tiers[t + 1].capacity {
+                self.put_in(t + 1, v, now);
+            } else {
+                self.dropped_blocks += 1;
+            }
+        }
+    }
+
+    /// Tier `t`'s next victim among the blocks no request protects.
+    fn victim(&mut self, t: usize, now: u64) -> Option<u32> {
+        let guard = &self.blocks.guard;
+        let protected = (self.request_no, t as u8);
+        let mut eligible = |id: u32| Verdict::from(guard[id as usize] != protected);
+        let tier = &mut self.tiers[t];
+        if self.leaf_first {
+            tier.leaves.victim(&mut *tier.policy, now, &mut eligible)
+        } else {
+            tier.policy.victim(now, &mut eligible)
+        }
+    }
+
+    /// Takes `id` out of tier `t` (the policy has already forgotten it if
+    /// it chose it as a victim).
+    fn take_out(&mut self, t: usize, id: u32) {
+        let parent = self.blocks.parent_of(id);
+        let tier = &mut self.tiers[t];
+        tier.policy.remove(id);
+        tier.leaves.left(parent);
+        tier.len -= 1;
+        self.blocks.held[id as usize] &= !(1 << t);
+    }
+
+    /// Puts `id` into tier `t`, which has room.
+    fn put_in(&mut self, t: usize, id: u32, now: u64) {
+        let parent = self.blocks.parent_of(id);
+        let depth = match parent {
+            Some(p) if self.blocks.holds(t, p) => self.blocks.depth[p as usize] + 1,
+            _ => 0,
+        };
+        self.blocks.depth[id as usize] = depth;
+        self.blocks.held[id as usize] |= 1 << t;
+        let u = Use {
+            depth,
+            ..self.use_of(id, now)
+        };
+        let tier = &mut self.tiers[t];
+        tier.policy.insert(id, &u);
+        tier.leaves.entered(parent);
+        tier.len += 1;
+    }
+
+    /// A use of `id` in tier 0.
+    fn use_in_top(&mut self, id: u32, now: u64) {
+        let u = self.use_of(id, now);
+        self.tiers[0].policy.access(id, &u);
+    }
+
+    fn use_of(&self, id: u32, now: u64) -> Use {
+        Use {
+            now,
+            depth: 0,
+            next_use: self.blocks.next_use[id as usize],
+        }
+    }
+
+    fn record_request(&mut self, r: &Request, n: u32, hits: u32) {
+        let now = r.timestamp_ms;
         self.requests += 1;
         self.requested_blocks += u64::from(n);
         self.hit_blocks += u64::from(hits);
@@ -219,38 +407,5 @@ impl Engine {
                 hit_blocks_per_tier: self.per_tier.clone(),
             });
         }
-        self.ids = ids;
-    }
-
-    /// Inserts a block into tier `k`, demoting what it evicts.
-    fn insert_at(&mut self, k: usize, a: &Access) {
-        if k >= self.tiers.len() {
-            return;
-        }
-        let mut evicted = std::mem::take(&mut self.scratch[k]);
-        evicted.clear();
-        self.tiers[k].insert(a, &mut evicted);
-        debug_assert!(
-            self.tiers[k].len() as u64 <= self.caps[k],
-            "tier {k} over capacity"
-        );
-        self.tier_of[a.id as usize] = k as u8;
-        for &e in &evicted {
-            self.tier_of[e as usize] = NOWHERE;
-        }
-        if k + 1 < self.tiers.len() {
-            for &e in &evicted {
-                let i = e as usize;
-                let next_use = if self.belady { self.next_use_of[i] } else { 0 };
-                let d = Access {
-                    id: e,
-                    parent: self.parent[i],
-                    now_ms: a.now_ms,
-                    next_use,
-                };
-                self.insert_at(k + 1, &d);
-            }
-        }
-        self.scratch[k] = evicted;
     }
 }

@@ -18,6 +18,8 @@ pub struct Grid {
     pub timeline_points: usize,
     /// Seed of randomised policies.
     pub seed: u64,
+    /// Leaves before parents in every tier, as the node does. Default: true.
+    pub leaf_first: bool,
 }
 
 impl Grid {
@@ -39,6 +41,7 @@ impl Grid {
             ttl_ms: None,
             timeline_points: 50,
             seed: 0,
+            leaf_first: true,
         }
     }
 
@@ -65,6 +68,7 @@ impl Grid {
                     timeline_points: self.timeline_points,
                     seed: self.seed,
                     keep_outcomes: false,
+                    leaf_first: self.leaf_first,
                 })
             })
             .collect()

@@ -2,8 +2,10 @@
 //! a real [`BlockManager`] with real bytes.
 //!
 //! Each request of the trace (read by [`kvtier_sim::trace`]) is served in
-//! order, one at a time:
+//! order, one at a time, on the trace's clock (the pools' clock is the
+//! request's timestamp):
 //!
+//! 0. [`BlockManager::step`] runs (TTL expiry, watermark pre-offload);
 //! 1. its prefix is looked up and onboarded to G1 (G2 / G3 blocks read
 //!    layer by layer through the scheduler, room made in G1 first);
 //! 2. the engine "computes" layer by layer: the bench waits for each layer
@@ -13,7 +15,7 @@
 //! 3. every onboarded block's device bytes are compared with the bytes it
 //!    was stored with (the tiers also verify checksums on every read);
 //! 4. the blocks after the prefix are written to fresh device blocks and
-//!    registered in G1; then [`BlockManager::step`] runs.
+//!    registered in G1.
 //!
 //! The geometry is small (`layers` x `layer_bytes`) so that a whole trace
 //! fits this machine; hit rates do not depend on it, bytes do. The TTFTs
@@ -27,24 +29,25 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvtier_core::{
-    BlockHash, CoreError, EvictionPolicyKind, Geometry, ModelPreset, RegionEvictionKind,
-};
+use kvtier_core::{BlockHash, CoreError, Geometry, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskError, DiskTier, DiskTierConfig};
 use kvtier_io::PsyncEngine;
-use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig, NoEviction};
+use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
 use kvtier_remote::{RemoteConfig, RemoteError, RemoteTier};
 use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
 use kvtier_sim::trace::{self, TraceError};
 use serde::Serialize;
 
-use crate::Tier;
-use crate::admission::AdmissionConfig;
-use crate::device::{HostDevice, HostDeviceOptions};
-use crate::manager::{BlockManager, ManagerConfig, ManagerError, ManagerStats, ManagerTiers};
-use crate::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
-use crate::policy::{PolicyConfig, PolicyKind};
-use crate::pool::PoolConfig;
+use kvtier_manager::Tier;
+use kvtier_manager::admission::AdmissionConfig;
+use kvtier_manager::device::{HostDevice, HostDeviceOptions};
+use kvtier_manager::manager::{
+    BlockManager, ManagerConfig, ManagerError, ManagerStats, ManagerTiers,
+};
+use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
+use kvtier_manager::policy::{PolicyConfig, PolicyKind};
+use kvtier_manager::pool::PoolConfig;
+pub use kvtier_manager::test_support::block_content;
 
 pub use report::render_text;
 
@@ -69,6 +72,11 @@ pub struct TraceBenchConfig {
     pub g2_blocks: usize,
     /// G3 blocks; 0 for no G3. Default: 4096.
     pub g3_blocks: usize,
+    /// The disk log's size as a multiple of the G3 pool. The log reclaims
+    /// whole regions when it wraps, which can take blocks the pool still
+    /// wants (see `ManagerStats::reclaimed_by_disk`); a log larger than
+    /// everything a run writes never wraps. Default: 4.
+    pub g3_log_factor: u32,
     /// G4 blocks; 0 for no G4. Default: 0.
     pub g4_blocks: usize,
     /// Where G4 keeps its objects (`s3://bucket/prefix`, with the endpoint
@@ -80,6 +88,9 @@ pub struct TraceBenchConfig {
     pub dir: Option<PathBuf>,
     /// Eviction policy of every tier. Default: LRU.
     pub policy: PolicyKind,
+    /// Idle time after which the TTL policy drops a block, milliseconds of
+    /// trace time. Default: 10 minutes.
+    pub ttl_ms: u64,
     /// Inclusive or exclusive cascade. Default: exclusive.
     pub mode: CascadeMode,
     /// Reuses a block needs before it is written to G3; 0 admits all.
@@ -106,10 +117,12 @@ impl Default for TraceBenchConfig {
             g1_blocks: 256,
             g2_blocks: 1024,
             g3_blocks: 4096,
+            g3_log_factor: 4,
             g4_blocks: 0,
             remote: None,
             dir: None,
             policy: PolicyKind::Lru,
+            ttl_ms: PolicyConfig::default().ttl_ms,
             mode: CascadeMode::Exclusive,
             admit_after: 0,
             watermarks: None,
@@ -207,27 +220,6 @@ impl TraceBenchReport {
     }
 }
 
-/// Deterministic bytes of a block, a function of its hash: what the bench
-/// "computes" and later verifies. A 256-byte xorshift pattern seeded by the
-/// hash, repeated (cheap enough for a debug build to replay a whole trace;
-/// any two blocks differ in every pattern).
-pub fn block_content(hash: BlockHash, len: usize) -> Vec<u8> {
-    let mut x = hash.fold64() | 1;
-    let mut pattern = Vec::with_capacity(256);
-    while pattern.len() < 256 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        pattern.extend_from_slice(&x.to_le_bytes());
-    }
-    let mut out = Vec::with_capacity(len + pattern.len());
-    while out.len() < len {
-        out.extend_from_slice(&pattern);
-    }
-    out.truncate(len);
-    out
-}
-
 /// The manager configuration a bench run uses.
 pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
     let pool = |blocks: usize| {
@@ -237,7 +229,10 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
             tokens_per_block: TRACE_TOKENS_PER_BLOCK,
             high_watermark: high,
             low_watermark: low,
-            policy: PolicyConfig::of(config.policy),
+            policy: PolicyConfig {
+                ttl_ms: config.ttl_ms,
+                ..PolicyConfig::of(config.policy)
+            },
             ..PoolConfig::default()
         }
     };
@@ -297,11 +292,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             block_bytes: block_bytes as usize,
             layer_bytes: g.layer_bytes() as usize,
             hugepages: false,
-            policy: EvictionPolicyKind::Lru,
+            policy: PolicyKind::Lru,
         };
-        Some(MemoryTier::create_with_policy(arena, |slots| {
-            Box::new(NoEviction::new(slots))
-        })?)
+        Some(MemoryTier::create_owned(arena)?)
     } else {
         None
     };
@@ -321,8 +314,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
         let dir = base.join("g3");
         let region_size: u64 = 1 << 20;
         // The log is written in regions and reclaims whole regions: keep
-        // it several times the pool so live blocks are not reclaimed.
-        let want = 4 * config.g3_blocks as u64 * block_bytes + 4 * region_size;
+        // it several times the pool so live blocks are seldom reclaimed.
+        let factor = u64::from(config.g3_log_factor.max(1));
+        let want = factor * config.g3_blocks as u64 * block_bytes + 4 * region_size;
         let capacity = want.div_ceil(region_size) * region_size;
         let cfg = DiskTierConfig {
             dirs: vec![dir],
@@ -330,7 +324,10 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             region_size,
             geometry: g,
             eviction: RegionEvictionKind::Fifo,
-            reinsert_hot: false,
+            // As on the node: blocks the G3 pool still wants get a second
+            // life when the log reclaims their region, so the pool stays the
+            // one eviction authority of G3.
+            reinsert_hot: true,
             checkpoint_interval: Duration::ZERO,
             sync: false,
             register_buffers: false,
@@ -387,7 +384,11 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
     let g = Geometry::raw(config.layers, u64::from(config.layers) * config.layer_bytes)?;
     let block_bytes = g.block_bytes() as usize;
     let tiers = build_tiers(config, g)?;
-    let manager = BlockManager::new(
+    // The pools run on the trace's time, so idle times and TTLs are the
+    // trace's and the optimizer's replay sees the same ones.
+    let trace_now = Arc::new(AtomicU64::new(0));
+    let clock_now = trace_now.clone();
+    let manager = BlockManager::with_pool_clock(
         manager_config(config),
         ManagerTiers {
             geometry: g,
@@ -397,6 +398,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
             remote: tiers.remote.clone(),
         },
         Vec::new(),
+        Arc::new(move || clock_now.load(Ordering::Relaxed)),
     )?;
     let serving = ServingModel::new(
         ModelSpec::preset(config.model),
@@ -417,6 +419,10 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         }
         requests += 1;
         blocks += keys.len() as u64;
+        // Between requests, at the new request's time: TTL expiry and the
+        // watermark pre-offload.
+        trace_now.fetch_max(request.timestamp_ms, Ordering::Relaxed);
+        manager.step().await;
         let onboarding = manager.begin_onboard(&keys).await?;
         let matched = onboarding.matched().clone();
         // The modelled prefill of this request: new tokens after the
@@ -453,7 +459,6 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         let stored = manager.store_computed(parent, fresh).await?;
         drop(stored);
         drop(onboarded);
-        manager.step().await;
         let per_tier: Vec<u32> = Tier::ALL
             .iter()
             .map(|t| matched.count_in(*t) as u32)
@@ -495,7 +500,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
 
 fn settings_text(c: &TraceBenchConfig) -> String {
     format!(
-        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} g4={} policy={} mode={:?} admit_after={} watermarks={:?}",
+        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} g4={} policy={} ttl_ms={} mode={:?} admit_after={} watermarks={:?}",
         c.trace.display(),
         c.requests.map_or("all".to_owned(), |n| n.to_string()),
         c.layers,
@@ -505,6 +510,7 @@ fn settings_text(c: &TraceBenchConfig) -> String {
         c.g3_blocks,
         c.g4_blocks,
         c.policy,
+        c.ttl_ms,
         c.mode,
         c.admit_after,
         c.watermarks,

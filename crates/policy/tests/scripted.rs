@@ -1,0 +1,194 @@
+//! Each eviction policy on a small scripted sequence over block hashes,
+//! and the eligibility filter.
+
+use kvtier_core::BlockHash;
+use kvtier_policy::{
+    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Ttl,
+    Use, Verdict,
+};
+
+fn h(i: u128) -> BlockHash {
+    BlockHash(i)
+}
+
+fn at(now: u64) -> Use {
+    Use::at(now)
+}
+
+fn expired(p: &dyn EvictionPolicy<BlockHash>, now: u64) -> Vec<BlockHash> {
+    let mut out = Vec::new();
+    p.expired(now, &mut |k| out.push(k));
+    out
+}
+
+/// Victims in order until the policy is empty.
+fn drain(p: &mut dyn EvictionPolicy<BlockHash>, now: u64) -> Vec<u128> {
+    std::iter::from_fn(|| p.victim(now, &mut |_| true.into()).map(|k| k.0)).collect()
+}
+
+#[test]
+fn lru_evicts_least_recent() {
+    let mut p = Lru::<BlockHash>::default();
+    for i in 1..=3 {
+        p.insert(h(i), &at(0));
+    }
+    p.access(h(1), &at(1));
+    assert_eq!(drain(&mut p, 2), [2, 3, 1]);
+}
+
+#[test]
+fn lfu_evicts_least_used_then_least_recent() {
+    let mut p = Lfu::<BlockHash>::default();
+    for i in 1..=4 {
+        p.insert(h(i), &at(0));
+    }
+    p.access(h(1), &at(1));
+    p.access(h(1), &at(2));
+    p.access(h(3), &at(3));
+    assert_eq!(p.uses(h(1)), Some(3));
+    assert_eq!(drain(&mut p, 4), [2, 4, 3, 1]);
+}
+
+#[test]
+fn arc_adapts_to_a_ghost_hit() {
+    let mut p = Arc::<BlockHash>::new(2);
+    p.insert(h(1), &at(0));
+    p.insert(h(2), &at(0));
+    p.access(h(1), &at(1)); // 1 moves to the frequency list
+    assert_eq!(
+        p.victim(2, &mut |_| true.into()),
+        Some(h(2)),
+        "recency list goes first"
+    );
+    assert_eq!(p.target_recent(), 0);
+    p.insert(h(2), &at(3)); // a ghost of the recency list comes back
+    assert_eq!(p.target_recent(), 1, "recency was undervalued");
+    assert_eq!(p.len(), 2);
+    // Both now sit in the frequency list; 1 is its oldest.
+    assert_eq!(drain(&mut p, 4), [1, 2]);
+}
+
+#[test]
+fn s3fifo_filters_one_hit_blocks_and_remembers_ghosts() {
+    let mut p = S3Fifo::<BlockHash>::new(10); // small queue target: 1
+    for i in 1..=3 {
+        p.insert(h(i), &at(0));
+    }
+    p.access(h(2), &at(1));
+    assert_eq!(
+        p.victim(2, &mut |_| true.into()),
+        Some(h(1)),
+        "unused small block goes"
+    );
+    assert_eq!(
+        p.victim(2, &mut |_| true.into()),
+        Some(h(3)),
+        "used block 2 is promoted to main instead"
+    );
+    assert!(p.in_main(h(2)));
+    p.insert(h(1), &at(3));
+    assert!(p.in_main(h(1)), "a ghost comes back into main");
+    p.access(h(1), &at(4));
+    assert_eq!(
+        drain(&mut p, 5),
+        [2, 1],
+        "main gives a used block another round"
+    );
+}
+
+#[test]
+fn ttl_reports_idle_blocks_and_evicts_lru() {
+    let mut p = Ttl::<BlockHash>::new(100);
+    p.insert(h(1), &at(0));
+    p.insert(h(2), &at(50));
+    assert_eq!(expired(&p, 120), [h(1)]);
+    p.access(h(1), &at(130));
+    assert_eq!(expired(&p, 160), [h(2)]);
+    assert!(expired(&p, 40).is_empty());
+    assert_eq!(drain(&mut p, 200), [2, 1]);
+}
+
+#[test]
+fn cost_aware_keeps_used_and_expensive_blocks() {
+    let mut p = CostAware::<BlockHash>::new(CostModel::default());
+    p.insert(h(1), &at(0));
+    p.insert(h(2), &at(0));
+    p.access(h(1), &at(5));
+    assert_eq!(
+        p.victim(10, &mut |_| true.into()),
+        Some(h(2)),
+        "fewer uses, less value"
+    );
+
+    // Without a cheaper restore path, a deeper block costs more to recompute.
+    let model = CostModel {
+        restore_us: f64::INFINITY,
+        ..CostModel::default()
+    };
+    assert!(model.miss_cost_us(100) > model.miss_cost_us(0));
+    let mut p = CostAware::<BlockHash>::new(model);
+    p.insert(
+        h(3),
+        &Use {
+            depth: 100,
+            ..Use::at(0)
+        },
+    );
+    p.insert(h(4), &Use::at(0));
+    assert_eq!(drain(&mut p, 1), [4, 3]);
+
+    // Idle time wears value down: a block used twice long ago loses to one
+    // used once just now.
+    let mut p = CostAware::<BlockHash>::new(CostModel::default());
+    p.insert(h(5), &at(0));
+    p.access(h(5), &at(0));
+    p.insert(h(6), &at(1_000_000));
+    assert_eq!(p.victim(1_000_000, &mut |_| true.into()), Some(h(5)));
+}
+
+#[test]
+fn every_policy_skips_ineligible_blocks() {
+    for kind in PolicyKind::NODE {
+        let mut p = PolicyConfig::of(kind).build::<BlockHash>(8).unwrap();
+        for i in 1..=4 {
+            p.insert(h(i), &at(i as u64));
+        }
+        let v = p.victim(10, &mut |k| (k.0 == 3).into());
+        assert_eq!(v, Some(h(3)), "{kind}");
+        assert_eq!(
+            p.victim(10, &mut |k| (k.0 == 3).into()),
+            None,
+            "{kind}: 3 is gone"
+        );
+        assert_eq!(p.len(), 3, "{kind}");
+        p.remove(h(1));
+        assert_eq!(p.len(), 2, "{kind}");
+        let mut rest = drain(p.as_mut(), 10);
+        rest.sort();
+        assert_eq!(rest, [2, 4], "{kind}");
+    }
+}
+
+#[test]
+fn coldest_visits_in_victim_order_without_evicting() {
+    for kind in [PolicyKind::Lru, PolicyKind::Ttl, PolicyKind::Lfu] {
+        let mut p = PolicyConfig::of(kind).build::<BlockHash>(8).unwrap();
+        for i in 1..=4 {
+            p.insert(h(i), &at(i as u64));
+        }
+        p.access(h(2), &at(5));
+        p.access(h(1), &at(6));
+        let mut seen = Vec::new();
+        p.coldest(&mut |k| {
+            seen.push(k.0);
+            if seen.len() == 3 {
+                Verdict::Stop
+            } else {
+                Verdict::Skip
+            }
+        });
+        assert_eq!(p.len(), 4, "{kind}: nothing evicted");
+        let order = drain(p.as_mut(), 7);
+        assert_eq!(seen, order[..3], "{kind}");
+    }
+}
