@@ -36,6 +36,12 @@ pub trait SlotIndex<K>: Default + Debug + Send {
 #[derive(Debug)]
 pub struct HashIndex<K>(hashbrown::HashMap<K, u32>);
 
+impl<K: Eq + Hash> PartialEq for HashIndex<K> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
 impl<K> Default for HashIndex<K> {
     fn default() -> Self {
         Self(hashbrown::HashMap::new())
@@ -61,7 +67,7 @@ impl<K: Eq + Hash + Copy + Debug + Send> SlotIndex<K> for HashIndex<K> {
 
 /// A vector indexed by the key itself, for dense keys (replay ids, arena
 /// slots): a lookup is one load.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct DenseIndex(Vec<u32>);
 
 impl DenseIndex {

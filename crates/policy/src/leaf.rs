@@ -8,21 +8,30 @@
 //! and only when there is none for any eligible key. The tier reports each
 //! key's arrival and departure with its parent; the counts are per tier.
 
-use hashbrown::HashMap;
+use crate::{EvictionPolicy, PolicyKey, SlotIndex, Verdict};
 
-use crate::{EvictionPolicy, PolicyKey, Verdict};
-
-/// Resident children per key of one tier, and the leaf-first victim.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Resident children per key of one tier, and the leaf-first victim. The
+/// counts live in the key type's map (a flat vector for dense ids), only
+/// for keys with at least one child.
+#[derive(Debug)]
 pub struct LeafFirst<K: PolicyKey> {
-    children: HashMap<K, u32>,
+    children: K::Index,
 }
 
 impl<K: PolicyKey> Default for LeafFirst<K> {
     fn default() -> Self {
         Self {
-            children: HashMap::new(),
+            children: K::Index::default(),
         }
+    }
+}
+
+impl<K: PolicyKey> PartialEq for LeafFirst<K>
+where
+    K::Index: PartialEq,
+{
+    fn eq(&self, other: &Self) -> bool {
+        self.children == other.children
     }
 }
 
@@ -30,29 +39,29 @@ impl<K: PolicyKey> LeafFirst<K> {
     /// A key whose parent is `parent` entered the tier.
     pub fn entered(&mut self, parent: Option<K>) {
         if let Some(p) = parent {
-            *self.children.entry(p).or_insert(0) += 1;
+            let n = self.children.get(p).unwrap_or(0);
+            self.children.set(p, n + 1);
         }
     }
 
     /// A key whose parent is `parent` left the tier.
     pub fn left(&mut self, parent: Option<K>) {
         let Some(p) = parent else { return };
-        if let Some(c) = self.children.get_mut(&p) {
-            *c -= 1;
-            if *c == 0 {
-                self.children.remove(&p);
-            }
+        match self.children.get(p) {
+            Some(n) if n > 1 => self.children.set(p, n - 1),
+            Some(_) => self.children.clear(p),
+            None => {}
         }
     }
 
     /// Resident children of `key`.
     pub fn children(&self, key: K) -> u32 {
-        self.children.get(&key).copied().unwrap_or(0)
+        self.children.get(key).unwrap_or(0)
     }
 
     /// Whether `key` has no resident child.
     pub fn is_leaf(&self, key: K) -> bool {
-        !self.children.contains_key(&key)
+        self.children.get(key).is_none()
     }
 
     /// The policy's victim among eligible leaves, else among all eligible

@@ -3,9 +3,9 @@
 //!
 //! Cheaper than a recency list under concurrency in a real cache; here it
 //! shows how close sampling gets to LRU. Residents live in a dense array
-//! (swap-remove on eviction) so a sample is one random index. Samples the
-//! tier may not evict now are skipped; when no sample is eligible, the
-//! least recent eligible resident goes (a full scan, rare).
+//! (swap-remove on eviction) so a sample is one random index. Draws the
+//! tier may not evict now do not count as samples; when no draw is
+//! eligible, the least recent eligible resident goes (a full scan, rare).
 
 use kvtier_policy::{EvictionPolicy, PolicyKind, Use, Verdict};
 use rand::rngs::SmallRng;
@@ -15,6 +15,9 @@ use super::NIL;
 
 /// Blocks sampled per eviction.
 pub const SAMPLES: usize = 5;
+
+/// Random draws per eviction before the full scan.
+const MAX_DRAWS: usize = 64 * SAMPLES;
 
 /// Random-LRU over dense ids.
 #[derive(Debug)]
@@ -47,17 +50,25 @@ impl RandomLru {
     }
 
     /// The least recent of `SAMPLES` random residents that `eligible`
-    /// accepts; `Err` when it stopped the scan.
+    /// accepts, drawing up to `MAX_DRAWS` (a tier whose blocks are mostly
+    /// parents under the leaf-first filter skips many); `Err` when it
+    /// stopped the scan.
     fn sample(&mut self, eligible: &mut dyn FnMut(u32) -> Verdict) -> Result<Option<u32>, ()> {
         let n = self.residents.len();
         let mut best: Option<u32> = None;
-        for _ in 0..SAMPLES {
-            let c = self.residents[self.rng.random_range(0..n)];
-            if best.is_some_and(|b| self.last_use[b as usize] <= self.last_use[c as usize]) {
-                continue;
+        let mut accepted = 0;
+        for _ in 0..MAX_DRAWS {
+            if accepted == SAMPLES {
+                break;
             }
+            let c = self.residents[self.rng.random_range(0..n)];
             match eligible(c) {
-                Verdict::Evict => best = Some(c),
+                Verdict::Evict => {
+                    accepted += 1;
+                    if best.is_none_or(|b| self.last_use[c as usize] < self.last_use[b as usize]) {
+                        best = Some(c);
+                    }
+                }
                 Verdict::Skip => {}
                 Verdict::Stop => return Err(()),
             }

@@ -52,6 +52,8 @@ struct TierState {
     leaves: LeafFirst<u32>,
     capacity: usize,
     len: usize,
+    /// The victims of a `make_room` in flight (kept to reuse its memory).
+    victims: Vec<u32>,
 }
 
 /// Per-block state, by id.
@@ -136,6 +138,7 @@ impl Engine {
                 leaves: LeafFirst::default(),
                 capacity: usize::try_from(t.capacity_blocks).unwrap_or(usize::MAX),
                 len: 0,
+                victims: Vec::new(),
             })
             .collect();
         let n = tiers.len();
@@ -308,7 +311,8 @@ impl Engine {
         if free >= n {
             return;
         }
-        let mut victims = Vec::with_capacity(n - free);
+        let mut victims = std::mem::take(&mut self.tiers[t].victims);
+        victims.clear();
         for _ in 0..n - free {
             let Some(v) = self.victim(t, now) else { break };
             self.take_out(t, v);
@@ -316,18 +320,19 @@ impl Engine {
         }
         if t + 1 == self.tiers.len() {
             self.dropped_blocks += victims.len() as u64;
-            return;
-        }
-        // A copy already below: the victim leaves for free.
-        victims.retain(|v| !self.blocks.holds(t + 1, *v));
-        self.make_room(t + 1, victims.len(), now);
-        for v in victims {
-            if self.tiers[t + 1].len < self.tiers[t + 1].capacity {
-                self.put_in(t + 1, v, now);
-            } else {
-                self.dropped_blocks += 1;
+        } else {
+            // A copy already below: the victim leaves for free.
+            victims.retain(|v| !self.blocks.holds(t + 1, *v));
+            self.make_room(t + 1, victims.len(), now);
+            for &v in &victims {
+                if self.tiers[t + 1].len < self.tiers[t + 1].capacity {
+                    self.put_in(t + 1, v, now);
+                } else {
+                    self.dropped_blocks += 1;
+                }
             }
         }
+        self.tiers[t].victims = victims;
     }
 
     /// Tier `t`'s next victim among the blocks no request protects.
@@ -349,7 +354,9 @@ impl Engine {
         let parent = self.blocks.parent_of(id);
         let tier = &mut self.tiers[t];
         tier.policy.remove(id);
-        tier.leaves.left(parent);
+        if self.leaf_first {
+            tier.leaves.left(parent);
+        }
         tier.len -= 1;
         self.blocks.held[id as usize] &= !(1 << t);
     }
@@ -369,7 +376,9 @@ impl Engine {
         };
         let tier = &mut self.tiers[t];
         tier.policy.insert(id, &u);
-        tier.leaves.entered(parent);
+        if self.leaf_first {
+            tier.leaves.entered(parent);
+        }
         tier.len += 1;
     }
 
