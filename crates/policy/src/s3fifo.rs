@@ -10,10 +10,12 @@
 //! to 3, in the node's value.
 //!
 //! A key the tier may not evict now ([`Verdict::Skip`]: held, pinned, in
-//! flight, or a parent under the leaf-first filter) goes to the back of its
-//! queue as a used key does, so such keys do not pile up at the front
-//! where every later scan would walk past them again; a scan gives up once
-//! it has sent every key of the queue round that way.
+//! flight, or a parent under the leaf-first filter) keeps its place, so a
+//! scan walks past such keys each time; under the leaf-first filter the
+//! small queue holds mostly parents and that walk dominates (see
+//! docs/benchmarks.md, "Trace replay speed"). Sending them round instead
+//! made the order depend on every transient reason a tier has to skip a
+//! key, and the optimizer stopped predicting the node.
 
 use crate::lists::{Lists, Stopped};
 use crate::{EvictionPolicy, PolicyKey, PolicyKind, Use, Verdict};
@@ -69,19 +71,11 @@ impl<K: PolicyKey> S3Fifo<K> {
         eligible: &mut dyn FnMut(K) -> Verdict,
     ) -> Result<Option<K>, Stopped> {
         let mut next = self.lists.oldest(SMALL);
-        let mut skips_left = self.lists.len(SMALL);
         while let Some(slot) = next {
             next = self.lists.newer(slot);
             let key = self.lists.key(slot);
             match eligible(key) {
-                Verdict::Skip => {
-                    if skips_left == 0 {
-                        return Ok(None);
-                    }
-                    skips_left -= 1;
-                    next = self.send_round(slot, next);
-                    continue;
-                }
+                Verdict::Skip => continue,
                 Verdict::Stop => return Err(Stopped),
                 Verdict::Evict => {}
             }
@@ -104,21 +98,13 @@ impl<K: PolicyKey> S3Fifo<K> {
     /// every reinsertion lowers a counter.
     fn evict_main(&mut self, eligible: &mut dyn FnMut(K) -> Verdict) -> Result<Option<K>, Stopped> {
         let mut next = self.lists.oldest(MAIN);
-        let mut skips_left = self.lists.len(MAIN);
         while let Some(slot) = next {
             // A key sent round again is met again after the keys newer
             // than it, or at once when it was the newest.
             next = self.lists.newer(slot);
             let key = self.lists.key(slot);
             match eligible(key) {
-                Verdict::Skip => {
-                    if skips_left == 0 {
-                        return Ok(None);
-                    }
-                    skips_left -= 1;
-                    next = self.send_round(slot, next);
-                    continue;
-                }
+                Verdict::Skip => continue,
                 Verdict::Stop => return Err(Stopped),
                 Verdict::Evict => {}
             }

@@ -329,18 +329,11 @@ fn s3_small(
     cap: usize,
     ok: &dyn Fn(u64) -> bool,
 ) -> Option<u64> {
-    let mut skips_left = small.0.len();
-    let i = 0;
+    let mut i = 0;
     while i < small.0.len() {
         let k = small.0[i];
         if !ok(k) {
-            // Sent to the back; the scan gives up after a whole round.
-            if skips_left == 0 {
-                return None;
-            }
-            skips_left -= 1;
-            small.0.remove(i);
-            small.0.push(k);
+            i += 1;
             continue;
         }
         if uses.get(&k).copied().unwrap_or(0) > 0 {
@@ -363,17 +356,11 @@ fn s3_main(
     uses: &mut HashMap<u64, u64>,
     ok: &dyn Fn(u64) -> bool,
 ) -> Option<u64> {
-    let mut skips_left = main.0.len();
-    let i = 0;
+    let mut i = 0;
     while i < main.0.len() {
         let k = main.0[i];
         if !ok(k) {
-            if skips_left == 0 {
-                return None;
-            }
-            skips_left -= 1;
-            main.0.remove(i);
-            main.0.push(k);
+            i += 1;
             continue;
         }
         let u = uses.get(&k).copied().unwrap_or(0);
