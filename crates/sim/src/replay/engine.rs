@@ -262,7 +262,7 @@ impl Engine {
         }
     }
 
-    /// Steps 3 and 4 of the module docs for the applied blocks `ids`, of
+    /// Steps 3 to 5 of the module docs for the applied blocks `ids`, of
     /// which the first `hits` are held.
     fn serve(&mut self, ids: &[u32], hits: usize, now: u64) {
         let (prefix, rest) = ids.split_at(hits);
