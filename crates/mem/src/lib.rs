@@ -8,10 +8,11 @@
 //!   ([`put`](MemoryTier::put), or [`reserve`](MemoryTier::reserve) a slot
 //!   and fill it in place by direct I/O, then
 //!   [`commit`](SlotReservation::commit)), serves verified copies
-//!   ([`get`](MemoryTier::get)) and zero-copy [`BlockRef`]s, and evicts by a
-//!   pluggable [`EvictionPolicy`] ([`Lru`] by default). Pins, references
-//!   and persistence decide what may be evicted: only blocks that are
-//!   unpinned, unreferenced and persisted in a lower tier.
+//!   ([`get`](MemoryTier::get)) and zero-copy [`BlockRef`]s, and evicts by
+//!   one of `kvtier-policy`'s policies (LRU by default), or not at all when
+//!   its owner evicts ([`MemoryTier::create_owned`], the node's arena).
+//!   Pins, references and persistence decide what may be evicted: only
+//!   blocks that are unpinned, unreferenced and persisted in a lower tier.
 //! - [`ArenaReader`] is any other process: it maps the arena read-only by
 //!   name and copies blocks out under the slot table's seqlock, verifying
 //!   each against its checksums.
