@@ -54,11 +54,6 @@ impl<K: PolicyKey> LeafFirst<K> {
         }
     }
 
-    /// Resident children of `key`.
-    pub fn children(&self, key: K) -> u32 {
-        self.children.get(key).unwrap_or(0)
-    }
-
     /// Whether `key` has no resident child.
     pub fn is_leaf(&self, key: K) -> bool {
         self.children.get(key).is_none()

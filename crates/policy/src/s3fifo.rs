@@ -56,14 +56,6 @@ impl<K: PolicyKey> S3Fifo<K> {
             .filter(|s| matches!(self.lists.list_at(*s), SMALL | MAIN))
     }
 
-    /// Moves `slot` to the back of its queue; the scan's next slot, `next`
-    /// or, when `slot` was the newest, `slot` itself again.
-    fn send_round(&mut self, slot: u32, next: Option<u32>) -> Option<u32> {
-        let queue = self.lists.list_at(slot);
-        self.lists.move_newest(slot, queue);
-        next.or(Some(slot))
-    }
-
     /// Scans the small queue: used keys move to main, the first unused
     /// eligible one is evicted and remembered as a ghost.
     fn evict_small(
@@ -111,7 +103,8 @@ impl<K: PolicyKey> S3Fifo<K> {
             let uses = self.lists.value(slot);
             if uses > 0 {
                 self.lists.set_value(slot, uses - 1);
-                next = self.send_round(slot, next);
+                self.lists.move_newest(slot, MAIN);
+                next = next.or(Some(slot));
                 continue;
             }
             self.lists.remove_slot(slot);
