@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::measure::{Latencies, Run, Side, process_cpu_time};
+use super::measure::{Latencies, Run, process_cpu_time};
 use kvtier_io::AlignedBuf;
 
 /// Access pattern of a raw I/O baseline.
@@ -168,47 +168,72 @@ pub enum CopyPattern {
 }
 
 /// Single-thread memcpy of `object_bytes` blocks between one buffer and a
-/// pool of `pool_bytes`, `ops` times, in the order the tier benchmark uses:
-/// the DRAM baseline.
-pub fn memcpy(object_bytes: usize, pool_bytes: usize, ops: u64, pattern: CopyPattern) -> Side {
-    let n = (pool_bytes / object_bytes).max(1);
-    let mut pool = AlignedBuf::zeroed(n * object_bytes, 4096);
-    for (i, b) in pool.iter_mut().enumerate() {
-        *b = (i * 131 + 7) as u8;
-    }
-    let mut one = AlignedBuf::zeroed(object_bytes, 4096);
-    one.fill(3);
-    let mut lat = Latencies::default();
-    let cpu0 = process_cpu_time();
-    let t0 = Instant::now();
-    for i in 0..ops as usize {
-        let t = Instant::now();
-        match pattern {
-            CopyPattern::Scatter => {
-                let d = i % n * object_bytes;
-                pool[d..d + object_bytes].copy_from_slice(&one);
-            }
-            CopyPattern::Gather => {
-                let s = (i * 7919) % n * object_bytes;
-                one.copy_from_slice(&pool[s..s + object_bytes]);
-            }
+/// pool, in the order the tier benchmark uses: the DRAM baseline. The pool
+/// is allocated (and touched) once, then measured in rounds.
+pub struct Memcpy {
+    object_bytes: usize,
+    slots: usize,
+    pool: AlignedBuf,
+    one: AlignedBuf,
+}
+
+impl Memcpy {
+    /// A pool of `pool_bytes` (at least one object), every page touched.
+    pub fn new(object_bytes: usize, pool_bytes: usize) -> Self {
+        let slots = (pool_bytes / object_bytes).max(1);
+        let mut pool = AlignedBuf::zeroed(slots * object_bytes, 4096);
+        for (i, b) in pool.iter_mut().enumerate() {
+            *b = (i * 131 + 7) as u8;
         }
-        lat.push(t.elapsed());
+        let mut one = AlignedBuf::zeroed(object_bytes, 4096);
+        one.fill(3);
+        Memcpy {
+            object_bytes,
+            slots,
+            pool,
+            one,
+        }
     }
-    std::hint::black_box((&pool, &one));
-    let wall = t0.elapsed();
-    let what = match pattern {
-        CopyPattern::Scatter => "memcpy (single thread, one buffer into a pool)",
-        CopyPattern::Gather => "memcpy (single thread, a pool into one buffer)",
-    };
-    Side::from_run(
-        what,
-        ops * object_bytes as u64,
-        ops,
-        wall,
-        process_cpu_time() - cpu0,
-        &mut lat,
-    )
+
+    /// What [`run`](Self::run) measures for `pattern`.
+    pub fn name(pattern: CopyPattern) -> &'static str {
+        match pattern {
+            CopyPattern::Scatter => "memcpy (single thread, one buffer into a pool)",
+            CopyPattern::Gather => "memcpy (single thread, a pool into one buffer)",
+        }
+    }
+
+    /// Copies `ops` objects in `pattern`, operations `first..first + ops`
+    /// of the pattern's sequence (so rounds continue where the last one
+    /// stopped).
+    pub fn run(&mut self, ops: u64, pattern: CopyPattern, first: u64) -> Run {
+        let (size, n) = (self.object_bytes, self.slots);
+        let mut lat = Latencies::default();
+        let cpu0 = process_cpu_time();
+        let t0 = Instant::now();
+        for i in first as usize..(first + ops) as usize {
+            let t = Instant::now();
+            match pattern {
+                CopyPattern::Scatter => {
+                    let d = i % n * size;
+                    self.pool[d..d + size].copy_from_slice(&self.one);
+                }
+                CopyPattern::Gather => {
+                    let s = (i * 7919) % n * size;
+                    self.one.copy_from_slice(&self.pool[s..s + size]);
+                }
+            }
+            lat.push(t.elapsed());
+        }
+        std::hint::black_box((&self.pool, &self.one));
+        Run {
+            bytes: ops * size as u64,
+            ops,
+            wall: t0.elapsed(),
+            cpu: process_cpu_time() - cpu0,
+            lat,
+        }
+    }
 }
 
 /// fio's figures for one pattern.

@@ -20,7 +20,7 @@ use kvtier_io::{AlignedBuf, IoEngine};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 use super::baseline::{self, CopyPattern, Pattern};
-use super::measure::{Case, Latencies, Run, Side, process_cpu_time};
+use super::measure::{Case, Latencies, Rounds, Run, process_cpu_time};
 
 /// Arguments of `kvtier bench store`.
 #[derive(Args)]
@@ -47,6 +47,12 @@ pub struct StoreBenchArgs {
     /// Skip fio even if it is installed.
     #[arg(long)]
     no_fio: bool,
+    /// Rounds per case: each runs the baseline (raw io_uring, fio, memcpy)
+    /// and then kvtier on its share of the bytes. Ratios are the median of
+    /// the rounds' ratios, with min and max, so a disk whose speed drifts
+    /// falls on both sides.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    rounds: u64,
 }
 
 struct Plan {
@@ -56,6 +62,7 @@ struct Plan {
     region_size: u64,
     use_fio: bool,
     dram_pool: usize,
+    rounds: u64,
 }
 
 /// Runs the benchmark.
@@ -90,14 +97,16 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         region_size: if args.quick { 4 << 20 } else { 64 << 20 },
         use_fio: !args.no_fio && !args.quick,
         dram_pool: if args.quick { 16 << 20 } else { 1 << 30 },
+        rounds: args.rounds,
     };
     let engine =
         kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
     if !args.json {
         eprintln!(
-            "kvtier bench store: dir {}, {} MiB per case, queue depth {}, engine {}",
+            "kvtier bench store: dir {}, {} MiB per case in {} rounds, queue depth {}, engine {}",
             dir.display(),
             plan.bytes >> 20,
+            plan.rounds,
             plan.qd,
             engine.name()
         );
@@ -129,6 +138,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             "engine": engine.name(),
             "queue_depth": plan.qd,
             "bytes_per_case": plan.bytes,
+            "rounds": plan.rounds,
             "cases": cases,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -144,12 +154,13 @@ fn progress(show: bool, what: &str) {
     }
 }
 
-/// Alternating rounds per measurement: baseline, kvtier, baseline, ...
-const ROUNDS: u64 = 4;
+/// How long fio runs in each round of a case.
+const FIO_ROUND: Duration = Duration::from_secs(2);
 
 /// Disk cases for one geometry: write, read, and (for layered blocks)
-/// per-layer reads. Each is measured in [`ROUNDS`] alternating rounds of
-/// baseline and kvtier on the same directory.
+/// per-layer reads. Each is measured in `plan.rounds` rounds of baseline
+/// (raw io_uring, then fio when installed) and kvtier, alternating, on the
+/// same directory.
 async fn disk_cases(
     plan: &Plan,
     engine: Arc<dyn IoEngine>,
@@ -158,10 +169,11 @@ async fn disk_cases(
     show: bool,
 ) -> Result<Vec<Case>> {
     let block = geometry.block_bytes();
-    let nblocks = (plan.bytes / block).max(plan.qd as u64 * ROUNDS);
+    let rounds = plan.rounds;
+    let nblocks = (plan.bytes / block).max(plan.qd as u64 * rounds);
     let data_bytes = nblocks * block;
     let qd = plan.qd;
-    let per_round = nblocks / ROUNDS;
+    let per_round = nblocks / rounds;
     let layer = geometry.layer_bytes();
     let layered = geometry.layers > 1;
 
@@ -212,13 +224,20 @@ async fn disk_cases(
         sums: Arc::new(sums),
     };
 
+    // fio on the baseline's file, in the same round as the others.
+    let fio = |obj: u64, pattern: Pattern| {
+        plan.use_fio
+            .then(|| baseline::fio(&base_path, data_bytes, obj, qd, pattern, FIO_ROUND))
+            .flatten()
+    };
+    let fio_note = if plan.use_fio { ", fio" } else { "" };
     progress(
         show,
-        &format!("sequential writes {label}: raw io_uring vs disk tier"),
+        &format!("sequential writes {label}: raw io_uring{fio_note} vs disk tier"),
     );
-    let (mut bw, mut sw) = (Run::default(), Run::default());
-    for r in 0..ROUNDS {
-        bw.add(baseline::uring(
+    let mut writes = Rounds::default();
+    for r in 0..rounds {
+        let base = baseline::uring(
             &file,
             data_bytes,
             block,
@@ -226,18 +245,19 @@ async fn disk_cases(
             per_round,
             Pattern::SeqWrite,
             r * per_round,
-        )?);
+        )?;
+        let fio_round = fio(block, Pattern::SeqWrite);
         let range = (r * per_round) as usize..((r + 1) * per_round) as usize;
-        sw.add(write_side(&tier, &src, range, qd).await?);
+        writes.add(base, write_side(&tier, &src, range, qd).await?, fio_round);
     }
     progress(
         show,
-        &format!("random reads {label}: raw io_uring vs disk tier"),
+        &format!("random reads {label}: raw io_uring{fio_note} vs disk tier"),
     );
-    let (mut br, mut sr) = (Run::default(), Run::default());
-    let written = &src.keys[..(ROUNDS * per_round) as usize];
-    for r in 0..ROUNDS {
-        br.add(baseline::uring(
+    let mut reads = Rounds::default();
+    let written = &src.keys[..(rounds * per_round) as usize];
+    for r in 0..rounds {
+        let base = baseline::uring(
             &file,
             data_bytes,
             block,
@@ -245,21 +265,41 @@ async fn disk_cases(
             per_round,
             Pattern::RandRead,
             r,
-        )?);
-        sr.add(read_side(&tier, written, block as usize, qd, per_round, None, r).await?);
+        )?;
+        let fio_round = fio(block, Pattern::RandRead);
+        let ours = read_side(&tier, written, block as usize, qd, per_round, None, r).await?;
+        reads.add(base, ours, fio_round);
     }
-    let mut layers = None;
+    let batches = format!("{WRITERS} concurrent batches of {}", batch_of(qd));
+    let mut out = vec![
+        writes.case(
+            &format!("disk_write_{label}"),
+            block,
+            qd,
+            baseline::uring_name(Pattern::SeqWrite),
+            format!("disk tier put_batch ({batches})"),
+        ),
+        reads.case(
+            &format!("disk_read_{label}"),
+            block,
+            qd,
+            baseline::uring_name(Pattern::RandRead),
+            format!("disk tier get_batch, verified ({batches})"),
+        ),
+    ];
     if layered {
         progress(
             show,
-            &format!("random {layer}-byte layer reads {label}: raw io_uring vs disk tier"),
+            &format!(
+                "random {layer}-byte layer reads {label}: raw io_uring{fio_note} vs disk tier"
+            ),
         );
-        let (mut bl, mut sl) = (Run::default(), Run::default());
+        let mut layer_reads = Rounds::default();
         // As many bytes as the other cases: every layer of every block, in
         // random order.
         let layer_ops = per_round * geometry.layers as u64;
-        for r in 0..ROUNDS {
-            bl.add(baseline::uring(
+        for r in 0..rounds {
+            let base = baseline::uring(
                 &file,
                 data_bytes,
                 layer,
@@ -267,74 +307,26 @@ async fn disk_cases(
                 layer_ops,
                 Pattern::RandRead,
                 r,
-            )?);
-            sl.add(
-                read_side(
-                    &tier,
-                    written,
-                    layer as usize,
-                    qd,
-                    layer_ops,
-                    Some(geometry.layers),
-                    r,
-                )
-                .await?,
-            );
+            )?;
+            let fio_round = fio(layer, Pattern::RandRead);
+            let ours = read_side(
+                &tier,
+                written,
+                layer as usize,
+                qd,
+                layer_ops,
+                Some(geometry.layers),
+                r,
+            )
+            .await?;
+            layer_reads.add(base, ours, fio_round);
         }
-        layers = Some((bl, sl));
-    }
-    let fio = |obj: u64, pattern: Pattern| {
-        plan.use_fio
-            .then(|| {
-                baseline::fio(
-                    &base_path,
-                    data_bytes,
-                    obj,
-                    qd,
-                    pattern,
-                    Duration::from_secs(3),
-                )
-            })
-            .flatten()
-    };
-    if plan.use_fio {
-        progress(show, &format!("fio {label}"));
-    }
-    let mut out = vec![
-        Case::new(
-            &format!("disk_write_{label}"),
-            block,
-            qd,
-            bw.side(baseline::uring_name(Pattern::SeqWrite)),
-            sw.side(format!(
-                "disk tier put_batch ({WRITERS} concurrent batches of {})",
-                batch_of(qd)
-            )),
-            fio(block, Pattern::SeqWrite),
-        ),
-        Case::new(
-            &format!("disk_read_{label}"),
-            block,
-            qd,
-            br.side(baseline::uring_name(Pattern::RandRead)),
-            sr.side(format!(
-                "disk tier get_batch, verified ({WRITERS} concurrent batches of {})",
-                batch_of(qd)
-            )),
-            fio(block, Pattern::RandRead),
-        ),
-    ];
-    if let Some((bl, sl)) = layers {
-        out.push(Case::new(
+        out.push(layer_reads.case(
             &format!("disk_read_layer_{label}"),
             layer,
             qd,
-            bl.side(baseline::uring_name(Pattern::RandRead)),
-            sl.side(format!(
-                "disk tier read_layers, verified ({WRITERS} concurrent batches of {})",
-                batch_of(qd)
-            )),
-            fio(layer, Pattern::RandRead),
+            baseline::uring_name(Pattern::RandRead),
+            format!("disk tier read_layers, verified ({batches})"),
         ));
     }
     drop(file);
@@ -363,7 +355,7 @@ async fn engine_case(
         show,
         &format!("random {label} reads: raw io_uring vs kvtier's I/O engine"),
     );
-    let ops = (plan.bytes / object).clamp(plan.qd as u64 * ROUNDS, 200_000);
+    let ops = (plan.bytes / object).clamp(plan.qd as u64 * plan.rounds, 200_000);
     let size = (ops * object).max(64 << 20);
     let path = plan.dir.join(format!("engine-{label}.dat"));
     let file = baseline::open_direct_file(&path, size)?;
@@ -378,7 +370,7 @@ async fn engine_case(
         0,
     )?;
     let id = engine.register_file(file.try_clone()?)?;
-    let per_round = ops / ROUNDS;
+    let per_round = ops / plan.rounds;
     // Registered with the engine like the baseline's buffers.
     let pool = Arc::new(BufferPool::new(
         WRITERS * batch_of(plan.qd),
@@ -390,9 +382,9 @@ async fn engine_case(
     if !registered && engine.name() != "psync" {
         eprintln!("warning: kvtier's engine did not register the buffers; it used plain I/O");
     }
-    let (mut base, mut ours) = (Run::default(), Run::default());
-    for r in 0..ROUNDS {
-        base.add(baseline::uring(
+    let mut rounds = Rounds::default();
+    for r in 0..plan.rounds {
+        let base = baseline::uring(
             &file,
             size,
             object,
@@ -400,7 +392,7 @@ async fn engine_case(
             per_round,
             Pattern::RandRead,
             r,
-        )?);
+        )?;
         let slots = size / object;
         let per_worker = per_round as usize / WRITERS;
         let batch = batch_of(plan.qd);
@@ -445,29 +437,29 @@ async fn engine_case(
             lat.0.extend(t.await??.0);
         }
         let n = (per_worker * WRITERS) as u64;
-        ours.add(Run {
+        let ours = Run {
             bytes: n * object,
             ops: n,
             wall: t0.elapsed(),
             cpu: process_cpu_time() - cpu0,
             lat,
-        });
+        };
+        rounds.add(base, ours, None);
     }
     drop(file);
     let _ = std::fs::remove_file(&path);
     // The engine may use registered memory for its whole life.
     std::mem::forget(pool);
-    Ok(Case::new(
+    Ok(rounds.case(
         &format!("engine_read_{label}"),
         object,
         plan.qd,
-        base.side(baseline::uring_name(Pattern::RandRead)),
-        ours.side(format!(
+        baseline::uring_name(Pattern::RandRead),
+        format!(
             "kvtier {} engine, {WRITERS} concurrent batches of {}",
             engine.name(),
             batch_of(plan.qd)
-        )),
-        None,
+        ),
     ))
 }
 
@@ -648,9 +640,10 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
     let pool = plan.dram_pool.min(plan.bytes as usize).max(block * 4);
     let nslots = pool / block;
     let ops = ((plan.bytes as usize / block).max(nslots * 2)) as u64;
-    progress(show, &format!("memcpy baselines {label}"));
-    let base_put = baseline::memcpy(block, pool, ops, CopyPattern::Scatter);
-    let base_get = baseline::memcpy(block, pool, ops, CopyPattern::Gather);
+    let rounds = plan.rounds;
+    let per_round = ops.div_ceil(rounds);
+    progress(show, &format!("memcpy baseline {label}"));
+    let mut memcpy = baseline::Memcpy::new(block, pool);
     let name = format!("kvtier-bench-{}-{label}", std::process::id());
     let cfg = MemoryTierConfig {
         shm_name: name,
@@ -674,102 +667,114 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
     for (k, s) in keys.iter().zip(&sums) {
         mem.put(*k, &src, s)?;
     }
-    progress(show, &format!("memory tier put {label}"));
-    let mut lat = Latencies::default();
-    let cpu0 = process_cpu_time();
-    let t0 = Instant::now();
-    for i in 0..ops as usize {
-        let k = keys[i % nslots];
-        mem.remove(k);
-        let t = Instant::now();
-        mem.put(k, &src, &sums[i % nslots])?;
-        lat.push(t.elapsed());
-    }
-    let put = Side::from_run(
-        "memory tier put (copy into shared memory)",
-        ops * block as u64,
-        ops,
-        t0.elapsed(),
-        process_cpu_time() - cpu0,
-        &mut lat,
-    );
-    progress(show, &format!("memory tier verified get {label}"));
-    let mut dst = AlignedBuf::zeroed(block, 4096);
-    let mut lat = Latencies::default();
-    let cpu0 = process_cpu_time();
-    let t0 = Instant::now();
-    for i in 0..ops as usize {
-        let t = Instant::now();
-        let l = mem.get(keys[(i * 7919) % nslots], &mut dst);
-        lat.push(t.elapsed());
-        if !l.is_hit() {
-            bail!("memory tier get missed in the benchmark");
+    progress(show, &format!("memcpy vs memory tier put {label}"));
+    let mut puts = Rounds::default();
+    for r in 0..rounds {
+        let base = memcpy.run(per_round, CopyPattern::Scatter, r * per_round);
+        let (bytes, cpu0, t0) = (per_round * block as u64, process_cpu_time(), Instant::now());
+        let mut lat = Latencies::default();
+        for i in (r * per_round) as usize..((r + 1) * per_round) as usize {
+            let k = keys[i % nslots];
+            mem.remove(k);
+            let t = Instant::now();
+            mem.put(k, &src, &sums[i % nslots])?;
+            lat.push(t.elapsed());
         }
+        let ours = Run {
+            bytes,
+            ops: per_round,
+            wall: t0.elapsed(),
+            cpu: process_cpu_time() - cpu0,
+            lat,
+        };
+        puts.add(base, ours, None);
     }
-    let get = Side::from_run(
-        "memory tier get (verified copy)",
-        ops * block as u64,
-        ops,
-        t0.elapsed(),
-        process_cpu_time() - cpu0,
-        &mut lat,
-    );
+    progress(show, &format!("memcpy vs memory tier verified get {label}"));
+    let mut dst = AlignedBuf::zeroed(block, 4096);
+    let mut gets = Rounds::default();
+    for r in 0..rounds {
+        let base = memcpy.run(per_round, CopyPattern::Gather, r * per_round);
+        let (bytes, cpu0, t0) = (per_round * block as u64, process_cpu_time(), Instant::now());
+        let mut lat = Latencies::default();
+        for i in (r * per_round) as usize..((r + 1) * per_round) as usize {
+            let t = Instant::now();
+            let l = mem.get(keys[(i * 7919) % nslots], &mut dst);
+            lat.push(t.elapsed());
+            if !l.is_hit() {
+                bail!("memory tier get missed in the benchmark");
+            }
+        }
+        let ours = Run {
+            bytes,
+            ops: per_round,
+            wall: t0.elapsed(),
+            cpu: process_cpu_time() - cpu0,
+            lat,
+        };
+        gets.add(base, ours, None);
+    }
     Ok(vec![
-        Case::new(
+        puts.case(
             &format!("dram_put_{label}"),
             block as u64,
             1,
-            base_put,
-            put,
-            None,
+            baseline::Memcpy::name(CopyPattern::Scatter),
+            "memory tier put (copy into shared memory)",
         ),
-        Case::new(
+        gets.case(
             &format!("dram_get_{label}"),
             block as u64,
             1,
-            base_get,
-            get,
-            None,
+            baseline::Memcpy::name(CopyPattern::Gather),
+            "memory tier get (verified copy)",
         ),
     ])
 }
 
 fn print_table(cases: &[Case]) {
     println!(
-        "{:<22} {:>8} {:>10} {:>11} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "{:<22} {:>8} {:>10} {:>11} {:>17} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>17}",
         "case",
         "object",
         "base MB/s",
         "kvtier MB/s",
-        "ratio",
+        "ratio [min-max]",
         "kv IOPS",
         "p50 us",
         "p99 us",
         "cpu us/io",
         "base cpu",
-        "fio MB/s",
-        "fio cpu"
+        "fio cpu",
+        "vs fio [min-max]"
     );
+    let spread = |m: f64, lo: f64, hi: f64| format!("{m:.2} [{lo:.2}-{hi:.2}]");
     for c in cases {
         println!(
-            "{:<22} {:>8} {:>10.0} {:>11.0} {:>6.2} {:>9.0} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>9} {:>9}",
+            "{:<22} {:>8} {:>10.0} {:>11.0} {:>17} {:>9.0} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>9} {:>17}",
             c.name,
             human(c.object_bytes),
             c.baseline_mb_s,
             c.store_mb_s,
-            c.ratio,
+            spread(c.ratio, c.ratio_min, c.ratio_max),
             c.store.iops,
             c.store.p50_us,
             c.store.p99_us,
             c.cpu_us_per_io,
-            c.baseline.cpu_us_per_io,
-            c.fio_mb_s.map_or("-".to_string(), |f| format!("{f:.0}")),
+            c.baseline_cpu_us_per_io,
             c.fio_cpu_us_per_io
                 .map_or("-".to_string(), |f| format!("{f:.2}")),
+            match (c.fio_ratio, c.fio_ratio_min, c.fio_ratio_max) {
+                (Some(m), Some(lo), Some(hi)) => spread(m, lo, hi),
+                _ => "-".to_string(),
+            },
         );
     }
     println!(
-        "\nbaselines: {}",
+        "\nratios and CPU figures: medians of {} alternating rounds (baseline, then kvtier)",
+        cases.first().map_or(0, |c| c.rounds.len())
+    );
+    println!(
+        "baselines: {}",
         cases
             .iter()
             .map(|c| format!("{} = {}", c.name, c.baseline.what))
