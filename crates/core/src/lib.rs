@@ -48,8 +48,8 @@ pub mod shard;
 pub mod tier;
 
 pub use checksum::{
-    BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, layer_checksum,
-    layer_checksums,
+    BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, copy_layer_checksum,
+    layer_checksum, layer_checksums,
 };
 pub use config::{ByteSize, GeometryConfig, IoEngineKind, RegionEvictionKind};
 pub use error::{CoreError, Result};

@@ -2,7 +2,7 @@
 //! is copied.
 //!
 //! [`copy_verified`] copies one layer at a time and computes the layer's
-//! checksum in the same pass ([`xxh3::copy_and_hash`]): each 64-byte stripe
+//! checksum in the same pass ([`copy_layer_checksum`]): each 64-byte stripe
 //! is loaded once, stored to the destination and fed to the hash from the
 //! same registers. One trip through memory, no second pass over the block.
 //! What is hashed is exactly what is stored to the destination, so the bytes
@@ -10,15 +10,7 @@
 //! changed underneath (a writer in another process, a reused slot seen
 //! through a stale map).
 
-mod xxh3;
-
-use kvtier_core::{BlockHash, layer_checksum};
-
-/// The seed of layer `layer`'s checksum, as `kvtier_core::checksum` defines
-/// it (`fold64(key) + layer + 1`); the tests check the two agree.
-fn layer_seed(key: BlockHash, layer: usize) -> u64 {
-    key.fold64().wrapping_add(layer as u64 + 1)
-}
+use kvtier_core::{BlockHash, copy_layer_checksum, layer_checksum};
 
 /// Which layer failed, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,7 +74,7 @@ pub(crate) unsafe fn copy_layer(
     layer: usize,
 ) -> u64 {
     // SAFETY: the caller's contract.
-    unsafe { xxh3::copy_and_hash(src, dst, layer_seed(key, layer)) }
+    unsafe { copy_layer_checksum(src, dst, key, layer as u32) }
 }
 
 /// Checks `bytes` in place against `layer_sums` as block `key`.
@@ -108,21 +100,6 @@ pub(crate) fn verify(
 mod tests {
     use super::*;
     use kvtier_core::BlockSums;
-
-    #[test]
-    fn layer_seeds_agree_with_core() {
-        let bytes: Vec<u8> = (0..700u32).map(|i| (i * 13) as u8).collect();
-        for key in [BlockHash(0), BlockHash(5), BlockHash(u128::MAX)] {
-            for layer in [0usize, 1, 31] {
-                let mut dst = vec![0u8; bytes.len()];
-                // SAFETY: bytes is valid for dst.len() bytes and separate.
-                let fused = unsafe {
-                    xxh3::copy_and_hash(bytes.as_ptr(), &mut dst, layer_seed(key, layer))
-                };
-                assert_eq!(fused, layer_checksum(key, layer as u32, &bytes));
-            }
-        }
-    }
 
     #[test]
     fn copies_and_catches_each_layer() {

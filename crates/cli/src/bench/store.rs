@@ -53,6 +53,10 @@ pub struct StoreBenchArgs {
     /// falls on both sides.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
     rounds: u64,
+    /// Run only these groups of cases (comma-separated): engine, disk_128k,
+    /// disk_2m, dram_128k, dram_2m. Default: all.
+    #[arg(long, value_delimiter = ',', value_parser = ["engine", "disk_128k", "disk_2m", "dram_128k", "dram_2m"])]
+    only: Vec<String>,
 }
 
 struct Plan {
@@ -116,20 +120,27 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         .enable_all()
         .build()?;
     let mut cases = Vec::new();
+    let wanted = |group: &str| args.only.is_empty() || args.only.iter().any(|g| g == group);
     for object in [4u64 << 10, 128 << 10] {
-        cases.push(rt.block_on(engine_case(&plan, engine.clone(), object, !args.json))?);
+        if wanted("engine") {
+            cases.push(rt.block_on(engine_case(&plan, engine.clone(), object, !args.json))?);
+        }
     }
     let obj128 = Geometry::raw(1, 128 << 10)?;
     let llama = ModelPreset::Llama3_8B.geometry(16);
     for (label, geometry) in [("128k", obj128), ("2m", llama)] {
-        cases.extend(rt.block_on(disk_cases(
-            &plan,
-            engine.clone(),
-            label,
-            geometry,
-            !args.json,
-        ))?);
-        cases.extend(dram_cases(&plan, label, geometry, !args.json)?);
+        if wanted(&format!("disk_{label}")) {
+            cases.extend(rt.block_on(disk_cases(
+                &plan,
+                engine.clone(),
+                label,
+                geometry,
+                !args.json,
+            ))?);
+        }
+        if wanted(&format!("dram_{label}")) {
+            cases.extend(dram_cases(&plan, label, geometry, !args.json)?);
+        }
     }
     let _ = std::fs::remove_dir_all(dir.join("bench-disk"));
     if args.json {
@@ -256,6 +267,7 @@ async fn disk_cases(
     );
     let mut reads = Rounds::default();
     let written = &src.keys[..(rounds * per_round) as usize];
+    let mut block_targets = ReadTargets::new(engine.as_ref(), block as usize, qd);
     for r in 0..rounds {
         let base = baseline::uring(
             &file,
@@ -267,7 +279,7 @@ async fn disk_cases(
             r,
         )?;
         let fio_round = fio(block, Pattern::RandRead);
-        let ours = read_side(&tier, written, block as usize, qd, per_round, None, r).await?;
+        let ours = read_side(&tier, written, &mut block_targets, qd, per_round, None, r).await?;
         reads.add(base, ours, fio_round);
     }
     let batches = format!("{WRITERS} concurrent batches of {}", batch_of(qd));
@@ -298,6 +310,7 @@ async fn disk_cases(
         // As many bytes as the other cases: every layer of every block, in
         // random order.
         let layer_ops = per_round * geometry.layers as u64;
+        let mut layer_targets = ReadTargets::new(engine.as_ref(), layer as usize, qd);
         for r in 0..rounds {
             let base = baseline::uring(
                 &file,
@@ -312,7 +325,7 @@ async fn disk_cases(
             let ours = read_side(
                 &tier,
                 written,
-                layer as usize,
+                &mut layer_targets,
                 qd,
                 layer_ops,
                 Some(geometry.layers),
@@ -562,13 +575,50 @@ async fn write_side(
     })
 }
 
+/// The read side's targets: [`batch_of`]`(qd)` buffers of `len` bytes for
+/// each of the [`WRITERS`], registered with the I/O engine as the node
+/// registers its shared-memory arena (reads land in arena slots there).
+struct ReadTargets {
+    len: usize,
+    per_worker: Vec<Vec<AlignedBuf>>,
+}
+
+impl ReadTargets {
+    fn new(engine: &dyn IoEngine, len: usize, qd: u32) -> Self {
+        let per_worker = (0..WRITERS)
+            .map(|_| {
+                (0..batch_of(qd))
+                    .map(|_| {
+                        let mut b = AlignedBuf::zeroed(len, 4096);
+                        // SAFETY: the buffer is leaked when the targets are
+                        // dropped (see Drop), so the range outlives the
+                        // engine.
+                        unsafe { engine.register_memory(b.as_mut_ptr(), len) };
+                        b
+                    })
+                    .collect()
+            })
+            .collect();
+        ReadTargets { len, per_worker }
+    }
+}
+
+impl Drop for ReadTargets {
+    fn drop(&mut self) {
+        // The engine may use registered memory for its whole life.
+        for b in self.per_worker.drain(..).flatten() {
+            std::mem::forget(b);
+        }
+    }
+}
+
 /// `ops` random verified reads through the disk tier (whole blocks, or one
 /// random layer of each block when `layers` is set), [`WRITERS`] concurrent
 /// batches of [`batch_of`]`(qd)`.
 async fn read_side(
     tier: &DiskTier,
     keys: &[BlockHash],
-    len: usize,
+    targets: &mut ReadTargets,
     qd: u32,
     ops: u64,
     layers: Option<u32>,
@@ -576,18 +626,16 @@ async fn read_side(
 ) -> Result<Run> {
     let per_batch = batch_of(qd);
     let per_worker = ops as usize / WRITERS;
+    let len = targets.len;
     let keys = Arc::new(keys.to_vec());
     let cpu0 = process_cpu_time();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..WRITERS {
+    for (w, mut bufs) in targets.per_worker.drain(..).enumerate() {
         let (tier, keys) = (tier.clone(), keys.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = StdRng::seed_from_u64(seed * 1000 + w as u64 + 1);
             let mut lat = Latencies::default();
-            let mut bufs: Vec<AlignedBuf> = (0..per_batch)
-                .map(|_| AlignedBuf::zeroed(len, 4096))
-                .collect();
             let (mut done, mut misses) = (0usize, 0usize);
             while done < per_worker {
                 let n = per_batch.min(per_worker - done);
@@ -608,15 +656,16 @@ async fn read_side(
                 }
                 done += n;
             }
-            (lat, misses)
+            (lat, misses, bufs)
         }));
     }
     let mut lat = Latencies::default();
     let mut misses = 0;
     for t in tasks {
-        let (l, m) = t.await?;
+        let (l, m, bufs) = t.await?;
         lat.0.extend(l.0);
         misses += m;
+        targets.per_worker.push(bufs);
     }
     if misses > 0 {
         bail!("{misses} reads missed or failed verification in the benchmark");

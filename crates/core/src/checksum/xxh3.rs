@@ -1,15 +1,19 @@
-//! XXH3-64 of a buffer computed *while copying it*: one pass that loads each
-//! 64-byte stripe of the source once, stores it to the destination and
-//! feeds the same registers to the hash. The result equals
-//! `xxhash_rust::xxh3::xxh3_64_with_seed(dst, seed)` (the tests check it
-//! against that crate for every length class); a separate copy followed by a
-//! hash costs a second pass over the data, which for blocks streamed from
-//! DRAM is what keeps a verified copy well below memcpy speed.
+//! XXH3-64 with a seed, with the long-input loop chosen at run time: on
+//! x86-64 with AVX2 the stripes go through 256-bit registers, elsewhere
+//! through a portable 64-bit version of the same loop. `xxhash_rust` picks
+//! its kernel when it is compiled, which for a portable build is SSE2: about
+//! half the speed on the blocks every read verifies.
 //!
-//! Only the long-input path (> 240 bytes) is fused; shorter inputs are
-//! copied and then hashed with `xxhash_rust`. On x86-64 with AVX2 (detected
-//! at run time) the stripes go through 256-bit registers; elsewhere through
-//! a portable 64-bit version of the same loop.
+//! Two entry points: [`hash`] over bytes in place, and [`copy_and_hash`],
+//! which hashes a buffer *while copying it*: one pass that loads each
+//! 64-byte stripe of the source once, stores it to the destination and feeds
+//! the same registers to the hash. A separate copy followed by a hash costs
+//! a second pass over the data, which for blocks streamed from DRAM is what
+//! keeps a verified copy well below memcpy speed.
+//!
+//! Both equal `xxhash_rust::xxh3::xxh3_64_with_seed` (the tests check them
+//! against that crate for every length class). Inputs up to 240 bytes take
+//! XXH3's short paths, in `xxhash_rust`.
 //!
 //! The algorithm (XXH3 "hashLong" with a seed), for reference:
 //!
@@ -103,6 +107,26 @@ fn merge(acc: &Acc, secret: &[u8; SECRET_LEN], len: usize) -> u64 {
     avalanche(h)
 }
 
+/// `xxh3_64_with_seed(bytes, seed)`.
+pub(crate) fn hash(bytes: &[u8], seed: u64) -> u64 {
+    let len = bytes.len();
+    if len <= MID_SIZE_MAX {
+        return xxhash_rust::xxh3::xxh3_64_with_seed(bytes, seed);
+    }
+    let secret = seeded_secret(seed);
+    let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present; `len > 240`.
+            unsafe { avx2::hash_long(&mut acc, bytes, &secret) };
+            return merge(&acc, &secret, len);
+        }
+    }
+    portable::hash_long(&mut acc, bytes, &secret);
+    merge(&acc, &secret, len)
+}
+
 /// Copies `src[..dst.len()]` into `dst` and returns `xxh3_64_with_seed(dst, seed)`.
 ///
 /// # Safety
@@ -165,6 +189,30 @@ macro_rules! long_loop {
     }};
 }
 
+/// The stripe loop over bytes in place: `stripe(acc, bytes, secret_offset)`
+/// accumulates one 64-byte stripe, `scramble(acc)` ends a block.
+macro_rules! hash_loop {
+    ($acc:expr, $bytes:expr, $secret:expr, $stripe:ident, $scramble:ident) => {{
+        let acc = $acc;
+        let bytes: &[u8] = $bytes;
+        let secret: &[u8; SECRET_LEN] = $secret;
+        let len = bytes.len();
+        let p = bytes.as_ptr();
+        let blocks = (len - 1) / BLOCK_LEN;
+        for b in 0..blocks {
+            for s in 0..STRIPES_PER_BLOCK {
+                $stripe(acc, p.add(b * BLOCK_LEN + s * STRIPE), secret, s * 8);
+            }
+            $scramble(acc, secret);
+        }
+        let stripes = ((len - 1) - blocks * BLOCK_LEN) / STRIPE;
+        for s in 0..stripes {
+            $stripe(acc, p.add(blocks * BLOCK_LEN + s * STRIPE), secret, s * 8);
+        }
+        $stripe(acc, p.add(len - STRIPE), secret, LAST_STRIPE_AT);
+    }};
+}
+
 mod portable {
     use super::*;
 
@@ -222,6 +270,13 @@ mod portable {
         // SAFETY: every offset the loop touches is below dst.len(), which the
         // caller guarantees readable at `src` and writable at `dst`.
         unsafe { long_loop!(acc, src, dst, secret, stripe_copy, stripe, scramble) }
+    }
+
+    /// `bytes.len() > 240`.
+    pub(super) fn hash_long(acc: &mut Acc, bytes: &[u8], secret: &[u8; SECRET_LEN]) {
+        // SAFETY: every stripe the loop reads ends at or before bytes.len()
+        // (the last one is the input's final 64 bytes, and len > 240).
+        unsafe { hash_loop!(acc, bytes, secret, stripe, scramble) }
     }
 }
 
@@ -328,6 +383,34 @@ mod avx2 {
             _mm256_storeu_si256(p.add(1), v[1]);
         }
     }
+
+    /// Prefetches ahead, as [`stripe_copy`] does, then accumulates.
+    ///
+    /// # Safety
+    /// AVX2 available; `p` readable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn stripe_ahead(acc: &mut Vacc, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+        // SAFETY: the caller's contract.
+        unsafe { stripe(acc, p, secret, at) }
+    }
+
+    /// # Safety
+    /// AVX2 available; `bytes.len() > 240`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn hash_long(acc: &mut Acc, bytes: &[u8], secret: &[u8; SECRET_LEN]) {
+        // SAFETY: as in `copy_long`; every stripe read ends at or before
+        // bytes.len().
+        unsafe {
+            let p = acc.as_mut_ptr().cast::<__m256i>();
+            let mut v: Vacc = [_mm256_loadu_si256(p), _mm256_loadu_si256(p.add(1))];
+            let vacc = &mut v;
+            hash_loop!(vacc, bytes, secret, stripe_ahead, scramble);
+            _mm256_storeu_si256(p, v[0]);
+            _mm256_storeu_si256(p.add(1), v[1]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -347,6 +430,7 @@ mod tests {
             h,
             xxhash_rust::xxh3::xxh3_64_with_seed(&src[offset..], seed)
         );
+        prop_assert_eq!(hash(&src[offset..], seed), h);
         let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
         if len > MID_SIZE_MAX {
             // The portable kernel on its own, even where AVX2 runs above.
@@ -354,6 +438,9 @@ mod tests {
             let mut d2 = vec![0u8; len];
             // SAFETY: as above.
             unsafe { portable::copy_long(&mut acc, src.as_ptr().add(offset), &mut d2, &secret) };
+            prop_assert_eq!(merge(&acc, &secret, len), h);
+            let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
+            portable::hash_long(&mut acc, &src[offset..], &secret);
             prop_assert_eq!(merge(&acc, &secret, len), h);
         }
         Ok(())
