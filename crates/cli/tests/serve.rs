@@ -68,6 +68,7 @@ fn serve_recovers_blocks_and_stops_cleanly_on_sigterm() {
                 key: *k,
                 data: b,
                 sums: s,
+                pinned: None,
             })
             .collect();
         rt.block_on(async {

@@ -125,7 +125,9 @@ mod tests {
     /// layer + 1`, whichever kernel computes it, copying or not.
     #[test]
     fn layer_sums_are_seeded_xxh3_by_every_kernel() {
-        let bytes: Vec<u8> = (0..70_000u32).map(|i| ((i * 13) ^ (i >> 9)) as u8).collect();
+        let bytes: Vec<u8> = (0..70_000u32)
+            .map(|i| ((i * 13) ^ (i >> 9)) as u8)
+            .collect();
         for key in [BlockHash(0), BlockHash(5), BlockHash(u128::MAX)] {
             for layer in [0u32, 1, 31] {
                 for len in [0, 100, 700, 65_536, 70_000] {

@@ -96,6 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     key: *k,
                     data: d,
                     sums: s,
+                    pinned: None,
                 })
                 .collect();
             for r in tier.put_batch(&puts).await {

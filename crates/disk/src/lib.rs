@@ -67,7 +67,7 @@
 //! let key = BlockHash(7);
 //! let data = vec![1u8; 64 << 10];
 //! let sums = BlockSums::compute(key, 16 << 10, &data); // once, when the block enters kvtier
-//! tier.put_batch(&[DiskPut { key, data: &data, sums: &sums }]).await[0].as_ref().unwrap();
+//! tier.put_batch(&[DiskPut { key, data: &data, sums: &sums, pinned: None }]).await[0].as_ref().unwrap();
 //! let out = tier.get_batch(vec![(key, AlignedBuf::zeroed(64 << 10, 4096))]).await;
 //! assert_eq!(out[0].1, Lookup::Hit);
 //! tier.close().await?;

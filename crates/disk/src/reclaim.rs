@@ -108,6 +108,9 @@ impl HotBlock {
             data: &self.slot[from..from + l.block_bytes as usize],
             block_sum: self.block_sum,
             layer_sums: &self.layer_sums,
+            // Read back into a buffer that goes when the write is queued:
+            // copied.
+            pinned: None,
         }
     }
 }

@@ -25,6 +25,9 @@ pub struct DiskStats {
     pub read_ios: u64,
     /// Write operations issued.
     pub write_ios: u64,
+    /// Blocks written straight from their pinned bytes, without a copy
+    /// into a region buffer (see `DiskPut::pinned`).
+    pub direct_writes: u64,
     /// I/O errors seen (failed or short operations, failed syncs).
     pub io_errors: u64,
     /// Regions reclaimed.
@@ -76,6 +79,7 @@ pub(crate) struct Counters {
     pub corrupt: AtomicU64,
     pub read_ios: AtomicU64,
     pub write_ios: AtomicU64,
+    pub direct_writes: AtomicU64,
     pub io_errors: AtomicU64,
     pub regions_reclaimed: AtomicU64,
     pub blocks_evicted: AtomicU64,
@@ -108,6 +112,7 @@ impl Counters {
             corrupt: g(&self.corrupt),
             read_ios: g(&self.read_ios),
             write_ios: g(&self.write_ios),
+            direct_writes: g(&self.direct_writes),
             io_errors: g(&self.io_errors),
             regions_reclaimed: g(&self.regions_reclaimed),
             blocks_evicted: g(&self.blocks_evicted),

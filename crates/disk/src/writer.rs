@@ -27,7 +27,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
 use kvtier_core::BlockHash;
-use kvtier_io::{BatchDone, Completion, IoBatch, IoKind, IoOp};
+use kvtier_io::{BatchDone, Completion, DmaSource, IoBatch, IoKind, IoOp};
 use tokio::sync::oneshot;
 
 use crate::format::{REGION_HEADER_BYTES, RegionHeader, SlotHeader};
@@ -261,6 +261,28 @@ pub(crate) struct Place<'a> {
     pub data: &'a [u8],
     pub block_sum: u64,
     pub layer_sums: &'a [u64],
+    /// `data` kept in place by its owner; written from directly when
+    /// [`Place::direct_source`] allows.
+    pub pinned: Option<&'a Arc<dyn DmaSource>>,
+}
+
+impl Place<'_> {
+    /// The source to write this block's bytes from without a copy: its
+    /// pinned bytes, if they are `data` and suit direct I/O as a slot's
+    /// whole data area (aligned address, no padding after the block).
+    fn direct_source(
+        &self,
+        l: &crate::format::Layout,
+        mem_align: usize,
+    ) -> Option<&Arc<dyn DmaSource>> {
+        self.pinned.filter(|p| {
+            let b = p.bytes();
+            std::ptr::eq(b.as_ptr(), self.data.as_ptr())
+                && b.len() == self.data.len()
+                && (b.as_ptr() as usize).is_multiple_of(mem_align)
+                && l.block_bytes == l.slot_bytes - l.slot_header_bytes
+        })
+    }
 }
 
 /// Slots reserved in an open region, not yet written.
@@ -359,6 +381,17 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
         }
         .encode(h);
     }
+    // The extent as runs of (offset in the region, memory, length): the
+    // region buffer's bytes, or a block's own pinned bytes.
+    let mut runs: Vec<(u64, *const u8, u64)> = Vec::new();
+    let mut push_run = |off: u64, ptr: *const u8, len: u64| match runs.last_mut() {
+        Some((o, p, n)) if *o + *n == off && p.wrapping_add(*n as usize) == ptr => *n += len,
+        _ => runs.push((off, ptr, len)),
+    };
+    let mut batch = IoBatch::new();
+    if res.has_header {
+        push_run(0, res.buf.ptr_at(0), REGION_HEADER_BYTES);
+    }
     for (i, p) in places.iter().enumerate().take(res.count as usize) {
         let slot = res.start + i as u32;
         let off = l.slot_in_region(slot) as usize;
@@ -376,32 +409,53 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
             l.block_bytes,
             p.layer_sums,
         );
-        let (block, pad) = data.split_at_mut(l.block_bytes as usize);
-        block.copy_from_slice(p.data);
-        pad.fill(0);
+        let buf_at = res.buf.ptr_at(off);
+        let off = off as u64;
+        match p.direct_source(l, shared.align.mem) {
+            Some(source) => {
+                push_run(off, buf_at, l.slot_header_bytes);
+                push_run(
+                    off + l.slot_header_bytes,
+                    source.bytes().as_ptr(),
+                    l.block_bytes,
+                );
+                batch.keep_alive(source.clone());
+                add(&shared.stats.direct_writes, 1);
+            }
+            None => {
+                let (block, pad) = data.split_at_mut(l.block_bytes as usize);
+                block.copy_from_slice(p.data);
+                pad.fill(0);
+                push_run(off, buf_at, l.slot_bytes);
+            }
+        }
     }
-    // One submission, but the extent is cut into ops of at most
+    debug_assert_eq!(runs.first().map(|r| r.0), Some(from));
+    debug_assert_eq!(runs.last().map(|r| r.0 + r.2), Some(to));
+    // One submission, but each run is cut into ops of at most
     // WRITE_OP_BYTES: devices (NVMe, virtio) serve several moderate writes
     // in parallel faster than one huge one.
-    let start = l.region_offset(res.region) + from;
-    let len = to - from;
-    let mut batch = IoBatch::with_capacity(len.div_ceil(WRITE_OP_BYTES) as usize);
-    let mut done = 0;
-    while done < len {
-        let n = WRITE_OP_BYTES.min(len - done);
-        let op = IoOp {
-            kind: IoKind::Write,
-            file: dir.file,
-            offset: start + done,
-            buf: res.buf.ptr_at((from + done) as usize),
-            len: n as u32,
-        };
-        // SAFETY: the range lies inside the buffer, which the batch keeps
-        // alive (the Arc below); nobody writes it until the buffer is idle
-        // again, which needs this batch's reference gone, i.e. the write
-        // finished.
-        unsafe { batch.push(op) };
-        done += n;
+    let region_start = l.region_offset(res.region);
+    for (off, ptr, len) in runs {
+        let mut done = 0;
+        while done < len {
+            let n = WRITE_OP_BYTES.min(len - done);
+            let op = IoOp {
+                kind: IoKind::Write,
+                file: dir.file,
+                offset: region_start + off + done,
+                buf: ptr.wrapping_add(done as usize).cast_mut(),
+                len: n as u32,
+            };
+            // SAFETY: the range lies inside the region buffer or a pinned
+            // source, both of which the batch keeps alive (keep_alive above
+            // and below). Nobody writes the buffer's range until the buffer
+            // is idle again, which needs this batch's reference gone, i.e.
+            // the write finished; nobody writes a pinned source while it
+            // lives (DmaSource's contract). A write only reads the memory.
+            unsafe { batch.push(op) };
+            done += n;
+        }
     }
     batch.keep_alive(res.buf.clone());
     let ops = batch.len() as u64;
@@ -542,6 +596,7 @@ pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> V
             data: blocks[i].data,
             block_sum: blocks[i].sums.block,
             layer_sums: &blocks[i].sums.layers,
+            pinned: blocks[i].pinned,
         })
         .collect();
     // Place them, a directory at a time, round-robin.

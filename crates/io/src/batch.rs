@@ -325,6 +325,28 @@ pub unsafe trait DmaTarget: Send + 'static {
     }
 }
 
+/// Memory that can be the source of a direct-I/O write without a copy: a
+/// batch keeps the value alive until its writes have finished, even if the
+/// caller stops waiting. An arena slot held by a reference, an
+/// [`AlignedBuf`] nobody writes any more, ...
+///
+/// # Safety
+/// Implementors promise that [`bytes`](DmaSource::bytes) returns the same
+/// memory (address and length) for as long as the value lives, and that
+/// nobody writes that memory meanwhile.
+pub unsafe trait DmaSource: Send + Sync + 'static {
+    /// The bytes to write.
+    fn bytes(&self) -> &[u8];
+}
+
+// SAFETY: shared access to an AlignedBuf cannot write it, and its heap
+// memory does not move.
+unsafe impl DmaSource for AlignedBuf {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
 // SAFETY: AlignedBuf's heap memory is stable across moves and exclusively owned.
 unsafe impl DmaTarget for AlignedBuf {
     fn as_mut_ptr(&mut self) -> *mut u8 {

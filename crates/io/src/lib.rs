@@ -50,7 +50,9 @@ mod stats;
 mod uring;
 
 pub use aligned::AlignedBuf;
-pub use batch::{BatchDone, Completer, Completion, DmaTarget, IoBatch, IoKind, IoOp, OpResult};
+pub use batch::{
+    BatchDone, Completer, Completion, DmaSource, DmaTarget, IoBatch, IoKind, IoOp, OpResult,
+};
 pub use engine::{FileId, IoEngine, IoStats, build_engine};
 pub use error::{IoError, Result};
 pub use fault::{Fault, FaultyEngine};

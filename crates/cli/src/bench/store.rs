@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
-use kvtier_io::{AlignedBuf, IoEngine};
+use kvtier_io::{AlignedBuf, DmaSource, IoEngine};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 use super::baseline::{self, CopyPattern, Pattern};
@@ -214,11 +214,19 @@ async fn disk_cases(
 
     // Source blocks: a few distinct buffers cycled over many keys; sums are
     // computed up front (the store carries them; it does not hash on write).
-    let sources: Vec<Vec<u8>> = (0..8u8)
+    let sources: Vec<Arc<dyn DmaSource>> = (0..8u8)
         .map(|s| {
-            (0..block as usize)
-                .map(|i| (i as u8).wrapping_mul(31) ^ s)
-                .collect()
+            let mut b = AlignedBuf::zeroed(block as usize, 4096);
+            for (i, x) in b.iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(31) ^ s;
+            }
+            // Registered with the engine as the node registers its arena,
+            // where demoted blocks are written from. SAFETY: a reference is
+            // leaked right here, so the range outlives the engine.
+            unsafe { engine.register_memory(b.as_mut_ptr(), b.len()) };
+            let b = Arc::new(b) as Arc<dyn DmaSource>;
+            std::mem::forget(b.clone());
+            b
         })
         .collect();
     let keys: Vec<BlockHash> = (0..nblocks)
@@ -227,7 +235,7 @@ async fn disk_cases(
     let sums: Vec<BlockSums> = keys
         .iter()
         .enumerate()
-        .map(|(i, k)| BlockSums::compute(*k, layer as usize, &sources[i % sources.len()]))
+        .map(|(i, k)| BlockSums::compute(*k, layer as usize, sources[i % sources.len()].bytes()))
         .collect();
     let src = WriteSource {
         keys: Arc::new(keys),
@@ -517,7 +525,8 @@ fn batch_of(qd: u32) -> usize {
 /// What the write rounds draw from.
 struct WriteSource {
     keys: Arc<Vec<BlockHash>>,
-    sources: Arc<Vec<Vec<u8>>>,
+    /// Written straight from (pinned), as the node writes from its arena.
+    sources: Arc<Vec<Arc<dyn DmaSource>>>,
     sums: Arc<Vec<BlockSums>>,
 }
 
@@ -548,8 +557,9 @@ async fn write_side(
                 let puts: Vec<DiskPut<'_>> = (first..last)
                     .map(|i| DiskPut {
                         key: keys[i],
-                        data: &sources[i % sources.len()],
+                        data: sources[i % sources.len()].bytes(),
                         sums: &sums[i],
+                        pinned: Some(&sources[i % sources.len()]),
                     })
                     .collect();
                 let t = Instant::now();

@@ -234,6 +234,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
             key: k,
             data: &short,
             sums: &sums,
+            pinned: None,
         }])
         .await;
     assert!(matches!(r[0], Err(DiskError::WrongLength { .. })));
@@ -247,6 +248,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
             key: k,
             data: &full,
             sums: &bad_sums,
+            pinned: None,
         }])
         .await;
     assert!(matches!(
@@ -265,6 +267,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
             key: k,
             data: &full,
             sums: &lying,
+            pinned: None,
         }])
         .await;
     assert!(r[0].is_ok());

@@ -136,6 +136,7 @@ impl Blocks {
                 key: *k,
                 data: d,
                 sums: s,
+                pinned: None,
             })
             .collect()
     }

@@ -7,6 +7,7 @@ mod common;
 mod basic;
 mod corruption;
 mod crash;
+mod direct;
 mod listener;
 mod reclaim;
 mod recovery;

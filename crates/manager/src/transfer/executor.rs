@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
 use kvtier_disk::{DiskPut, DiskTier};
-use kvtier_io::{AlignedBuf, DmaTarget};
+use kvtier_io::{AlignedBuf, DmaSource, DmaTarget};
 use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
@@ -390,6 +390,18 @@ async fn upload(
     }
 }
 
+/// A DRAM block's bytes as the source of a disk write.
+struct SlotBytes(BlockRef);
+
+// SAFETY: while a BlockRef lives its slot is neither reused nor written
+// (BlockRef's contract), and the arena stays mapped while any reference to
+// it does: the bytes stay where they are, unchanged.
+unsafe impl DmaSource for SlotBytes {
+    fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 async fn host_to_disk(
     memory: &MemoryTier,
     disk: &DiskTier,
@@ -400,14 +412,21 @@ async fn host_to_disk(
     if refs.is_empty() {
         return results;
     }
-    // One disk submission for the whole batch, written from the DRAM slots
+    // One disk submission for the whole batch, written straight from the
+    // DRAM slots (no copy; the writes hold the slots until they finish)
     // with the checksums they were stored with.
+    let pinned: Vec<Arc<dyn DmaSource>> = refs
+        .iter()
+        .map(|r| Arc::new(SlotBytes(r.clone())) as Arc<dyn DmaSource>)
+        .collect();
     let puts: Vec<DiskPut<'_>> = refs
         .iter()
-        .map(|r| DiskPut {
+        .zip(&pinned)
+        .map(|(r, p)| DiskPut {
             key: r.key(),
             data: r,
             sums: r.shared_sums(),
+            pinned: Some(p),
         })
         .collect();
     let written = disk.put_batch(&puts).await;
