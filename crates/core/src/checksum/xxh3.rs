@@ -117,6 +117,11 @@ pub(crate) fn hash(bytes: &[u8], seed: u64) -> u64 {
     let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present; `len > 240`.
+            unsafe { avx512::hash_long(&mut acc, bytes, &secret) };
+            return merge(&acc, &secret, len);
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present; `len > 240`.
             unsafe { avx2::hash_long(&mut acc, bytes, &secret) };
@@ -144,6 +149,12 @@ pub(crate) unsafe fn copy_and_hash(src: *const u8, dst: &mut [u8], seed: u64) ->
     let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: AVX-512F is present; the caller's contract covers the
+            // pointers; `len > 240`.
+            unsafe { avx512::copy_long(&mut acc, src, dst, &secret) };
+            return merge(&acc, &secret, len);
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: AVX2 is present; the caller's contract covers the
             // pointers; `len > 240`.
@@ -413,6 +424,128 @@ mod avx2 {
     }
 }
 
+/// The AVX2 kernels' loop with one 512-bit register per stripe.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// How far ahead of the stripe being read the source is prefetched.
+    const PREFETCH: usize = 1024;
+
+    /// # Safety
+    /// AVX-512F available; `src` readable and `dst` writable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe_copy(
+        acc: &mut __m512i,
+        src: *const u8,
+        dst: *mut u8,
+        secret: &[u8; SECRET_LEN],
+        at: usize,
+    ) {
+        _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
+        // SAFETY: one 64-byte stripe of the caller's buffers; the secret
+        // offset at + 64 <= SECRET_LEN.
+        unsafe {
+            let v = _mm512_loadu_si512(src.cast());
+            _mm512_storeu_si512(dst.cast(), v);
+            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
+            *acc = accumulate(*acc, v, k);
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F available; `p` readable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
+        // SAFETY: within the caller's stripe and the secret (at <= 128).
+        unsafe {
+            let v = _mm512_loadu_si512(p.cast());
+            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
+            *acc = accumulate(*acc, v, k);
+        }
+    }
+
+    /// Prefetches ahead, then accumulates.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p` readable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe_ahead(
+        acc: &mut __m512i,
+        p: *const u8,
+        secret: &[u8; SECRET_LEN],
+        at: usize,
+    ) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
+        // SAFETY: the caller's contract.
+        unsafe { stripe(acc, p, secret, at) }
+    }
+
+    /// `acc[j ^ 1] += v[j]; acc[j] += lo32(k[j]) * hi32(k[j])` with `k = v ^ key`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn accumulate(acc: __m512i, v: __m512i, key: __m512i) -> __m512i {
+        let k = _mm512_xor_si512(v, key);
+        let k_hi = _mm512_shuffle_epi32::<0x31>(k);
+        let product = _mm512_mul_epu32(k, k_hi);
+        let swapped = _mm512_shuffle_epi32::<0x4E>(v);
+        _mm512_add_epi64(product, _mm512_add_epi64(acc, swapped))
+    }
+
+    /// `acc[j] = (acc[j] ^ acc[j] >> 47 ^ key[j]) * P32_1`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn scramble(acc: &mut __m512i, secret: &[u8; SECRET_LEN]) {
+        let prime = _mm512_set1_epi32(P32_1 as i32);
+        // SAFETY: a 64-byte load at SCRAMBLE_AT, which ends at SECRET_LEN.
+        let key = unsafe { _mm512_loadu_si512(secret.as_ptr().add(SCRAMBLE_AT).cast()) };
+        let a = *acc;
+        let x = _mm512_xor_si512(_mm512_xor_si512(a, _mm512_srli_epi64::<47>(a)), key);
+        let lo = _mm512_mul_epu32(x, prime);
+        let hi = _mm512_mul_epu32(_mm512_shuffle_epi32::<0x31>(x), prime);
+        *acc = _mm512_add_epi64(lo, _mm512_slli_epi64::<32>(hi));
+    }
+
+    /// # Safety
+    /// AVX-512F available; as [`copy_and_hash`], with `dst.len() > 240`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn copy_long(
+        acc: &mut Acc,
+        src: *const u8,
+        dst: &mut [u8],
+        secret: &[u8; SECRET_LEN],
+    ) {
+        // SAFETY: `Acc` is 64 bytes, one unaligned 512-bit load/store covers
+        // it; every offset the loop touches is below dst.len().
+        unsafe {
+            let p = acc.as_mut_ptr().cast::<__m512i>();
+            let mut v = _mm512_loadu_si512(p.cast());
+            let vacc = &mut v;
+            long_loop!(vacc, src, dst, secret, stripe_copy, stripe, scramble);
+            _mm512_storeu_si512(p.cast(), v);
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F available; `bytes.len() > 240`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn hash_long(acc: &mut Acc, bytes: &[u8], secret: &[u8; SECRET_LEN]) {
+        // SAFETY: as in `copy_long`; every stripe read ends at or before
+        // bytes.len().
+        unsafe {
+            let p = acc.as_mut_ptr().cast::<__m512i>();
+            let mut v = _mm512_loadu_si512(p.cast());
+            let vacc = &mut v;
+            hash_loop!(vacc, bytes, secret, stripe_ahead, scramble);
+            _mm512_storeu_si512(p.cast(), v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,8 +575,47 @@ mod tests {
             let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
             portable::hash_long(&mut acc, &src[offset..], &secret);
             prop_assert_eq!(merge(&acc, &secret, len), h);
+            // Every SIMD kernel this CPU can run, whichever one `hash` picks.
+            #[cfg(target_arch = "x86_64")]
+            for (feature, copy, hash) in simd_kernels() {
+                if !feature {
+                    continue;
+                }
+                let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
+                let mut d3 = vec![0u8; len];
+                // SAFETY: the feature is present; as above.
+                unsafe { copy(&mut acc, src.as_ptr().add(offset), &mut d3, &secret) };
+                prop_assert_eq!(&d3[..], &src[offset..]);
+                prop_assert_eq!(merge(&acc, &secret, len), h);
+                let mut acc: Acc = [P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1];
+                // SAFETY: the feature is present; len > 240.
+                unsafe { hash(&mut acc, &src[offset..], &secret) };
+                prop_assert_eq!(merge(&acc, &secret, len), h);
+            }
         }
         Ok(())
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    type CopyKernel = unsafe fn(&mut Acc, *const u8, &mut [u8], &[u8; SECRET_LEN]);
+    #[cfg(target_arch = "x86_64")]
+    type HashKernel = unsafe fn(&mut Acc, &[u8], &[u8; SECRET_LEN]);
+
+    /// Each SIMD kernel with whether this CPU can run it.
+    #[cfg(target_arch = "x86_64")]
+    fn simd_kernels() -> [(bool, CopyKernel, HashKernel); 2] {
+        [
+            (
+                std::arch::is_x86_feature_detected!("avx2"),
+                avx2::copy_long,
+                avx2::hash_long,
+            ),
+            (
+                std::arch::is_x86_feature_detected!("avx512f"),
+                avx512::copy_long,
+                avx512::hash_long,
+            ),
+        ]
     }
 
     proptest! {
