@@ -474,12 +474,7 @@ mod avx512 {
     /// AVX-512F available; `p` readable for 64 bytes.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn stripe_ahead(
-        acc: &mut __m512i,
-        p: *const u8,
-        secret: &[u8; SECRET_LEN],
-        at: usize,
-    ) {
+    unsafe fn stripe_ahead(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
         // SAFETY: the caller's contract.
         unsafe { stripe(acc, p, secret, at) }
