@@ -44,6 +44,15 @@ pub fn open_direct_file(path: &Path, size: u64) -> Result<File> {
     Ok(f)
 }
 
+/// Opens an existing file read-only for direct I/O.
+pub fn open_direct_read(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(|| format!("open {}", path.display()))
+}
+
 /// Name of the raw io_uring baseline for `pattern`.
 pub fn uring_name(pattern: Pattern) -> String {
     format!("raw io_uring O_DIRECT registered buffers, {pattern:?}")
