@@ -9,7 +9,8 @@
 //! 3. for a region whose generation equals the checkpoint's, take the
 //!    checkpoint's entries for it and scan slot headers from the
 //!    checkpoint's `fill` on; for any other written region scan all of its
-//!    slot headers (batched);
+//!    slot headers (batched; small slots are read in runs of 1 MiB, the
+//!    data between their headers included, rather than a read per header);
 //! 4. accept a scanned slot only if its header verifies, names this place,
 //!    has the region's generation and the geometry's data length.
 //!
@@ -238,6 +239,49 @@ fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Vec<Option<u64>>> {
     Ok(gens)
 }
 
+/// Largest slot whose headers a scan reads in runs (with the data between
+/// them) rather than one read per header. With small slots the data in
+/// between costs less than the extra operations: 4 KiB blocks in 8 KiB
+/// slots read 128 headers per 1 MiB run instead of 128 reads.
+const RUN_SLOT_MAX: u64 = 64 << 10;
+
+/// Bytes per read in a run scan.
+const RUN_BYTES: u64 = 1 << 20;
+
+/// One read of a scan: the headers of slots `first..first + count` of
+/// `region` (and, for several, the data between them).
+#[derive(Clone, Copy)]
+struct ScanRead {
+    region: u32,
+    first: u32,
+    count: u32,
+}
+
+/// The reads that cover slot headers `[from, slots)` of each `(region,
+/// from)`: one per header, or runs of several slots when slots are small.
+fn scan_reads(shared: &Shared, scan: &[(u32, u32)]) -> Vec<ScanRead> {
+    let l = &shared.layout;
+    let per_read = if l.slot_bytes <= RUN_SLOT_MAX {
+        (RUN_BYTES / l.slot_bytes).max(1) as u32
+    } else {
+        1
+    };
+    let mut reads = Vec::new();
+    for &(region, from) in scan {
+        let mut first = from;
+        while first < l.slots_per_region {
+            let count = per_read.min(l.slots_per_region - first);
+            reads.push(ScanRead {
+                region,
+                first,
+                count,
+            });
+            first += count;
+        }
+    }
+    reads
+}
+
 /// Reads the slot headers `[from, slots)` of each `(region, from)` and
 /// collects the slots that verify.
 fn scan_slots(
@@ -248,51 +292,63 @@ fn scan_slots(
     found: &mut Vec<Found>,
 ) -> Result<()> {
     let l = &shared.layout;
-    let spr = l.slots_per_region;
-    let mut todo = scan
-        .iter()
-        .flat_map(|&(r, from)| (from..spr).map(move |s| (r, s)))
-        .peekable();
-    let mut chunk: Vec<(u32, u32)> = Vec::with_capacity(SCAN_BATCH);
-    while todo.peek().is_some() {
-        chunk.clear();
-        chunk.extend(todo.by_ref().take(SCAN_BATCH));
+    let reads = scan_reads(shared, scan);
+    for chunk in reads.chunks(SCAN_BATCH) {
         let mut batch = IoBatch::with_capacity(chunk.len());
-        for &(r, s) in &chunk {
-            let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, 4096);
-            batch.read_owned(dir.file, l.slot_offset(r, s), buf);
+        for r in chunk {
+            // From the first slot's header to the end of the last one's.
+            let len = (r.count as u64 - 1) * l.slot_bytes + l.slot_header_bytes;
+            let buf = AlignedBuf::zeroed(len as usize, 4096);
+            batch.read_owned(dir.file, l.slot_offset(r.region, r.first), buf);
         }
+        let slots: u64 = chunk.iter().map(|r| r.count as u64).sum();
         add(&shared.stats.read_ios, chunk.len() as u64);
-        add(&shared.stats.recovery_slots_scanned, chunk.len() as u64);
+        add(&shared.stats.recovery_slots_scanned, slots);
         let mut done = shared.engine.submit(batch).wait();
-        for (i, &(r, s)) in chunk.iter().enumerate() {
+        for (i, r) in chunk.iter().enumerate() {
             if done.results.len() <= i || done.check_op(i).is_err() {
                 continue;
             }
             let Some(buf) = done.take_owner::<AlignedBuf>(i) else {
                 continue;
             };
-            let Some(h) = SlotHeader::decode(&buf, l.layers) else {
+            let Some(generation) = gens.get(r.region as usize).copied().flatten() else {
                 continue;
             };
-            let Some(g) = gens.get(r as usize).copied().flatten() else {
-                continue;
-            };
-            if h.generation == g
-                && h.dir == dir.index as u32
-                && h.region == r
-                && h.slot == s
-                && h.data_len == l.block_bytes
-                && kvtier_core::combine_layer_checksums(h.key, &h.layer_sums) == h.block_sum
-            {
-                found.push(Found {
-                    key: h.key,
-                    slot: s,
-                    region: r,
-                    sum: h.block_sum,
-                });
+            for k in 0..r.count {
+                let at = (k as u64 * l.slot_bytes) as usize;
+                let header = &buf[at..at + l.slot_header_bytes as usize];
+                let place = (dir.index, r.region, r.first + k);
+                if let Some(f) = accept(shared, header, place, generation) {
+                    found.push(f);
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The block a scanned slot header names, if the header verifies, names
+/// this very place (`(dir, region, slot)`), has the region's generation and
+/// the geometry's data length, and its layer sums combine to its block sum.
+fn accept(
+    shared: &Shared,
+    header: &[u8],
+    (dir, region, slot): (u8, u32, u32),
+    generation: u64,
+) -> Option<Found> {
+    let l = &shared.layout;
+    let h = SlotHeader::decode(header, l.layers)?;
+    let ok = h.generation == generation
+        && h.dir == dir as u32
+        && h.region == region
+        && h.slot == slot
+        && h.data_len == l.block_bytes
+        && kvtier_core::combine_layer_checksums(h.key, &h.layer_sums) == h.block_sum;
+    ok.then_some(Found {
+        key: h.key,
+        slot,
+        region,
+        sum: h.block_sum,
+    })
 }
