@@ -19,7 +19,7 @@
 //! another block's bytes fails; the layer index in the seed catches swapped
 //! layers.
 //!
-//! Layer sums are computed by [`xxh3`]'s kernels, chosen at run time (AVX2
+//! Layer sums are computed by the `xxh3` module's kernels, chosen at run time (AVX2
 //! where the CPU has it), so a portable build verifies blocks at the speed
 //! of the machine it runs on; [`copy_layer_checksum`] hashes while copying.
 

@@ -176,6 +176,37 @@ fn kvtier_first(r: u64) -> bool {
     r % 2 == 1
 }
 
+/// Random reads of `targets.len` bytes: whole blocks of `keys`, or one
+/// random layer of each when `layers` is set. `rounds` rounds of `ops`
+/// reads each by the raw loop over `raw` (the tier's data file and the bytes
+/// written to it), by fio, and by the tier, kvtier first in odd rounds.
+async fn read_rounds(
+    tier: &DiskTier,
+    keys: &[BlockHash],
+    raw: (&std::fs::File, u64),
+    fio: &dyn Fn(u64) -> Option<baseline::FioResult>,
+    targets: &mut ReadTargets,
+    (qd, ops, rounds): (u32, u64, u64),
+    layers: Option<u32>,
+) -> Result<Rounds> {
+    let object = targets.len as u64;
+    let mut out = Rounds::default();
+    for r in 0..rounds {
+        let first = match kvtier_first(r) {
+            true => Some(read_side(tier, keys, targets, qd, ops, layers, r).await?),
+            false => None,
+        };
+        let base = baseline::uring(raw.0, raw.1, object, qd, ops, Pattern::RandRead, r)?;
+        let fio_round = fio(object);
+        let ours = match first {
+            Some(ours) => ours,
+            None => read_side(tier, keys, targets, qd, ops, layers, r).await?,
+        };
+        out.add(base, ours, fio_round);
+    }
+    Ok(out)
+}
+
 /// How long fio runs in each round of a case.
 const FIO_ROUND: Duration = Duration::from_secs(2);
 
@@ -301,7 +332,6 @@ async fn disk_cases(
         show,
         &format!("random reads {label}: raw io_uring{fio_note} vs disk tier"),
     );
-    let mut reads = Rounds::default();
     let written = &src.keys[..(rounds * per_round) as usize];
     // Reads, raw and fio alike, go to the disk tier's own data file, over
     // the regions it wrote: the same bytes of the same file for every side.
@@ -325,30 +355,18 @@ async fn disk_cases(
             })
             .flatten()
     };
+    let raw = (&read_file, read_bytes);
     let mut block_targets = ReadTargets::new(engine.as_ref(), block as usize, qd);
-    for r in 0..rounds {
-        let first = match kvtier_first(r) {
-            true => {
-                Some(read_side(&tier, written, &mut block_targets, qd, per_round, None, r).await?)
-            }
-            false => None,
-        };
-        let base = baseline::uring(
-            &read_file,
-            read_bytes,
-            block,
-            qd,
-            per_round,
-            Pattern::RandRead,
-            r,
-        )?;
-        let fio_round = fio_read(block);
-        let ours = match first {
-            Some(ours) => ours,
-            None => read_side(&tier, written, &mut block_targets, qd, per_round, None, r).await?,
-        };
-        reads.add(base, ours, fio_round);
-    }
+    let reads = read_rounds(
+        &tier,
+        written,
+        raw,
+        &fio_read,
+        &mut block_targets,
+        (qd, per_round, rounds),
+        None,
+    )
+    .await?;
     let batches = format!("{WRITERS} concurrent batches of {}", batch_of(qd));
     let mut out = vec![
         writes.case(
@@ -373,54 +391,20 @@ async fn disk_cases(
                 "random {layer}-byte layer reads {label}: raw io_uring{fio_note} vs disk tier"
             ),
         );
-        let mut layer_reads = Rounds::default();
         // As many bytes as the other cases: every layer of every block, in
         // random order.
         let layer_ops = per_round * geometry.layers as u64;
         let mut layer_targets = ReadTargets::new(engine.as_ref(), layer as usize, qd);
-        for r in 0..rounds {
-            let first = match kvtier_first(r) {
-                true => Some(
-                    read_side(
-                        &tier,
-                        written,
-                        &mut layer_targets,
-                        qd,
-                        layer_ops,
-                        Some(geometry.layers),
-                        r,
-                    )
-                    .await?,
-                ),
-                false => None,
-            };
-            let base = baseline::uring(
-                &read_file,
-                read_bytes,
-                layer,
-                qd,
-                layer_ops,
-                Pattern::RandRead,
-                r,
-            )?;
-            let fio_round = fio_read(layer);
-            let ours = match first {
-                Some(ours) => ours,
-                None => {
-                    read_side(
-                        &tier,
-                        written,
-                        &mut layer_targets,
-                        qd,
-                        layer_ops,
-                        Some(geometry.layers),
-                        r,
-                    )
-                    .await?
-                }
-            };
-            layer_reads.add(base, ours, fio_round);
-        }
+        let layer_reads = read_rounds(
+            &tier,
+            written,
+            raw,
+            &fio_read,
+            &mut layer_targets,
+            (qd, layer_ops, rounds),
+            Some(geometry.layers),
+        )
+        .await?;
         out.push(layer_reads.case(
             &format!("disk_read_layer_{label}"),
             layer,
@@ -908,7 +892,7 @@ fn print_table(cases: &[Case]) {
         );
     }
     println!(
-        "\nratios and CPU figures: medians of {} alternating rounds (baseline, then kvtier)",
+        "\nratios and CPU figures: medians of {} rounds of baseline and kvtier (disk cases: kvtier first in odd rounds)",
         cases.first().map_or(0, |c| c.rounds.len())
     );
     println!(
