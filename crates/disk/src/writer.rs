@@ -432,10 +432,21 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
     }
     debug_assert_eq!(runs.first().map(|r| r.0), Some(from));
     debug_assert_eq!(runs.last().map(|r| r.0 + r.2), Some(to));
-    // One submission, but each run is cut into ops of at most
-    // WRITE_OP_BYTES: devices (NVMe, virtio) serve several moderate writes
-    // in parallel faster than one huge one.
-    let region_start = l.region_offset(res.region);
+    push_runs(&mut batch, dir, l.region_offset(res.region), runs);
+    batch.keep_alive(res.buf.clone());
+    let ops = batch.len() as u64;
+    add(&shared.stats.write_ios, ops);
+    let completion = shared.engine.submit(batch);
+    // The reaper holds the receiver until the tier is dropped.
+    let _ = res.completion_tx.send(completion);
+}
+
+/// Adds the writes of `runs` (offset in the region at `region_start`,
+/// memory, length) to `batch`. One submission, but each run is cut into ops
+/// of at most WRITE_OP_BYTES: devices (NVMe, virtio) serve several moderate
+/// writes in parallel faster than one huge one. The caller keeps every
+/// run's memory alive in the batch.
+fn push_runs(batch: &mut IoBatch, dir: &Dir, region_start: u64, runs: Vec<(u64, *const u8, u64)>) {
     for (off, ptr, len) in runs {
         let mut done = 0;
         while done < len {
@@ -448,8 +459,8 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
                 len: n as u32,
             };
             // SAFETY: the range lies inside the region buffer or a pinned
-            // source, both of which the batch keeps alive (keep_alive above
-            // and below). Nobody writes the buffer's range until the buffer
+            // source, both of which the batch keeps alive (the caller's
+            // keep_alive). Nobody writes the buffer's range until the buffer
             // is idle again, which needs this batch's reference gone, i.e.
             // the write finished; nobody writes a pinned source while it
             // lives (DmaSource's contract). A write only reads the memory.
@@ -457,12 +468,6 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
             done += n;
         }
     }
-    batch.keep_alive(res.buf.clone());
-    let ops = batch.len() as u64;
-    add(&shared.stats.write_ios, ops);
-    let completion = shared.engine.submit(batch);
-    // The reaper holds the receiver until the tier is dropped.
-    let _ = res.completion_tx.send(completion);
 }
 
 /// One extent placed by [`place_locked`]: how many blocks of the run it
