@@ -137,8 +137,9 @@ impl Side {
     }
 }
 
-/// One round of a case: the baseline, then kvtier, back to back, so a disk
-/// whose speed drifts over seconds moves both sides of the round's ratio.
+/// One round of a case: the baseline and kvtier back to back (in either
+/// order), so a disk whose speed drifts over seconds moves both sides of
+/// the round's ratio.
 #[derive(Debug, Clone, Serialize)]
 pub struct Round {
     /// Baseline bandwidth in this round, MB/s.
