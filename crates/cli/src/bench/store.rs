@@ -793,22 +793,13 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
     let mut puts = Rounds::default();
     for r in 0..rounds {
         let base = memcpy.run(per_round, CopyPattern::Scatter, r * per_round);
-        let (bytes, cpu0, t0) = (per_round * block as u64, process_cpu_time(), Instant::now());
-        let mut lat = Latencies::default();
-        for i in (r * per_round) as usize..((r + 1) * per_round) as usize {
+        let ours = timed_run(r * per_round..(r + 1) * per_round, block as u64, |i| {
             let k = keys[i % nslots];
             mem.remove(k);
             let t = Instant::now();
             mem.put(k, &src, &sums[i % nslots])?;
-            lat.push(t.elapsed());
-        }
-        let ours = Run {
-            bytes,
-            ops: per_round,
-            wall: t0.elapsed(),
-            cpu: process_cpu_time() - cpu0,
-            lat,
-        };
+            Ok(t.elapsed())
+        })?;
         puts.add(base, ours, None);
     }
     progress(show, &format!("memcpy vs memory tier verified get {label}"));
@@ -816,23 +807,15 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
     let mut gets = Rounds::default();
     for r in 0..rounds {
         let base = memcpy.run(per_round, CopyPattern::Gather, r * per_round);
-        let (bytes, cpu0, t0) = (per_round * block as u64, process_cpu_time(), Instant::now());
-        let mut lat = Latencies::default();
-        for i in (r * per_round) as usize..((r + 1) * per_round) as usize {
+        let ours = timed_run(r * per_round..(r + 1) * per_round, block as u64, |i| {
             let t = Instant::now();
             let l = mem.get(keys[(i * 7919) % nslots], &mut dst);
-            lat.push(t.elapsed());
+            let took = t.elapsed();
             if !l.is_hit() {
                 bail!("memory tier get missed in the benchmark");
             }
-        }
-        let ours = Run {
-            bytes,
-            ops: per_round,
-            wall: t0.elapsed(),
-            cpu: process_cpu_time() - cpu0,
-            lat,
-        };
+            Ok(took)
+        })?;
         gets.add(base, ours, None);
     }
     Ok(vec![
@@ -851,6 +834,28 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
             "memory tier get (verified copy)",
         ),
     ])
+}
+
+/// Runs `op(i)` for every `i` in `range`, each moving `bytes_per_op`, and
+/// returns the totals; `op` returns the latency of the part it times.
+fn timed_run(
+    range: std::ops::Range<u64>,
+    bytes_per_op: u64,
+    mut op: impl FnMut(usize) -> Result<Duration>,
+) -> Result<Run> {
+    let ops = range.end - range.start;
+    let (cpu0, t0) = (process_cpu_time(), Instant::now());
+    let mut lat = Latencies::default();
+    for i in range {
+        lat.push(op(i as usize)?);
+    }
+    Ok(Run {
+        bytes: ops * bytes_per_op,
+        ops,
+        wall: t0.elapsed(),
+        cpu: process_cpu_time() - cpu0,
+        lat,
+    })
 }
 
 fn print_table(cases: &[Case]) {
