@@ -15,7 +15,6 @@ use kvtier_core::{BlockHash, BlockSums, Lookup, combine_layer_checksums};
 
 use crate::arena::view::{Access, ArenaView, Attempt, Part};
 use crate::error::{MemError, Result};
-use crate::verify;
 
 /// A read-write mapping of an arena owned by another process (the node
 /// daemon's [`MemoryTier`](crate::MemoryTier)), opened by its
@@ -166,7 +165,7 @@ impl ArenaClient {
         let dst = unsafe { std::slice::from_raw_parts_mut(dst, range.len()) };
         // SAFETY: `src` is a live slice of `dst.len()` bytes; it cannot
         // overlap `dst`, which the caller holds exclusively.
-        Ok(unsafe { verify::copy_layer(src.as_ptr(), dst, key, layer) })
+        Ok(unsafe { kvtier_core::copy_layer_checksum(src.as_ptr(), dst, key, layer as u32) })
     }
 
     /// The checksums of block `key` from its layer checksums (as returned
@@ -239,7 +238,7 @@ impl ArenaClient {
         // wrote the layer before reporting it and keeps the slot for us;
         // whatever is copied is hashed from `dst`, so a concurrent writer
         // could only make the verification fail.
-        let got = unsafe { verify::copy_layer(src, dst, key, layer) };
+        let got = unsafe { kvtier_core::copy_layer_checksum(src, dst, key, layer as u32) };
         Ok(if got == layer_sum {
             Lookup::Hit
         } else {

@@ -52,29 +52,12 @@ pub(crate) unsafe fn copy_verified(
     for (l, (chunk, want)) in dst.chunks_mut(layer_bytes).zip(layer_sums).enumerate() {
         // SAFETY: `src + l * layer_bytes` is inside the caller's source
         // region for `chunk.len()` bytes, and does not overlap `dst`.
-        let got = unsafe { copy_layer(src.add(l * layer_bytes), chunk, key, l) };
+        let got = unsafe { copy_layer_checksum(src.add(l * layer_bytes), chunk, key, l as u32) };
         if got != *want {
             return Verdict::Corrupt(l);
         }
     }
     Verdict::Intact
-}
-
-/// Copies `dst.len()` bytes from `src` into `dst` and returns their
-/// checksum as layer `layer` of block `key` (`kvtier_core::layer_checksum`
-/// of `dst`), in one pass.
-///
-/// # Safety
-/// As [`copy_verified`]: `src` valid for reads of `dst.len()` bytes and not
-/// overlapping `dst`. The checksum is that of what ended up in `dst`.
-pub(crate) unsafe fn copy_layer(
-    src: *const u8,
-    dst: &mut [u8],
-    key: BlockHash,
-    layer: usize,
-) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { copy_layer_checksum(src, dst, key, layer as u32) }
 }
 
 /// Checks `bytes` in place against `layer_sums` as block `key`.

@@ -246,7 +246,7 @@ impl ArenaView {
             },
             Part::Layer(layer) => {
                 // SAFETY: the caller's contract.
-                let got = unsafe { verify::copy_layer(src, dst, key, layer) };
+                let got = unsafe { kvtier_core::copy_layer_checksum(src, dst, key, layer as u32) };
                 match layer_sums.get(layer) {
                     Some(&want) if want == got => Verdict::Intact,
                     _ => Verdict::Corrupt(layer),
