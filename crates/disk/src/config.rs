@@ -37,6 +37,11 @@ pub struct DiskConfig {
     /// fdatasync after each region is sealed and before a checkpoint, so
     /// data survives power loss, not just a process crash.
     pub sync: bool,
+    /// Write zeros over each data file when it is created, so later writes
+    /// are overwrites and not the slower first writes into preallocated
+    /// (unwritten) extents. Costs one pass over `capacity_per_dir` at
+    /// creation, with progress in the log.
+    pub prefill: bool,
 }
 
 impl Default for DiskConfig {
@@ -53,6 +58,7 @@ impl Default for DiskConfig {
             reinsert_hot: true,
             checkpoint_interval_secs: 30,
             sync: true,
+            prefill: true,
         }
     }
 }
@@ -118,6 +124,10 @@ pub struct DiskTierConfig {
     /// header once (about `16 + 8 x layers` bytes each, plus map overhead;
     /// 0 disables). Default 16384.
     pub layer_sums_cache: usize,
+    /// Write zeros over a data file when it is created
+    /// ([`kvtier_io::prefill`]), so that first writes run at overwrite
+    /// speed.
+    pub prefill: bool,
 }
 
 impl DiskTierConfig {
@@ -137,6 +147,7 @@ impl DiskTierConfig {
             reset: false,
             buffers_per_dir: 2,
             layer_sums_cache: 16384,
+            prefill: cfg.prefill,
         }
     }
 }

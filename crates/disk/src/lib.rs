@@ -62,6 +62,7 @@
 //!     reset: false,
 //!     buffers_per_dir: 2,
 //!     layer_sums_cache: 16384,
+//!     prefill: true,
 //! };
 //! let tier = DiskTier::open(cfg, Arc::new(PsyncEngine::new(4, 32)?))?;
 //! let key = BlockHash(7);

@@ -630,6 +630,35 @@ impl DiskTier {
     }
 }
 
+/// Writes zeros over a new data file ([`kvtier_io::prefill`]), logging
+/// progress about every 10 % and the rate at the end.
+fn prefill_data_file(file: &File, path: &std::path::Path, bytes: u64) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let mut next_tenth = 1;
+    tracing::info!(file = %path.display(), bytes, "disk tier: prefilling the new data file");
+    kvtier_io::prefill(file, path, bytes, &mut |done, total| {
+        if done * 10 >= total * next_tenth && done < total {
+            tracing::info!(file = %path.display(), percent = next_tenth * 10, "disk tier: prefilling");
+            next_tenth = done * 10 / total + 1;
+        }
+    })
+    .map_err(|e| match e {
+        IoError::File { path, source } => DiskError::Io { path, source },
+        other => DiskError::Engine {
+            path: path.to_path_buf(),
+            source: other,
+        },
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    tracing::info!(
+        file = %path.display(),
+        seconds = secs,
+        mb_per_s = bytes as f64 / 1e6 / secs.max(1e-9),
+        "disk tier: data file prefilled"
+    );
+    Ok(())
+}
+
 /// Locks and checks or creates one directory; returns its lock, creation id
 /// and data file.
 fn prepare_dir(
@@ -689,6 +718,11 @@ fn prepare_dir(
         bytes = layout.file_bytes(),
         "disk tier: disk space reserved"
     );
+    if fresh && cfg.prefill {
+        // Before the meta file exists: a crash mid-fill leaves a directory
+        // that the next open treats as unfinished and creates again.
+        prefill_data_file(&file, &data_path, layout.file_bytes())?;
+    }
     let creation_id = match existing {
         Some(m) => m.creation_id,
         None => {

@@ -123,6 +123,47 @@ pub fn open_direct(path: &Path, size: u64) -> Result<File> {
     }
 }
 
+/// Bytes written per call by [`prefill`]: large enough that the device
+/// streams, small enough that progress is reported often.
+const PREFILL_CHUNK: usize = 8 << 20;
+
+/// Writes zeros over `[0, len)` of `file` (opened by [`open_direct`], so
+/// `O_DIRECT`), calling `progress(done, len)` after each chunk.
+///
+/// Why: `fallocate` reserves blocks as *unwritten* extents. The first write
+/// into one makes the file system convert it at completion (on ext4 a
+/// journalled metadata change per write), and on this project's test VM
+/// that made first-pass 2 MiB writes 0.55-0.75 of overwrites (fio, QD 32).
+/// Writing the file once up front turns every later write into an
+/// overwrite. The zeros carry no meaning: readers of a log region trust
+/// only headers that verify.
+///
+/// # Errors
+/// [`IoError::File`] for a failed or short write (`path` names the file).
+pub fn prefill(
+    file: &File,
+    path: &Path,
+    len: u64,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let file_err = |source: io::Error| IoError::File {
+        path: path.to_path_buf(),
+        source,
+    };
+    let zeros = crate::AlignedBuf::zeroed(PREFILL_CHUNK, 4096);
+    let mut done = 0u64;
+    while done < len {
+        // The last chunk may be short; the file's length is a multiple of
+        // the direct-I/O alignment (region sizes are 4 KiB multiples).
+        let n = (len - done).min(PREFILL_CHUNK as u64) as usize;
+        file.write_all_at(&zeros[..n], done).map_err(file_err)?;
+        done += n as u64;
+        progress(done, len);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +208,26 @@ mod tests {
             Err(IoError::File { .. }) => {}
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn prefill_overwrites_everything_with_zeros_and_reports_progress() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("data.dat");
+        // One full chunk and a short last one.
+        let len = PREFILL_CHUNK as u64 + (12 << 10);
+        let f = open_direct(&path, len).expect("open");
+        let mut junk = crate::AlignedBuf::zeroed(len as usize, 4096);
+        junk.fill(0xa5);
+        f.write_all_at(&junk, 0).expect("write junk");
+        let mut seen = Vec::new();
+        prefill(&f, &path, len, &mut |done, total| seen.push((done, total))).expect("prefill");
+        assert_eq!(seen, vec![(PREFILL_CHUNK as u64, len), (len, len)]);
+        let mut back = crate::AlignedBuf::zeroed(len as usize, 4096);
+        back.fill(1);
+        f.read_exact_at(&mut back, 0).expect("read back");
+        assert!(back.iter().all(|&b| b == 0), "a byte survived the prefill");
+        assert_eq!(f.metadata().expect("meta").len(), len);
     }
 }

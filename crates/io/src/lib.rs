@@ -56,6 +56,6 @@ pub use batch::{
 pub use engine::{FileId, IoEngine, IoStats, build_engine};
 pub use error::{IoError, Result};
 pub use fault::{Fault, FaultyEngine};
-pub use file::{DioAlignment, dio_alignment, open_direct};
+pub use file::{DioAlignment, dio_alignment, open_direct, prefill};
 pub use psync::PsyncEngine;
 pub use uring::{DISABLE_IO_URING_ENV, REQUIRE_IO_URING_ENV, UringEngine, uring_unavailable};

@@ -25,7 +25,10 @@ pub enum Pattern {
     RandRead,
 }
 
-/// Opens (creating and preallocating) `path` for direct I/O.
+/// Opens (creating, preallocating and prefilling) `path` for direct I/O.
+/// The prefill matters: the disk tier prefills its data file, and a first
+/// write into a preallocated extent is slower than an overwrite, so both
+/// sides must start from written files.
 pub fn open_direct_file(path: &Path, size: u64) -> Result<File> {
     let f = OpenOptions::new()
         .read(true)
@@ -41,6 +44,7 @@ pub fn open_direct_file(path: &Path, size: u64) -> Result<File> {
         let e = std::io::Error::last_os_error();
         bail!("fallocate {} bytes on {}: {e}", size, path.display());
     }
+    kvtier_io::prefill(&f, path, size, &mut |_, _| {})?;
     Ok(f)
 }
 

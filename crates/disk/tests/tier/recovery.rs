@@ -12,7 +12,33 @@ both_engines!(
     restart_without_checkpoint_scans,
     stale_checkpoint_still_finds_later_blocks,
     damaged_checkpoint_is_ignored,
+    prefill_runs_only_when_the_data_file_is_created,
 );
+
+async fn prefill_runs_only_when_the_data_file_is_created(kind: Kind) {
+    let (_t, d) = dirs(2);
+    let g = geometry();
+    let blocks = Blocks::range(&g, 13, 0..150);
+    let prefilled = || {
+        let mut c = config(d.clone(), 6 * REGION);
+        c.prefill = true;
+        c
+    };
+    {
+        let tier = DiskTier::open(prefilled(), kind.engine()).unwrap();
+        put_all(&tier, &blocks, 7).await;
+        tier.close().await.unwrap();
+    }
+    // Without the checkpoint the reopen must scan the slots themselves: a
+    // second prefill would have zeroed them and the scan would find none.
+    for dir in &d {
+        std::fs::remove_file(dir.join("kvtier-disk.index")).unwrap();
+    }
+    let tier = DiskTier::open(prefilled(), kind.engine()).unwrap();
+    assert_eq!(tier.len(), 150);
+    assert_eq!(tier.stats().recovered_from_scan, 150);
+    check_all_hit(&tier, &blocks.keys).await;
+}
 
 async fn restart_keeps_blocks(kind: Kind) {
     let (_t, d) = dirs(2);
