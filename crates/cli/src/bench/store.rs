@@ -207,9 +207,6 @@ async fn read_rounds(
     Ok(out)
 }
 
-/// How long fio runs in each round of a case.
-const FIO_ROUND: Duration = Duration::from_secs(2);
-
 /// Disk cases for one geometry: write, read, and (for layered blocks)
 /// per-layer reads. Each is measured in `plan.rounds` rounds of baseline
 /// (raw io_uring, then fio when installed) and kvtier, alternating, on the
@@ -296,7 +293,7 @@ async fn disk_cases(
                     obj,
                     qd,
                     Pattern::SeqWrite,
-                    FIO_ROUND,
+                    per_round * block,
                 )
             })
             .flatten()
@@ -351,7 +348,7 @@ async fn disk_cases(
                     obj,
                     qd,
                     Pattern::RandRead,
-                    FIO_ROUND,
+                    per_round * block,
                 )
             })
             .flatten()
