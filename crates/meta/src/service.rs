@@ -207,9 +207,7 @@ impl MetaService {
     /// Adds or replaces an instance group (admin API later).
     pub fn put_group(&self, group: InstanceGroup) -> Result<()> {
         admin::check_name("group name", &group.name)?;
-        if !(0.0..=1.0).contains(&group.watermark) {
-            return Err(MetaError::InvalidArgument("watermark outside 0..=1".into()));
-        }
+        admin::check_watermark(&group)?;
         self.catalog.put_group(self.index.as_ref(), group)
     }
 

@@ -160,6 +160,26 @@ async fn reclaim_brings_usage_under_the_watermark() {
     assert_eq!(stats.bytes, g.bytes);
 }
 
+/// Upstream's convention (its reclaim tests send 3.2): a watermark above 1
+/// is never reached, since the quota refuses writes first.
+#[tokio::test]
+async fn a_watermark_above_one_never_reclaims_for_usage() {
+    let f = setup(group(100, 3.2, EvictionPolicy::Lru), config()).await;
+    for c in 0..10u64 {
+        write(&f.svc, &keys(c * 10..c * 10 + 10)).await;
+    }
+    assert_eq!(f.svc.group_usage("g").total, 100 * BLOCK, "filled to quota");
+    let report = f.svc.reclaim_once().await;
+    assert!(report.groups.is_empty(), "{report:?}");
+    assert_eq!(serving(&f.svc, &keys(0..100)).await.len(), 100);
+    // Lowered to an ordinary watermark, the same group is reclaimed.
+    f.svc
+        .put_group(group(100, 0.5, EvictionPolicy::Lru))
+        .unwrap();
+    f.svc.reclaim_once().await;
+    assert!(f.svc.group_usage("g").total <= 40 * BLOCK);
+}
+
 #[tokio::test]
 async fn lru_reclaims_the_least_recently_used_and_spares_read_blocks() {
     let f = setup(group(100, 0.5, EvictionPolicy::Lru), config()).await;

@@ -33,8 +33,9 @@ pub struct InstanceGroup {
     /// Hard limit per storage kind; a kind not listed is limited only by
     /// `quota_bytes`. Past it, writes go to another candidate storage.
     pub kind_quota_bytes: BTreeMap<StorageKind, u64>,
-    /// Soft limit as a fraction of the quota (0..=1): above it the
-    /// reclaimer evicts. Not enforced on writes.
+    /// Soft limit as a fraction of the quota (>= 0): above it the
+    /// reclaimer evicts. Not enforced on writes; above 1 it is never
+    /// reached (the quota refuses writes first).
     pub watermark: f64,
     /// Victim choice above the watermark.
     pub eviction: EvictionPolicy,

@@ -161,19 +161,12 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
         // Reserved: in an account's groups it means every group.
         return bad(format!("{ALL_GROUPS:?} is reserved (it means every group)"));
     }
-    // `contains` is false for NaN too.
-    if !(0.0..=1.0).contains(&g.watermark) {
-        return bad(format!("watermark {} outside 0..=1", g.watermark));
-    }
+    check_watermark(g)?;
     if g.quota_bytes == 0 {
         return bad("quota of 0 bytes".into());
     }
-    if let Some((kind, q)) = g.kind_quota_bytes.iter().find(|(_, q)| **q > g.quota_bytes) {
-        return bad(format!(
-            "{kind:?} quota {q} above the group quota {}",
-            g.quota_bytes
-        ));
-    }
+    // A kind quota above the group's is allowed (as upstream): both limits
+    // apply, so the smaller one decides.
     if g.max_instances == 0 {
         return bad("max_instances of 0".into());
     }
@@ -192,6 +185,20 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
         return Err(MetaError::StorageNotFound(missing.clone()));
     }
     Ok(())
+}
+
+/// Checks a group's watermark: a finite number >= 0. Above 1 is upstream's
+/// way to say "never reclaim for usage": the hard quota refuses writes
+/// before usage gets there.
+pub(crate) fn check_watermark(g: &InstanceGroup) -> Result<()> {
+    // NaN fails `>=`.
+    if g.watermark >= 0.0 && g.watermark.is_finite() {
+        return Ok(());
+    }
+    Err(MetaError::InvalidArgument(format!(
+        "group {:?}: watermark {} is not a finite number >= 0",
+        g.name, g.watermark
+    )))
 }
 
 /// Longest name (instance id, spec name, ...) accepted, in bytes.
@@ -420,8 +427,8 @@ impl MetaService {
 
     /// Creates a group; [`MetaError::AlreadyExists`] if the name is taken,
     /// [`MetaError::StorageNotFound`] if it lists an unknown storage,
-    /// [`MetaError::InvalidArgument`] for bad settings (watermark outside
-    /// 0..=1, quota 0, a kind quota above the total, no storages, ...).
+    /// [`MetaError::InvalidArgument`] for bad settings (a watermark that is
+    /// negative or not finite, quota 0, no storages, ...).
     pub fn create_group(&self, g: InstanceGroup) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
             check_group(&g, |s| maps.storages.contains_key(s))?;

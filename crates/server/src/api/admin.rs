@@ -210,15 +210,8 @@ impl Api {
         &self,
         req: pb::RemoveInstanceRequest,
     ) -> Result<pb::CommonResponse, Fail> {
-        if !req.instance_group.is_empty() {
-            let inst = self.svc.get_instance_info(&req.instance_id).await?;
-            if inst.group != req.instance_group {
-                return Err(Fail::invalid(format!(
-                    "instance {:?} is in group {:?}, not {:?}",
-                    inst.id, inst.group, req.instance_group
-                )));
-            }
-        }
+        // `instance_group` is informational, as upstream: the instance id
+        // alone names the instance, whatever group the request gives.
         let dropped = self.svc.remove_instance(&req.instance_id).await?;
         tracing::info!(instance = %req.instance_id, dropped, "instance removed");
         Ok(pb::CommonResponse::default())
@@ -263,7 +256,7 @@ impl Api {
         req: pb::AddAccountRequest,
     ) -> Result<pb::CommonResponse, Fail> {
         conv::require_name(&req.user_name, "user_name")?;
-        let role = conv::role_from_wire(req.role)?;
+        let role = conv::role_from_wire(req.role);
         self.svc
             .add_account(&req.user_name, role, &req.password, req.allowed_groups)?;
         Ok(pb::CommonResponse::default())

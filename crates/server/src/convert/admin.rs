@@ -111,6 +111,16 @@ fn bytes(v: i64, what: &str) -> Result<u64, Fail> {
     u64::try_from(v).map_err(|_| Fail::invalid(format!("{what} {v} is negative")))
 }
 
+/// `names` without repeats, first occurrences in order.
+fn dedup_keep_order(names: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    names
+        .iter()
+        .filter(|n| seen.insert(n.as_str()))
+        .cloned()
+        .collect()
+}
+
 /// A wire group as a model group. Absent or zero capacity means unlimited;
 /// the watermark is `trigger_strategy.used_percentage` (0.9 when unset).
 pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
@@ -121,10 +131,16 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
     };
     let mut kind_quota_bytes = BTreeMap::new();
     for q in &quota.quota_config {
-        let kind = quota_kind(q.storage_type).ok_or_else(|| {
-            Fail::invalid(format!("quota_config storage_type {}", q.storage_type))
-        })?;
-        kind_quota_bytes.insert(kind, bytes(q.capacity, "quota_config capacity")?);
+        // As upstream: an entry of an unspecified or unknown storage type
+        // limits nothing, and neither does a negative capacity (upstream
+        // compares it as unsigned on writes).
+        let Some(kind) = quota_kind(q.storage_type) else {
+            continue;
+        };
+        let Ok(capacity) = u64::try_from(q.capacity) else {
+            continue;
+        };
+        kind_quota_bytes.insert(kind, capacity);
     }
     let reclaim = g
         .cache_config
@@ -139,9 +155,12 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
     let eviction = match pb::ReclaimPolicy::try_from(reclaim.reclaim_policy) {
         Ok(pb::ReclaimPolicy::PolicyLfu) => EvictionPolicy::Lfu,
         // The wire has no TTL field: the trigger period doubles as the TTL.
-        Ok(pb::ReclaimPolicy::PolicyTtl) => EvictionPolicy::Ttl {
-            ttl_secs: u64::try_from(reclaim.trigger_period_seconds).unwrap_or(0),
-        },
+        // Without a positive one, LRU (upstream reclaims TTL groups by LRU).
+        Ok(pb::ReclaimPolicy::PolicyTtl) if reclaim.trigger_period_seconds > 0 => {
+            EvictionPolicy::Ttl {
+                ttl_secs: u64::from(reclaim.trigger_period_seconds.unsigned_abs()),
+            }
+        }
         _ => EvictionPolicy::Lru,
     };
     let max_instances = match g.max_instance_count {
@@ -154,7 +173,8 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
         kind_quota_bytes,
         watermark,
         eviction,
-        storages: g.storage_candidates.clone(),
+        // Upstream keeps a candidate listed twice; once is the same choice.
+        storages: dedup_keep_order(&g.storage_candidates),
         max_instances,
     })
 }
@@ -217,11 +237,12 @@ pub fn group_to_wire(g: &InstanceGroup) -> pb::InstanceGroup {
 }
 
 /// The model role of a wire role.
-pub fn role_from_wire(r: i32) -> Result<Role, Fail> {
+pub fn role_from_wire(r: i32) -> Role {
     match pb::AccountRole::try_from(r) {
-        Ok(pb::AccountRole::RoleAdmin) => Ok(Role::Admin),
-        Ok(pb::AccountRole::RoleUser) => Ok(Role::User),
-        Err(_) => Err(Fail::invalid(format!("unknown account role {r}"))),
+        Ok(pb::AccountRole::RoleAdmin) => Role::Admin,
+        // As upstream: any other value is an ordinary user, the least
+        // privilege.
+        Ok(pb::AccountRole::RoleUser) | Err(_) => Role::User,
     }
 }
 

@@ -1,0 +1,157 @@
+//! Inputs Tair KVCache Manager accepts, with its meaning, that kvtier once
+//! refused (docs/meta-api.md, "Upstream's input conventions"). Each case
+//! goes over the admin HTTP API as upstream's own tooling sends it
+//! (numeric enums included).
+
+#[path = "support/lib.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+
+use kvtier_meta::proto::admin as apb;
+use kvtier_meta::proto::admin::admin_service_client::AdminServiceClient;
+use kvtier_meta::{EvictionPolicy, Role};
+use serde_json::json;
+use support::*;
+
+/// A group body in upstream's shape: capacity, kind quotas, reclaim
+/// strategy.
+fn group_body(
+    name: &str,
+    candidates: &[&str],
+    quota_config: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "trace_id": "t",
+        "instance_group": {
+            "name": name,
+            "storage_candidates": candidates,
+            "global_quota_group_name": name,
+            "max_instance_count": 8,
+            "quota": {"capacity": 1_000_000, "quota_config": quota_config},
+            "cache_config": {
+                "reclaim_strategy": {
+                    "storage_unique_name": "nfs",
+                    "reclaim_policy": 3,
+                    "trigger_strategy": {"used_size": 0, "used_percentage": 3.2},
+                    "trigger_period_seconds": 0,
+                    "delay_before_delete_ms": 100
+                },
+                "data_storage_strategy": 2
+            },
+            "version": 1
+        }
+    })
+}
+
+#[tokio::test]
+async fn group_settings_upstream_accepts_keep_its_meaning() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    // A watermark of 3.2 (upstream's "never triggers"), TTL policy without
+    // a period (LRU upstream), a candidate listed twice, kind quotas of an
+    // unspecified type (0) and with a negative capacity (no limit), and one
+    // above the group's capacity (both limits apply).
+    let quota_config = json!([
+        {"storage_type": 0, "capacity": 5},
+        {"storage_type": 4, "capacity": -1},
+        {"storage_type": 1, "capacity": 2_000_000}
+    ]);
+    let body = group_body("up", &["nfs", "nfs"], quota_config);
+    let (st, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!((st, code(&r)), (200, "OK"), "{r}");
+    let g = ts
+        .svc
+        .list_groups()
+        .into_iter()
+        .find(|g| g.name == "up")
+        .expect("group stored");
+    assert_eq!(g.storages, vec!["nfs".to_string()]);
+    assert_eq!(g.watermark, 3.2);
+    assert_eq!(g.eviction, EvictionPolicy::Lru);
+    assert_eq!(g.quota_bytes, 1_000_000);
+    let kinds: Vec<u64> = g.kind_quota_bytes.values().copied().collect();
+    assert_eq!(kinds, vec![2_000_000], "only the 3FS entry limits");
+
+    // A positive period keeps the TTL meaning.
+    let mut body = group_body("up", &["nfs"], json!([]));
+    body["instance_group"]["cache_config"]["reclaim_strategy"]["trigger_period_seconds"] =
+        json!(60);
+    let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let g = ts.svc.get_group("up").expect("group").0;
+    assert_eq!(g.eviction, EvictionPolicy::Ttl { ttl_secs: 60 });
+    assert_eq!(g.kind_quota_bytes, BTreeMap::new());
+
+    // What upstream refuses too stays refused, and changes nothing.
+    let before = ts.svc.list_groups();
+    let mut body = group_body("bad", &["nfs"], json!([]));
+    body["instance_group"]["cache_config"]["reclaim_strategy"]["trigger_strategy"]["used_percentage"] =
+        json!(-0.5);
+    let (_, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "negative: the default watermark, {r}");
+    assert_eq!(ts.svc.get_group("bad").expect("group").0.watermark, 0.9);
+    let (_, r) = post(
+        a,
+        "/api/createInstanceGroup",
+        &group_body("", &["nfs"], json!([])),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "INVALID_ARGUMENT", "{r}");
+    assert_eq!(ts.svc.list_groups().len(), before.len() + 1);
+}
+
+/// Over gRPC: an enum number the schema does not name reaches the service
+/// there (pbjson's JSON decoding refuses it before).
+#[tokio::test]
+async fn an_unknown_account_role_is_an_ordinary_user() {
+    let ts = start().await;
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("connect");
+    let r = c
+        .add_account(apb::AddAccountRequest {
+            user_name: "u7".into(),
+            password: "0123456789abcdef-u7".into(),
+            role: 7,
+            ..Default::default()
+        })
+        .await
+        .expect("transport")
+        .into_inner();
+    let status = r.header.and_then(|h| h.status).expect("status");
+    assert_eq!(status.code, apb::ErrorCode::Ok as i32, "{}", status.message);
+    let account = ts
+        .svc
+        .list_accounts()
+        .into_iter()
+        .find(|x| x.name == "u7")
+        .expect("account stored");
+    assert_eq!(account.role, Role::User, "never more than a user");
+}
+
+#[tokio::test]
+async fn remove_instance_ignores_the_group_named_in_the_request() {
+    let ts = start().await;
+    let (m, a) = (ts.server.meta_http_addr(), ts.server.admin_http_addr());
+    let (_, r) = post(m, "/api/registerInstance", &register_body("i1", "g"), None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let (_, r) = post(
+        a,
+        "/api/removeInstance",
+        &json!({"instance_id": "i1", "instance_group": "h"}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "OK", "{r}");
+    assert!(ts.svc.list_instances(None).iter().all(|i| i.id != "i1"));
+    let (_, r) = post(
+        a,
+        "/api/removeInstance",
+        &json!({"instance_id": "i1", "instance_group": "g"}),
+        None,
+    )
+    .await;
+    assert_ne!(code(&r), "OK", "already gone: {r}");
+}
