@@ -213,8 +213,7 @@ impl Api {
                 r
             }
         };
-        self.metrics
-            .observe(method, code_name(resp.code()), start.elapsed());
+        self.metrics.observe(method, resp.code(), start.elapsed());
         resp
     }
 

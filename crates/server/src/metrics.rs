@@ -2,11 +2,19 @@
 //! service's own figures (`MetaService::stats`) refreshed at each read.
 //! One instance per server, shared by every handler; exported as
 //! Prometheus text at `GET /metrics` (admin HTTP) and as messages by the
-//! `GetMetrics` admin call, from the same numbers.
+//! `GetMetrics` admin call, from the same numbers: Tair KVCM's names first
+//! ([`upstream`]), then kvtier's own.
+//!
+//! Recording a request allocates nothing and takes no lock once its method
+//! has been seen: each method's figures are atomics (and the Prometheus
+//! handles cloned out of their families) behind a read-mostly map.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+mod upstream;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use kvtier_meta::MetaService;
 use kvtier_meta::proto::admin as pb;
@@ -38,12 +46,51 @@ struct GroupLabels {
     group: String,
 }
 
-/// Running totals per method, kept beside the Prometheus families because
-/// those cannot be iterated (the `GetMetrics` call needs the values).
-#[derive(Debug, Default)]
-struct Totals {
-    requests: BTreeMap<(String, String), u64>,
-    latency: BTreeMap<String, (u64, f64)>,
+/// The wire code of success.
+const OK: i32 = kvtier_meta::proto::meta::ErrorCode::Ok as i32;
+
+/// Wire result codes with a counter slot of their own; larger ones share
+/// the last slot.
+const CODE_SLOTS: usize = 64;
+
+/// One method's figures, kept beside the Prometheus families because those
+/// cannot be iterated (the `GetMetrics` call needs the values).
+#[derive(Debug)]
+struct MethodStats {
+    calls: AtomicU64,
+    /// Calls answered with a code other than `OK`.
+    errors: AtomicU64,
+    /// Total handling time, nanoseconds.
+    sum_ns: AtomicU64,
+    /// The last call: its handling time (µs, `f64` bits), its code, and
+    /// when it ended (ns after the metrics were created), so the admin and
+    /// meta entries of one RPC merge into upstream's single series.
+    last_us_bits: AtomicU64,
+    last_code: AtomicI64,
+    last_at_ns: AtomicU64,
+    latency: Histogram,
+    /// `requests{method, code}` counters, created on a code's first use.
+    by_code: [OnceLock<Counter>; CODE_SLOTS],
+}
+
+impl MethodStats {
+    fn new(latency: Histogram) -> Self {
+        MethodStats {
+            calls: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+            last_us_bits: AtomicU64::new(0),
+            last_code: AtomicI64::new(0),
+            last_at_ns: AtomicU64::new(0),
+            latency,
+            by_code: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+}
+
+/// The slot of wire code `code`.
+fn code_slot(code: i32) -> usize {
+    usize::try_from(code).map_or(CODE_SLOTS - 1, |c| c.min(CODE_SLOTS - 1))
 }
 
 /// The server's metrics.
@@ -59,8 +106,10 @@ pub struct Metrics {
     group_quota: Family<GroupLabels, Gauge>,
     group_instances: Family<GroupLabels, Gauge>,
     open_sessions: Gauge,
-    /// Held for one map update, never across an await.
-    totals: parking_lot::Mutex<Totals>,
+    /// Per method name; written once per method, read on every request.
+    methods: parking_lot::RwLock<HashMap<&'static str, Arc<MethodStats>>>,
+    /// Zero of `MethodStats::last_at_ns`.
+    born: Instant,
     /// The embedder's families, rendered at each scrape.
     extra: Extra,
 }
@@ -161,7 +210,8 @@ impl Metrics {
             group_quota,
             group_instances,
             open_sessions,
-            totals: Default::default(),
+            methods: Default::default(),
+            born: Instant::now(),
             extra: Extra(extra),
         }
     }
@@ -173,27 +223,61 @@ impl Metrics {
         InFlight(self)
     }
 
-    /// Records one finished request.
-    pub fn observe(&self, method: &str, code: &str, took: Duration) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                method: method.to_owned(),
-                code: code.to_owned(),
+    /// Records one finished request of `method` with wire result `code`.
+    pub fn observe(&self, method: &'static str, code: i32, took: Duration) {
+        let m = self.method(method);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        m.calls.fetch_add(1, Ordering::Relaxed);
+        m.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        if code != OK {
+            m.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let us = took.as_secs_f64() * 1e6;
+        m.last_us_bits.store(us.to_bits(), Ordering::Relaxed);
+        m.last_code.store(i64::from(code), Ordering::Relaxed);
+        let at = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        m.last_at_ns.store(at, Ordering::Relaxed);
+        m.latency.observe(took.as_secs_f64());
+        m.by_code[code_slot(code)]
+            .get_or_init(|| {
+                self.requests
+                    .get_or_create(&RequestLabels {
+                        method: method.to_owned(),
+                        code: crate::api::code_name(code).to_owned(),
+                    })
+                    .clone()
             })
             .inc();
-        let secs = took.as_secs_f64();
-        self.latency
+    }
+
+    /// `method`'s figures, created on its first request.
+    fn method(&self, method: &'static str) -> Arc<MethodStats> {
+        if let Some(m) = self.methods.read().get(method) {
+            return m.clone();
+        }
+        let latency = self
+            .latency
             .get_or_create(&MethodLabels {
                 method: method.to_owned(),
             })
-            .observe(secs);
-        let mut t = self.totals.lock();
-        *t.requests
-            .entry((method.to_owned(), code.to_owned()))
-            .or_default() += 1;
-        let l = t.latency.entry(method.to_owned()).or_default();
-        l.0 += 1;
-        l.1 += secs;
+            .clone();
+        self.methods
+            .write()
+            .entry(method)
+            .or_insert_with(|| Arc::new(MethodStats::new(latency)))
+            .clone()
+    }
+
+    /// Every method seen, sorted by name.
+    fn methods(&self) -> Vec<(&'static str, Arc<MethodStats>)> {
+        let mut all: Vec<_> = self
+            .methods
+            .read()
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        all.sort_unstable_by_key(|(k, _)| *k);
+        all
     }
 
     /// Reloads the service gauges from `MetaService::stats`.
@@ -256,33 +340,38 @@ impl Metrics {
                 })
                 .collect(),
         };
-        let mut out = Vec::new();
-        {
-            let t = self.totals.lock();
-            for ((method, code), n) in &t.requests {
+        let methods = self.methods();
+        let mut out = upstream::entries(&methods, &stats, svc);
+        for (method, m) in &methods {
+            for (slot, counter) in m.by_code.iter().enumerate() {
+                let Some(counter) = counter.get() else {
+                    continue;
+                };
+                let code = i32::try_from(slot).unwrap_or(i32::MAX);
                 out.push(int(
                     "requests_total",
-                    clamp(*n),
-                    &[("method", method), ("code", code)],
+                    clamp(counter.get()),
+                    &[("method", method), ("code", crate::api::code_name(code))],
                 ));
             }
-            for (method, (count, sum)) in &t.latency {
-                out.push(int(
-                    "request_duration_seconds_count",
-                    clamp(*count),
-                    &[("method", method)],
-                ));
-                out.push(pb::MetricsData {
-                    metric_name: "kvtier_meta_request_duration_seconds_sum".into(),
-                    metric_value: Some(pb::MetricValue {
-                        value: Some(pb::metric_value::Value::FloatValue(*sum)),
-                    }),
-                    metric_tags: vec![pb::MetricsTag {
-                        tag_key: "method".into(),
-                        tag_value: method.clone(),
-                    }],
-                });
-            }
+        }
+        for (method, m) in &methods {
+            out.push(int(
+                "request_duration_seconds_count",
+                clamp(m.calls.load(Ordering::Relaxed)),
+                &[("method", method)],
+            ));
+            let sum = m.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+            out.push(pb::MetricsData {
+                metric_name: "kvtier_meta_request_duration_seconds_sum".into(),
+                metric_value: Some(pb::MetricValue {
+                    value: Some(pb::metric_value::Value::FloatValue(sum)),
+                }),
+                metric_tags: vec![pb::MetricsTag {
+                    tag_key: "method".into(),
+                    tag_value: (*method).to_owned(),
+                }],
+            });
         }
         out.push(int(
             "in_flight_requests",
