@@ -1,7 +1,8 @@
 """Connections to the node daemon, one per tenant, that survive the daemon
 going away: while it is down every call answers as if the node held
-nothing (one warning), and the next call after ``reconnect_interval``
-seconds connects again. The engines' connectors (``kvtier.vllm``,
+nothing (one warning). A connection that breaks is replaced on the next
+call (the daemon may have restarted already); after a connect that fails,
+the next try waits ``reconnect_interval`` seconds. The engines' connectors (``kvtier.vllm``,
 ``kvtier.sglang``) share it."""
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class Clients:
         self._log = log or logger
         self._uncached = uncached
         self._clients: dict[str | None, kvtier.Client] = {}
+        # When a connect last failed (None: the next call may connect).
         self._down_since: float | None = None
+        # Down since the last warning (so that an outage warns once).
+        self._down = False
         self._refused: str | None = None
         self._lock = threading.Lock()
 
@@ -68,7 +72,7 @@ class Clients:
             return f(client)
         except kvtier.DaemonUnavailable as e:
             with self._lock:
-                self._lost(e)
+                self._lost(e, retry_now=True)
         except kvtier.KvtierError as e:
             self._log.warning("kvtier %s failed: %s", what, e)
         return default
@@ -84,7 +88,7 @@ class Clients:
         try:
             c = self._connect(tenant)
         except kvtier.DaemonUnavailable as e:
-            self._lost(e)
+            self._lost(e, retry_now=False)
             return None
         except kvtier.KvtierError as e:
             # A block shape the node does not hold: nothing changes that
@@ -92,14 +96,19 @@ class Clients:
             self._refused = str(e)
             self._log.warning("kvtier refused this engine's blocks; %s: %s", self._uncached, e)
             return None
-        if self._down_since is not None:
+        if self._down:
             self._log.info("kvtier daemon at %s is back", self._socket)
+        self._down = False
         self._down_since = None
         self._clients[tenant] = c
         return c
 
-    def _lost(self, e: Exception) -> None:
-        if self._down_since is None:
+    def _lost(self, e: Exception, *, retry_now: bool) -> None:
+        """Forgets every connection. ``retry_now``: a connection broke, so
+        the next call connects at once (a restarted daemon is back within
+        one call); otherwise a connect failed and the next waits out the
+        interval."""
+        if not self._down:
             self._log.warning(
                 "kvtier daemon at %s unavailable (%s); %s, retrying every %g s",
                 self._socket,
@@ -107,5 +116,6 @@ class Clients:
                 self._uncached,
                 self._interval,
             )
+        self._down = True
         self._clients.clear()
-        self._down_since = time.monotonic()
+        self._down_since = None if retry_now else time.monotonic()

@@ -59,6 +59,7 @@ pub mod backend;
 mod codec;
 mod error;
 pub mod index;
+pub mod leader;
 pub mod matching;
 pub mod model;
 pub mod path_safe;
