@@ -5,9 +5,10 @@
 //! `GetMetrics` admin call, from the same numbers: Tair KVCM's names first
 //! ([`upstream`]), then kvtier's own.
 //!
-//! Recording a request allocates nothing and takes no lock once its method
-//! has been seen: each method's figures are atomics (and the Prometheus
-//! handles cloned out of their families) behind a read-mostly map.
+//! Recording a request allocates nothing and takes only a shared read lock
+//! once its method has been seen: each method's figures are atomics (and
+//! the Prometheus handles cloned out of their families) behind a
+//! read-mostly map.
 
 mod upstream;
 
