@@ -100,12 +100,7 @@ async fn blocking<T: Send + 'static>(
 ) -> LeaseResult<T> {
     let s = state.clone();
     let joined = tokio::task::spawn_blocking(move || f(s.store.as_ref(), &s.cfg.node_id)).await;
-    joined.unwrap_or_else(|e| {
-        Err(LeaseError::File {
-            path: "<lease call>".into(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    })
+    joined.unwrap_or_else(|e| Err(LeaseError::Interrupted(e.to_string())))
 }
 
 impl Elector {

@@ -19,6 +19,9 @@ pub enum LeaseError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The blocking call panicked or was cancelled with its runtime.
+    #[error("leader lease call did not finish: {0}")]
+    Interrupted(String),
     /// The stored value is not `<epoch>|<node>`.
     #[error("leader lease holds {0:?}, not <epoch>|<node>")]
     Malformed(String),
