@@ -3,7 +3,7 @@
 //! One instance per server, shared by every handler; exported as
 //! Prometheus text at `GET /metrics` (admin HTTP) and as messages by the
 //! `GetMetrics` admin call, from the same numbers: Tair KVCM's names first
-//! ([`upstream`]), then kvtier's own.
+//! (module `upstream`), then kvtier's own.
 //!
 //! Recording a request allocates nothing and takes only a shared read lock
 //! once its method has been seen: each method's figures are atomics (and
