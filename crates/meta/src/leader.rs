@@ -22,7 +22,7 @@ pub use redis::RedisLease;
 pub use store::{Holder, LeaseError, LeaseResult, LeaseStore, MemoryLease};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -74,7 +74,6 @@ struct State {
     /// Serializes loop passes and demotions.
     step: tokio::sync::Mutex<()>,
     wake: Notify,
-    stopped: AtomicBool,
 }
 
 /// A running election for one frontend. Dropping it stops the loop without
@@ -119,13 +118,12 @@ impl Elector {
             no_campaign_until: Mutex::new(None),
             step: tokio::sync::Mutex::new(()),
             wake: Notify::new(),
-            stopped: AtomicBool::new(false),
         });
         let s = state.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(s.cfg.interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            while !s.stopped.load(Ordering::Relaxed) {
+            loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     () = s.wake.notified() => {}
@@ -221,22 +219,13 @@ impl Elector {
 
     /// Stops the loop and gives the lease up if held.
     pub async fn shutdown(self) -> LeaseResult<()> {
-        self.state.stopped.store(true, Ordering::Relaxed);
         self.task.abort();
-        let s = &self.state;
-        let _step = s.step.lock().await;
-        let role = *s.role.borrow();
-        if let Role::Leader { epoch } = role {
-            lose(s);
-            blocking(s, move |st, node| st.release(node, epoch)).await?;
-        }
-        Ok(())
+        self.demote().await.map(|_| ())
     }
 }
 
 impl Drop for Elector {
     fn drop(&mut self) {
-        self.state.stopped.store(true, Ordering::Relaxed);
         self.task.abort();
     }
 }

@@ -233,12 +233,13 @@ impl Metrics {
         if code != OK {
             m.errors.fetch_add(1, Ordering::Relaxed);
         }
-        let us = took.as_secs_f64() * 1e6;
-        m.last_us_bits.store(us.to_bits(), Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        m.last_us_bits
+            .store((secs * 1e6).to_bits(), Ordering::Relaxed);
         m.last_code.store(i64::from(code), Ordering::Relaxed);
         let at = u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX);
         m.last_at_ns.store(at, Ordering::Relaxed);
-        m.latency.observe(took.as_secs_f64());
+        m.latency.observe(secs);
         m.by_code[code_slot(code)]
             .get_or_init(|| {
                 self.requests
