@@ -222,6 +222,39 @@ mod tests {
     }
 
     #[test]
+    fn leader_election_settings_default_to_upstream_and_are_checked() {
+        use crate::config::meta::FollowerRequests;
+        let c = Config::from_toml_with_env("", env(&[])).unwrap();
+        assert_eq!(
+            (c.meta.leader_lease_ms, c.meta.leader_loop_interval_ms),
+            (10_000, 100)
+        );
+        assert_eq!(c.meta.follower_requests, FollowerRequests::Serve);
+        assert!(c.meta.node_id.is_empty() && c.meta.leader_lock.is_empty());
+        let c = Config::from_toml_with_env(
+            "[meta]\nleader_lock = \"file:///var/lib/kvtier\"",
+            env(&[
+                ("KVTIER_META__FOLLOWER_REQUESTS", "refuse"),
+                ("KVTIER_META__NODE_ID", "fe-1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.meta.follower_requests, FollowerRequests::Refuse);
+        assert_eq!(c.meta.node_id, "fe-1");
+        for bad in [
+            "[meta]\nleader_lock = \"zk://x\"",
+            "[meta]\nleader_lock = \"file://relative\"",
+            "[meta]\nleader_lease_ms = 150",
+            "[meta]\nleader_loop_interval_ms = 0",
+            "[meta]\nnode_id = \"a|b\"",
+            "[meta]\nfollower_requests = \"forward\"",
+        ] {
+            let e = Config::from_toml_with_env(bad, env(&[])).expect_err(bad);
+            assert!(e.to_string().contains("meta"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn meta_binds_loopback_unless_told_and_remote_needs_auth_or_consent() {
         let c = Config::from_toml_with_env("", env(&[])).unwrap();
         assert_eq!(c.meta.bind, "127.0.0.1");

@@ -15,13 +15,16 @@ use std::time::Duration;
 
 use kvtier_backend::{BackendOptions, FilePool, FilePoolOptions, PoolSpaceError};
 use kvtier_meta::{
-    ApiKey, DEFAULT_GROUP, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex,
-    RedisIndexConfig, Role, Storage, StorageHealth, StorageKind,
+    ApiKey, DEFAULT_GROUP, LeaderWorkHandle, LeaderWorkIntervals, MemoryIndex, MetaConfig,
+    MetaIndex, MetaService, RedbIndex, RedisIndex, RedisIndexConfig, Role, Storage, StorageHealth,
+    StorageKind, leader::Elector,
 };
 use kvtier_node::Node;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
 
 use crate::config::{AccountRole, Config, MetaAccountConfig};
+
+mod election;
 
 /// A running metadata service: the service, its listeners and background
 /// tasks. Dropping it stops the background tasks; call
@@ -29,14 +32,16 @@ use crate::config::{AccountRole, Config, MetaAccountConfig};
 pub struct RunningMeta {
     /// The service.
     pub svc: Arc<MetaService>,
+    /// This frontend's leader election.
+    pub elector: Arc<Elector>,
     server: RunningServer,
     _tasks: BackgroundTasks,
 }
 
 /// Handles whose drop stops the service's background tasks.
 struct BackgroundTasks {
-    _reclaimer: kvtier_meta::ReclaimerHandle,
-    _health: kvtier_meta::HealthCheckerHandle,
+    /// The reclaimer and health checks, on the leader only.
+    _leader_work: LeaderWorkHandle,
     _catalog: Option<kvtier_meta::CatalogRefresherHandle>,
 }
 
@@ -89,9 +94,13 @@ impl RunningMeta {
         // storage that cannot be opened is marked unhealthy and logged, so
         // one bad storage does not stop the service.
         svc.attach_configured_backends();
+        let elector = election::start(config).await?;
+        let every = LeaderWorkIntervals {
+            reclaim: Duration::from_secs(m.reclaim_interval_secs.max(1)),
+            health: Duration::from_secs(m.health_interval_secs.max(1)),
+        };
         let tasks = BackgroundTasks {
-            _reclaimer: svc.spawn_reclaimer(Duration::from_secs(m.reclaim_interval_secs.max(1))),
-            _health: svc.spawn_health_checker(Duration::from_secs(m.health_interval_secs.max(1))),
+            _leader_work: svc.spawn_leader_work(elector.subscribe(), every),
             // Only a shared index changes behind this process's back.
             _catalog: shared_index(config).then(|| {
                 svc.spawn_catalog_refresher(Duration::from_secs(m.catalog_refresh_secs.max(1)))
@@ -99,6 +108,8 @@ impl RunningMeta {
         };
         let server_config = ServerConfig {
             extra_metrics,
+            node_id: elector.node_id().to_owned(),
+            elector: Some(elector.clone()),
             ..server_config(config)?
         };
         let server = MetaServer::start(svc.clone(), server_config)
@@ -111,19 +122,27 @@ impl RunningMeta {
             admin_http = %server.admin_http_addr(),
             index = %m.index,
             auth = m.auth,
+            node_id = %elector.node_id(),
+            leader = elector.is_leader(),
             "metadata service listening"
         );
         Ok(RunningMeta {
             svc,
+            elector,
             server,
             _tasks: tasks,
         })
     }
 
-    /// Stops accepting requests and waits for in-flight ones.
+    /// Stops accepting requests and waits for in-flight ones, then gives
+    /// the leader lease up (if held) so another frontend takes over at once.
     pub async fn shutdown(self) {
         if let Err(e) = self.server.shutdown().await {
             tracing::warn!("stopping the listeners: {e}");
+        }
+        drop(self._tasks);
+        if let Err(e) = self.elector.shutdown().await {
+            tracing::warn!("giving the leader lease up: {e}");
         }
         if let Err(e) = self.svc.flush_access() {
             tracing::warn!("flushing access statistics: {e}");
@@ -179,6 +198,7 @@ fn server_config(config: &Config) -> Result<ServerConfig> {
         },
         allow_unauthenticated_remote: m.allow_unauthenticated_remote,
         max_body_bytes: usize::try_from(m.max_body.0).unwrap_or(usize::MAX),
+        follower_requests: m.follower_requests,
         ..ServerConfig::default()
     })
 }

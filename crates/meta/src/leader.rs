@@ -40,6 +40,22 @@ pub struct ElectorConfig {
     pub interval: Duration,
 }
 
+impl ElectorConfig {
+    /// Upstream's lease (`kvcm.leader_elector.lease_ms`).
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+    /// Upstream's loop interval (`kvcm.leader_elector.loop_interval_ms`).
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+
+    /// `node_id` with upstream's lease and interval.
+    pub fn new(node_id: impl Into<String>) -> Self {
+        ElectorConfig {
+            node_id: node_id.into(),
+            lease: Self::DEFAULT_LEASE,
+            interval: Self::DEFAULT_INTERVAL,
+        }
+    }
+}
+
 /// What this frontend is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -105,32 +121,18 @@ async fn blocking<T: Send + 'static>(
 impl Elector {
     /// Starts campaigning on the current tokio runtime.
     pub fn start(store: Arc<dyn LeaseStore>, cfg: ElectorConfig) -> Self {
-        let state = Arc::new(State {
-            store,
-            cfg,
-            role: watch::Sender::new(Role::Follower),
-            act_until: Mutex::new(None),
-            lease_end_unix_us: AtomicI64::new(-1),
-            last_loop_unix_ms: AtomicI64::new(-1),
-            loops: AtomicU64::new(0),
-            leader_node: Mutex::new(String::new()),
-            campaign_delay_ms: AtomicI64::new(0),
-            no_campaign_until: Mutex::new(None),
-            step: tokio::sync::Mutex::new(()),
-            wake: Notify::new(),
-        });
-        let s = state.clone();
-        let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(s.cfg.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = s.wake.notified() => {}
-                }
-                pass(&s).await;
-            }
-        });
+        let state = new_state(store, cfg);
+        let task = spawn_loop(state.clone());
+        Elector { state, task }
+    }
+
+    /// Like [`Elector::start`], but returns after the first campaign, so a
+    /// frontend that can lead at once does before it serves its first
+    /// request (a free lease is taken; a held one is noted as the leader).
+    pub async fn start_after_first_pass(store: Arc<dyn LeaseStore>, cfg: ElectorConfig) -> Self {
+        let state = new_state(store, cfg);
+        pass(&state).await;
+        let task = spawn_loop(state.clone());
         Elector { state, task }
     }
 
@@ -217,8 +219,9 @@ impl Elector {
         Ok(true)
     }
 
-    /// Stops the loop and gives the lease up if held.
-    pub async fn shutdown(self) -> LeaseResult<()> {
+    /// Stops the loop and gives the lease up if held. The elector stays a
+    /// follower afterwards (the loop does not run again).
+    pub async fn shutdown(&self) -> LeaseResult<()> {
         self.task.abort();
         self.demote().await.map(|_| ())
     }
@@ -228,6 +231,38 @@ impl Drop for Elector {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+fn new_state(store: Arc<dyn LeaseStore>, cfg: ElectorConfig) -> Arc<State> {
+    Arc::new(State {
+        store,
+        cfg,
+        role: watch::Sender::new(Role::Follower),
+        act_until: Mutex::new(None),
+        lease_end_unix_us: AtomicI64::new(-1),
+        last_loop_unix_ms: AtomicI64::new(-1),
+        loops: AtomicU64::new(0),
+        leader_node: Mutex::new(String::new()),
+        campaign_delay_ms: AtomicI64::new(0),
+        no_campaign_until: Mutex::new(None),
+        step: tokio::sync::Mutex::new(()),
+        wake: Notify::new(),
+    })
+}
+
+/// The loop: a pass every interval, or at once when woken (a demotion).
+fn spawn_loop(s: Arc<State>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(s.cfg.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = s.wake.notified() => {}
+            }
+            pass(&s).await;
+        }
+    })
 }
 
 /// One pass of the loop.

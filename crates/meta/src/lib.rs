@@ -82,7 +82,7 @@ pub use service::{
     AdminCounters, ApiKey, ConfigSnapshot, DEFAULT_GROUP, GroupStats, HealthReport, MAX_NAME_BYTES,
     MIN_API_KEY_LEN, MetaStats, Principal, StorageStatus,
 };
-pub use service::{BackendStats, HealthCheckerHandle};
+pub use service::{BackendStats, HealthCheckerHandle, LeaderWorkHandle, LeaderWorkIntervals};
 pub use service::{
     CatalogRefresherHandle, FinishSummary, GroupReclaim, GroupUsage, LocationMatch, LocationQuery,
     MetaConfig, MetaService, PublishedPart, ReaperHandle, ReclaimReport, ReclaimStats,

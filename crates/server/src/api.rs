@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvtier_meta::MetaService;
+use kvtier_meta::leader::Elector;
 use kvtier_meta::proto::{admin as apb, meta as mpb};
 
 use crate::auth::Caller;
+use crate::config::FollowerRequests;
 use crate::convert::Fail;
 use crate::metrics::Metrics;
 
@@ -44,6 +46,34 @@ pub struct Api {
     pub node: NodeInfo,
     /// When the server started (cluster-info timestamps).
     pub started: std::time::SystemTime,
+    /// This frontend's leader election.
+    pub elector: Arc<Elector>,
+    /// What a follower does with [`leader_only`] calls.
+    pub follower_requests: FollowerRequests,
+}
+
+/// The calls any frontend answers, leader or not (Tair KVCM's
+/// `API_CALL_GUARD(name, false)` list, plus kvtier's meta `GetClusterInfo`).
+const ANY_FRONTEND: &[&str] = &[
+    "GetMetrics",
+    "CheckHealth",
+    "GetManagerClusterInfo",
+    "LeaderDemote",
+    "GetLeaderElectorConfig",
+    "UpdateLeaderElectorConfig",
+    "UpdateLogger",
+    "GetClusterInfo",
+];
+
+/// The message of a call a follower refuses, as Tair KVCM words it.
+pub const NOT_LEADER_MESSAGE: &str = "Server is not leader";
+
+/// Whether Tair KVCM reserves `method` (an RPC name, admin ones prefixed
+/// `admin.`) for the leader: every meta call and every admin call but the
+/// cluster, health, metrics and logger ones.
+pub fn leader_only(method: &str) -> bool {
+    let rpc = method.strip_prefix("admin.").unwrap_or(method);
+    !ANY_FRONTEND.contains(&rpc)
 }
 
 /// A request message: everything that carries a `trace_id`.
@@ -200,7 +230,11 @@ impl Api {
     {
         let trace_id = req.trace_id().to_owned();
         let start = Instant::now();
-        let resp = match call(req).await {
+        let resp = match self.refuse_on_follower(method) {
+            Some(f) => Err(f),
+            None => call(req).await,
+        };
+        let resp = match resp {
             Ok(mut r) => {
                 let note = r.message();
                 r.set_status(mpb::ErrorCode::Ok, note, &trace_id);
@@ -215,6 +249,15 @@ impl Api {
         };
         self.metrics.observe(method, resp.code(), start.elapsed());
         resp
+    }
+
+    /// The refusal of a leader-only call on a follower that refuses them;
+    /// `None` when the call may run here.
+    fn refuse_on_follower(&self, method: &str) -> Option<Fail> {
+        let refuse = self.follower_requests == FollowerRequests::Refuse
+            && leader_only(method)
+            && !self.elector.is_leader();
+        refuse.then(Fail::not_leader)
     }
 
     /// Checks that `who` may act on instances of `group`; the refusal says

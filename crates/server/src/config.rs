@@ -2,7 +2,11 @@
 //! admitted.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
+
+use kvtier_meta::leader::Elector;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ServerError;
 
@@ -25,6 +29,22 @@ pub enum AuthMode {
     /// Every request carries an API key (`Authorization: Bearer <key>` or
     /// `x-api-key: <key>`), checked with `MetaService::authenticate`.
     ApiKeys,
+}
+
+/// What a frontend that is not the leader does with the calls Tair KVCM
+/// reserves for the leader (every meta call and most admin calls; see
+/// [`crate::api::leader_only`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FollowerRequests {
+    /// Serves them: every frontend of a shared index answers reads and
+    /// writes, and only background work is the leader's (kvtier's
+    /// default).
+    #[default]
+    Serve,
+    /// Refuses them with `SERVER_NOT_LEADER` "Server is not leader", as
+    /// Tair KVCM does, so clients go to the leader.
+    Refuse,
 }
 
 /// More OpenMetrics text for `GET /metrics`, rendered at each scrape by
@@ -70,6 +90,14 @@ pub struct ServerConfig {
     pub run_reaper: bool,
     /// Families appended to `GET /metrics`. Default none.
     pub extra_metrics: Option<ExtraMetrics>,
+    /// This frontend's leader election, whose `node_id` should be
+    /// [`ServerConfig::node_id`]. Default none: the server elects itself
+    /// over an in-memory lease (a single frontend, always the leader once
+    /// started, as Tair KVCM with its memory lock).
+    pub elector: Option<Arc<Elector>>,
+    /// What a follower does with leader-only calls. Default
+    /// [`FollowerRequests::Serve`].
+    pub follower_requests: FollowerRequests,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -90,6 +118,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("advertise_host", &self.advertise_host)
             .field("run_reaper", &self.run_reaper)
             .field("extra_metrics", &self.extra_metrics.is_some())
+            .field("elector", &self.elector.as_ref().map(|e| e.node_id()))
+            .field("follower_requests", &self.follower_requests)
             .finish()
     }
 }
@@ -112,6 +142,8 @@ impl Default for ServerConfig {
             advertise_host: String::new(),
             run_reaper: true,
             extra_metrics: None,
+            elector: None,
+            follower_requests: FollowerRequests::Serve,
         }
     }
 }

@@ -48,6 +48,15 @@ impl Fail {
         }
     }
 
+    /// `SERVER_NOT_LEADER`, "Server is not leader": a follower's answer to
+    /// a call only the leader serves.
+    pub fn not_leader() -> Self {
+        Fail {
+            code: pb::ErrorCode::ServerNotLeader,
+            message: crate::api::NOT_LEADER_MESSAGE.into(),
+        }
+    }
+
     /// The wire status.
     pub fn status(&self) -> pb::Status {
         status(self.code, self.message.clone())

@@ -342,7 +342,7 @@ async fn metrics(State(st): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        st.api.metrics.render(&st.api.svc),
+        st.api.metrics.render(&st.api.svc, &st.api.elector),
     )
         .into_response()
 }

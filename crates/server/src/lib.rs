@@ -45,7 +45,7 @@ mod server;
 
 pub use config::{
     AuthMode, DEFAULT_ADMIN_GRPC_PORT, DEFAULT_ADMIN_HTTP_PORT, DEFAULT_META_GRPC_PORT,
-    DEFAULT_META_HTTP_PORT, ExtraMetrics, ServerConfig,
+    DEFAULT_META_HTTP_PORT, ExtraMetrics, FollowerRequests, ServerConfig,
 };
 pub use error::{Result, ServerError};
 pub use methods::{ADMIN_RPCS, META_RPCS, lower_camel};

@@ -18,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use kvtier_meta::MetaService;
+use kvtier_meta::leader::Elector;
 use kvtier_meta::proto::admin as pb;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -107,6 +108,9 @@ pub struct Metrics {
     group_quota: Family<GroupLabels, Gauge>,
     group_instances: Family<GroupLabels, Gauge>,
     open_sessions: Gauge,
+    leader: Gauge,
+    leader_epoch: Gauge,
+    reclaim_passes: Gauge,
     /// Per method name; written once per method, read on every request.
     methods: parking_lot::RwLock<HashMap<&'static str, Arc<MethodStats>>>,
     /// Zero of `MethodStats::last_at_ns`.
@@ -164,6 +168,8 @@ impl Metrics {
         let group_quota = Family::<GroupLabels, Gauge>::default();
         let group_instances = Family::<GroupLabels, Gauge>::default();
         let open_sessions = Gauge::default();
+        let (leader, leader_epoch, reclaim_passes) =
+            (Gauge::default(), Gauge::default(), Gauge::default());
         registry.register(
             "requests",
             "Requests by method and wire result code",
@@ -200,6 +206,21 @@ impl Metrics {
             "Open write sessions",
             open_sessions.clone(),
         );
+        registry.register(
+            "leader",
+            "1 while this frontend is the elected leader, else 0",
+            leader.clone(),
+        );
+        registry.register(
+            "leader_epoch",
+            "Epoch of the lease this frontend leads under (0 when it does not lead)",
+            leader_epoch.clone(),
+        );
+        registry.register(
+            "reclaim_passes",
+            "Watermark reclaimer passes this frontend has run (the leader runs them)",
+            reclaim_passes.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -211,6 +232,9 @@ impl Metrics {
             group_quota,
             group_instances,
             open_sessions,
+            leader,
+            leader_epoch,
+            reclaim_passes,
             methods: Default::default(),
             born: Instant::now(),
             extra: Extra(extra),
@@ -282,8 +306,13 @@ impl Metrics {
         all
     }
 
-    /// Reloads the service gauges from `MetaService::stats`.
-    fn refresh(&self, svc: &MetaService) -> kvtier_meta::MetaStats {
+    /// Reloads the service gauges from `MetaService::stats` and the
+    /// elector.
+    fn refresh(&self, svc: &MetaService, elector: &Elector) -> kvtier_meta::MetaStats {
+        let epoch = elector.leader_epoch();
+        self.leader.set(i64::from(epoch.is_some()));
+        self.leader_epoch.set(clamp(epoch.unwrap_or(0)));
+        self.reclaim_passes.set(clamp(svc.reclaim_stats().passes));
         let stats = svc.stats();
         self.blocks.clear();
         self.group_used.clear();
@@ -313,8 +342,8 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition, with fresh service gauges.
-    pub fn render(&self, svc: &MetaService) -> String {
-        self.refresh(svc);
+    pub fn render(&self, svc: &MetaService, elector: &Elector) -> String {
+        self.refresh(svc, elector);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
@@ -327,8 +356,8 @@ impl Metrics {
     }
 
     /// The same figures as [`Metrics::render`], as `GetMetrics` entries.
-    pub fn to_wire(&self, svc: &MetaService) -> Vec<pb::MetricsData> {
-        let stats = self.refresh(svc);
+    pub fn to_wire(&self, svc: &MetaService, elector: &Elector) -> Vec<pb::MetricsData> {
+        let stats = self.refresh(svc, elector);
         let int = |name: &str, v: i64, tags: &[(&str, &str)]| pb::MetricsData {
             metric_name: format!("kvtier_meta_{name}"),
             metric_value: Some(pb::MetricValue {
@@ -407,6 +436,9 @@ impl Metrics {
             clamp(stats.open_sessions as u64),
             &[],
         ));
+        out.push(int("leader", self.leader.get(), &[]));
+        out.push(int("leader_epoch", self.leader_epoch.get(), &[]));
+        out.push(int("reclaim_passes", self.reclaim_passes.get(), &[]));
         out
     }
 }

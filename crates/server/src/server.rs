@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use kvtier_meta::leader::{Elector, ElectorConfig, MemoryLease};
 use kvtier_meta::proto::{admin as apb, meta as mpb};
 use kvtier_meta::{MetaService, ReaperHandle};
 use tokio::net::TcpListener;
@@ -122,6 +123,16 @@ impl MetaServer {
         } else {
             cfg.advertise_host.clone()
         };
+        let elector = match cfg.elector.clone() {
+            Some(e) => e,
+            None => Arc::new(
+                Elector::start_after_first_pass(
+                    Arc::new(MemoryLease::new()),
+                    ElectorConfig::new(cfg.node_id.clone()),
+                )
+                .await,
+            ),
+        };
         let api = Arc::new(Api {
             svc: svc.clone(),
             metrics: Arc::new(Metrics::with_extra(cfg.extra_metrics.clone())),
@@ -134,6 +145,8 @@ impl MetaServer {
                 admin_http_port: admin_http.port(),
             },
             started: std::time::SystemTime::now(),
+            elector,
+            follower_requests: cfg.follower_requests,
         });
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = Vec::new();
@@ -254,7 +267,7 @@ impl RunningServer {
 
     /// The Prometheus text `GET /metrics` serves, for embedding callers.
     pub fn metrics_text(&self) -> String {
-        self.api.metrics.render(&self.api.svc)
+        self.api.metrics.render(&self.api.svc, &self.api.elector)
     }
 
     /// Stops accepting, lets requests in flight finish, and returns the

@@ -187,7 +187,10 @@ async fn a_full_disk_refuses_writes_keeps_reads_reports_it_and_recovers() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     next += 1;
-    assert_eq!(grpc_health(&ts).await, (true, String::new()));
+    assert_eq!(
+        grpc_health(&ts).await,
+        (true, "Health check completed".to_owned())
+    );
     assert_hits(a, &acked).await;
     assert!(ts.svc.flush_access().expect("access statistics flushed") > 0);
     let pass = ts.svc.reclaim_once().await;

@@ -357,11 +357,89 @@ async fn admin_service_over_grpc_and_http() {
             .and_then(|v| v.value),
         Some(apb::metric_value::Value::IntValue(1))
     );
+    single_node_election(&mut c).await;
+    ts.server.shutdown().await.unwrap();
+}
+
+/// Upstream's single-node election cases (`test_get_manager_cluster_info`,
+/// `test_update_leader_elector_config`, `test_leader_demote`): a lone
+/// server leads at once; a demotion with a campaign delay takes effect
+/// before the answer and keeps it out; a follower refuses `LeaderDemote`.
+async fn single_node_election(c: &mut AdminServiceClient<tonic::transport::Channel>) {
+    let info = c
+        .get_manager_cluster_info(apb::GetManagerClusterInfoRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        status_message(&info.header),
+        "Manager cluster info retrieved"
+    );
+    assert_eq!(info.leader_node_id, info.self_node_id);
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(info.self_leader_expiration_time > now_us, "{info:?}");
+    let cfg = c
+        .get_leader_elector_config(apb::GetLeaderElectorConfigRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cfg.campaign_delay_time_ms, 0);
+    assert_eq!(
+        status_message(&cfg.header),
+        "Leader elector config retrieved"
+    );
+    let r = c
+        .update_leader_elector_config(apb::UpdateLeaderElectorConfigRequest {
+            trace_id: "t".into(),
+            campaign_delay_time_ms: 100_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status_message(&r.header), "Leader elector config updated");
+    let cfg = c
+        .get_leader_elector_config(apb::GetLeaderElectorConfigRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cfg.campaign_delay_time_ms, 100_000);
+
     let r = c
         .leader_demote(apb::LeaderDemoteRequest::default())
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(admin_code(&r.header), apb::ErrorCode::Unsupported);
-    ts.server.shutdown().await.unwrap();
+    assert_eq!(admin_code(&r.header), apb::ErrorCode::Ok);
+    assert_eq!(status_message(&r.header), "Leader demote request accepted");
+    let h = c
+        .check_health(apb::CheckHealthRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(h.is_health && !h.is_leader, "{h:?}");
+    assert!(h.elector_last_loop_time_ms > 0, "{h:?}");
+    let info = c
+        .get_manager_cluster_info(apb::GetManagerClusterInfoRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.self_leader_expiration_time, -1);
+    assert!(info.leader_endpoint.is_none());
+    let r = c
+        .leader_demote(apb::LeaderDemoteRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(admin_code(&r.header), apb::ErrorCode::ServerNotLeader);
+    assert_eq!(status_message(&r.header), "Server is not leader");
+}
+
+fn status_message(h: &Option<apb::CommonResponseHeader>) -> String {
+    h.as_ref()
+        .and_then(|h| h.status.as_ref())
+        .map(|s| s.message.clone())
+        .unwrap_or_default()
 }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use kvtier_core::{ByteSize, CoreError, Result};
+pub use kvtier_server::FollowerRequests;
 use serde::{Deserialize, Serialize};
 
 /// `[meta]`: the metadata service (Tair-KVCM-compatible metadata and admin
@@ -77,6 +78,28 @@ pub struct MetaSectionConfig {
     /// directory is refused before anything is created. Empty (the
     /// default): `<data_dir>/pool` only.
     pub storage_roots: Vec<PathBuf>,
+    /// This frontend's id in leader election and cluster info. Empty (the
+    /// default): `<host name>:<admin_http_port>_<16 random characters>`,
+    /// new at every start, as Tair KVCM makes it.
+    pub node_id: String,
+    /// Where frontends elect their leader (docs/server.md §9): empty (the
+    /// default) for the index's own place: the Redis/Valkey server of a
+    /// `redis://` index (key `<redis_prefix>:leader`), a lock file
+    /// `<data_dir>/meta.leader.lock` for `embedded`, this process for
+    /// `memory`. Or explicitly `redis://...`, `file:///dir` (lock file
+    /// `dir/meta.leader.lock`) or `memory://`.
+    pub leader_lock: String,
+    /// How long a leader's lease lasts without renewal, ms (Tair KVCM's
+    /// `kvcm.leader_elector.lease_ms`). A dead leader is replaced within
+    /// this long.
+    pub leader_lease_ms: u64,
+    /// How often the election campaigns or renews, ms
+    /// (`kvcm.leader_elector.loop_interval_ms`); well under the lease.
+    pub leader_loop_interval_ms: u64,
+    /// What a frontend that is not the leader does with the calls Tair KVCM
+    /// reserves for the leader: `serve` (the default; only background work
+    /// is the leader's) or `refuse` (`SERVER_NOT_LEADER`, as upstream).
+    pub follower_requests: FollowerRequests,
     /// Whether `kvtier serve` publishes the blocks its engines commit as
     /// `kvtier://<node>/...` locations (storage and group `node-<node>`),
     /// so the cluster-wide view knows what the node holds
@@ -111,6 +134,11 @@ impl Default for MetaSectionConfig {
             default_storage: String::new(),
             storage_roots: Vec::new(),
             publish_node_blocks: true,
+            node_id: String::new(),
+            leader_lock: String::new(),
+            leader_lease_ms: 10_000,
+            leader_loop_interval_ms: 100,
+            follower_requests: FollowerRequests::Serve,
         }
     }
 }
@@ -187,7 +215,39 @@ impl MetaSectionConfig {
             return bad("meta.admin_api_key must have at least 16 characters");
         }
         m.check_exposure()?;
+        m.check_leader()?;
         m.check_accounts()
+    }
+
+    /// The election settings: a known lock kind, and a lease of at least
+    /// two loop intervals (a leader stops acting one interval before its
+    /// lease ends).
+    fn check_leader(&self) -> Result<()> {
+        let bad = |m: String| Err(CoreError::InvalidConfig(m));
+        let lock = self.leader_lock.as_str();
+        let known = lock.is_empty()
+            || lock == "memory://"
+            || lock.starts_with("redis://")
+            || lock.starts_with("rediss://")
+            || lock
+                .strip_prefix("file://")
+                .is_some_and(|d| d.starts_with('/'));
+        if !known {
+            return bad(format!(
+                "meta.leader_lock = {lock:?}: give redis://..., file:///<absolute dir>, memory:// or leave it empty"
+            ));
+        }
+        let interval = self.leader_loop_interval_ms;
+        if interval == 0 || self.leader_lease_ms < interval.saturating_mul(2) {
+            return bad(format!(
+                "meta.leader_loop_interval_ms ({interval}) must be positive and meta.leader_lease_ms ({}) at least twice it",
+                self.leader_lease_ms
+            ));
+        }
+        if self.node_id.contains('|') || self.node_id.len() > 200 {
+            return bad("meta.node_id must not contain '|' and must be at most 200 bytes".into());
+        }
+        Ok(())
     }
 
     /// Refuses `auth` off on a non-loopback `bind` unless

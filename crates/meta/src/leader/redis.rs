@@ -88,6 +88,12 @@ impl RedisLease {
         }
     }
 
+    /// Like [`RedisLease::new`], from the server's URL
+    /// (`redis://host:port/db`, `rediss://` for TLS).
+    pub fn open(url: &str, prefix: &str, timeout: Duration) -> LeaseResult<Self> {
+        Ok(Self::new(Client::open(url)?, prefix, timeout))
+    }
+
     /// Runs `f` on the connection, opening it if needed; drops it after an
     /// error so that the next call reconnects.
     fn with_conn<T>(

@@ -328,46 +328,50 @@ impl Api {
         Ok(pb::GetMetricsResponse {
             header: None,
             timestamp: unix_ms(std::time::SystemTime::now()),
-            metrics: self.metrics.to_wire(&self.svc),
+            metrics: self.metrics.to_wire(&self.svc, &self.elector),
             extra_data: String::new(),
         })
     }
 
-    /// `CheckHealth`: `is_health`, and when false, why in the header's
-    /// message (the code stays `OK`: the call itself succeeded).
+    /// `CheckHealth`: whether this frontend leads, when its elector last
+    /// ran, and `is_health`; when unhealthy, why in the header's message
+    /// (the code stays `OK`: the call itself succeeded).
     pub async fn check_health(
         &self,
         _req: pb::CheckHealthRequest,
     ) -> Result<pb::CheckHealthResponse, Fail> {
         let report = self.svc.check_health().await;
-        let header = report.reason.map(|message| pb::CommonResponseHeader {
-            status: Some(pb::Status {
-                code: pb::ErrorCode::Ok as i32,
-                message,
-            }),
-            request_id: String::new(),
-        });
+        let message = report
+            .reason
+            .unwrap_or_else(|| "Health check completed".to_owned());
         Ok(pb::CheckHealthResponse {
-            header,
-            is_leader: true,
+            header: Some(note(message)),
+            is_leader: self.elector.is_leader(),
             is_health: report.healthy,
-            elector_last_loop_time_ms: 0,
+            elector_last_loop_time_ms: self.elector.last_loop_unix_ms(),
         })
     }
 
-    /// `GetManagerClusterInfo`: a single node, its own leader.
+    /// `GetManagerClusterInfo`: this frontend, the leader it last saw and,
+    /// while it leads, its lease end (µs since the Unix epoch; -1
+    /// otherwise) and its endpoints.
     pub async fn get_manager_cluster_info(
         &self,
         _req: pb::GetManagerClusterInfoRequest,
     ) -> Result<pb::GetManagerClusterInfoResponse, Fail> {
         let n = &self.node;
+        let leads = self.elector.is_leader();
         Ok(pb::GetManagerClusterInfoResponse {
-            header: None,
+            header: Some(note("Manager cluster info retrieved".into())),
             info_updated_time: unix_ms(self.started),
-            self_leader_expiration_time: 0,
+            self_leader_expiration_time: if leads {
+                self.elector.lease_expiration_unix_us()
+            } else {
+                -1
+            },
             self_node_id: n.node_id.clone(),
-            leader_node_id: n.node_id.clone(),
-            leader_endpoint: Some(pb::NodeEndpoint {
+            leader_node_id: self.elector.leader_node_id(),
+            leader_endpoint: leads.then(|| pb::NodeEndpoint {
                 node_id: n.node_id.clone(),
                 host: n.host.clone(),
                 meta_rpc_port: i32::from(n.meta_grpc_port),
@@ -379,31 +383,48 @@ impl Api {
         })
     }
 
-    /// `LeaderDemote`: a single node has no one to hand leadership to.
+    /// `LeaderDemote`: the leader gives its lease up and stays out of
+    /// campaigns for its campaign delay; a follower answers
+    /// `SERVER_NOT_LEADER`.
     pub async fn leader_demote(
         &self,
         _req: pb::LeaderDemoteRequest,
     ) -> Result<pb::CommonResponse, Fail> {
-        Err(Fail::unsupported("single-node server: no leader election"))
+        match self.elector.demote().await {
+            Ok(true) => {}
+            Ok(false) => return Err(Fail::not_leader()),
+            // It stopped leading before the release failed; the lease
+            // lapses on its own.
+            Err(e) => tracing::warn!(error = %e, "demoted, but releasing the lease failed"),
+        }
+        tracing::info!(node = %self.node.node_id, "demoted by LeaderDemote");
+        Ok(pb::CommonResponse {
+            header: Some(note("Leader demote request accepted".into())),
+        })
     }
 
-    /// `GetLeaderElectorConfig`: no elector; the delay is 0.
+    /// `GetLeaderElectorConfig`: this frontend's campaign delay.
     pub async fn get_leader_elector_config(
         &self,
         _req: pb::GetLeaderElectorConfigRequest,
     ) -> Result<pb::GetLeaderElectorConfigResponse, Fail> {
         Ok(pb::GetLeaderElectorConfigResponse {
-            header: None,
-            campaign_delay_time_ms: 0,
+            header: Some(note("Leader elector config retrieved".into())),
+            campaign_delay_time_ms: self.elector.campaign_delay_ms(),
         })
     }
 
-    /// `UpdateLeaderElectorConfig`: not supported (no elector).
+    /// `UpdateLeaderElectorConfig`: sets this frontend's campaign delay (in
+    /// memory, until restart; <= 0: none), as upstream.
     pub async fn update_leader_elector_config(
         &self,
-        _req: pb::UpdateLeaderElectorConfigRequest,
+        req: pb::UpdateLeaderElectorConfigRequest,
     ) -> Result<pb::CommonResponse, Fail> {
-        Err(Fail::unsupported("single-node server: no leader election"))
+        self.elector
+            .set_campaign_delay_ms(req.campaign_delay_time_ms);
+        Ok(pb::CommonResponse {
+            header: Some(note("Leader elector config updated".into())),
+        })
     }
 
     /// `UpdateLogger`: not supported yet (log levels come from `RUST_LOG`).
@@ -414,5 +435,17 @@ impl Api {
         Err(Fail::unsupported(
             "log levels are set with RUST_LOG at start",
         ))
+    }
+}
+
+/// A header carrying only `message`: [`Api::run`] keeps it on success, with
+/// the code set to `OK`.
+fn note(message: String) -> pb::CommonResponseHeader {
+    pb::CommonResponseHeader {
+        status: Some(pb::Status {
+            code: pb::ErrorCode::Ok as i32,
+            message,
+        }),
+        request_id: String::new(),
     }
 }

@@ -350,21 +350,23 @@ impl Api {
         Ok(pb::CommonResponse::default())
     }
 
-    /// `GetClusterInfo`: a single node, its own leader.
+    /// `GetClusterInfo`: this frontend, the leader it last saw, and the
+    /// leader's endpoint when that is this frontend.
     pub async fn get_cluster_info(
         &self,
         _who: &Caller,
         _req: pb::GetClusterInfoRequest,
     ) -> Result<pb::GetClusterInfoResponse, Fail> {
+        let n = &self.node;
         Ok(pb::GetClusterInfoResponse {
             header: None,
-            self_node_id: self.node.node_id.clone(),
-            leader_node_id: self.node.node_id.clone(),
-            leader_endpoint: Some(pb::MetaNodeEndpoint {
-                node_id: self.node.node_id.clone(),
-                host: self.node.host.clone(),
-                meta_rpc_port: i32::from(self.node.meta_grpc_port),
-                meta_http_port: i32::from(self.node.meta_http_port),
+            self_node_id: n.node_id.clone(),
+            leader_node_id: self.elector.leader_node_id(),
+            leader_endpoint: self.elector.is_leader().then(|| pb::MetaNodeEndpoint {
+                node_id: n.node_id.clone(),
+                host: n.host.clone(),
+                meta_rpc_port: i32::from(n.meta_grpc_port),
+                meta_http_port: i32::from(n.meta_http_port),
                 custom_info: String::new(),
             }),
         })
