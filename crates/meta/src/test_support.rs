@@ -102,6 +102,29 @@ impl RedisServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP), as a network partition looks to its
+    /// clients: connections stay open and nothing is answered.
+    pub fn pause(&self) -> std::io::Result<()> {
+        self.send(rustix::process::Signal::STOP)
+    }
+
+    /// Lets a paused server run again (SIGCONT); its data is intact.
+    pub fn resume(&self) -> std::io::Result<()> {
+        self.send(rustix::process::Signal::CONT)
+    }
+
+    fn send(&self, sig: rustix::process::Signal) -> std::io::Result<()> {
+        let child = self
+            .child
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("redis-server is not running"))?;
+        let pid = i32::try_from(child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other("redis-server has no valid pid"))?;
+        rustix::process::kill_process(pid, sig).map_err(std::io::Error::from)
+    }
+
     /// Starts it again on the same port (after [`RedisServer::kill`]).
     pub fn restart(&mut self) -> Result<(), RedisServerError> {
         self.kill();

@@ -1,0 +1,206 @@
+//! Leader election among `kvtier meta` frontends over one real
+//! redis-server (issue 14; docs/server.md §9): three frontends elect one
+//! leader, which alone runs the reclaimer; a SIGKILLed leader is replaced
+//! within its lease while a follower's write session goes on; a demoted
+//! leader stops at once and stays out; a Redis that stops answering (a
+//! partition) leaves nobody acting as leader, and one is elected when it
+//! is back. At every observation at most one frontend leads.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use kvtier_meta::test_support::RedisServer;
+use serde_json::{Value, json};
+use support::Proc;
+
+mod support;
+
+/// The lease the frontends run with (upstream's HA tests use 2 s).
+const LEASE_MS: u64 = 2000;
+/// How long any hand-over may take in these tests: the lease plus slack
+/// for a loaded CI machine (upstream's tests allow 10 s).
+const WITHIN: Duration = Duration::from_secs(15);
+
+struct Frontend {
+    proc: Option<Proc>,
+    meta: SocketAddr,
+    admin: SocketAddr,
+}
+
+fn addr_in(line: &str, key: &str) -> SocketAddr {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("listening line names {key}: {line}"))
+        .parse()
+        .expect("an address")
+}
+
+fn start(url: &str, data: &Path, pool: &Path) -> Frontend {
+    let mut c = support::kvtier(&["meta", "--index", url], data);
+    c.env(
+        "KVTIER_META__DEFAULT_STORAGE",
+        format!("file://{}", pool.display()),
+    )
+    .env("KVTIER_META__LEADER_LEASE_MS", LEASE_MS.to_string())
+    .env("KVTIER_META__RECLAIM_INTERVAL_SECS", "1");
+    let (proc, mut lines) = support::start_logged(&mut c);
+    let line = lines.pop().expect("the listening line");
+    Frontend {
+        proc: Some(proc),
+        meta: addr_in(&line, "meta_http="),
+        admin: addr_in(&line, "admin_http="),
+    }
+}
+
+fn post(addr: SocketAddr, method: &str, body: Value) -> Value {
+    let (status, v) = support::http(addr, "POST", &format!("/api/{method}"), None, &body);
+    assert_eq!(status, 200, "{method}: {v}");
+    assert_eq!(v["header"]["status"]["code"], "OK", "{method}: {v}");
+    v
+}
+
+fn is_leader(f: &Frontend) -> bool {
+    let h = post(f.admin, "checkHealth", json!({"trace_id": "t"}));
+    h["is_leader"].as_bool().unwrap_or(false)
+}
+
+fn metric(f: &Frontend, name: &str) -> i64 {
+    let (_, text) = support::http_text(f.admin, "GET", "/metrics", None, "");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+/// The live frontends' leaders, checking that there is at most one.
+fn leaders(fs: &[Frontend]) -> Vec<usize> {
+    let on: Vec<usize> = (0..fs.len())
+        .filter(|&i| fs[i].proc.is_some() && is_leader(&fs[i]))
+        .collect();
+    assert!(on.len() <= 1, "two frontends act as leader at once: {on:?}");
+    on
+}
+
+/// Polls until `pick` accepts the leaders seen, within [`WITHIN`].
+fn until<T>(fs: &[Frontend], what: &str, mut pick: impl FnMut(&[usize]) -> Option<T>) -> T {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        if let Some(t) = pick(&leaders(fs)) {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{what} not within {WITHIN:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn one_leader(fs: &[Frontend], what: &str) -> usize {
+    until(fs, what, |l| l.first().copied())
+}
+
+fn cluster_info(f: &Frontend) -> Value {
+    post(f.admin, "getManagerClusterInfo", json!({"trace_id": "t"}))
+}
+
+fn used_bytes(f: &Frontend) -> i64 {
+    metric(f, "kvtier_meta_group_used_bytes{group=\"default\"}")
+}
+
+#[test]
+fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
+    let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
+    let url = redis.url();
+    let pool = tempfile::tempdir().unwrap();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut fs: Vec<Frontend> = dirs
+        .iter()
+        .map(|d| start(&url, d.path(), pool.path()))
+        .collect();
+
+    // One leader, known to all; it alone reclaims.
+    let first = one_leader(&fs, "a first leader");
+    let leader_id = cluster_info(&fs[first])["self_node_id"].clone();
+    for f in &fs {
+        assert_eq!(cluster_info(f)["leader_node_id"], leader_id);
+    }
+    until(&fs, "the leader's first reclaim pass", |_| {
+        (metric(&fs[first], "kvtier_meta_reclaim_passes") > 0).then_some(())
+    });
+    for (i, f) in fs.iter().enumerate().filter(|(i, _)| *i != first) {
+        assert_eq!(metric(f, "kvtier_meta_reclaim_passes"), 0, "follower {i}");
+    }
+
+    // A follower opens a write session; the leader dies (SIGKILL, lease
+    // not released); another frontend leads within the lease and the
+    // session is finished where it was opened, its charge kept.
+    let follower = (first + 1) % 3;
+    let f = &fs[follower];
+    post(
+        f.meta,
+        "registerInstance",
+        json!({"instance_id": "qwen", "instance_group": "default", "block_size": 16,
+               "model_deployment": {"model_name": "tiny"},
+               "location_spec_infos": [{"name": "tp0", "size": 4096}]}),
+    );
+    let before = used_bytes(f);
+    let grant = post(
+        f.meta,
+        "startWriteCache",
+        json!({"instance_id": "qwen", "block_keys": [1, 2]}),
+    );
+    fs[first].proc.take().expect("running").kill_now();
+    let second = one_leader(&fs, "a leader after SIGKILL");
+    assert_ne!(second, first);
+    post(
+        fs[follower].meta,
+        "finishWriteCache",
+        json!({"instance_id": "qwen", "write_session_id": grant["write_session_id"],
+               "success_blocks": {"bool_masks": {"values": [true, true]}}}),
+    );
+    assert_eq!(used_bytes(&fs[follower]), before + 2 * 4096);
+    let hit = post(
+        fs[second].meta,
+        "getCacheLocation",
+        json!({"instance_id": "qwen", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2]}),
+    );
+    assert_eq!(hit["locations"].as_array().map_or(0, Vec::len), 2, "{hit}");
+
+    // The restarted frontend follows the new leader.
+    fs[first] = start(&url, dirs[first].path(), pool.path());
+    let second_id = cluster_info(&fs[second])["self_node_id"].clone();
+    until(&fs, "the restarted frontend to see the leader", |_| {
+        (cluster_info(&fs[first])["leader_node_id"] == second_id).then_some(())
+    });
+    assert!(!is_leader(&fs[first]));
+
+    // Demoted with a campaign delay: not leading when the answer comes,
+    // replaced by another frontend, and out of the running meanwhile.
+    post(
+        fs[second].admin,
+        "updateLeaderElectorConfig",
+        json!({"trace_id": "t", "campaign_delay_time_ms": 60_000}),
+    );
+    let r = post(fs[second].admin, "leaderDemote", json!({"trace_id": "t"}));
+    assert_eq!(
+        r["header"]["status"]["message"],
+        "Leader demote request accepted"
+    );
+    assert!(!is_leader(&fs[second]));
+    let third = until(&fs, "a leader after the demotion", |l| {
+        l.first().copied().filter(|&i| i != second)
+    });
+    assert_ne!(third, second);
+
+    // Redis stops answering: nobody acts as leader once the lease is over;
+    // back, one frontend leads again.
+    redis.pause().expect("SIGSTOP redis-server");
+    until(&fs, "every frontend to stop leading", |l| {
+        l.is_empty().then_some(())
+    });
+    redis.resume().expect("SIGCONT redis-server");
+    one_leader(&fs, "a leader after Redis is back");
+    for f in fs.iter_mut() {
+        if let Some(p) = f.proc.take() {
+            assert!(p.terminate().success());
+        }
+    }
+}
