@@ -242,7 +242,7 @@ async fn unhealthy_storage_gets_no_writes_or_reads_until_it_recovers() {
 
     // The mount comes back; the background checker notices.
     drop(FilePool::open(s.dir.clone(), &pool_opts(1 << 20)).unwrap());
-    let _checker = s.svc.spawn_health_checker(Duration::from_millis(20));
+    let _checker = s.svc.spawn_health_checker(Duration::from_millis(20), None);
     let deadline = Instant::now() + Duration::from_secs(30);
     while health_of(&s.svc, "pool") != StorageHealth::Healthy {
         assert!(Instant::now() < deadline, "storage never turned healthy");

@@ -85,6 +85,11 @@ impl RunningMeta {
                 0 => meta_config.search_cache_entries = 0,
                 ms => meta_config.search_cache_ttl = Some(Duration::from_millis(ms)),
             }
+            // Other frontends' writes in flight are not this start's to
+            // remove: only those past twice the session timeout are orphans.
+            meta_config.orphan_write_age = Some(Duration::from_secs(
+                m.session_timeout_secs.saturating_mul(2),
+            ));
         }
         let svc =
             Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
@@ -100,7 +105,7 @@ impl RunningMeta {
             health: Duration::from_secs(m.health_interval_secs.max(1)),
         };
         let tasks = BackgroundTasks {
-            _leader_work: svc.spawn_leader_work(elector.subscribe(), every),
+            _leader_work: svc.spawn_leader_work(&elector, every),
             // Only a shared index changes behind this process's back.
             _catalog: shared_index(config).then(|| {
                 svc.spawn_catalog_refresher(Duration::from_secs(m.catalog_refresh_secs.max(1)))
@@ -167,14 +172,22 @@ fn open_index(config: &Config) -> Result<Arc<dyn MetaIndex>> {
                     .with_context(|| format!("opening the metadata index {}", path.display()))?,
             )
         }
-        url => open_redis_index(url, &m.redis_prefix)?,
+        url => {
+            // The lease lives beside the index (same server, same prefix):
+            // the reclaimer's writes fence on its epoch there.
+            let fenced = m.leader_lock.is_empty() || m.leader_lock == m.index;
+            open_redis_index(url, &m.redis_prefix, fenced)?
+        }
     })
 }
 
-/// Opens a Redis/Valkey index at `url` under key prefix `prefix`.
-pub fn open_redis_index(url: &str, prefix: &str) -> Result<Arc<dyn MetaIndex>> {
+/// Opens a Redis/Valkey index at `url` under key prefix `prefix`;
+/// `fenced`: leader-only writes fence on the epoch of a lease kept on the
+/// same server under the same prefix (docs/server.md §9).
+pub fn open_redis_index(url: &str, prefix: &str, fenced: bool) -> Result<Arc<dyn MetaIndex>> {
     let cfg = RedisIndexConfig {
         prefix: prefix.to_owned(),
+        leader_epoch_key: fenced.then(|| kvtier_meta::leader::RedisLease::epoch_key(prefix)),
         ..RedisIndexConfig::default()
     };
     Ok(Arc::new(

@@ -80,6 +80,10 @@ pub enum MetaError {
     /// is gone (the embedded store reopens itself).
     #[error("metadata store cannot write: {0}")]
     StoreUnwritable(String),
+    /// A leader-only write from a frontend that no longer leads under the
+    /// epoch it carried (docs/server.md §9). Nothing of it was applied.
+    #[error("not the leader: the lease of epoch {0} is no longer held")]
+    NotLeader(u64),
     /// The metadata backend failed.
     #[error("metadata backend: {0}")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -105,6 +109,7 @@ impl MetaError {
             MetaError::Unauthenticated => "UNAUTHENTICATED",
             MetaError::PermissionDenied(_) => "PERMISSION_DENIED",
             MetaError::StoreUnwritable(_) => "STORE_UNWRITABLE",
+            MetaError::NotLeader(_) => "NOT_LEADER",
             MetaError::Backend(_) => "BACKEND",
         }
     }

@@ -79,6 +79,44 @@ impl RecordKind {
 /// key's shard lock.
 pub type Modifier<'a> = dyn FnMut(BlockKey, Option<BlockMeta>) -> Modify + 'a;
 
+/// What a leader-only write carries to prove it comes from the current
+/// leader: the epoch of the lease it acts under (docs/server.md §9) and a
+/// way to ask whether this frontend still acts under it. Get one from
+/// [`crate::leader::Elector::fence`].
+#[derive(Clone)]
+pub struct Fence {
+    epoch: u64,
+    acting: std::sync::Arc<dyn Fn() -> Option<u64> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence").field("epoch", &self.epoch).finish()
+    }
+}
+
+impl Fence {
+    /// A fence for `epoch`; `acting` answers the epoch this frontend acts
+    /// under now (`None` when it does not lead).
+    pub fn new(epoch: u64, acting: std::sync::Arc<dyn Fn() -> Option<u64> + Send + Sync>) -> Self {
+        Fence { epoch, acting }
+    }
+
+    /// The lease epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// [`MetaError::NotLeader`] unless this frontend still acts as leader
+    /// under the fence's epoch.
+    pub fn check(&self) -> Result<()> {
+        match (self.acting)() {
+            Some(e) if e == self.epoch => Ok(()),
+            _ => Err(crate::error::MetaError::NotLeader(self.epoch)),
+        }
+    }
+}
+
 /// Storage of metadata records. Implementations must be safe to share
 /// across threads. Calls are synchronous and short (one batch); the
 /// durable backend may wait on an fsync.
@@ -97,6 +135,23 @@ pub trait MetaIndex: Send + Sync + std::fmt::Debug {
     /// the key. Duplicate keys are visited once. A chunk's decisions are
     /// applied all together; on error, earlier chunks stay applied.
     fn modify(&self, instance: &str, keys: &[BlockKey], f: &mut Modifier<'_>) -> Result<()>;
+
+    /// [`MetaIndex::modify`] for a leader-only write (the reclaimer's):
+    /// refused with [`crate::MetaError::NotLeader`], changing nothing more,
+    /// once `fence` no longer holds. The default checks the fence before
+    /// each call, which suffices for an index only this process writes
+    /// (memory, embedded); a shared index also refuses, on its server, a
+    /// commit that lands after another frontend took the lease.
+    fn modify_fenced(
+        &self,
+        instance: &str,
+        keys: &[BlockKey],
+        fence: &Fence,
+        f: &mut Modifier<'_>,
+    ) -> Result<()> {
+        fence.check()?;
+        self.modify(instance, keys, f)
+    }
 
     /// Records a read of `keys` at `now_ms` (last access, access count).
     /// Access statistics are hints for eviction: a backend may apply them

@@ -28,6 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 
+use crate::index::Fence;
+
 /// How an [`Elector`] campaigns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ElectorConfig {
@@ -161,11 +163,16 @@ impl Elector {
     /// The epoch to fence leader-only writes with, while
     /// [`Elector::is_leader`].
     pub fn leader_epoch(&self) -> Option<u64> {
-        let Role::Leader { epoch } = self.role() else {
-            return None;
-        };
-        let until = *self.state.act_until.lock();
-        until.filter(|t| Instant::now() < *t).map(|_| epoch)
+        acting_epoch(&self.state)
+    }
+
+    /// A [`Fence`] for leader-only writes under the current epoch, while
+    /// [`Elector::is_leader`]; it stops holding once this frontend stops
+    /// acting as leader under that epoch.
+    pub fn fence(&self) -> Option<Fence> {
+        let epoch = self.leader_epoch()?;
+        let state = self.state.clone();
+        Some(Fence::new(epoch, Arc::new(move || acting_epoch(&state))))
     }
 
     /// The holder seen last ("" when none was seen).
@@ -231,6 +238,16 @@ impl Drop for Elector {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The epoch this frontend may act as leader under now: see
+/// [`Elector::is_leader`].
+fn acting_epoch(s: &State) -> Option<u64> {
+    let Role::Leader { epoch } = *s.role.borrow() else {
+        return None;
+    };
+    let until = *s.act_until.lock();
+    until.filter(|t| Instant::now() < *t).map(|_| epoch)
 }
 
 fn new_state(store: Arc<dyn LeaseStore>, cfg: ElectorConfig) -> Arc<State> {

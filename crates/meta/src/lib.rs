@@ -73,7 +73,7 @@ pub use backend::{
 };
 pub use error::{MetaError, Result};
 pub use index::{
-    MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex, RedisIndexConfig,
+    Fence, MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex, RedisIndexConfig,
     RedisIndexError, RedisTimeouts,
 };
 pub use matching::{BlockMask, MatchMode};

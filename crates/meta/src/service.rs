@@ -97,8 +97,9 @@ fn now_ms() -> u64 {
 
 impl MetaService {
     /// Opens the service over `index`: loads the catalog, removes writing
-    /// locations left by a previous run (their sessions are gone) and
-    /// rebuilds quota usage. This scans every block record once.
+    /// locations left by a previous run (their sessions are gone; with
+    /// [`MetaConfig::orphan_write_age`], only those that old) and rebuilds
+    /// quota usage. This scans every block record once.
     pub fn new(index: Arc<dyn MetaIndex>, config: MetaConfig) -> Result<Self> {
         let catalog = Catalog::load(index.as_ref())?;
         let svc = MetaService {
@@ -131,20 +132,37 @@ impl MetaService {
         Ok(())
     }
 
-    /// Drops the writing locations of `keys` (their sessions died with the
-    /// last process) and charges the rest to the group's quota. When the
-    /// index refuses writes (a full disk), charges what is stored as it is
-    /// and leaves the writing locations for a later start: only serving
+    /// The last record time (ms) at which a writing location is orphaned:
+    /// everything (`u64::MAX`) for a single frontend.
+    fn orphan_cutoff_ms(&self) -> u64 {
+        self.config.orphan_write_age.map_or(u64::MAX, |age| {
+            now_ms().saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+        })
+    }
+
+    /// Drops the orphaned writing locations of `keys` (their sessions died
+    /// with the frontend that opened them) and charges the rest, but for
+    /// writing locations other frontends own, to the group's quota. When
+    /// the index refuses writes (a full disk), charges what is stored as it
+    /// is and leaves the writing locations for a later start: only serving
     /// locations are handed out, so the service starts and serves reads.
     fn recover_chunk(&self, inst: &Instance, keys: &[BlockKey]) -> Result<()> {
+        let cutoff = self.orphan_cutoff_ms();
         let mut charges = Vec::new();
         let result = self.index.modify(&inst.id, keys, &mut |_, cur| {
             let Some(mut m) = cur else {
                 return Modify::Keep;
             };
             let before = m.locations.len();
-            m.locations.retain(|l| l.status != LocationStatus::Writing);
-            charges.extend(m.locations.iter().map(|l| (l.kind, l.size())));
+            let orphaned = m.last_access_ms <= cutoff;
+            m.locations
+                .retain(|l| !(l.status == LocationStatus::Writing && orphaned));
+            charges.extend(
+                m.locations
+                    .iter()
+                    .filter(|l| l.status != LocationStatus::Writing)
+                    .map(|l| (l.kind, l.size())),
+            );
             match (m.locations.is_empty(), m.locations.len() == before) {
                 (true, _) => Modify::Delete,
                 (false, true) => Modify::Keep,

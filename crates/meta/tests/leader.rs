@@ -220,3 +220,124 @@ async fn a_leader_cut_off_from_redis_steps_down_within_its_lease() {
     server.restart().expect("redis restarts");
     until("a leader again", || leaders(&[&a, &b]) == 1).await;
 }
+
+/// A block record with one serving location, for the fencing tests.
+fn record(key: u64) -> kvtier_meta::BlockMeta {
+    use kvtier_meta::{
+        BlockKey, BlockMeta, CacheLocation, LocationId, LocationStatus, StorageKind,
+    };
+    BlockMeta {
+        key: BlockKey(key),
+        locations: vec![CacheLocation {
+            id: LocationId(key),
+            storage: "s".into(),
+            kind: StorageKind::FilePool,
+            status: LocationStatus::Serving,
+            specs: vec![],
+        }],
+        last_access_ms: 1,
+        access_count: 0,
+        depth: 0,
+    }
+}
+
+/// A fence that believes it leads under `epoch` whatever happens: a
+/// frontend stalled past its lease, as only the server can stop it.
+fn stale_fence(epoch: u64) -> kvtier_meta::Fence {
+    kvtier_meta::Fence::new(epoch, Arc::new(move || Some(epoch)))
+}
+
+/// Leader-only writes on a shared Redis index are fenced on the server:
+/// refused once another frontend took the lease before the read, and not
+/// applied when one takes it between the read and the commit; unfenced
+/// writes are not affected, and the current leader's fenced write goes
+/// through.
+#[test]
+fn fenced_writes_on_redis_stop_at_a_new_lease_epoch() {
+    use kvtier_meta::{BlockKey, MetaIndex, Modify, RedisIndex, RedisIndexConfig};
+    let server = redis();
+    let index = RedisIndex::open(
+        &server.url(),
+        RedisIndexConfig {
+            prefix: "kvt".into(),
+            leader_epoch_key: Some(RedisLease::epoch_key("kvt")),
+            ..RedisIndexConfig::default()
+        },
+    )
+    .expect("index");
+    let lease = redis_lease(&server);
+    let a = lease
+        .try_acquire("a", Duration::from_secs(30))
+        .unwrap()
+        .expect("a leads");
+    index.put("i", &[record(1), record(2)]).unwrap();
+    let delete = |_, _| Modify::Delete;
+
+    // The leader's own fenced write applies.
+    index
+        .modify_fenced("i", &[BlockKey(1)], &stale_fence(a), &mut delete.clone())
+        .expect("the leader's write");
+    assert!(index.get("i", &[BlockKey(1)]).unwrap()[0].is_none());
+
+    // Another frontend takes the lease (a's lapsed): a's write is refused.
+    lease.release("a", a).unwrap();
+    let b = lease
+        .try_acquire("b", Duration::from_secs(30))
+        .unwrap()
+        .expect("b leads");
+    assert!(b > a);
+    let e = index
+        .modify_fenced("i", &[BlockKey(2)], &stale_fence(a), &mut delete.clone())
+        .expect_err("a stale leader's write");
+    assert_eq!(e.code(), "NOT_LEADER", "{e}");
+    assert!(index.get("i", &[BlockKey(2)]).unwrap()[0].is_some());
+
+    // b's lease is taken over while b's write is between read and commit
+    // (inside its modifier): nothing of it is applied.
+    let mut raw = ::redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut taken_meanwhile = |_, _| {
+        let _: u64 = ::redis::cmd("INCR")
+            .arg(RedisLease::epoch_key("kvt"))
+            .query(&mut raw)
+            .expect("INCR");
+        Modify::Delete
+    };
+    assert!(
+        index
+            .modify_fenced("i", &[BlockKey(2)], &stale_fence(b), &mut taken_meanwhile)
+            .is_err()
+    );
+    assert!(index.get("i", &[BlockKey(2)]).unwrap()[0].is_some());
+
+    // Writes outside the fence (the request path) go on.
+    index
+        .modify("i", &[BlockKey(2)], &mut delete.clone())
+        .unwrap();
+    assert!(index.get("i", &[BlockKey(2)]).unwrap()[0].is_none());
+}
+
+/// The elector's fence follows its role: it holds while leading, and a
+/// demotion breaks it at once, so the default (in-process) fencing of the
+/// memory and embedded indexes refuses the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_electors_fence_breaks_when_it_stops_leading() {
+    use kvtier_meta::{BlockKey, MemoryIndex, MetaIndex, Modify};
+    let e = elector(Arc::new(MemoryLease::new()), "a");
+    until("a leads", || e.is_leader()).await;
+    let fence = e.fence().expect("a fence while leading");
+    let index = MemoryIndex::new();
+    index.put("i", &[record(1), record(2)]).unwrap();
+    index
+        .modify_fenced("i", &[BlockKey(1)], &fence, &mut |_, _| Modify::Delete)
+        .unwrap();
+    assert!(e.demote().await.unwrap());
+    let err = index
+        .modify_fenced("i", &[BlockKey(2)], &fence, &mut |_, _| Modify::Delete)
+        .expect_err("after the demotion");
+    assert_eq!(err.code(), "NOT_LEADER");
+    assert!(index.get("i", &[BlockKey(2)]).unwrap()[0].is_some());
+    assert!(e.fence().is_none());
+}

@@ -342,7 +342,7 @@ async fn runtime_changes_apply_on_the_next_pass() {
 async fn background_reclaimer_runs_and_stops_with_its_handle() {
     let f = setup(group(100, 0.5, EvictionPolicy::Lru), config()).await;
     write(&f.svc, &keys(0..80)).await;
-    let handle = f.svc.spawn_reclaimer(Duration::from_millis(5));
+    let handle = f.svc.spawn_reclaimer(Duration::from_millis(5), None);
     // Poll with a deadline (the reclaimer runs on its own schedule).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while f.svc.group_usage("g").total > 40 * BLOCK {

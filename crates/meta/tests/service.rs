@@ -680,3 +680,55 @@ async fn no_writable_storage_names_each_reason() {
     assert!(text.contains("\"a\" is disabled"), "{text}");
     assert!(text.contains("\"b\" is unhealthy"), "{text}");
 }
+
+/// Frontends sharing one index (issue 14): a frontend that starts while
+/// another has a write in flight leaves that write alone, when writing
+/// locations count as orphaned only past `orphan_write_age`; the sweep
+/// removes exactly the orphaned ones.
+#[tokio::test]
+async fn a_starting_frontend_keeps_other_frontends_writes_in_flight() {
+    let index: Arc<dyn MetaIndex> = Arc::new(MemoryIndex::new());
+    let shared = MetaConfig {
+        orphan_write_age: Some(Duration::from_secs(3600)),
+        ..MetaConfig::default()
+    };
+    let a = setup_on(index.clone(), 100, shared.clone()).await;
+    let grant = a.start_write_cache("i", &keys(0..3)).await.unwrap();
+    // B starts (recovery) and sweeps: the write is younger than the age.
+    let b = MetaService::new(index.clone(), shared.clone()).unwrap();
+    assert_eq!(b.sweep_orphaned_writes(None).unwrap(), 0);
+    let done = a
+        .finish_write_cache("i", grant.session, &[true; 3])
+        .await
+        .unwrap();
+    assert_eq!((done.served, done.dropped), (3, 0));
+    assert_eq!(served(&b, &keys(0..3)).await, vec![true; 3]);
+
+    // With age 0 every writing location is orphaned: the sweep removes the
+    // one in flight (and only it), and its session then finds it gone.
+    let grant = a.start_write_cache("i", &keys(3..5)).await.unwrap();
+    let sweeper = MetaService::new(
+        index.clone(),
+        MetaConfig {
+            orphan_write_age: Some(Duration::ZERO),
+            ..MetaConfig::default()
+        },
+    )
+    .unwrap();
+    // Its own start-up recovery already removed them.
+    assert_eq!(sweeper.sweep_orphaned_writes(None).unwrap(), 0);
+    let again = a.start_write_cache("i", &keys(3..5)).await.unwrap();
+    assert_eq!(again.blocks.len(), 2, "the keys are free again");
+    assert_eq!(sweeper.sweep_orphaned_writes(None).unwrap(), 2);
+    assert_eq!(
+        served(&b, &keys(0..5)).await,
+        vec![true, true, true, false, false]
+    );
+    let late = a
+        .finish_write_cache("i", grant.session, &[true; 2])
+        .await
+        .unwrap();
+    assert_eq!(late.served, 0, "a swept write is never served");
+    // A single frontend (no age) sweeps nothing later.
+    assert_eq!(a.sweep_orphaned_writes(None).unwrap(), 0);
+}

@@ -99,6 +99,7 @@ pub fn error_code(e: &MetaError) -> pb::ErrorCode {
         // which (docs/server.md, "Error codes").
         "IN_USE" | "PERMISSION_DENIED" | "UNAUTHENTICATED" => C::InvalidArgument,
         "UNSUPPORTED" => C::Unsupported,
+        "NOT_LEADER" => C::ServerNotLeader,
         _ => C::UnknownError,
     }
 }

@@ -198,10 +198,10 @@ async fn leader_only_work_follows_the_role() {
         reclaim: Duration::from_millis(5),
         health: Duration::from_millis(5),
     };
-    let a = Elector::start_after_first_pass(lease.clone(), elector_config("a")).await;
-    let b = Elector::start_after_first_pass(lease, elector_config("b")).await;
-    let work_a = svc_a.spawn_leader_work(a.subscribe(), every);
-    let work_b = svc_b.spawn_leader_work(b.subscribe(), every);
+    let a = Arc::new(Elector::start_after_first_pass(lease.clone(), elector_config("a")).await);
+    let b = Arc::new(Elector::start_after_first_pass(lease, elector_config("b")).await);
+    let work_a = svc_a.spawn_leader_work(&a, every);
+    let work_b = svc_b.spawn_leader_work(&b, every);
     let passes = |svc: &MetaService| svc.reclaim_stats().passes;
     let until = |svc: Arc<MetaService>, n: u64| async move {
         tokio::time::timeout(WITHIN, async {

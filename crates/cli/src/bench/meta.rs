@@ -237,7 +237,7 @@ fn open_index(spec: &str, tmp: &tempfile::TempDir) -> Result<(String, Arc<dyn Me
         ),
         other if other.starts_with("redis://") || other.starts_with("rediss://") => (
             "redis".into(),
-            crate::meta::open_redis_index(other, "kvtier-bench")?,
+            crate::meta::open_redis_index(other, "kvtier-bench", false)?,
         ),
         other => bail!("unknown backend {other:?}: memory, embedded or a redis:// URL"),
     })

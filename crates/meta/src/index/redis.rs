@@ -75,7 +75,7 @@ use keys::{Keys, key_of_member, member};
 use pool::{Pool, Pooled};
 use scripts::{Scripts, Stats};
 
-use super::{MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
+use super::{Fence, MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
 use crate::codec::{decode_block, encode_block};
 use crate::error::{MetaError, Result};
 use crate::model::{BlockKey, BlockMeta};
@@ -277,6 +277,81 @@ impl RedisIndex {
         }
     }
 
+    /// [`MetaIndex::modify`], fenced by `fence` when given (see
+    /// [`MetaIndex::modify_fenced`]).
+    fn modify_chunks(
+        &self,
+        instance: &str,
+        keys: &[BlockKey],
+        fence: Option<&Fence>,
+        f: &mut Modifier<'_>,
+    ) -> Result<()> {
+        let epoch_key = fence.and(self.config.leader_epoch_key.as_deref());
+        self.locks.for_each_chunk(instance, keys, |chunk| {
+            let records: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|&k| self.keys.record(instance, k))
+                .collect();
+            // Fence, then read: the WATCH precedes the reads, so any write
+            // to these keys (or a new lease epoch) after the read aborts
+            // the commit.
+            let read = |locks: &[Vec<u8>]| {
+                let mut watch = cmd("WATCH");
+                watch.arg(locks).arg(&records).arg(epoch_key);
+                let mut mget = cmd("MGET");
+                mget.arg(&records);
+                let mut hmget = cmd("HMGET");
+                hmget.arg(self.keys.stats(instance));
+                for &k in chunk {
+                    hmget.arg(&member(k)[..]);
+                }
+                let mut cmds = vec![watch, mget, hmget];
+                if let Some(key) = epoch_key {
+                    let mut get = cmd("GET");
+                    get.arg(key);
+                    cmds.push(get);
+                }
+                cmds
+            };
+            self.locked(instance, chunk, read, |conn, locks, replies| {
+                let mut replies = replies.into_iter();
+                let (Some(_), Some(values), Some(stats)) =
+                    (replies.next(), replies.next(), replies.next())
+                else {
+                    return Err(RedisIndexError::Unexpected(
+                        "WATCH/MGET/HMGET: missing replies".into(),
+                    )
+                    .into());
+                };
+                if let Some(fence) = fence {
+                    fence.check()?;
+                    if epoch_key.is_some() {
+                        let current: Option<u64> = parse(replies.next().unwrap_or(Value::Nil))?;
+                        if current != Some(fence.epoch()) {
+                            return Err(MetaError::NotLeader(fence.epoch()));
+                        }
+                    }
+                }
+                let values: Vec<Option<Vec<u8>>> = parse(values)?;
+                let stats: Vec<Option<Vec<u8>>> = parse(stats)?;
+                let mut puts = Vec::new();
+                let mut deletes = Vec::new();
+                for ((&k, v), s) in chunk.iter().zip(values).zip(stats) {
+                    match f(k, Self::merge(k, v, s)?) {
+                        Modify::Keep => {}
+                        Modify::Put(m) => puts.push(BlockMeta { key: k, ..m }),
+                        Modify::Delete => deletes.push(k),
+                    }
+                }
+                let put_refs: Vec<&BlockMeta> = puts.iter().collect();
+                let mut cmds = self.put_cmds(instance, &put_refs);
+                cmds.extend(self.delete_cmds(instance, &deletes));
+                self.commit(conn, None, cmds, locks)?;
+                Ok(())
+            })
+        })
+    }
+
     /// Decodes a record and folds its pending statistics in.
     fn merge(
         key: BlockKey,
@@ -442,47 +517,22 @@ impl MetaIndex for RedisIndex {
     }
 
     fn modify(&self, instance: &str, keys: &[BlockKey], f: &mut Modifier<'_>) -> Result<()> {
-        self.locks.for_each_chunk(instance, keys, |chunk| {
-            let records: Vec<Vec<u8>> = chunk
-                .iter()
-                .map(|&k| self.keys.record(instance, k))
-                .collect();
-            // Fence, then read: the WATCH precedes the reads, so any write
-            // to these keys after the read aborts the commit.
-            let read = |locks: &[Vec<u8>]| {
-                let mut watch = cmd("WATCH");
-                watch.arg(locks).arg(&records);
-                let mut mget = cmd("MGET");
-                mget.arg(&records);
-                let mut hmget = cmd("HMGET");
-                hmget.arg(self.keys.stats(instance));
-                for &k in chunk {
-                    hmget.arg(&member(k)[..]);
-                }
-                vec![watch, mget, hmget]
-            };
-            self.locked(instance, chunk, read, |conn, locks, replies| {
-                let [_, values, stats]: [Value; 3] = replies.try_into().map_err(|r| {
-                    RedisIndexError::Unexpected(format!("WATCH/MGET/HMGET -> {r:?}"))
-                })?;
-                let values: Vec<Option<Vec<u8>>> = parse(values)?;
-                let stats: Vec<Option<Vec<u8>>> = parse(stats)?;
-                let mut puts = Vec::new();
-                let mut deletes = Vec::new();
-                for ((&k, v), s) in chunk.iter().zip(values).zip(stats) {
-                    match f(k, Self::merge(k, v, s)?) {
-                        Modify::Keep => {}
-                        Modify::Put(m) => puts.push(BlockMeta { key: k, ..m }),
-                        Modify::Delete => deletes.push(k),
-                    }
-                }
-                let put_refs: Vec<&BlockMeta> = puts.iter().collect();
-                let mut cmds = self.put_cmds(instance, &put_refs);
-                cmds.extend(self.delete_cmds(instance, &deletes));
-                self.commit(conn, None, cmds, locks)?;
-                Ok(())
-            })
-        })
+        self.modify_chunks(instance, keys, None, f)
+    }
+
+    /// Also fences on the server when the lease's epoch counter is here:
+    /// each chunk `WATCH`es it with its records and reads it with them, so
+    /// a chunk is refused if another frontend took the lease before the
+    /// read and not applied if one took it before the commit.
+    fn modify_fenced(
+        &self,
+        instance: &str,
+        keys: &[BlockKey],
+        fence: &Fence,
+        f: &mut Modifier<'_>,
+    ) -> Result<()> {
+        fence.check()?;
+        self.modify_chunks(instance, keys, Some(fence), f)
     }
 
     /// One Lua call per page of keys, without locks: bumps the statistics

@@ -81,11 +81,18 @@ impl RedisLease {
         RedisLease {
             client,
             lease_key: format!("{prefix}:leader"),
-            epoch_key: format!("{prefix}:leader:epoch"),
+            epoch_key: Self::epoch_key(prefix),
             timeout,
             conn: Mutex::new(None),
             scripts: [ACQUIRE, RENEW, RELEASE, HOLDER].map(Script::new),
         }
+    }
+
+    /// The epoch counter's key in namespace `prefix`: it changes only when
+    /// a frontend takes the lease, so leader-only writes of a
+    /// [`crate::RedisIndex`] on the same server fence on it.
+    pub fn epoch_key(prefix: &str) -> String {
+        format!("{prefix}:leader:epoch")
     }
 
     /// Like [`RedisLease::new`], from the server's URL

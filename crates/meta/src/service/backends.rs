@@ -19,6 +19,7 @@ use super::MetaService;
 use super::catalog::Change;
 use crate::backend::{BackendError, CreateRequest, StorageBackend};
 use crate::error::{MetaError, Result};
+use crate::index::Fence;
 use crate::model::{BlockKey, CacheLocation, LocationStatus, Storage, StorageHealth, StorageKind};
 
 /// URIs per `delete` call.
@@ -472,14 +473,23 @@ impl MetaService {
     }
 
     /// Starts probing every attached backend every `interval` (each probe
-    /// bounded by `interval`); stops when the handle is dropped.
-    pub fn spawn_health_checker(self: &Arc<Self>, interval: Duration) -> HealthCheckerHandle {
+    /// bounded by `interval`); stops when the handle is dropped, or before
+    /// a round once `fence` (the leader's) no longer holds, so a frontend
+    /// that stopped leading records no more health.
+    pub fn spawn_health_checker(
+        self: &Arc<Self>,
+        interval: Duration,
+        fence: Option<Fence>,
+    ) -> HealthCheckerHandle {
         let svc = Arc::downgrade(self);
         HealthCheckerHandle(tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if fence.as_ref().is_some_and(|f| f.check().is_err()) {
+                    return;
+                }
                 let Some(svc) = svc.upgrade() else { return };
                 svc.check_backends(interval).await;
             }

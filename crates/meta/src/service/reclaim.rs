@@ -40,6 +40,7 @@ use tokio::task::JoinHandle;
 
 use super::{MetaService, now_ms};
 use crate::error::{MetaError, Result};
+use crate::index::Fence;
 use crate::model::{BlockKey, BlockMeta, EvictionPolicy, Instance, InstanceGroup, LocationStatus};
 
 /// What one pass did for one group.
@@ -177,10 +178,15 @@ fn lru_key(m: &BlockMeta) -> (u64, Reverse<u32>, BlockKey) {
 }
 
 impl MetaService {
-    /// Starts the background reclaimer, one [`MetaService::reclaim_once`]
-    /// every `interval` (at least 1 ms); it stops when the handle is dropped
-    /// or the service is gone.
-    pub fn spawn_reclaimer(self: &Arc<Self>, interval: Duration) -> ReclaimerHandle {
+    /// Starts the background reclaimer, one pass every `interval` (at least
+    /// 1 ms); it stops when the handle is dropped, the service is gone, or
+    /// `fence` (the leader's, see [`MetaService::reclaim_once_fenced`]) no
+    /// longer holds.
+    pub fn spawn_reclaimer(
+        self: &Arc<Self>,
+        interval: Duration,
+        fence: Option<Fence>,
+    ) -> ReclaimerHandle {
         let svc = Arc::downgrade(self);
         let period = interval.max(Duration::from_millis(1));
         ReclaimerHandle(tokio::spawn(async move {
@@ -188,8 +194,11 @@ impl MetaService {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if fence.as_ref().is_some_and(|f| f.check().is_err()) {
+                    return;
+                }
                 let Some(svc) = svc.upgrade() else { return };
-                let report = svc.reclaim_once().await;
+                let report = svc.reclaim_pass(fence.as_ref()).await;
                 for (group, e) in &report.errors {
                     tracing::warn!(group, error = %e, "reclaim");
                 }
@@ -205,6 +214,18 @@ impl MetaService {
     /// One reclaim pass over every group with instances (see the module
     /// docs). Errors are collected in the report; the pass goes on.
     pub async fn reclaim_once(&self) -> ReclaimReport {
+        self.reclaim_pass(None).await
+    }
+
+    /// [`MetaService::reclaim_once`] as the leader runs it: every removal
+    /// carries `fence` ([`crate::MetaIndex::modify_fenced`]), and the pass
+    /// stops, with [`crate::MetaError::NotLeader`] in the report, once the
+    /// fence no longer holds.
+    pub async fn reclaim_once_fenced(&self, fence: &Fence) -> ReclaimReport {
+        self.reclaim_pass(Some(fence)).await
+    }
+
+    async fn reclaim_pass(&self, fence: Option<&Fence>) -> ReclaimReport {
         let mut report = ReclaimReport::default();
         // Victim order needs the reads made so far.
         if let Err(e) = self.flush_access() {
@@ -223,7 +244,14 @@ impl MetaService {
                 .filter(|i| i.group == name)
                 .map(|i| &**i)
                 .collect();
-            if let Some(g) = self.reclaim_group(&group, &members, &mut report).await {
+            if let Some(Err(e)) = fence.map(Fence::check) {
+                report.errors.push((name.to_owned(), e));
+                break;
+            }
+            if let Some(g) = self
+                .reclaim_group(&group, &members, fence, &mut report)
+                .await
+            {
                 report.groups.insert(name.to_owned(), g);
             }
         }
@@ -236,6 +264,7 @@ impl MetaService {
         &self,
         group: &InstanceGroup,
         members: &[&Instance],
+        fence: Option<&Fence>,
         report: &mut ReclaimReport,
     ) -> Option<GroupReclaim> {
         let ttl_ms = match group.eviction {
@@ -274,7 +303,7 @@ impl MetaService {
                 break;
             }
             out.batches += 1;
-            match self.remove_victims(members, &victims) {
+            match self.remove_victims(members, &victims, fence) {
                 Ok((blocks, bytes)) => {
                     out.blocks += blocks;
                     out.bytes += bytes;
@@ -383,7 +412,12 @@ impl MetaService {
     /// Removes the victims' readable locations through the `remove_cache`
     /// path, one index call per member and `reclaim_batch` keys; returns
     /// (blocks removed, bytes of the victims removed as sampled).
-    fn remove_victims(&self, members: &[&Instance], victims: &[Candidate]) -> Result<(u64, u64)> {
+    fn remove_victims(
+        &self,
+        members: &[&Instance],
+        victims: &[Candidate],
+        fence: Option<&Fence>,
+    ) -> Result<(u64, u64)> {
         let mut per_member: HashMap<usize, Vec<&Candidate>> = HashMap::new();
         for c in victims {
             per_member.entry(c.member).or_default().push(c);
@@ -396,7 +430,7 @@ impl MetaService {
             };
             for chunk in cands.chunks(self.config.reclaim_batch.max(1)) {
                 let keys: Vec<BlockKey> = chunk.iter().map(|c| c.meta.key).collect();
-                let removed = self.remove_keys(inst, &keys)?;
+                let removed = self.remove_keys(inst, &keys, fence)?;
                 blocks += removed as u64;
                 if removed > 0 {
                     // Exact unless some victims changed since sampling.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::{MetaService, TrimPolicy, now_ms};
 use crate::error::Result;
-use crate::index::Modify;
+use crate::index::{Fence, Modify};
 use crate::model::{BlockKey, CacheLocation, Instance, LocationStatus, StorageKind};
 
 impl MetaService {
@@ -17,14 +17,21 @@ impl MetaService {
         let inst = self
             .catalog
             .instance_or_load(self.index.as_ref(), instance)?;
-        self.remove_keys(&inst, keys)
+        self.remove_keys(&inst, keys, None)
     }
 
-    pub(super) fn remove_keys(&self, inst: &Instance, keys: &[BlockKey]) -> Result<usize> {
+    /// The removal itself, for `remove_cache`, trimming and the reclaimer
+    /// (whose writes carry the leader's `fence`).
+    pub(super) fn remove_keys(
+        &self,
+        inst: &Instance,
+        keys: &[BlockKey],
+        fence: Option<&Fence>,
+    ) -> Result<usize> {
         let mut removed = 0usize;
         let mut freed: HashMap<StorageKind, u64> = HashMap::new();
         let mut gone: Vec<CacheLocation> = Vec::new();
-        let result = self.index.modify(&inst.id, keys, &mut |_, cur| {
+        let mut decide = |_, cur: Option<crate::model::BlockMeta>| {
             let Some(mut m) = cur else {
                 return Modify::Keep;
             };
@@ -47,7 +54,11 @@ impl MetaService {
             } else {
                 Modify::Put(m)
             }
-        });
+        };
+        let result = match fence {
+            Some(fence) => self.index.modify_fenced(&inst.id, keys, fence, &mut decide),
+            None => self.index.modify(&inst.id, keys, &mut decide),
+        };
         // Before acknowledging (also on error: earlier chunks may be applied).
         self.search_cache.invalidate(&inst.id, keys);
         // Free space only once the index no longer lists it: on error some
@@ -102,6 +113,6 @@ impl MetaService {
         if victims.is_empty() {
             return Ok(0);
         }
-        self.remove_keys(&inst, &victims)
+        self.remove_keys(&inst, &victims, None)
     }
 }

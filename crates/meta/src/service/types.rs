@@ -61,6 +61,16 @@ pub struct MetaConfig {
     /// `None`: the service opens none; backends are attached by hand with
     /// [`super::MetaService::attach_backend`]. Default: `None`.
     pub backend_opener: Option<Arc<dyn BackendOpener>>,
+    /// With an index several frontends share, how old a block record with
+    /// a writing location must be before that location counts as orphaned
+    /// (the frontend that granted it is gone): the start-up recovery
+    /// removes only those, leaving other frontends' writes in flight alone,
+    /// and the leader sweeps them every `orphan_write_age`
+    /// ([`super::MetaService::sweep_orphaned_writes`]). Keep it above
+    /// every frontend's `session_timeout` plus a reaper round. `None` (one
+    /// frontend per index): every writing location found at start is
+    /// orphaned, and nothing sweeps later. Default: `None`.
+    pub orphan_write_age: Option<Duration>,
 }
 
 impl Default for MetaConfig {
@@ -79,6 +89,7 @@ impl Default for MetaConfig {
             reclaim_max_batches: 1024,
             storage_roots: None,
             backend_opener: None,
+            orphan_write_age: None,
         }
     }
 }

@@ -24,6 +24,12 @@ pub struct RedisIndexConfig {
     pub batch_shards: usize,
     /// Connect, response and lock timeouts.
     pub timeouts: RedisTimeouts,
+    /// The leader lease's epoch counter, when the lease lives on this
+    /// server ([`crate::leader::RedisLease::epoch_key`]): fenced writes
+    /// ([`crate::MetaIndex::modify_fenced`]) then `WATCH` it and commit only
+    /// while it still holds their epoch. `None`: fenced writes check the
+    /// fence in this process only.
+    pub leader_epoch_key: Option<String>,
 }
 
 impl Default for RedisIndexConfig {
@@ -35,6 +41,7 @@ impl Default for RedisIndexConfig {
             lock_shards: 256,
             batch_shards: 16,
             timeouts: RedisTimeouts::default(),
+            leader_epoch_key: None,
         }
     }
 }
