@@ -76,6 +76,8 @@ impl RunningMeta {
             // Storages added at runtime get their backends at once, the
             // same way as those present at start.
             backend_opener: Some(Arc::new(options)),
+            min_api_key_len: m.min_api_key_len,
+            strict_removals: m.strict_removals,
             ..MetaConfig::default()
         };
         if shared_index(config) {

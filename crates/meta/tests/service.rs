@@ -407,9 +407,16 @@ async fn restart_keeps_serving_drops_writing() {
 #[tokio::test]
 async fn malformed_input_gives_typed_errors() {
     let svc = setup(100).await;
+    // No keys (token ids short of a block, upstream): an empty session,
+    // finished once.
+    let empty = svc.start_write_cache("i", &[]).await.unwrap();
+    assert!(empty.blocks.is_empty());
+    svc.finish_write_cache("i", empty.session, &[])
+        .await
+        .unwrap();
     assert!(matches!(
-        svc.start_write_cache("i", &[]).await,
-        Err(MetaError::InvalidArgument(_))
+        svc.finish_write_cache("i", empty.session, &[]).await,
+        Err(MetaError::SessionNotFound(_))
     ));
     assert!(matches!(
         svc.start_write_cache("nope", &keys(0..1)).await,

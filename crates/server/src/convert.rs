@@ -138,6 +138,9 @@ fn invalid(msg: impl Into<String>) -> MetaError {
 
 /// The block keys of a request: `block_keys` when non-empty, else
 /// `token_ids` chained with the instance's block size (docs/meta-api.md §2).
+/// Token ids that make no full block give no keys, as upstream (lookups
+/// find nothing, a write opens an empty session); an instance registered
+/// without a block size takes `block_keys` only.
 pub fn request_keys(
     block_keys: &[i64],
     token_ids: &[i64],
@@ -149,14 +152,12 @@ pub fn request_keys(
     if token_ids.is_empty() {
         return Err(invalid("neither block_keys nor token_ids given"));
     }
-    let keys = BlockKey::chain_tokens(token_ids, block_size as usize);
-    if keys.is_empty() {
-        return Err(invalid(format!(
-            "{} token ids make no full block of {block_size} tokens",
-            token_ids.len()
-        )));
+    if block_size == 0 {
+        return Err(invalid(
+            "the instance was registered without a block size, so token_ids cannot be cut into blocks; send block_keys",
+        ));
     }
-    Ok(keys)
+    Ok(BlockKey::chain_tokens(token_ids, block_size as usize))
 }
 
 /// A wire mask as the model's mask.
@@ -312,9 +313,9 @@ pub fn instance_from_wire(
     spec_groups: &[pb::LocationSpecGroup],
     default_query_type: i32,
 ) -> Result<Instance, MetaError> {
-    if block_size <= 0 {
-        return Err(invalid(format!("block_size {block_size} must be positive")));
-    }
+    // As upstream, an instance may have no block size (0 or negative):
+    // it then takes block keys only (`request_keys`).
+    let block_size = u32::try_from(block_size).unwrap_or(0);
     let location_specs = specs
         .iter()
         .map(|s| {
@@ -347,7 +348,7 @@ pub fn instance_from_wire(
         id: id.to_owned(),
         group: group.to_owned(),
         model,
-        block_size: block_size as u32,
+        block_size,
         location_specs,
         spec_groups: spec_groups
             .iter()
@@ -457,7 +458,11 @@ mod tests {
             [-8366447769517741626, 455111481605203084]
         );
         assert!(request_keys(&[], &[], 2).is_err());
-        assert!(request_keys(&[], &[1], 2).is_err());
+        // Short of a block: no keys (upstream's empty answer).
+        assert!(request_keys(&[], &[1], 2).unwrap().is_empty());
+        // No block size: block keys only.
+        assert!(request_keys(&[], &[1, 2], 0).is_err());
+        assert_eq!(request_keys(&[7], &[], 0).unwrap(), [BlockKey(7)]);
     }
 
     #[test]
@@ -485,7 +490,10 @@ mod tests {
         };
         let inst = instance_from_wire("g", "i", 4, &spec, Some(&plain), &[], 0).unwrap();
         assert_eq!(inst.model, "m");
-        assert!(instance_from_wire("g", "i", 0, &spec, None, &[], 0).is_err());
+        for no_size in [0, -5] {
+            let inst = instance_from_wire("g", "i", no_size, &spec, None, &[], 0).unwrap();
+            assert_eq!(inst.block_size, 0);
+        }
     }
 
     #[test]

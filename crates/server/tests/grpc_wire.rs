@@ -55,7 +55,7 @@ async fn every_meta_method_round_trips_over_grpc() {
     assert_eq!(code_of(&r.header), mpb::ErrorCode::Ok);
     assert_eq!(r.header.as_ref().unwrap().request_id, "t");
     let mut bad = reg.clone();
-    bad.block_size = 0;
+    bad.location_spec_infos[0].size = -1;
     let r = c
         .register_instance(bad)
         .await

@@ -155,3 +155,101 @@ async fn remove_instance_ignores_the_group_named_in_the_request() {
     .await;
     assert_ne!(code(&r), "OK", "already gone: {r}");
 }
+
+/// Upstream's own group cases name candidates (`test_storage_01`) they
+/// never add, and a negative capacity means "takes nothing": both are
+/// accepted, and a negative capacity reads back as -1 (0 is unlimited).
+#[tokio::test]
+async fn groups_name_storages_added_later_and_a_negative_capacity_takes_nothing() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    let body = group_body("later", &["test_storage_01", "nfs"], json!([]));
+    let (st, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!((st, code(&r)), (200, "OK"), "{r}");
+    let mut body = group_body("closed", &["nfs"], json!([]));
+    body["instance_group"]["quota"]["capacity"] = json!(-1);
+    let (_, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let (_, r) = post(
+        a,
+        "/api/getInstanceGroup",
+        &json!({"trace_id": "t", "name": "closed"}),
+        None,
+    )
+    .await;
+    assert_eq!(r["instance_group"]["quota"]["capacity"], "-1", "{r}");
+
+    let m = ts.server.meta_http_addr();
+    for (instance, group, want) in [
+        ("w", "later", "OK"),
+        ("c", "closed", "REACH_MAX_ENTITY_CAPACITY"),
+    ] {
+        let (_, r) = post(
+            m,
+            "/api/registerInstance",
+            &register_body(instance, group),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+        let (_, r) = post(
+            m,
+            "/api/startWriteCache",
+            &json!({"trace_id": "t", "instance_id": instance, "block_keys": [1]}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), want, "{group}: {r}");
+    }
+}
+
+/// An instance registered without a block size (upstream accepts 0 and
+/// negatives) takes block keys, and only token ids are refused; token ids
+/// short of one block find nothing and write nothing, as upstream.
+#[tokio::test]
+async fn no_block_size_and_token_ids_short_of_a_block() {
+    let ts = start().await;
+    let m = ts.server.meta_http_addr();
+    let mut reg = register_body("nobs", "g");
+    reg["block_size"] = json!(-1);
+    let (_, r) = post(m, "/api/registerInstance", &reg, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let ask = |body: serde_json::Value| async move {
+        post(m, "/api/getCacheLocation", &body, None).await.1
+    };
+    let r = ask(json!({"trace_id": "t", "instance_id": "nobs", "query_type": "QT_PREFIX_MATCH", "token_ids": [1, 2]})).await;
+    assert_eq!(code(&r), "INVALID_ARGUMENT", "{r}");
+    let r = ask(json!({"trace_id": "t", "instance_id": "nobs", "query_type": "QT_PREFIX_MATCH", "block_keys": [1]})).await;
+    assert_eq!(code(&r), "OK", "{r}");
+
+    // register_body's block size is 2: one token makes no block.
+    let (_, r) = post(
+        m,
+        "/api/registerInstance",
+        &register_body("short", "g"),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let r = ask(json!({"trace_id": "t", "instance_id": "short", "query_type": "QT_PREFIX_MATCH", "token_ids": [9]})).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    assert_eq!(r["locations"].as_array().map_or(0, Vec::len), 0, "{r}");
+    let (_, w) = post(
+        m,
+        "/api/startWriteCache",
+        &json!({"trace_id": "t", "instance_id": "short", "token_ids": [9]}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&w), "OK", "{w}");
+    assert_eq!(w["locations"].as_array().map_or(0, Vec::len), 0, "{w}");
+    let (_, f) = post(
+        m,
+        "/api/finishWriteCache",
+        &json!({"trace_id": "t", "instance_id": "short", "write_session_id": w["write_session_id"],
+                "success_blocks": {"bool_masks": {"values": []}}}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&f), "OK", "{f}");
+}

@@ -96,6 +96,15 @@ pub struct MetaSectionConfig {
     /// How often the election campaigns or renews, ms
     /// (`kvcm.leader_elector.loop_interval_ms`); well under the lease.
     pub leader_loop_interval_ms: u64,
+    /// Shortest API key (account password) accepted, in characters. Tair
+    /// KVCM takes any (its tests send `"pass123"`); lower it only for such
+    /// tooling: these keys are what authentication rests on.
+    pub min_api_key_len: usize,
+    /// Refuse to remove a storage a group lists, or a group with
+    /// instances (default). `false` removes them as Tair KVCM does: the
+    /// group's writes skip the storage, the instances' writes fail, and
+    /// their stored blocks are never freed (docs/meta-api.md §5.1).
+    pub strict_removals: bool,
     /// What a frontend that is not the leader does with the calls Tair KVCM
     /// reserves for the leader: `serve` (the default; only background work
     /// is the leader's) or `refuse` (`SERVER_NOT_LEADER`, as upstream).
@@ -139,6 +148,8 @@ impl Default for MetaSectionConfig {
             leader_lease_ms: 10_000,
             leader_loop_interval_ms: 100,
             follower_requests: FollowerRequests::Serve,
+            min_api_key_len: kvtier_meta::MIN_API_KEY_LEN,
+            strict_removals: true,
         }
     }
 }

@@ -143,14 +143,12 @@ impl ApiKey<'_> {
     }
 
     /// The stored form, or [`MetaError::InvalidArgument`] for a key shorter
-    /// than [`MIN_API_KEY_LEN`] or a malformed hash.
-    fn stored(self) -> Result<String> {
+    /// than `min_len` characters or a malformed hash.
+    fn stored(self, min_len: usize) -> Result<String> {
         match self {
-            ApiKey::Clear(key) if key.chars().count() < MIN_API_KEY_LEN => {
-                Err(MetaError::InvalidArgument(format!(
-                    "api key shorter than {MIN_API_KEY_LEN} characters"
-                )))
-            }
+            ApiKey::Clear(key) if key.chars().count() < min_len => Err(MetaError::InvalidArgument(
+                format!("api key shorter than {min_len} characters (meta.min_api_key_len)"),
+            )),
             ApiKey::Clear(key) => Ok(hash_api_key(key)),
             ApiKey::Hashed(h) if valid_hash(h) => Ok(h.to_owned()),
             ApiKey::Hashed(_) => Err(MetaError::InvalidArgument(
@@ -178,14 +176,21 @@ fn principal(a: &Account) -> Principal {
     }
 }
 
-/// A validated account record (name and key checked, key hashed); its
-/// groups are checked against the catalog by the caller.
-fn new_account(name: &str, role: Role, key: ApiKey<'_>, groups: Vec<String>) -> Result<Account> {
+/// A validated account record (name and key checked against
+/// `min_key_len`, key hashed); its groups are checked against the catalog
+/// by the caller.
+fn new_account(
+    name: &str,
+    role: Role,
+    key: ApiKey<'_>,
+    groups: Vec<String>,
+    min_key_len: usize,
+) -> Result<Account> {
     super::admin::check_name("account name", name)?;
     Ok(Account {
         name: name.to_owned(),
         role,
-        api_key_hash: key.stored()?,
+        api_key_hash: key.stored(min_key_len)?,
         allowed_groups: groups,
     })
 }
@@ -197,7 +202,7 @@ impl MetaService {
     /// means none.
     ///
     /// [`MetaError::InvalidArgument`] for an empty name or a key shorter
-    /// than [`MIN_API_KEY_LEN`], [`MetaError::GroupNotFound`],
+    /// than `MetaConfig::min_api_key_len`, [`MetaError::GroupNotFound`],
     /// [`MetaError::AlreadyExists`]; then nothing changes.
     pub fn add_account(
         &self,
@@ -206,7 +211,13 @@ impl MetaService {
         api_key: &str,
         groups: Vec<String>,
     ) -> Result<()> {
-        let account = new_account(name, role, ApiKey::Clear(api_key), groups)?;
+        let account = new_account(
+            name,
+            role,
+            ApiKey::Clear(api_key),
+            groups,
+            self.config.min_api_key_len,
+        )?;
         self.catalog.apply(self.index.as_ref(), |maps| {
             if maps.accounts.contains_key(name) {
                 return Err(MetaError::AlreadyExists(format!("account {name:?}")));
@@ -239,7 +250,7 @@ impl MetaService {
         {
             return Ok(());
         }
-        let account = new_account(name, role, api_key, groups)?;
+        let account = new_account(name, role, api_key, groups, self.config.min_api_key_len)?;
         self.catalog.apply(self.index.as_ref(), |maps| {
             check_account_groups(&account.allowed_groups, |g| maps.groups.contains_key(g))?;
             Ok((vec![Change::PutAccount(account)], ()))

@@ -147,9 +147,10 @@ pub(crate) fn check_storage(s: &Storage) -> Result<()> {
     Ok(())
 }
 
-/// Checks a group's settings and that its storages exist
-/// (`storage_exists`).
-pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bool) -> Result<()> {
+/// Checks a group's settings. Its storages need not exist yet (as
+/// upstream): writes use those that exist when they come, and name the
+/// missing ones when none can take them.
+pub(crate) fn check_group(g: &InstanceGroup) -> Result<()> {
     let bad = |why: String| {
         Err(MetaError::InvalidArgument(format!(
             "group {:?}: {why}",
@@ -162,9 +163,7 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
         return bad(format!("{ALL_GROUPS:?} is reserved (it means every group)"));
     }
     check_watermark(g)?;
-    if g.quota_bytes == 0 {
-        return bad("quota of 0 bytes".into());
-    }
+    // A quota of 0 bytes refuses every write (upstream's negative capacity).
     // A kind quota above the group's is allowed (as upstream): both limits
     // apply, so the smaller one decides.
     if g.max_instances == 0 {
@@ -180,9 +179,6 @@ pub(crate) fn check_group(g: &InstanceGroup, storage_exists: impl Fn(&str) -> bo
     names.sort_unstable();
     if names.windows(2).any(|w| w[0] == w[1]) {
         return bad("a storage is listed twice".into());
-    }
-    if let Some(missing) = g.storages.iter().find(|s| !storage_exists(s)) {
-        return Err(MetaError::StorageNotFound(missing.clone()));
     }
     Ok(())
 }
@@ -238,13 +234,9 @@ pub(crate) fn check_name(what: &str, name: &str) -> Result<()> {
 /// Checks an instance's own configuration (the rules of
 /// `register_instance`).
 pub(crate) fn check_instance(i: &Instance) -> Result<()> {
+    // A block size of 0 is allowed (as upstream): such an instance is
+    // addressed by block keys only.
     check_name("instance id", &i.id)?;
-    if i.block_size == 0 {
-        return Err(MetaError::InvalidArgument(format!(
-            "instance {:?}: block size 0",
-            i.id
-        )));
-    }
     if i.location_specs.is_empty() {
         return Err(MetaError::InvalidArgument(format!(
             "instance {:?}: no location specs",
@@ -299,9 +291,11 @@ pub(crate) fn check_path_names(i: &Instance) -> Result<()> {
     Ok(())
 }
 
-/// Why a group cannot be removed, if it cannot.
-fn group_users(maps: &Maps, group: &str) -> Option<String> {
-    if let Some(i) = maps.members(group).next() {
+/// Why `group` may not be removed: an account scoped to it (always: a new
+/// group of that name would inherit the grant) or, when `instances_too`, a
+/// member instance.
+fn group_users(maps: &Maps, group: &str, instances_too: bool) -> Option<String> {
+    if let Some(i) = maps.members(group).next().filter(|_| instances_too) {
         return Some(format!("group {group:?} (instance {:?})", i.id));
     }
     maps.accounts
@@ -394,7 +388,9 @@ impl MetaService {
         self.set_storage_enabled(name, false)
     }
 
-    /// Removes a storage; [`MetaError::InUse`] while a group lists it.
+    /// Removes a storage; [`MetaError::InUse`] while a group lists it
+    /// (unless `MetaConfig::strict_removals` is off: the groups then skip
+    /// it).
     /// Locations already on it keep their URIs (removing blocks is the
     /// reclaimer's or the instance's business). With a backend opener the
     /// storage's backend is detached: nothing on it is freed any more.
@@ -403,11 +399,11 @@ impl MetaService {
             if !maps.storages.contains_key(name) {
                 return Err(MetaError::StorageNotFound(name.to_owned()));
             }
-            if let Some(g) = maps
+            let listed_by = maps
                 .groups
                 .values()
-                .find(|g| g.storages.iter().any(|s| s == name))
-            {
+                .find(|g| g.storages.iter().any(|s| s == name));
+            if let Some(g) = listed_by.filter(|_| self.config.strict_removals) {
                 return Err(MetaError::InUse(format!(
                     "storage {name:?} (group {:?})",
                     g.name
@@ -426,12 +422,12 @@ impl MetaService {
     }
 
     /// Creates a group; [`MetaError::AlreadyExists`] if the name is taken,
-    /// [`MetaError::StorageNotFound`] if it lists an unknown storage,
     /// [`MetaError::InvalidArgument`] for bad settings (a watermark that is
-    /// negative or not finite, quota 0, no storages, ...).
+    /// negative or not finite, no storages, ...). Its storages may be added
+    /// later (as upstream); a quota of 0 bytes refuses every write.
     pub fn create_group(&self, g: InstanceGroup) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
-            check_group(&g, |s| maps.storages.contains_key(s))?;
+            check_group(&g)?;
             if maps.groups.contains_key(&g.name) {
                 return Err(MetaError::AlreadyExists(format!("group {:?}", g.name)));
             }
@@ -448,7 +444,7 @@ impl MetaService {
     /// below the current number of instances.
     pub fn update_group(&self, g: InstanceGroup) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
-            check_group(&g, |s| maps.storages.contains_key(s))?;
+            check_group(&g)?;
             if !maps.groups.contains_key(&g.name) {
                 return Err(MetaError::GroupNotFound(g.name.clone()));
             }
@@ -465,14 +461,15 @@ impl MetaService {
         Ok(())
     }
 
-    /// Removes a group; [`MetaError::InUse`] while it has instances or an
-    /// account is restricted to it.
+    /// Removes a group; [`MetaError::InUse`] while an account is restricted
+    /// to it or (with `MetaConfig::strict_removals`, the default) it has
+    /// instances.
     pub fn remove_group(&self, name: &str) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
             if !maps.groups.contains_key(name) {
                 return Err(MetaError::GroupNotFound(name.to_owned()));
             }
-            if let Some(why) = group_users(maps, name) {
+            if let Some(why) = group_users(maps, name, self.config.strict_removals) {
                 return Err(MetaError::InUse(why));
             }
             Ok((vec![Change::DeleteGroup(name.to_owned())], ()))

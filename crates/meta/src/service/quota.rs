@@ -20,23 +20,24 @@ pub struct GroupUsage {
     pub by_kind: BTreeMap<StorageKind, u64>,
 }
 
-/// Why none of `candidates` takes writes, one clause per storage: an
-/// operator must tell a disabled storage from a failing one.
-fn unwritable_reasons(candidates: &[Storage]) -> String {
-    if candidates.is_empty() {
-        return "the group lists no existing storage".into();
-    }
-    let why: Vec<String> = candidates
+/// Why none of the group's storages takes writes, one clause per storage:
+/// an operator must tell a disabled storage from a failing one, and both
+/// from one that was never added (`candidates` are those that exist).
+fn unwritable_reasons(group: &InstanceGroup, candidates: &[Storage]) -> String {
+    let missing = group
+        .storages
         .iter()
-        .filter_map(|s| {
-            let refusal = write_refusal(s.enabled, s.health)?;
-            Some(if s.enabled {
-                format!("storage {:?} is {refusal} (see its health probe)", s.name)
-            } else {
-                format!("storage {:?} is {refusal}", s.name)
-            })
+        .filter(|n| !candidates.iter().any(|s| &s.name == *n))
+        .map(|n| format!("storage {n:?} is not added"));
+    let refused = candidates.iter().filter_map(|s| {
+        let refusal = write_refusal(s.enabled, s.health)?;
+        Some(if s.enabled {
+            format!("storage {:?} is {refusal} (see its health probe)", s.name)
+        } else {
+            format!("storage {:?} is {refusal}", s.name)
         })
-        .collect();
+    });
+    let why: Vec<String> = missing.chain(refused).collect();
     why.join("; ")
 }
 
@@ -90,7 +91,7 @@ impl Quotas {
             },
             None => MetaError::NoAvailableStorage {
                 group: group.name.clone(),
-                why: unwritable_reasons(candidates),
+                why: unwritable_reasons(group, candidates),
             },
         })
     }

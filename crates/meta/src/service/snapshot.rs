@@ -87,7 +87,7 @@ fn validate(snap: &ConfigSnapshot, current: &Maps) -> Result<()> {
             ConfigSnapshot::FORMAT
         )));
     }
-    let storages = unique("storage", snap.storages.iter().map(|s| s.name.as_str()))?;
+    unique("storage", snap.storages.iter().map(|s| s.name.as_str()))?;
     let groups = unique("group", snap.groups.iter().map(|g| g.name.as_str()))?;
     unique("instance", snap.instances.iter().map(|i| i.id.as_str()))?;
     unique("account", snap.accounts.iter().map(|a| a.name.as_str()))?;
@@ -95,7 +95,7 @@ fn validate(snap: &ConfigSnapshot, current: &Maps) -> Result<()> {
         check_storage(s)?;
     }
     for g in &snap.groups {
-        check_group(g, |s| storages.contains(s))?;
+        check_group(g)?;
     }
     let mut members: HashMap<&str, u32> = HashMap::new();
     for i in &snap.instances {

@@ -71,6 +71,18 @@ pub struct MetaConfig {
     /// frontend per index): every writing location found at start is
     /// orphaned, and nothing sweeps later. Default: `None`.
     pub orphan_write_age: Option<Duration>,
+    /// Shortest API key (account password) accepted, in characters.
+    /// Tair KVCM takes any (its tests send `"pass123"`; it never checks
+    /// them): set 0 for its tooling, knowing that such keys are what
+    /// authentication then rests on. Default: [`super::MIN_API_KEY_LEN`].
+    pub min_api_key_len: usize,
+    /// Whether removing a storage that a group lists, or a group that has
+    /// instances, is refused ([`crate::MetaError::InUse`]). Tair KVCM
+    /// removes them: set false for its behaviour, where the group's writes
+    /// then skip the storage, the instances' writes fail, and the blocks
+    /// already stored are never freed. A group that accounts are scoped to
+    /// is refused either way. Default: true.
+    pub strict_removals: bool,
 }
 
 impl Default for MetaConfig {
@@ -90,6 +102,8 @@ impl Default for MetaConfig {
             storage_roots: None,
             backend_opener: None,
             orphan_write_age: None,
+            min_api_key_len: super::MIN_API_KEY_LEN,
+            strict_removals: true,
         }
     }
 }

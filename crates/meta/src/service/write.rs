@@ -24,9 +24,12 @@ impl MetaService {
     /// Refused with [`MetaError::QuotaExceeded`] (or
     /// [`MetaError::NoAvailableStorage`]) if the writable keys do not fit;
     /// then nothing changes. An empty grant opens an empty session, so its
-    /// finish is checked like any other.
+    /// finish is checked like any other; so does an empty key list (Tair
+    /// KVCM's answer to token ids that make no full block).
     pub async fn start_write_cache(&self, instance: &str, keys: &[BlockKey]) -> Result<WriteGrant> {
-        self.check_keys(keys)?;
+        if !keys.is_empty() {
+            self.check_keys(keys)?;
+        }
         let inst = self
             .catalog
             .instance_or_load(self.index.as_ref(), instance)?;

@@ -107,10 +107,6 @@ fn quota_type(k: StorageKind) -> pb::StorageType {
     }
 }
 
-fn bytes(v: i64, what: &str) -> Result<u64, Fail> {
-    u64::try_from(v).map_err(|_| Fail::invalid(format!("{what} {v} is negative")))
-}
-
 /// `names` without repeats, first occurrences in order.
 fn dedup_keep_order(names: &[String]) -> Vec<String> {
     let mut seen = std::collections::HashSet::new();
@@ -121,13 +117,15 @@ fn dedup_keep_order(names: &[String]) -> Vec<String> {
         .collect()
 }
 
-/// A wire group as a model group. Absent or zero capacity means unlimited;
-/// the watermark is `trigger_strategy.used_percentage` (0.9 when unset).
+/// A wire group as a model group. Absent or zero capacity means unlimited,
+/// a negative one refuses every write (as upstream: `capacity < 0` takes
+/// nothing); the watermark is `trigger_strategy.used_percentage` (0.9 when
+/// unset).
 pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
     let quota = g.quota.clone().unwrap_or_default();
-    let quota_bytes = match bytes(quota.capacity, "quota capacity")? {
+    let quota_bytes = match quota.capacity {
         0 => u64::MAX,
-        n => n,
+        n => u64::try_from(n).unwrap_or(0),
     };
     let mut kind_quota_bytes = BTreeMap::new();
     for q in &quota.quota_config {
@@ -179,11 +177,13 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
     })
 }
 
+/// A group quota on the wire: unlimited is 0, "no writes" is -1 (inverse
+/// of [`group_from_wire`]'s reading).
 fn wire_bytes(v: u64) -> i64 {
-    if v == u64::MAX {
-        0
-    } else {
-        i64::try_from(v).unwrap_or(i64::MAX)
+    match v {
+        u64::MAX => 0,
+        0 => -1,
+        v => i64::try_from(v).unwrap_or(i64::MAX),
     }
 }
 
@@ -213,7 +213,7 @@ pub fn group_to_wire(g: &InstanceGroup) -> pb::InstanceGroup {
                 .iter()
                 .map(|(k, v)| pb::QuotaConfig {
                     storage_type: quota_type(*k) as i32,
-                    capacity: wire_bytes(*v),
+                    capacity: i64::try_from(*v).unwrap_or(i64::MAX),
                 })
                 .collect(),
         }),
