@@ -201,12 +201,12 @@ mod tests {
         .unwrap();
         assert!(c.meta.auth && c.meta.http_port == 7000);
         assert!(c.meta.strict_removals && c.meta.min_api_key_len == 16);
-        let c = Config::from_toml_with_env(
+        let relaxed = Config::from_toml_with_env(
             "[meta]\nstrict_removals = false",
             env(&[("KVTIER_META__MIN_API_KEY_LEN", "0")]),
         )
         .unwrap();
-        assert!(!c.meta.strict_removals && c.meta.min_api_key_len == 0);
+        assert!(!relaxed.meta.strict_removals && relaxed.meta.min_api_key_len == 0);
         assert_eq!(
             c.meta.admin_api_key.as_deref(),
             Some("0123456789abcdef0123")
