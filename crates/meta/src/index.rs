@@ -79,6 +79,40 @@ impl RecordKind {
 /// key's shard lock.
 pub type Modifier<'a> = dyn FnMut(BlockKey, Option<BlockMeta>) -> Modify + 'a;
 
+/// Reads of one block to record with [`MetaIndex::touch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AccessHit {
+    /// The block.
+    pub key: BlockKey,
+    /// The latest read, ms since the Unix epoch.
+    pub last_ms: u64,
+    /// How many reads.
+    pub count: u32,
+}
+
+impl AccessHit {
+    /// Folds the reads into `m`: the later last access, the summed count.
+    pub fn apply(&self, m: &mut BlockMeta) {
+        m.last_access_ms = m.last_access_ms.max(self.last_ms);
+        m.access_count = m.access_count.saturating_add(self.count);
+    }
+
+    /// One entry per key: entries of one key folded together.
+    pub fn merge(hits: &[AccessHit]) -> std::collections::HashMap<BlockKey, AccessHit> {
+        let mut by_key = std::collections::HashMap::with_capacity(hits.len());
+        for h in hits {
+            by_key
+                .entry(h.key)
+                .and_modify(|e: &mut AccessHit| {
+                    e.last_ms = e.last_ms.max(h.last_ms);
+                    e.count = e.count.saturating_add(h.count);
+                })
+                .or_insert(*h);
+        }
+        by_key
+    }
+}
+
 /// What a leader-only write carries to prove it comes from the current
 /// leader: the epoch of the lease it acts under (docs/server.md §9) and a
 /// way to ask whether this frontend still acts under it. Get one from
@@ -153,19 +187,26 @@ pub trait MetaIndex: Send + Sync + std::fmt::Debug {
         self.modify(instance, keys, f)
     }
 
-    /// Records a read of `keys` at `now_ms` (last access, access count).
-    /// Access statistics are hints for eviction: a backend may apply them
-    /// without waiting for durability, and a crash may lose recent ones.
-    /// Absent keys are ignored.
-    fn touch(&self, instance: &str, keys: &[BlockKey], now_ms: u64) -> Result<()> {
-        self.modify(instance, keys, &mut |_, cur| match cur {
-            Some(mut m) => {
-                m.last_access_ms = m.last_access_ms.max(now_ms);
-                m.access_count = m.access_count.saturating_add(1);
-                Modify::Put(m)
-            }
-            None => Modify::Keep,
-        })
+    /// Records reads (`hits`, one entry per key: the latest read and how
+    /// many) into last access and access count. Access statistics are
+    /// hints for eviction: a backend may apply them without waiting for
+    /// durability (and should: the service applies them in large batches),
+    /// and a crash may lose recent ones. Absent keys are ignored; a key
+    /// listed twice counts twice.
+    fn touch(&self, instance: &str, hits: &[AccessHit]) -> Result<()> {
+        let merged = AccessHit::merge(hits);
+        let keys: Vec<BlockKey> = merged.keys().copied().collect();
+        self.modify(
+            instance,
+            &keys,
+            &mut |key, cur| match (cur, merged.get(&key)) {
+                (Some(mut m), Some(h)) => {
+                    h.apply(&mut m);
+                    Modify::Put(m)
+                }
+                _ => Modify::Keep,
+            },
+        )
     }
 
     /// Up to `limit` keys of `instance` greater than `after` (all when

@@ -73,8 +73,8 @@ pub use backend::{
 };
 pub use error::{MetaError, Result};
 pub use index::{
-    Fence, MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex, RedisIndexConfig,
-    RedisIndexError, RedisTimeouts,
+    AccessHit, Fence, MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex,
+    RedisIndexConfig, RedisIndexError, RedisTimeouts,
 };
 pub use matching::{BlockMask, MatchMode};
 pub use model::*;

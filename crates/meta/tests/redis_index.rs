@@ -17,7 +17,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 #[path = "support/conformance.rs"]
 mod conformance;
-use conformance::{apply, block, concurrent_bumps, op, suite};
+use conformance::{apply, block, concurrent_bumps, op, reads, suite};
 
 fn server() -> RedisServer {
     RedisServer::start().unwrap_or_else(|e| panic!("cannot start redis-server: {e}"))
@@ -108,7 +108,9 @@ fn touch_never_overwrites_a_concurrent_modify() {
         });
         s.spawn(|| {
             for n in 0..TOUCHES {
-                reader.touch("t", &keys, 1_000 + u64::from(n)).unwrap();
+                reader
+                    .touch("t", &reads(&keys, 1_000 + u64::from(n)))
+                    .unwrap();
             }
         });
     });
@@ -121,8 +123,8 @@ fn touch_never_overwrites_a_concurrent_modify() {
         assert!(m.access_count <= TOUCHES, "{:?}", m.key);
     }
     // With no modify running, every touch counts.
-    reader.touch("t", &keys, 5_000).unwrap();
-    reader.touch("t", &keys[..1], 4_000).unwrap();
+    reader.touch("t", &reads(&keys, 5_000)).unwrap();
+    reader.touch("t", &reads(&keys[..1], 4_000)).unwrap();
     let before = writer.get("t", &keys[..2]).unwrap();
     writer
         .modify("t", &keys[..2], &mut |_, cur| {
@@ -232,7 +234,7 @@ fn records_survive_a_new_index() {
             ],
         )
         .unwrap();
-        idx.touch("i", &[BlockKey(5)], 9_999).unwrap();
+        idx.touch("i", &reads(&[BlockKey(5)], 9_999)).unwrap();
         idx.put_record(RecordKind::Storage, "s", b"{}").unwrap();
     }
     let idx = open(&srv, config("reopen"));
@@ -310,7 +312,7 @@ fn a_killed_server_is_an_error_until_it_is_back() {
         idx.modify("i", &[BlockKey(1)], &mut |_, _| Modify::Delete),
         "modify",
     );
-    is_backend(idx.touch("i", &[BlockKey(1)], 1), "touch");
+    is_backend(idx.touch("i", &reads(&[BlockKey(1)], 1)), "touch");
     is_backend(idx.count("i").map(drop), "count");
     is_backend(idx.scan("i", None, 1).map(drop), "scan");
     is_backend(idx.put_record(RecordKind::Group, "g", b"x"), "put_record");

@@ -35,7 +35,7 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use super::{MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
+use super::{AccessHit, MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
 use crate::codec::{decode_block, encode_block};
 use crate::error::{MetaError, Result};
 use crate::model::{BlockKey, BlockMeta};
@@ -447,21 +447,20 @@ impl MetaIndex for RedbIndex {
 
     /// Applied without fsync (`Durability::None`): the next durable commit
     /// persists it; a crash before that loses only access statistics.
-    fn touch(&self, instance: &str, keys: &[BlockKey], now_ms: u64) -> Result<()> {
-        self.locks.for_each_chunk(instance, keys, |chunk| {
+    fn touch(&self, instance: &str, hits: &[AccessHit]) -> Result<()> {
+        let merged = AccessHit::merge(hits);
+        let keys: Vec<BlockKey> = merged.keys().copied().collect();
+        self.locks.for_each_chunk(instance, &keys, |chunk| {
             self.write_chunk_with(instance, Durability::None, |t| {
                 let mut changed = false;
-                for &k in chunk {
-                    let cur = match t.get(k.0).map_err(db_err)? {
-                        Some(v) => decode_block(k, v.value())?,
+                for h in chunk.iter().filter_map(|k| merged.get(k)) {
+                    let mut m = match t.get(h.key.0).map_err(db_err)? {
+                        Some(v) => decode_block(h.key, v.value())?,
                         None => continue,
                     };
-                    let m = BlockMeta {
-                        last_access_ms: cur.last_access_ms.max(now_ms),
-                        access_count: cur.access_count.saturating_add(1),
-                        ..cur
-                    };
-                    t.insert(k.0, encode_block(&m).as_slice()).map_err(db_err)?;
+                    h.apply(&mut m);
+                    t.insert(h.key.0, encode_block(&m).as_slice())
+                        .map_err(db_err)?;
                     changed = true;
                 }
                 Ok(changed)

@@ -75,7 +75,7 @@ use keys::{Keys, key_of_member, member};
 use pool::{Pool, Pooled};
 use scripts::{Scripts, Stats};
 
-use super::{Fence, MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
+use super::{AccessHit, Fence, MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
 use crate::codec::{decode_block, encode_block};
 use crate::error::{MetaError, Result};
 use crate::model::{BlockKey, BlockMeta};
@@ -537,17 +537,17 @@ impl MetaIndex for RedisIndex {
 
     /// One Lua call per page of keys, without locks: bumps the statistics
     /// entry of each existing record (see the module doc).
-    fn touch(&self, instance: &str, keys: &[BlockKey], now_ms: u64) -> Result<()> {
-        let mut distinct = keys.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
+    fn touch(&self, instance: &str, hits: &[AccessHit]) -> Result<()> {
+        let merged: Vec<AccessHit> = AccessHit::merge(hits).into_values().collect();
         let mut conn = self.pool.get()?;
         let stats = self.keys.stats(instance);
-        for page in distinct.chunks(PAGE) {
+        for page in merged.chunks(PAGE) {
             let mut call = self.scripts.touch.key(&stats);
-            call.arg(now_ms.to_string());
-            for &k in page {
-                call.key(self.keys.record(instance, k)).arg(&member(k)[..]);
+            for h in page {
+                call.key(self.keys.record(instance, h.key))
+                    .arg(&member(h.key)[..])
+                    .arg(h.last_ms.to_string())
+                    .arg(h.count);
             }
             conn.run(|c| call.invoke::<i64>(c))?;
         }

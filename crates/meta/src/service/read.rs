@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::access::AccessBuffer;
 use super::{LocationMatch, LocationQuery, MetaService, now_ms};
 use crate::error::{MetaError, Result};
-use crate::index::{MetaIndex, Modify};
+use crate::index::{AccessHit, MetaIndex};
 use crate::matching::{MatchMode, prefix_len, sliding_window_end};
 use crate::model::{BlockKey, BlockMeta, CacheLocation, LocationStatus};
 
@@ -150,26 +150,29 @@ impl MetaService {
     }
 }
 
-/// Drains `access` into `index`: one `modify` per instance.
+/// Drains `access` into `index`: one [`MetaIndex::touch`] per instance,
+/// which each backend applies its cheapest way (no fsync, no record locks
+/// on Redis). Returns the keys handed over (some may be gone by now).
 fn flush_access_into(index: &dyn MetaIndex, access: &AccessBuffer) -> Result<usize> {
     let _one_at_a_time = access.flushing.lock();
     let touches = access.drain();
     let mut applied = 0usize;
     let mut first_err = None;
     for (instance, per_key) in touches {
-        let keys: Vec<BlockKey> = per_key.keys().copied().collect();
-        let result = index.modify(&instance, &keys, &mut |key, cur| {
-            let (Some(mut m), Some(t)) = (cur, per_key.get(&key)) else {
-                return Modify::Keep;
-            };
-            m.last_access_ms = m.last_access_ms.max(t.last_ms);
-            m.access_count = m.access_count.saturating_add(t.count);
-            applied += 1;
-            Modify::Put(m)
-        });
+        let hits: Vec<AccessHit> = per_key
+            .iter()
+            .map(|(&key, t)| AccessHit {
+                key,
+                last_ms: t.last_ms,
+                count: t.count,
+            })
+            .collect();
         // One failing instance does not keep the others' statistics.
-        if let Err(e) = result {
-            first_err.get_or_insert(e);
+        match index.touch(&instance, &hits) {
+            Ok(()) => applied += hits.len(),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
         }
     }
     match first_err {

@@ -10,6 +10,17 @@ use kvtier_meta::{
 use proptest::prelude::*;
 
 /// A one-location block record for `key`.
+/// One read of each of `keys` at `at_ms`, for `MetaIndex::touch`.
+pub fn reads(keys: &[BlockKey], at_ms: u64) -> Vec<kvtier_meta::AccessHit> {
+    keys.iter()
+        .map(|&key| kvtier_meta::AccessHit {
+            key,
+            last_ms: at_ms,
+            count: 1,
+        })
+        .collect()
+}
+
 pub fn block(key: u64, status: LocationStatus) -> BlockMeta {
     BlockMeta {
         key: BlockKey(key),
@@ -95,7 +106,7 @@ pub fn suite(name: &str, idx: &dyn MetaIndex) {
     assert_eq!(got[1], None, "{name}");
     assert_eq!(got[2], Some(block(4, LocationStatus::Serving)), "{name}");
     // touch: counts reads of present keys, ignores absent ones
-    idx.touch("i", &[BlockKey(4), BlockKey(3)], 1_000_000)
+    idx.touch("i", &reads(&[BlockKey(4), BlockKey(3)], 1_000_000))
         .unwrap();
     let t = idx.get("i", &[BlockKey(4), BlockKey(3)]).unwrap();
     let m4 = t[0].as_ref().expect("key 4");
@@ -105,6 +116,25 @@ pub fn suite(name: &str, idx: &dyn MetaIndex) {
         "{name}: touch"
     );
     assert_eq!(t[1], None, "{name}: touch created a record");
+    // batched hits: counts add up, a key listed twice counts twice, and an
+    // older read does not move last access back
+    let hit = |last_ms, count| kvtier_meta::AccessHit {
+        key: BlockKey(4),
+        last_ms,
+        count,
+    };
+    idx.touch("i", &[hit(900_000, 5), hit(2_000_000, 2)])
+        .unwrap();
+    let m4 = idx
+        .get("i", &[BlockKey(4)])
+        .unwrap()
+        .remove(0)
+        .expect("key 4");
+    assert_eq!(
+        (m4.access_count, m4.last_access_ms),
+        (9, 2_000_000),
+        "{name}: batched touch"
+    );
     idx.put("i", &[block(4, LocationStatus::Serving)]).unwrap();
     // scan pages in order
     let mut all = Vec::new();
@@ -254,6 +284,6 @@ pub fn apply(idx: &dyn MetaIndex, op: &Op) {
                 None => Modify::Keep,
             })
             .unwrap(),
-        Op::Touch(ks) => idx.touch("p", &to_keys(ks), 77).unwrap(),
+        Op::Touch(ks) => idx.touch("p", &reads(&to_keys(ks), 77)).unwrap(),
     }
 }

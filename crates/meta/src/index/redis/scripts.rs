@@ -30,26 +30,27 @@ end
 return n
 ";
 
-/// KEYS[1]: the stats hash; KEYS[i], i >= 2: record keys; ARGV[1]: now in
-/// ms (decimal); ARGV[i], i >= 2: the stats field of KEYS[i]. For each
-/// record that exists, the field becomes `max(last, now):reads + 1`.
-/// Decimal strings without leading zeros compare as numbers by (length,
-/// bytes), which keeps `last` exact past 2^53 where Lua numbers are not.
+/// KEYS[1]: the stats hash; KEYS[i], i >= 2: record keys; for each,
+/// ARGV[3i-5]: the stats field of KEYS[i], ARGV[3i-4]: its latest read in
+/// ms (decimal), ARGV[3i-3]: how many reads. For each record that exists,
+/// the field becomes `max(last, read):reads + count`. Decimal strings
+/// without leading zeros compare as numbers by (length, bytes), which
+/// keeps `last` exact past 2^53 where Lua numbers are not.
 const TOUCH: &str = r"
-local now = ARGV[1]
 for i = 2, #KEYS do
+  local field, at, n = ARGV[3*i-5], ARGV[3*i-4], tonumber(ARGV[3*i-3])
   if redis.call('EXISTS', KEYS[i]) == 1 then
-    local last, reads = now, 1
-    local v = redis.call('HGET', KEYS[1], ARGV[i])
+    local last, reads = at, n
+    local v = redis.call('HGET', KEYS[1], field)
     if v then
       local sep = string.find(v, ':', 1, true)
       if sep then
         local l = string.sub(v, 1, sep - 1)
-        reads = (tonumber(string.sub(v, sep + 1)) or 0) + 1
-        if #l > #now or (#l == #now and l > now) then last = l end
+        reads = (tonumber(string.sub(v, sep + 1)) or 0) + n
+        if #l > #at or (#l == #at and l > at) then last = l end
       end
     end
-    redis.call('HSET', KEYS[1], ARGV[i], last .. ':' .. string.format('%d', reads))
+    redis.call('HSET', KEYS[1], field, last .. ':' .. string.format('%d', reads))
   end
 end
 return 0
