@@ -120,13 +120,20 @@ impl MetaService {
     }
 
     fn recover(&self) -> Result<()> {
+        self.for_each_page(|inst, keys| self.recover_chunk(inst, keys))
+    }
+
+    /// Calls `f` with every instance and its block keys, in pages of up to
+    /// 4,096 ascending keys: the whole-index walks (start-up recovery, the
+    /// orphan sweep, a file pool's live extents). Stops at the first error.
+    fn for_each_page(&self, mut f: impl FnMut(&Instance, &[BlockKey]) -> Result<()>) -> Result<()> {
         for inst in self.catalog.instances() {
             let mut after = None;
             loop {
                 let keys = self.index.scan(&inst.id, after, 4096)?;
                 let Some(&last) = keys.last() else { break };
                 after = Some(last);
-                self.recover_chunk(&inst, &keys)?;
+                f(&inst, &keys)?;
             }
         }
         Ok(())

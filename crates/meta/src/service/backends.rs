@@ -219,22 +219,17 @@ impl MetaService {
     /// memory (the file pool) restores at startup. Scans every block.
     pub fn live_uris(&self, storage: &str) -> Result<Vec<String>> {
         let mut out = Vec::new();
-        for inst in self.catalog.instances() {
-            let mut after = None;
-            loop {
-                let keys = self.index.scan(&inst.id, after, 4096)?;
-                let Some(&last) = keys.last() else { break };
-                after = Some(last);
-                for m in self.index.get(&inst.id, &keys)?.into_iter().flatten() {
-                    for l in m.locations.iter().filter(|l| {
-                        l.storage == storage
-                            && matches!(l.status, LocationStatus::Writing | LocationStatus::Serving)
-                    }) {
-                        out.extend(l.specs.iter().map(|s| s.uri.clone()));
-                    }
+        self.for_each_page(|inst, keys| {
+            for m in self.index.get(&inst.id, keys)?.into_iter().flatten() {
+                for l in m.locations.iter().filter(|l| {
+                    l.storage == storage
+                        && matches!(l.status, LocationStatus::Writing | LocationStatus::Serving)
+                }) {
+                    out.extend(l.specs.iter().map(|s| s.uri.clone()));
                 }
             }
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 

@@ -92,54 +92,49 @@ impl MetaService {
                     .any(|l| l.status == LocationStatus::Writing)
         };
         let mut swept = 0;
-        for inst in self.catalog.instances() {
-            let mut after = None;
-            loop {
-                let keys = self.index.scan(&inst.id, after, 4096)?;
-                let Some(&last) = keys.last() else { break };
-                after = Some(last);
-                // Read without locks first: most pages have none.
-                let stale: Vec<BlockKey> = self
-                    .index
-                    .get(&inst.id, &keys)?
-                    .into_iter()
-                    .flatten()
-                    .filter(|m| orphaned(m))
-                    .map(|m| m.key)
-                    .collect();
-                if stale.is_empty() {
-                    continue;
-                }
-                let mut gone: Vec<CacheLocation> = Vec::new();
-                let mut decide = |_, cur: Option<BlockMeta>| {
-                    // Decided again under the lock: the record may have
-                    // changed since the read.
-                    let Some(mut m) = cur.filter(|m| orphaned(m)) else {
-                        return Modify::Keep;
-                    };
-                    let (writing, rest): (Vec<_>, Vec<_>) = m
-                        .locations
-                        .into_iter()
-                        .partition(|l| l.status == LocationStatus::Writing);
-                    gone.extend(writing);
-                    m.locations = rest;
-                    if m.locations.is_empty() {
-                        Modify::Delete
-                    } else {
-                        Modify::Put(m)
-                    }
-                };
-                match fence {
-                    Some(f) => self.index.modify_fenced(&inst.id, &stale, f, &mut decide)?,
-                    None => self.index.modify(&inst.id, &stale, &mut decide)?,
-                }
-                swept += stale.len();
-                if !gone.is_empty() {
-                    tracing::info!(instance = %inst.id, locations = gone.len(), "removed orphaned writing locations");
-                }
-                self.release_locations(gone);
+        self.for_each_page(|inst, keys| {
+            // Read without locks first: most pages have none.
+            let stale: Vec<BlockKey> = self
+                .index
+                .get(&inst.id, keys)?
+                .into_iter()
+                .flatten()
+                .filter(|m| orphaned(m))
+                .map(|m| m.key)
+                .collect();
+            if stale.is_empty() {
+                return Ok(());
             }
-        }
+            let mut gone: Vec<CacheLocation> = Vec::new();
+            let mut decide = |_, cur: Option<BlockMeta>| {
+                // Decided again under the lock: the record may have
+                // changed since the read.
+                let Some(mut m) = cur.filter(|m| orphaned(m)) else {
+                    return Modify::Keep;
+                };
+                let (writing, rest): (Vec<_>, Vec<_>) = m
+                    .locations
+                    .into_iter()
+                    .partition(|l| l.status == LocationStatus::Writing);
+                gone.extend(writing);
+                swept += 1;
+                m.locations = rest;
+                if m.locations.is_empty() {
+                    Modify::Delete
+                } else {
+                    Modify::Put(m)
+                }
+            };
+            match fence {
+                Some(f) => self.index.modify_fenced(&inst.id, &stale, f, &mut decide)?,
+                None => self.index.modify(&inst.id, &stale, &mut decide)?,
+            }
+            if !gone.is_empty() {
+                tracing::info!(instance = %inst.id, locations = gone.len(), "removed orphaned writing locations");
+            }
+            self.release_locations(gone);
+            Ok(())
+        })?;
         Ok(swept)
     }
 }
