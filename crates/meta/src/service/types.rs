@@ -25,8 +25,13 @@ pub struct MetaConfig {
     /// `access_flush_keys`). Default: true.
     pub record_access: bool,
     /// Buffered read hits (keys) past which the read that crosses the
-    /// bound flushes the access statistics itself; the reclaimer also
-    /// flushes before every round. Default: 65,536.
+    /// bound starts a background flush of the access statistics (at four
+    /// times the bound, with one still running, it flushes inline); the
+    /// reclaimer also flushes before every round. A flush applies one
+    /// update per distinct key, so a large bound folds repeated reads of
+    /// hot prefixes together: at 1 Mi keys (8 MiB of buffered keys) the
+    /// embedded index's flushes stop dominating the read path's tail
+    /// (docs/benchmarks.md, `bench meta`). Default: 1,048,576.
     pub access_flush_keys: usize,
     /// Entries of the search cache (per instance and block key, the serving
     /// location a read returns); 0 disables it. Default: 1,048,576.
@@ -92,7 +97,7 @@ impl Default for MetaConfig {
             reap_interval: Duration::from_secs(1),
             max_keys: 65_536,
             record_access: true,
-            access_flush_keys: 65_536,
+            access_flush_keys: 1 << 20,
             search_cache_entries: 1 << 20,
             search_cache_ttl: None,
             reclaim_hysteresis: 0.05,
