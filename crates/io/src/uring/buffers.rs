@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use io_uring::IoUring;
 use parking_lot::{Mutex, RwLock};
 
+use super::register::Registration;
+
 /// The kernel refuses registered buffers larger than this.
 const MAX_PIECE: usize = 1 << 30;
 
@@ -35,7 +37,7 @@ pub(crate) struct BufferTable {
     slots: u32,
     /// Read on every submission, written on (rare) registration.
     pieces: RwLock<Vec<Piece>>,
-    /// Next free slot; its lock also serialises registrations.
+    /// Next free slot.
     next: Mutex<u32>,
     /// Registration failures are logged once, not per call.
     warned: AtomicBool,
@@ -60,18 +62,23 @@ impl BufferTable {
         }
     }
 
-    /// Registers `[ptr, ptr + len)`. Returns `false` (logging the first
+    /// Registers `[ptr, ptr + len)` through `apply`, which hands the update
+    /// to the driver (see `register`). Returns `false` (logging the first
     /// failure) when the table is full or the kernel refuses, typically for
     /// want of locked-memory allowance (`RLIMIT_MEMLOCK` without
     /// `CAP_IPC_LOCK`).
     ///
     /// # Safety
     /// The range must stay valid and mapped for the ring's lifetime.
-    pub(crate) unsafe fn register(&self, ring: &IoUring, ptr: *mut u8, len: usize) -> bool {
+    pub(crate) unsafe fn register(
+        &self,
+        apply: impl FnOnce(Registration) -> io::Result<()>,
+        ptr: *mut u8,
+        len: usize,
+    ) -> bool {
         if len == 0 || ptr.is_null() {
             return false;
         }
-        let mut next = self.next.lock();
         let iovecs: Vec<libc::iovec> = (0..len)
             .step_by(MAX_PIECE)
             .map(|off| libc::iovec {
@@ -80,23 +87,37 @@ impl BufferTable {
                 iov_len: (len - off).min(MAX_PIECE),
             })
             .collect();
-        let Some(end_slot) = u32::try_from(iovecs.len())
-            .ok()
-            .and_then(|n| next.checked_add(n))
-            .filter(|&end| end <= self.slots)
-        else {
-            self.warn_once(&io::Error::other(format!(
-                "registered-buffer table full ({} slots)",
-                self.slots
-            )));
-            return false;
+        // Slots are taken under the lock but registered without it: the
+        // driver applies the update, and a batch owner dropped on the driver
+        // may itself register memory, so nothing may wait for the driver
+        // with this lock held.
+        let first = {
+            let mut next = self.next.lock();
+            let Some(end) = u32::try_from(iovecs.len())
+                .ok()
+                .and_then(|n| next.checked_add(n))
+                .filter(|&end| end <= self.slots)
+            else {
+                drop(next);
+                self.warn_once(&io::Error::other(format!(
+                    "registered-buffer table full ({} slots)",
+                    self.slots
+                )));
+                return false;
+            };
+            std::mem::replace(&mut *next, end)
         };
         // SAFETY: the caller promises the range stays valid for the ring's
         // life, which is what the kernel needs of registered buffers.
-        if let Err(e) = unsafe {
-            ring.submitter()
-                .register_buffers_update(*next, &iovecs, None)
-        } {
+        let registration = unsafe { Registration::buffers(first, iovecs.clone()) };
+        if let Err(e) = apply(registration) {
+            let mut next = self.next.lock();
+            // Give the slots back unless a later registration took slots
+            // after them (then they stay unused: the table has plenty).
+            if *next == first + iovecs.len() as u32 {
+                *next = first;
+            }
+            drop(next);
             self.warn_once(&e);
             return false;
         }
@@ -107,11 +128,10 @@ impl BufferTable {
                 start,
                 end: start + iov.iov_len,
                 // Slots are < TABLE_SLOTS <= u16::MAX + 1.
-                index: (*next as usize + i) as u16,
+                index: (first as usize + i) as u16,
             });
         }
         pieces.sort_unstable_by_key(|p| p.start);
-        *next = end_slot;
         true
     }
 

@@ -9,6 +9,7 @@ use std::panic::AssertUnwindSafe;
 
 use io_uring::{opcode, squeue, types};
 
+use super::register::Control;
 use super::slab::Slab;
 use super::{Pending, Prep, Shared, Target};
 use crate::files::bad_file;
@@ -48,6 +49,8 @@ struct Driver<'a> {
     backlog: VecDeque<OpRef>,
     /// Batches taken from the inbox, kept to reuse its allocation.
     incoming: Vec<Pending>,
+    /// Registrations taken from the inbox, likewise.
+    controls: Vec<Control>,
     /// Batches finished during one reap, completed after it.
     finished: Vec<Flight>,
     /// The eventfd read is in the kernel. The driver never exits while it is:
@@ -84,6 +87,7 @@ pub(crate) fn run(shared: &Shared) {
         slots: Slab::with_capacity(depth),
         backlog: VecDeque::new(),
         incoming: Vec::new(),
+        controls: Vec::new(),
         finished: Vec::new(),
         wake_armed: false,
         wake_buf: Box::new(0),
@@ -104,14 +108,20 @@ pub(crate) fn run(shared: &Shared) {
 }
 
 impl Driver<'_> {
-    /// Moves new batches from the inbox into `batches` and `backlog`.
+    /// Applies queued registrations, then moves new batches from the inbox
+    /// into `batches` and `backlog`. Registrations go first: a batch queued
+    /// after registering its file must find the file in the table.
     fn take_inbox(&mut self) {
         {
             let mut inbox = self.shared.inbox.lock();
             inbox.sleeping = false;
             self.shutdown |= inbox.shutdown;
             std::mem::swap(&mut inbox.batches, &mut self.incoming);
+            std::mem::swap(&mut inbox.controls, &mut self.controls);
         }
+        // Outside the lock: each is a system call, and submitters need the
+        // inbox meanwhile.
+        self.shared.apply_controls(&mut self.controls);
         let mut incoming = std::mem::take(&mut self.incoming);
         for pending in incoming.drain(..) {
             self.admit(pending);
@@ -219,7 +229,10 @@ impl Driver<'_> {
             && self.slots.is_empty()
             && self.backlog.is_empty()
             && self.batches.is_empty()
-            && self.shared.inbox.lock().batches.is_empty()
+            && {
+                let inbox = self.shared.inbox.lock();
+                inbox.batches.is_empty() && inbox.controls.is_empty()
+            }
     }
 
     /// Submits what is queued and, when there is nothing else to do, waits
@@ -236,7 +249,7 @@ impl Driver<'_> {
         let mut want = 0;
         if !cq_ready && something_to_wait_for {
             let mut inbox = self.shared.inbox.lock();
-            if inbox.batches.is_empty() {
+            if inbox.batches.is_empty() && inbox.controls.is_empty() {
                 inbox.sleeping = true;
                 want = 1;
             }
