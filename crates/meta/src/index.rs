@@ -141,7 +141,7 @@ impl Fence {
         self.epoch
     }
 
-    /// [`MetaError::NotLeader`] unless this frontend still acts as leader
+    /// [`crate::MetaError::NotLeader`] unless this frontend still acts as leader
     /// under the fence's epoch.
     pub fn check(&self) -> Result<()> {
         match (self.acting)() {
