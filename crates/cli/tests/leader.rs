@@ -4,7 +4,9 @@
 //! within its lease while a follower's write session goes on; a demoted
 //! leader stops at once and stays out; a Redis that stops answering (a
 //! partition) leaves nobody acting as leader, and one is elected when it
-//! is back. At every observation at most one frontend leads.
+//! is back. The same hand-overs over a lock file (`leader_lock =
+//! file:///dir`), where a killed leader's lock goes with its process. At
+//! every observation at most one frontend leads.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -44,7 +46,12 @@ fn start(url: &str, data: &Path, pool: &Path) -> Frontend {
     )
     .env("KVTIER_META__LEADER_LEASE_MS", LEASE_MS.to_string())
     .env("KVTIER_META__RECLAIM_INTERVAL_SECS", "1");
-    let (proc, mut lines) = support::start_logged(&mut c);
+    listening(&mut c)
+}
+
+/// Starts `c` and reads its listening addresses from its log.
+fn listening(c: &mut std::process::Command) -> Frontend {
+    let (proc, mut lines) = support::start_logged(c);
     let line = lines.pop().expect("the listening line");
     Frontend {
         proc: Some(proc),
@@ -198,6 +205,58 @@ fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
     });
     redis.resume().expect("SIGCONT redis-server");
     one_leader(&fs, "a leader after Redis is back");
+    for f in fs.iter_mut() {
+        if let Some(p) = f.proc.take() {
+            assert!(p.terminate().success());
+        }
+    }
+}
+
+/// Upstream's `test_leader_election_with_file_lock` and
+/// `test_leader_switch_when_worker_stops`, over `leader_lock = file:///dir`
+/// (each frontend with its own memory index): one leader; a SIGKILLed
+/// leader's lock goes with its process, so the other leads at once; the
+/// restarted one follows; a demoted leader hands over and stays out.
+#[test]
+fn frontends_elect_over_a_lock_file_across_processes() {
+    let lock = tempfile::tempdir().unwrap();
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let start_one = |data: &Path| {
+        let mut c = support::kvtier(&["meta", "--index", "memory"], data);
+        c.env(
+            "KVTIER_META__LEADER_LOCK",
+            format!("file://{}", lock.path().display()),
+        );
+        listening(&mut c)
+    };
+    let mut fs: Vec<Frontend> = dirs.iter().map(|d| start_one(d.path())).collect();
+    let first = one_leader(&fs, "a leader over the lock file");
+    let leader_id = cluster_info(&fs[first])["self_node_id"].clone();
+    for f in &fs {
+        assert_eq!(cluster_info(f)["leader_node_id"], leader_id);
+    }
+    let other = 1 - first;
+
+    fs[first].proc.take().expect("running").kill_now();
+    assert_eq!(one_leader(&fs, "a leader after SIGKILL"), other);
+    fs[first] = start_one(dirs[first].path());
+    let other_id = cluster_info(&fs[other])["self_node_id"].clone();
+    until(&fs, "the restarted frontend to see the leader", |_| {
+        (cluster_info(&fs[first])["leader_node_id"] == other_id).then_some(())
+    });
+    assert!(!is_leader(&fs[first]));
+
+    post(
+        fs[other].admin,
+        "updateLeaderElectorConfig",
+        json!({"trace_id": "t", "campaign_delay_time_ms": 60_000}),
+    );
+    post(fs[other].admin, "leaderDemote", json!({"trace_id": "t"}));
+    assert!(!is_leader(&fs[other]));
+    assert_eq!(
+        until(&fs, "the other to take the lock", |l| l.first().copied()),
+        first
+    );
     for f in fs.iter_mut() {
         if let Some(p) = f.proc.take() {
             assert!(p.terminate().success());
