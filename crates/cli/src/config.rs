@@ -38,13 +38,47 @@ pub struct Config {
     pub manager: ManagerSectionConfig,
 }
 
+/// Tair KVCM's environment variables (`server_config.cc`) that kvtier reads,
+/// with the kvtier variable each stands for. A kvtier variable that is set
+/// wins over its upstream name.
+pub const UPSTREAM_ENV: &[(&str, &str)] = &[
+    ("kvcm.distributed_lock.uri", "KVTIER_META__LEADER_LOCK"),
+    ("kvcm.leader_elector.node_id", "KVTIER_META__NODE_ID"),
+    (
+        "kvcm.leader_elector.lease_ms",
+        "KVTIER_META__LEADER_LEASE_MS",
+    ),
+    (
+        "kvcm.leader_elector.loop_interval_ms",
+        "KVTIER_META__LEADER_LOOP_INTERVAL_MS",
+    ),
+    ("kvcm.service.rpc_port", "KVTIER_META__RPC_PORT"),
+    ("kvcm.service.http_port", "KVTIER_META__HTTP_PORT"),
+    ("kvcm.service.admin_rpc_port", "KVTIER_META__ADMIN_RPC_PORT"),
+    (
+        "kvcm.service.admin_http_port",
+        "KVTIER_META__ADMIN_HTTP_PORT",
+    ),
+];
+
 impl Config {
     /// Parses `text` (TOML), then applies overrides from `env`
     /// (`(name, value)` pairs; pass `std::env::vars()`), then checks it.
+    /// Tair KVCM's own variable names ([`UPSTREAM_ENV`]) are read too, below
+    /// kvtier's: a deployment written for upstream keeps its settings.
     pub fn from_toml_with_env<I>(text: &str, env: I) -> kvtier_core::Result<Self>
     where
         I: IntoIterator<Item = (String, String)>,
     {
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let aliased = UPSTREAM_ENV.iter().filter_map(|&(upstream, ours)| {
+            let ours_set = env.iter().any(|(k, _)| k == ours);
+            let value = env.iter().find(|(k, _)| k == upstream).map(|(_, v)| v);
+            value
+                .filter(|_| !ours_set)
+                .map(|v| (ours.to_owned(), v.clone()))
+        });
+        let env: Vec<(String, String)> = aliased.chain(env.iter().cloned()).collect();
         let cfg: Config = kvtier_core::config::from_toml_with_env(text, env)?;
         cfg.validate()?;
         Ok(cfg)
@@ -226,6 +260,29 @@ mod tests {
         ] {
             assert!(Config::from_toml_with_env(bad, env(&[])).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn upstream_variable_names_set_what_they_set_upstream_below_kvtiers() {
+        let c = Config::from_toml_with_env(
+            "",
+            env(&[
+                ("kvcm.leader_elector.lease_ms", "2000"),
+                ("kvcm.leader_elector.node_id", "fe-a"),
+                ("kvcm.distributed_lock.uri", "memory://"),
+                ("kvcm.service.admin_http_port", "7492"),
+                ("kvcm.service.http_port", "7382"),
+                ("KVTIER_META__HTTP_PORT", "8382"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.meta.leader_lease_ms, 2000);
+        assert_eq!(c.meta.node_id, "fe-a");
+        assert_eq!(c.meta.leader_lock, "memory://");
+        assert_eq!(c.meta.admin_http_port, 7492);
+        assert_eq!(c.meta.http_port, 8382, "kvtier's own name wins");
+        let bad = Config::from_toml_with_env("", env(&[("kvcm.leader_elector.lease_ms", "soon")]));
+        assert!(bad.is_err());
     }
 
     #[test]
