@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_meta::test_support::RedisServer;
 use serde_json::{Value, json};
-use support::Proc;
+use support::{Proc, addr_in};
 
 mod support;
 
@@ -28,14 +28,6 @@ struct Frontend {
     proc: Option<Proc>,
     meta: SocketAddr,
     admin: SocketAddr,
-}
-
-fn addr_in(line: &str, key: &str) -> SocketAddr {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key))
-        .unwrap_or_else(|| panic!("listening line names {key}: {line}"))
-        .parse()
-        .expect("an address")
 }
 
 fn start(url: &str, data: &Path, pool: &Path) -> Frontend {
@@ -102,6 +94,32 @@ fn until<T>(fs: &[Frontend], what: &str, mut pick: impl FnMut(&[usize]) -> Optio
 
 fn one_leader(fs: &[Frontend], what: &str) -> usize {
     until(fs, what, |l| l.first().copied())
+}
+
+/// Waits until `restarted` reports `leader` as the leader, and checks it
+/// does not lead itself.
+fn follows(fs: &[Frontend], restarted: usize, leader: usize) {
+    let leader_id = cluster_info(&fs[leader])["self_node_id"].clone();
+    until(fs, "the restarted frontend to see the leader", |_| {
+        (cluster_info(&fs[restarted])["leader_node_id"] == leader_id).then_some(())
+    });
+    assert!(!is_leader(&fs[restarted]));
+}
+
+/// Demotes `leader` with a 60 s campaign delay: upstream's answer, and it
+/// no longer leads when the answer comes.
+fn demote(fs: &[Frontend], leader: usize) {
+    post(
+        fs[leader].admin,
+        "updateLeaderElectorConfig",
+        json!({"trace_id": "t", "campaign_delay_time_ms": 60_000}),
+    );
+    let r = post(fs[leader].admin, "leaderDemote", json!({"trace_id": "t"}));
+    assert_eq!(
+        r["header"]["status"]["message"],
+        "Leader demote request accepted"
+    );
+    assert!(!is_leader(&fs[leader]));
 }
 
 fn cluster_info(f: &Frontend) -> Value {
@@ -173,25 +191,11 @@ fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
 
     // The restarted frontend follows the new leader.
     fs[first] = start(&url, dirs[first].path(), pool.path());
-    let second_id = cluster_info(&fs[second])["self_node_id"].clone();
-    until(&fs, "the restarted frontend to see the leader", |_| {
-        (cluster_info(&fs[first])["leader_node_id"] == second_id).then_some(())
-    });
-    assert!(!is_leader(&fs[first]));
+    follows(&fs, first, second);
 
     // Demoted with a campaign delay: not leading when the answer comes,
     // replaced by another frontend, and out of the running meanwhile.
-    post(
-        fs[second].admin,
-        "updateLeaderElectorConfig",
-        json!({"trace_id": "t", "campaign_delay_time_ms": 60_000}),
-    );
-    let r = post(fs[second].admin, "leaderDemote", json!({"trace_id": "t"}));
-    assert_eq!(
-        r["header"]["status"]["message"],
-        "Leader demote request accepted"
-    );
-    assert!(!is_leader(&fs[second]));
+    demote(&fs, second);
     let third = until(&fs, "a leader after the demotion", |l| {
         l.first().copied().filter(|&i| i != second)
     });
@@ -240,19 +244,8 @@ fn frontends_elect_over_a_lock_file_across_processes() {
     fs[first].proc.take().expect("running").kill_now();
     assert_eq!(one_leader(&fs, "a leader after SIGKILL"), other);
     fs[first] = start_one(dirs[first].path());
-    let other_id = cluster_info(&fs[other])["self_node_id"].clone();
-    until(&fs, "the restarted frontend to see the leader", |_| {
-        (cluster_info(&fs[first])["leader_node_id"] == other_id).then_some(())
-    });
-    assert!(!is_leader(&fs[first]));
-
-    post(
-        fs[other].admin,
-        "updateLeaderElectorConfig",
-        json!({"trace_id": "t", "campaign_delay_time_ms": 60_000}),
-    );
-    post(fs[other].admin, "leaderDemote", json!({"trace_id": "t"}));
-    assert!(!is_leader(&fs[other]));
+    follows(&fs, first, other);
+    demote(&fs, other);
     assert_eq!(
         until(&fs, "the other to take the lock", |l| l.first().copied()),
         first

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use kvtier_meta::test_support::RedisServer;
 use serde_json::{Value, json};
-use support::{Proc, serve};
+use support::{Proc, addr_in, serve};
 
 mod support;
 
@@ -19,15 +19,6 @@ mod support;
 fn start(cmd: &mut Command) -> (Proc, SocketAddr) {
     let (proc, line) = start_listening(cmd);
     (proc, addr_in(&line, "meta_http="))
-}
-
-/// The address after `key` in a "listening" log line.
-fn addr_in(line: &str, key: &str) -> SocketAddr {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key))
-        .unwrap_or_else(|| panic!("listening line names {key}"))
-        .parse()
-        .expect("an address")
 }
 
 /// Starts `cmd` and returns it with its "listening" log line.

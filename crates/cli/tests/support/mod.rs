@@ -139,6 +139,15 @@ pub fn http_text(
 
 pub mod node;
 
+/// The address after `key` in a "listening" log line.
+pub fn addr_in(line: &str, key: &str) -> SocketAddr {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key))
+        .unwrap_or_else(|| panic!("listening line names {key}: {line}"))
+        .parse()
+        .expect("an address")
+}
+
 /// Starts `cmd` and returns it with its stderr lines up to and including
 /// the "listening" one (read as they come; no sleeping).
 pub fn start_logged(cmd: &mut Command) -> (Proc, Vec<String>) {
