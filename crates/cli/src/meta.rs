@@ -115,7 +115,6 @@ impl RunningMeta {
         };
         let server_config = ServerConfig {
             extra_metrics,
-            node_id: elector.node_id().to_owned(),
             elector: Some(elector.clone()),
             ..server_config(config)?
         };

@@ -79,8 +79,9 @@ pub struct ServerConfig {
     /// A request still running after this long is answered with a timeout
     /// (HTTP 504, gRPC `CANCELLED`/`DEADLINE_EXCEEDED`). Default 30 s.
     pub request_timeout: Duration,
-    /// Node id reported by `GetClusterInfo` / `GetManagerClusterInfo`.
-    /// Default `"kvtier-meta-0"`.
+    /// Node id reported by `GetClusterInfo` / `GetManagerClusterInfo` when
+    /// the server makes its own election (no [`ServerConfig::elector`]);
+    /// with one, the elector's id. Default `"kvtier-meta-0"`.
     pub node_id: String,
     /// Host name advertised to clients in cluster info (the bound IP when
     /// empty). Default empty.
@@ -90,10 +91,11 @@ pub struct ServerConfig {
     pub run_reaper: bool,
     /// Families appended to `GET /metrics`. Default none.
     pub extra_metrics: Option<ExtraMetrics>,
-    /// This frontend's leader election, whose `node_id` should be
-    /// [`ServerConfig::node_id`]. Default none: the server elects itself
-    /// over an in-memory lease (a single frontend, always the leader once
-    /// started, as Tair KVCM with its memory lock).
+    /// This frontend's leader election; its node id is the one cluster
+    /// info reports. Default none: the server elects itself, as
+    /// [`ServerConfig::node_id`], over an in-memory lease (a single
+    /// frontend, always the leader once started, as Tair KVCM with its
+    /// memory lock).
     pub elector: Option<Arc<Elector>>,
     /// What a follower does with leader-only calls. Default
     /// [`FollowerRequests::Serve`].

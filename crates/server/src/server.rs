@@ -137,7 +137,7 @@ impl MetaServer {
             svc: svc.clone(),
             metrics: Arc::new(Metrics::with_extra(cfg.extra_metrics.clone())),
             node: NodeInfo {
-                node_id: cfg.node_id.clone(),
+                node_id: elector.node_id().to_owned(),
                 host,
                 meta_grpc_port: meta_grpc.port(),
                 meta_http_port: meta_http.port(),

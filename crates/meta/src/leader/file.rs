@@ -125,7 +125,6 @@ impl LeaseStore for FileLease {
             return Ok(Some(Holder {
                 node: n.clone(),
                 epoch: *e,
-                remaining: None,
             }));
         }
         let mut f = self.open()?;
@@ -134,10 +133,8 @@ impl LeaseStore for FileLease {
         if self.lock(&f, FlockOperation::NonBlockingLockShared)? {
             return Ok(None);
         }
-        Ok(self.stored(&mut f)?.map(|(epoch, node)| Holder {
-            node,
-            epoch,
-            remaining: None,
-        }))
+        Ok(self
+            .stored(&mut f)?
+            .map(|(epoch, node)| Holder { node, epoch }))
     }
 }

@@ -1,7 +1,8 @@
 //! [`RedisLease`]: the lease as one Redis/Valkey key with a TTL,
 //! `<prefix>:leader` = `<epoch>|<node>`, its epochs from the counter
-//! `<prefix>:leader:epoch`. Each operation is one Lua script, atomic on the
-//! server (docs/meta-api.md §9).
+//! `<prefix>:leader:epoch`. Each change (acquire, renew, release) is one
+//! Lua script, atomic on the server; reading the holder is one `GET`
+//! (docs/meta-api.md §9).
 
 use std::time::Duration;
 
@@ -47,13 +48,6 @@ end
 return 0
 ";
 
-/// The lease's value and its remaining TTL in ms, in one round trip.
-const HOLDER: &str = r"
-local v = redis.call('GET', KEYS[1])
-if not v then return false end
-return {v, redis.call('PTTL', KEYS[1])}
-";
-
 /// The leader lease on a Redis/Valkey server.
 pub struct RedisLease {
     client: Client,
@@ -62,7 +56,7 @@ pub struct RedisLease {
     timeout: Duration,
     /// One connection, opened on first use and again after an error.
     conn: Mutex<Option<Connection>>,
-    scripts: [Script; 4],
+    scripts: [Script; 3],
 }
 
 impl std::fmt::Debug for RedisLease {
@@ -84,7 +78,7 @@ impl RedisLease {
             epoch_key: Self::epoch_key(prefix),
             timeout,
             conn: Mutex::new(None),
-            scripts: [ACQUIRE, RENEW, RELEASE, HOLDER].map(Script::new),
+            scripts: [ACQUIRE, RENEW, RELEASE].map(Script::new),
         }
     }
 
@@ -162,17 +156,10 @@ impl LeaseStore for RedisLease {
     }
 
     fn holder(&self) -> LeaseResult<Option<Holder>> {
-        let got: Option<(String, i64)> =
-            self.with_conn(|c| self.scripts[3].key(&self.lease_key).invoke(c))?;
-        let Some((value, pttl)) = got else {
-            return Ok(None);
-        };
-        let (epoch, node) = decode(&value)?;
-        let remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
-        Ok(Some(Holder {
-            node,
-            epoch,
-            remaining,
-        }))
+        let value: Option<String> =
+            self.with_conn(|c| ::redis::cmd("GET").arg(&self.lease_key).query(c))?;
+        value
+            .map(|v| decode(&v).map(|(epoch, node)| Holder { node, epoch }))
+            .transpose()
     }
 }

@@ -38,9 +38,6 @@ pub struct Holder {
     /// The holder's epoch: strictly larger for every new acquisition, so a
     /// stale leader's epoch is always smaller than the current one's.
     pub epoch: u64,
-    /// Time left before the lease lapses unless renewed; `None` where the
-    /// store has no expiry (a file lock lasts while its holder lives).
-    pub remaining: Option<Duration>,
 }
 
 /// A store of one leader lease. Every call is short and blocking (callers
@@ -143,10 +140,9 @@ impl LeaseStore for MemoryLease {
             .held
             .as_ref()
             .filter(|h| h.2 > now)
-            .map(|(n, e, exp)| Holder {
+            .map(|(n, e, _)| Holder {
                 node: n.clone(),
                 epoch: *e,
-                remaining: Some(*exp - now),
             }))
     }
 }

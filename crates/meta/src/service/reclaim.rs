@@ -180,8 +180,7 @@ fn lru_key(m: &BlockMeta) -> (u64, Reverse<u32>, BlockKey) {
 impl MetaService {
     /// Starts the background reclaimer, one pass every `interval` (at least
     /// 1 ms); it stops when the handle is dropped, the service is gone, or
-    /// `fence` (the leader's, see [`MetaService::reclaim_once_fenced`]) no
-    /// longer holds.
+    /// `fence` (the leader's, carried by every removal) no longer holds.
     pub fn spawn_reclaimer(
         self: &Arc<Self>,
         interval: Duration,
@@ -217,14 +216,10 @@ impl MetaService {
         self.reclaim_pass(None).await
     }
 
-    /// [`MetaService::reclaim_once`] as the leader runs it: every removal
-    /// carries `fence` ([`crate::MetaIndex::modify_fenced`]), and the pass
-    /// stops, with [`crate::MetaError::NotLeader`] in the report, once the
-    /// fence no longer holds.
-    pub async fn reclaim_once_fenced(&self, fence: &Fence) -> ReclaimReport {
-        self.reclaim_pass(Some(fence)).await
-    }
-
+    /// A reclaim pass; with the leader's `fence`, every removal carries it
+    /// ([`crate::MetaIndex::modify_fenced`]) and the pass stops, with
+    /// [`crate::MetaError::NotLeader`] in the report, once it no longer
+    /// holds.
     async fn reclaim_pass(&self, fence: Option<&Fence>) -> ReclaimReport {
         let mut report = ReclaimReport::default();
         // Victim order needs the reads made so far.
