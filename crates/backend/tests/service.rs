@@ -104,10 +104,10 @@ async fn session_timeout_frees_extents() {
     let grant = s.svc.start_write_cache("i", &keys(0..3)).await.unwrap();
     assert_eq!(objects(&s.pool).await, 6);
     tokio::time::advance(Duration::from_secs(11)).await;
-    assert_eq!(s.svc.reap_expired().await, 1);
+    assert_eq!(s.svc.reap_expired(None).await.unwrap(), 1);
     s.svc.wait_released().await;
     assert_eq!(objects(&s.pool).await, 0);
-    assert_eq!(s.svc.group_usage("g").total, 0);
+    assert_eq!(s.svc.group_usage("g").unwrap().total, 0);
     assert!(
         s.svc
             .finish_write_cache("i", grant.session, &[true; 3])
@@ -128,7 +128,7 @@ async fn a_full_pool_is_skipped_and_nothing_stays_charged() {
     assert!(two.blocks.iter().all(|b| b.location.storage == "plain"));
     assert!(uris(&two)[0].starts_with("s3://b/p/i/"), "{:?}", uris(&two));
     assert_eq!(objects(&s.pool).await, 2);
-    assert_eq!(s.svc.group_usage("g").total, 3 * 2 * SPEC);
+    assert_eq!(s.svc.group_usage("g").unwrap().total, 3 * 2 * SPEC);
     assert_eq!(s.svc.backend_stats().create_failures, 1);
 
     // With the pool as the only storage the write is refused and leaves
@@ -137,7 +137,7 @@ async fn a_full_pool_is_skipped_and_nothing_stays_charged() {
     t.svc.start_write_cache("i", &keys(0..1)).await.unwrap();
     let err = t.svc.start_write_cache("i", &keys(1..3)).await.unwrap_err();
     assert!(matches!(err, MetaError::NoAvailableStorage { .. }), "{err}");
-    assert_eq!(t.svc.group_usage("g").total, 2 * SPEC);
+    assert_eq!(t.svc.group_usage("g").unwrap().total, 2 * SPEC);
     assert_eq!(objects(&t.pool).await, 2);
     let meta = t.svc.get_cache_meta("i", &keys(1..3)).await.unwrap();
     assert!(meta.iter().all(Option::is_none));

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use kvtier_backend::{BackendOptions, FilePool, FilePoolOptions, PoolSpaceError};
 use kvtier_meta::{
-    ApiKey, DEFAULT_GROUP, LeaderWorkHandle, LeaderWorkIntervals, MemoryIndex, MetaConfig,
-    MetaIndex, MetaService, RedbIndex, RedisIndex, RedisIndexConfig, Role, Storage, StorageHealth,
-    StorageKind, leader::Elector,
+    ApiKey, DEFAULT_GROUP, LeaderWorkHandle, LeaderWorkIntervals, Ledger, LocalLedger, MemoryIndex,
+    MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex, RedisIndexConfig, Role, Storage,
+    StorageHealth, StorageKind, leader::Elector,
 };
 use kvtier_node::Node;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
@@ -93,8 +93,11 @@ impl RunningMeta {
                 m.session_timeout_secs.saturating_mul(2),
             ));
         }
-        let svc =
-            Arc::new(MetaService::new(index, meta_config).context("opening the metadata service")?);
+        let svc = Arc::new(
+            index
+                .service(meta_config)
+                .context("opening the metadata service")?,
+        );
         bootstrap(&svc, config, &accounts)?;
         // Restores each file pool's allocation map from the index before
         // the first write, so live extents are never handed out twice; a
@@ -160,40 +163,66 @@ fn shared_index(config: &Config) -> bool {
     config.meta.index.starts_with("redis://") || config.meta.index.starts_with("rediss://")
 }
 
-fn open_index(config: &Config) -> Result<Arc<dyn MetaIndex>> {
+/// A metadata index and the write ledger that goes with it.
+pub struct OpenIndex {
+    /// The index.
+    pub index: Arc<dyn MetaIndex>,
+    /// Its ledger: a Redis index's own, shared by every frontend on it;
+    /// this process's memory for an index only this process opens.
+    pub ledger: Arc<dyn Ledger>,
+}
+
+impl OpenIndex {
+    /// `index` with a ledger in this process's memory.
+    fn local(index: Arc<dyn MetaIndex>) -> Self {
+        OpenIndex {
+            index,
+            ledger: Arc::new(LocalLedger::new()),
+        }
+    }
+
+    /// A Redis/Valkey index at `url` under key prefix `prefix`, with its
+    /// shared ledger; `fenced`: leader-only writes fence on the epoch of a
+    /// lease kept on the same server under the same prefix
+    /// (docs/server.md §9).
+    pub fn redis(url: &str, prefix: &str, fenced: bool) -> Result<Self> {
+        let cfg = RedisIndexConfig {
+            prefix: prefix.to_owned(),
+            leader_epoch_key: fenced.then(|| kvtier_meta::leader::RedisLease::epoch_key(prefix)),
+            ..RedisIndexConfig::default()
+        };
+        let index = RedisIndex::open(url, cfg).with_context(|| format!("connecting to {url}"))?;
+        Ok(OpenIndex {
+            ledger: Arc::new(index.ledger()),
+            index: Arc::new(index),
+        })
+    }
+
+    /// The service over this index and ledger.
+    pub fn service(self, config: MetaConfig) -> kvtier_meta::Result<MetaService> {
+        MetaService::with_ledger(self.index, self.ledger, config)
+    }
+}
+
+fn open_index(config: &Config) -> Result<OpenIndex> {
     let m = &config.meta;
     Ok(match m.index.as_str() {
-        "memory" => Arc::new(MemoryIndex::new()),
+        "memory" => OpenIndex::local(Arc::new(MemoryIndex::new())),
         "embedded" => {
             let dir = &config.serve.data_dir;
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join("meta.redb");
-            Arc::new(
-                RedbIndex::open(&path, 256 << 20)
-                    .with_context(|| format!("opening the metadata index {}", path.display()))?,
-            )
+            OpenIndex::local(Arc::new(RedbIndex::open(&path, 256 << 20).with_context(
+                || format!("opening the metadata index {}", path.display()),
+            )?))
         }
         url => {
             // The lease lives beside the index (same server, same prefix):
             // the reclaimer's writes fence on its epoch there.
             let fenced = m.leader_lock.is_empty() || m.leader_lock == m.index;
-            open_redis_index(url, &m.redis_prefix, fenced)?
+            OpenIndex::redis(url, &m.redis_prefix, fenced)?
         }
     })
-}
-
-/// Opens a Redis/Valkey index at `url` under key prefix `prefix`;
-/// `fenced`: leader-only writes fence on the epoch of a lease kept on the
-/// same server under the same prefix (docs/server.md §9).
-pub fn open_redis_index(url: &str, prefix: &str, fenced: bool) -> Result<Arc<dyn MetaIndex>> {
-    let cfg = RedisIndexConfig {
-        prefix: prefix.to_owned(),
-        leader_epoch_key: fenced.then(|| kvtier_meta::leader::RedisLease::epoch_key(prefix)),
-        ..RedisIndexConfig::default()
-    };
-    Ok(Arc::new(
-        RedisIndex::open(url, cfg).with_context(|| format!("connecting to {url}"))?,
-    ))
 }
 
 fn server_config(config: &Config) -> Result<ServerConfig> {
@@ -269,7 +298,7 @@ pub fn check_admin_exists(config: &Config) -> Result<()> {
     let stored = match m.index.as_str() {
         "memory" => false,
         "embedded" if !config.serve.data_dir.join("meta.redb").exists() => false,
-        _ => kvtier_meta::stored_accounts(open_index(config)?.as_ref())
+        _ => kvtier_meta::stored_accounts(open_index(config)?.index.as_ref())
             .context("reading the accounts of the metadata index")?
             .iter()
             .any(|a| a.role == Role::Admin),

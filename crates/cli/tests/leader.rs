@@ -1,7 +1,9 @@
 //! Leader election among `kvtier meta` frontends over one real
 //! redis-server (issue 14; docs/server.md §9): three frontends elect one
-//! leader, which alone runs the reclaimer; a SIGKILLed leader is replaced
-//! within its lease while a follower's write session goes on; a demoted
+//! leader, which alone runs the reclaimer and the session reaper; a
+//! SIGKILLed leader is replaced within its lease, and its write sessions,
+//! in the shared ledger, are finished by a follower or reaped by the new
+//! leader; a demoted
 //! leader stops at once and stays out; a Redis that stops answering (a
 //! partition) leaves nobody acting as leader, and one is elected when it
 //! is back. The same hand-overs over a lock file (`leader_lock =
@@ -23,6 +25,9 @@ const LEASE_MS: u64 = 2000;
 /// How long any hand-over may take in these tests: the lease plus slack
 /// for a loaded CI machine (upstream's tests allow 10 s).
 const WITHIN: Duration = Duration::from_secs(15);
+/// Write sessions time out after this: longer than a hand-over may take
+/// between a grant and its finish, short enough to see the reaper.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(20);
 
 struct Frontend {
     proc: Option<Proc>,
@@ -37,7 +42,11 @@ fn start(url: &str, data: &Path, pool: &Path) -> Frontend {
         format!("file://{}", pool.display()),
     )
     .env("KVTIER_META__LEADER_LEASE_MS", LEASE_MS.to_string())
-    .env("KVTIER_META__RECLAIM_INTERVAL_SECS", "1");
+    .env("KVTIER_META__RECLAIM_INTERVAL_SECS", "1")
+    .env(
+        "KVTIER_META__SESSION_TIMEOUT_SECS",
+        SESSION_TIMEOUT.as_secs().to_string(),
+    );
     listening(&mut c)
 }
 
@@ -154,9 +163,12 @@ fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
         assert_eq!(metric(f, "kvtier_meta_reclaim_passes"), 0, "follower {i}");
     }
 
-    // A follower opens a write session; the leader dies (SIGKILL, lease
-    // not released); another frontend leads within the lease and the
-    // session is finished where it was opened, its charge kept.
+    // A follower and the leader open write sessions; the leader dies
+    // (SIGKILL, lease not released); another frontend leads within the
+    // lease. The sessions are in the shared ledger: the follower finishes
+    // its own and the dead leader's, every charge is seen by every
+    // frontend, and the dead leader's unfinished session is reaped by the
+    // new leader once it times out.
     let follower = (first + 1) % 3;
     let f = &fs[follower];
     post(
@@ -167,27 +179,40 @@ fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
                "location_spec_infos": [{"name": "tp0", "size": 4096}]}),
     );
     let before = used_bytes(f);
-    let grant = post(
-        f.meta,
-        "startWriteCache",
-        json!({"instance_id": "qwen", "block_keys": [1, 2]}),
-    );
+    let write = |f: &Frontend, keys: &[u64]| {
+        post(
+            f.meta,
+            "startWriteCache",
+            json!({"instance_id": "qwen", "block_keys": keys}),
+        )
+    };
+    let grant = write(f, &[1, 2]);
+    let orphaned = write(&fs[first], &[3, 4]);
+    let abandoned = write(&fs[first], &[5]);
+    let lost_at = Instant::now();
+    for f in &fs {
+        assert_eq!(used_bytes(f), before + 5 * 4096, "every grant charged once");
+    }
     fs[first].proc.take().expect("running").kill_now();
     let second = one_leader(&fs, "a leader after SIGKILL");
     assert_ne!(second, first);
-    post(
-        fs[follower].meta,
-        "finishWriteCache",
-        json!({"instance_id": "qwen", "write_session_id": grant["write_session_id"],
-               "success_blocks": {"bool_masks": {"values": [true, true]}}}),
-    );
-    assert_eq!(used_bytes(&fs[follower]), before + 2 * 4096);
+    let finish = |g: &Value, n: usize| {
+        post(
+            fs[follower].meta,
+            "finishWriteCache",
+            json!({"instance_id": "qwen", "write_session_id": g["write_session_id"],
+                   "success_blocks": {"bool_masks": {"values": vec![true; n]}}}),
+        )
+    };
+    finish(&grant, 2);
+    finish(&orphaned, 2);
+    assert_eq!(used_bytes(&fs[second]), before + 5 * 4096);
     let hit = post(
         fs[second].meta,
         "getCacheLocation",
-        json!({"instance_id": "qwen", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2]}),
+        json!({"instance_id": "qwen", "query_type": "QT_PREFIX_MATCH", "block_keys": [1, 2, 3, 4]}),
     );
-    assert_eq!(hit["locations"].as_array().map_or(0, Vec::len), 2, "{hit}");
+    assert_eq!(hit["locations"].as_array().map_or(0, Vec::len), 4, "{hit}");
 
     // The restarted frontend follows the new leader.
     fs[first] = start(&url, dirs[first].path(), pool.path());
@@ -208,7 +233,31 @@ fn frontends_on_one_redis_elect_one_leader_through_kill_demote_and_partition() {
         l.is_empty().then_some(())
     });
     redis.resume().expect("SIGCONT redis-server");
-    one_leader(&fs, "a leader after Redis is back");
+    let last = one_leader(&fs, "a leader after Redis is back");
+
+    // The dead leader's abandoned session: reaped by the leader of the
+    // day, its charge released, its key free to write again.
+    let deadline = lost_at + SESSION_TIMEOUT + WITHIN;
+    while used_bytes(&fs[last]) != before + 4 * 4096 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned session was not reaped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(matches!(
+        support::http(fs[last].meta, "POST", "/api/finishWriteCache", None, &json!({
+            "instance_id": "qwen", "write_session_id": abandoned["write_session_id"],
+            "success_blocks": {"bool_masks": {"values": [true]}}})).1["header"]["status"]["code"]
+            .as_str(),
+        Some(code) if code != "OK"
+    ));
+    let again = write(&fs[last], &[5]);
+    assert_eq!(
+        again["locations"].as_array().map_or(0, Vec::len),
+        1,
+        "{again}"
+    );
     for f in fs.iter_mut() {
         if let Some(p) = f.proc.take() {
             assert!(p.terminate().success());

@@ -1,4 +1,5 @@
-//! Compact binary encoding of [`BlockMeta`] for the durable backend.
+//! Compact binary encoding of [`BlockMeta`] for the durable backends, and
+//! of open write sessions ([`SessionRecord`]) for a shared ledger.
 //!
 //! Block records dominate the metadata footprint, so they are not JSON.
 //! The key lives in the backend's key, not in the value. Layout (all
@@ -17,6 +18,7 @@
 //! trailing bytes, unknown tags and versions with [`MetaError::Corrupt`].
 
 use crate::error::{MetaError, Result};
+use crate::ledger::{SessionRecord, SessionTarget};
 use crate::model::{
     BlockKey, BlockMeta, CacheLocation, LocationId, LocationSpec, LocationStatus, StorageKind,
 };
@@ -95,6 +97,68 @@ pub fn decode_block(key: BlockKey, bytes: &[u8]) -> Result<BlockMeta> {
         last_access_ms,
         access_count,
         depth,
+    })
+}
+
+/// The version of session records ([`encode_session`]).
+const SESSION_VERSION: u8 = 1;
+
+/// Encodes an open write session for a shared ledger. Layout (varints and
+/// strings as above):
+///
+/// ```text
+/// version(u8 = 1) instance group kind(u8) block_bytes n_targets
+///   per target: key location
+/// ```
+pub fn encode_session(s: &SessionRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + s.instance.len() + s.group.len() + s.targets.len() * 12);
+    out.push(SESSION_VERSION);
+    put_str(&mut out, &s.instance);
+    put_str(&mut out, &s.group);
+    out.push(s.kind.tag());
+    put_var(&mut out, s.block_bytes);
+    put_var(&mut out, s.targets.len() as u64);
+    for t in &s.targets {
+        put_var(&mut out, t.key.0);
+        put_var(&mut out, t.location.0);
+    }
+    out
+}
+
+/// Decodes a value written by [`encode_session`] for session `id` (named
+/// in a [`MetaError::Corrupt`] as its key).
+pub fn decode_session(id: u64, bytes: &[u8]) -> Result<SessionRecord> {
+    let mut r = Reader {
+        buf: bytes,
+        key: BlockKey(id),
+    };
+    let version = r.byte()?;
+    if version != SESSION_VERSION {
+        return Err(r.corrupt(format!("session record: unknown version {version}")));
+    }
+    let instance = r.string()?;
+    let group = r.string()?;
+    let tag = r.byte()?;
+    let kind = StorageKind::from_tag(tag)
+        .ok_or_else(|| r.corrupt(format!("session record: storage kind {tag}")))?;
+    let block_bytes = r.var()?;
+    let n = r.len()?;
+    let mut targets = Vec::with_capacity(n);
+    for _ in 0..n {
+        targets.push(SessionTarget {
+            key: BlockKey(r.var()?),
+            location: LocationId(r.var()?),
+        });
+    }
+    if !r.buf.is_empty() {
+        return Err(r.corrupt("session record: trailing bytes"));
+    }
+    Ok(SessionRecord {
+        instance,
+        group,
+        kind,
+        block_bytes,
+        targets,
     })
 }
 
@@ -222,7 +286,34 @@ mod tests {
         );
     }
 
+    #[test]
+    fn session_round_trip() {
+        let s = SessionRecord {
+            instance: "llama".into(),
+            group: "g".into(),
+            kind: StorageKind::S3,
+            block_bytes: 2 << 20,
+            targets: (0..3)
+                .map(|i| SessionTarget {
+                    key: BlockKey(u64::MAX - i),
+                    location: LocationId(i * 7),
+                })
+                .collect(),
+        };
+        let enc = encode_session(&s);
+        assert_eq!(decode_session(1, &enc).ok(), Some(s));
+        assert!(decode_session(1, &enc[..enc.len() - 1]).is_err());
+        let mut longer = enc;
+        longer.push(0);
+        assert!(decode_session(1, &longer).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn session_garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode_session(1, &bytes);
+        }
+
         #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = decode_block(BlockKey(1), &bytes);

@@ -22,7 +22,7 @@ mod redb;
 mod redis;
 mod shard;
 
-pub use self::redis::{RedisIndex, RedisIndexConfig, RedisIndexError, RedisTimeouts};
+pub use self::redis::{RedisIndex, RedisIndexConfig, RedisIndexError, RedisLedger, RedisTimeouts};
 pub use memory::MemoryIndex;
 pub use redb::RedbIndex;
 pub use shard::ShardLocks;

@@ -60,6 +60,7 @@ mod codec;
 mod error;
 pub mod index;
 pub mod leader;
+pub mod ledger;
 pub mod matching;
 pub mod model;
 pub mod path_safe;
@@ -74,8 +75,9 @@ pub use backend::{
 pub use error::{MetaError, Result};
 pub use index::{
     AccessHit, Fence, MemoryIndex, MetaIndex, Modify, RecordKind, RedbIndex, RedisIndex,
-    RedisIndexConfig, RedisIndexError, RedisTimeouts,
+    RedisIndexConfig, RedisIndexError, RedisLedger, RedisTimeouts,
 };
+pub use ledger::{Ledger, LocalLedger, SessionRecord, SessionTarget};
 pub use matching::{BlockMask, MatchMode};
 pub use model::*;
 pub use service::{

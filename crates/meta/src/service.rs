@@ -9,7 +9,9 @@
 //! 3. A refused write (quota, no storage) changes nothing.
 //! 4. Every granted byte is charged to the group until its location is
 //!    removed or its write fails or times out; a session owns the charge of
-//!    its targets until they turn serving.
+//!    its targets until they turn serving. Sessions and charges live in the
+//!    [`Ledger`]: this process's memory, or shared with the other
+//!    frontends of a shared index.
 //!
 //! Index calls are synchronous and short; they run on the calling task.
 
@@ -26,12 +28,12 @@ mod reclaim;
 mod refresh;
 mod remove;
 mod search_cache;
-mod session;
 mod snapshot;
 mod storage_admin;
 mod types;
 mod write;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -49,14 +51,10 @@ use self::catalog::Catalog;
 pub use self::catalog::stored_accounts;
 pub use self::leader_work::{LeaderWorkHandle, LeaderWorkIntervals};
 pub use self::publish::PublishedPart;
-pub use self::quota::GroupUsage;
-use self::quota::Quotas;
 use self::reclaim::ReclaimCounters;
 pub use self::reclaim::{GroupReclaim, ReclaimReport, ReclaimStats, ReclaimerHandle};
 pub use self::refresh::CatalogRefresherHandle;
 use self::search_cache::SearchCache;
-pub use self::session::SessionId;
-use self::session::Sessions;
 pub use self::snapshot::ConfigSnapshot;
 pub use self::types::{
     FinishSummary, LocationMatch, LocationQuery, MetaConfig, ReaperHandle, TrimPolicy, WriteGrant,
@@ -64,7 +62,9 @@ pub use self::types::{
 };
 use crate::error::{MetaError, Result};
 use crate::index::{MetaIndex, Modify};
-use crate::model::{BlockKey, Instance, InstanceGroup, LocationStatus, Storage};
+pub use crate::ledger::{GroupUsage, SessionId};
+use crate::ledger::{Ledger, LocalLedger};
+use crate::model::{BlockKey, Instance, InstanceGroup, LocationStatus, Storage, StorageKind};
 
 /// The metadata service.
 #[derive(Debug)]
@@ -72,8 +72,8 @@ pub struct MetaService {
     index: Arc<dyn MetaIndex>,
     config: MetaConfig,
     catalog: Catalog,
-    quotas: Quotas,
-    sessions: Sessions,
+    /// Open write sessions and quota charges.
+    ledger: Arc<dyn Ledger>,
     /// Counters of administrative events (see `admin`).
     admin: AdminState,
     /// Serving locations per (instance, key), in front of the index.
@@ -96,11 +96,25 @@ fn now_ms() -> u64 {
 }
 
 impl MetaService {
-    /// Opens the service over `index`: loads the catalog, removes writing
-    /// locations left by a previous run (their sessions are gone; with
-    /// [`MetaConfig::orphan_write_age`], only those that old) and rebuilds
-    /// quota usage. This scans every block record once.
+    /// Opens the service over `index` with a ledger in this process's
+    /// memory (a frontend alone with its index): loads the catalog, removes
+    /// writing locations left by a previous run (their sessions are gone;
+    /// with [`MetaConfig::orphan_write_age`], only those that old) and
+    /// rebuilds quota usage. This scans every block record once.
     pub fn new(index: Arc<dyn MetaIndex>, config: MetaConfig) -> Result<Self> {
+        Self::with_ledger(index, Arc::new(LocalLedger::new()), config)
+    }
+
+    /// Opens the service over `index` and `ledger` (for several frontends
+    /// over one Redis/Valkey index, [`crate::RedisIndex::ledger`]). The
+    /// start-up recovery of [`MetaService::new`] runs only while the ledger
+    /// is not built: a shared ledger that holds the charges already, with
+    /// the sessions of every frontend, needs no scan.
+    pub fn with_ledger(
+        index: Arc<dyn MetaIndex>,
+        ledger: Arc<dyn Ledger>,
+        config: MetaConfig,
+    ) -> Result<Self> {
         let catalog = Catalog::load(index.as_ref())?;
         let svc = MetaService {
             index,
@@ -110,17 +124,26 @@ impl MetaService {
             backends: Backends::default(),
             config,
             catalog,
-            quotas: Quotas::default(),
-            sessions: Sessions::default(),
+            ledger,
             admin: AdminState::default(),
             next_id: AtomicU64::new(rand::random::<u64>() >> 1),
         };
-        svc.recover()?;
+        if !svc.ledger.is_built()? {
+            svc.recover()?;
+        }
         Ok(svc)
     }
 
+    /// Removes orphaned writing locations, rebuilds every group's usage
+    /// from the index, and installs it in the ledger (unless another
+    /// frontend did meanwhile).
     fn recover(&self) -> Result<()> {
-        self.for_each_page(|inst, keys| self.recover_chunk(inst, keys))
+        let mut usage = BTreeMap::new();
+        self.for_each_page(|inst, keys| self.recover_chunk(inst, keys, &mut usage))?;
+        if !self.ledger.install(&usage)? {
+            tracing::info!("another frontend rebuilt the quota ledger first; keeping its charges");
+        }
+        Ok(())
     }
 
     /// Calls `f` with every instance and its block keys, in pages of up to
@@ -153,7 +176,12 @@ impl MetaService {
     /// the index refuses writes (a full disk), charges what is stored as it
     /// is and leaves the writing locations for a later start: only serving
     /// locations are handed out, so the service starts and serves reads.
-    fn recover_chunk(&self, inst: &Instance, keys: &[BlockKey]) -> Result<()> {
+    fn recover_chunk(
+        &self,
+        inst: &Instance,
+        keys: &[BlockKey],
+        usage: &mut BTreeMap<String, GroupUsage>,
+    ) -> Result<()> {
         let cutoff = self.orphan_cutoff_ms();
         let mut charges = Vec::new();
         let result = self.index.modify(&inst.id, keys, &mut |_, cur| {
@@ -178,8 +206,9 @@ impl MetaService {
         });
         match result {
             Ok(()) => {
+                let u = usage.entry(inst.group.clone()).or_default();
                 for (kind, size) in charges {
-                    self.quotas.charge(&inst.group, kind, size);
+                    u.add(kind, size);
                 }
                 Ok(())
             }
@@ -187,24 +216,51 @@ impl MetaService {
             // index holds now, which is right either way.
             Err(MetaError::StoreUnwritable(why)) => {
                 tracing::warn!(instance = %inst.id, why, "metadata index read-only at start: interrupted writes stay until a later start");
-                self.charge_stored(inst, keys)
+                self.charge_stored(inst, keys, usage)
             }
             Err(e) => Err(e),
         }
     }
 
-    /// Charges every location of `keys` that is not writing.
-    fn charge_stored(&self, inst: &Instance, keys: &[BlockKey]) -> Result<()> {
+    /// Adds every location of `keys` that is not writing to `usage`.
+    fn charge_stored(
+        &self,
+        inst: &Instance,
+        keys: &[BlockKey],
+        usage: &mut BTreeMap<String, GroupUsage>,
+    ) -> Result<()> {
+        let u = usage.entry(inst.group.clone()).or_default();
         for m in self.index.get(&inst.id, keys)?.into_iter().flatten() {
             for l in m
                 .locations
                 .iter()
                 .filter(|l| l.status != LocationStatus::Writing)
             {
-                self.quotas.charge(&inst.group, l.kind, l.size());
+                u.add(l.kind, l.size());
             }
         }
         Ok(())
+    }
+
+    /// Charges `bytes` to `group` on `kind`. A ledger that cannot be
+    /// reached (a shared one whose server is down) leaves the group
+    /// under-charged: logged, since the index change it follows is made.
+    fn charge_usage(&self, group: &str, kind: StorageKind, bytes: u64) {
+        if let Err(e) = self.ledger.charge(group, kind, bytes) {
+            tracing::warn!(group, bytes, error = %e, "quota ledger: charge not recorded");
+        }
+    }
+
+    /// Releases `bytes` of `group` on `kind`. A ledger that cannot be
+    /// reached leaves the bytes charged (the safe side: a quota refuses
+    /// early rather than late), logged.
+    fn release_usage(&self, group: &str, kind: StorageKind, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Err(e) = self.ledger.release(group, kind, bytes) {
+            tracing::warn!(group, bytes, error = %e, "quota ledger: release not recorded");
+        }
     }
 
     fn next_id(&self) -> u64 {
@@ -262,12 +318,18 @@ impl MetaService {
     }
 
     /// Bytes in use by a group.
-    pub fn group_usage(&self, group: &str) -> GroupUsage {
-        self.quotas.usage(group)
+    pub fn group_usage(&self, group: &str) -> Result<GroupUsage> {
+        self.ledger.usage(group)
     }
 
     /// Open write sessions that hold locations (empty grants not counted).
-    pub fn open_sessions(&self) -> usize {
-        self.sessions.len()
+    pub fn open_sessions(&self) -> Result<usize> {
+        self.ledger.held_sessions()
+    }
+
+    /// Whether the ledger is shared with other frontends (then the leader
+    /// runs the session reaper, see [`MetaService::spawn_leader_work`]).
+    pub fn shares_ledger(&self) -> bool {
+        self.ledger.is_shared()
     }
 }

@@ -329,7 +329,24 @@ pub mod world {
         config: MetaConfig,
         spec_bytes: u64,
     ) -> Arc<MetaService> {
-        let svc = MetaService::new(index, config).expect("service");
+        let ledger = Arc::new(LocalLedger::new());
+        service_on(index, ledger, dir, storages, config, spec_bytes).await
+    }
+
+    /// [`service`] over `ledger`: with the ledger of a shared index, one
+    /// frontend of several (each sets up the same catalog).
+    ///
+    /// # Panics
+    /// When the service refuses its setup (a test bug).
+    pub async fn service_on(
+        index: Arc<dyn MetaIndex>,
+        ledger: Arc<dyn Ledger>,
+        dir: &Path,
+        storages: &[&str],
+        config: MetaConfig,
+        spec_bytes: u64,
+    ) -> Arc<MetaService> {
+        let svc = MetaService::with_ledger(index, ledger, config).expect("service");
         let pool_uri = format!("file://{}", dir.display());
         svc.put_storage(storage("pool", StorageKind::FilePool, pool_uri))
             .expect("pool storage");

@@ -296,7 +296,7 @@ async fn quota_changes_apply_to_the_next_write() {
         Err(MetaError::QuotaExceeded { limit, .. }) if limit == 3 * BLOCK
     ));
     assert_eq!(svc.get_group("g").unwrap().1.total, 3 * BLOCK);
-    assert_eq!(svc.open_sessions(), 0);
+    assert_eq!(svc.open_sessions().unwrap(), 0);
 
     // Grow: accepted.
     svc.update_group(group("g", 10, &["a"])).unwrap();
@@ -329,7 +329,7 @@ async fn remove_instance_drops_blocks_releases_quota_and_cancels_sessions() {
     let dropped = svc.remove_instance("i").await.unwrap();
     assert_eq!(dropped, 13);
     assert_eq!(svc.get_group("g").unwrap().1.total, 4 * BLOCK);
-    assert_eq!(svc.open_sessions(), 0);
+    assert_eq!(svc.open_sessions().unwrap(), 0);
     assert!(matches!(
         svc.finish_write_cache("i", open.session, &[true; 3]).await,
         Err(MetaError::SessionNotFound(_))

@@ -77,7 +77,7 @@ async fn node_location(svc: &MetaService, key: u64) -> Option<CacheLocation> {
 #[tokio::test]
 async fn published_parts_are_served_charged_and_unpublished() {
     let svc = setup().await;
-    let before = svc.group_usage("g").total;
+    let before = svc.group_usage("g").unwrap().total;
     assert_eq!(
         svc.publish_parts("i", "node-a", "tp0", &parts(&[1, 2, 3], 0))
             .await
@@ -91,7 +91,7 @@ async fn published_parts_are_served_charged_and_unpublished() {
             .unwrap(),
         2
     );
-    assert_eq!(svc.group_usage("g").total, before + 5 * PART);
+    assert_eq!(svc.group_usage("g").unwrap().total, before + 5 * PART);
     let hit = svc
         .get_cache_location("i", &LocationQuery::prefix(vec![BlockKey(1), BlockKey(2)]))
         .await
@@ -117,7 +117,7 @@ async fn published_parts_are_served_charged_and_unpublished() {
             .unwrap(),
         0
     );
-    assert_eq!(svc.group_usage("g").total, before + 5 * PART);
+    assert_eq!(svc.group_usage("g").unwrap().total, before + 5 * PART);
 
     // Unpublishing one rank keeps the other; the last part takes the
     // location and the block with it.
@@ -129,7 +129,7 @@ async fn published_parts_are_served_charged_and_unpublished() {
     );
     assert_eq!(node_location(&svc, 1).await.unwrap().specs.len(), 1);
     assert!(svc.get_cache_meta("i", &[BlockKey(3)]).await.unwrap()[0].is_none());
-    assert_eq!(svc.group_usage("g").total, before + 3 * PART);
+    assert_eq!(svc.group_usage("g").unwrap().total, before + 3 * PART);
     // Unpublishing what is not published is a no-op.
     assert_eq!(
         svc.unpublish_parts("i", "node-a", "tp0", &[BlockKey(3), BlockKey(9)])
@@ -171,7 +171,7 @@ async fn a_published_part_sits_beside_a_written_location() {
 #[tokio::test]
 async fn bad_publications_change_nothing() {
     let svc = setup().await;
-    let before = svc.group_usage("g").total;
+    let before = svc.group_usage("g").unwrap().total;
     let p = parts(&[1], 0);
     assert!(matches!(
         svc.publish_parts("nope", "node-a", "tp0", &p).await,
@@ -186,5 +186,5 @@ async fn bad_publications_change_nothing() {
         Err(MetaError::InvalidArgument(_))
     ));
     assert!(svc.get_cache_meta("i", &[BlockKey(1)]).await.unwrap()[0].is_none());
-    assert_eq!(svc.group_usage("g").total, before);
+    assert_eq!(svc.group_usage("g").unwrap().total, before);
 }

@@ -134,10 +134,10 @@ async fn reclaim_brings_usage_under_the_watermark() {
     for c in 0..8u64 {
         write(&f.svc, &keys(c * 10..c * 10 + 10)).await;
     }
-    assert_eq!(f.svc.group_usage("g").total, 80 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 80 * BLOCK);
     let report = f.svc.reclaim_once().await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    let usage = f.svc.group_usage("g").total;
+    let usage = f.svc.group_usage("g").unwrap().total;
     assert!(usage <= 40 * BLOCK, "usage {usage} above the low mark");
     assert!(usage > 0, "reclaimed everything");
     let g = &report.groups["g"];
@@ -153,7 +153,7 @@ async fn reclaim_brings_usage_under_the_watermark() {
     // Below the high mark now: the next pass has nothing to do.
     let again = f.svc.reclaim_once().await;
     assert!(again.groups.is_empty(), "{again:?}");
-    assert_eq!(f.svc.group_usage("g").total, usage);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, usage);
     let stats = f.svc.reclaim_stats();
     assert_eq!(stats.passes, 2);
     assert_eq!(stats.blocks, g.blocks);
@@ -168,7 +168,11 @@ async fn a_watermark_above_one_never_reclaims_for_usage() {
     for c in 0..10u64 {
         write(&f.svc, &keys(c * 10..c * 10 + 10)).await;
     }
-    assert_eq!(f.svc.group_usage("g").total, 100 * BLOCK, "filled to quota");
+    assert_eq!(
+        f.svc.group_usage("g").unwrap().total,
+        100 * BLOCK,
+        "filled to quota"
+    );
     let report = f.svc.reclaim_once().await;
     assert!(report.groups.is_empty(), "{report:?}");
     assert_eq!(serving(&f.svc, &keys(0..100)).await.len(), 100);
@@ -177,7 +181,7 @@ async fn a_watermark_above_one_never_reclaims_for_usage() {
         .put_group(group(100, 0.5, EvictionPolicy::Lru))
         .unwrap();
     f.svc.reclaim_once().await;
-    assert!(f.svc.group_usage("g").total <= 40 * BLOCK);
+    assert!(f.svc.group_usage("g").unwrap().total <= 40 * BLOCK);
 }
 
 #[tokio::test]
@@ -233,7 +237,7 @@ async fn ttl_reclaims_idle_blocks_below_the_watermark() {
     assert_eq!(report.groups["g"].expired, 10);
     let expected: BTreeSet<u64> = (0..30).filter(|k| k % 3 != 0).collect();
     assert_eq!(serving(&f.svc, &keys(0..30)).await, expected);
-    assert_eq!(f.svc.group_usage("g").total, 20 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 20 * BLOCK);
 }
 
 #[tokio::test]
@@ -287,10 +291,10 @@ async fn writing_locations_are_never_reclaimed() {
     write(&f.svc, &keys(0..10)).await;
     let pending = f.svc.start_write_cache("i", &keys(100..160)).await.unwrap();
     assert_eq!(pending.blocks.len(), 60);
-    assert_eq!(f.svc.group_usage("g").total, 70 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 70 * BLOCK);
     let report = f.svc.reclaim_once().await;
     assert_eq!(report.groups["g"].blocks, 10);
-    assert_eq!(f.svc.group_usage("g").total, 60 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 60 * BLOCK);
     let metas = f.svc.get_cache_meta("i", &keys(100..160)).await.unwrap();
     assert!(metas.iter().all(|m| {
         m.as_ref().is_some_and(|m| {
@@ -319,7 +323,7 @@ async fn runtime_changes_apply_on_the_next_pass() {
     }
     // 60 blocks under a 90-block high mark: nothing to do.
     assert!(f.svc.reclaim_once().await.groups.is_empty());
-    assert_eq!(f.svc.group_usage("g").total, 60 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 60 * BLOCK);
     // Lower watermark: 60 -> 40, the oldest (0..20) go.
     f.svc
         .put_group(group(100, 0.5, EvictionPolicy::Lru))
@@ -335,7 +339,7 @@ async fn runtime_changes_apply_on_the_next_pass() {
     f.svc.reclaim_once().await;
     let expected: BTreeSet<u64> = (20..40).collect();
     assert_eq!(serving(&f.svc, &keys(0..60)).await, expected);
-    assert_eq!(f.svc.group_usage("g").total, 20 * BLOCK);
+    assert_eq!(f.svc.group_usage("g").unwrap().total, 20 * BLOCK);
 }
 
 #[tokio::test]
@@ -345,7 +349,7 @@ async fn background_reclaimer_runs_and_stops_with_its_handle() {
     let handle = f.svc.spawn_reclaimer(Duration::from_millis(5), None);
     // Poll with a deadline (the reclaimer runs on its own schedule).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while f.svc.group_usage("g").total > 40 * BLOCK {
+    while f.svc.group_usage("g").unwrap().total > 40 * BLOCK {
         assert!(
             std::time::Instant::now() < deadline,
             "reclaimer did not run"
@@ -405,7 +409,7 @@ async fn cached_reads_see_removal_trim_reclaim_and_timeout() {
     // A re-write of a removed key is seen, and its timeout too.
     let g = f.svc.start_write_cache("i", &ks[..1]).await.unwrap();
     assert_eq!(serving(&f.svc, &ks[..1]).await.len(), 0);
-    assert_eq!(f.svc.reap_expired().await, 1);
+    assert_eq!(f.svc.reap_expired(None).await.unwrap(), 1);
     assert!(matches!(
         f.svc.finish_write_cache("i", g.session, &[true]).await,
         Err(MetaError::SessionNotFound(_))
@@ -531,7 +535,7 @@ async fn run_ops(ops: Vec<Op>) {
                 assert!(r.errors.is_empty(), "{:?}", r.errors);
             }
             Op::Timeout => {
-                svc.reap_expired().await;
+                svc.reap_expired(None).await.unwrap();
                 open.clear();
             }
             Op::Prefix(ks) => {

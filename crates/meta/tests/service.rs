@@ -111,7 +111,7 @@ async fn two_phase_write_serves_only_after_finish() {
     let again = svc.start_write_cache("i", &ks).await.unwrap();
     assert!(again.blocks.is_empty());
     assert_eq!(again.skipped, ks);
-    assert_eq!(svc.group_usage("g").total, 4 * BLOCK);
+    assert_eq!(svc.group_usage("g").unwrap().total, 4 * BLOCK);
 
     let sum = svc
         .finish_write_cache("i", grant.session, &[true, false, true, true])
@@ -125,7 +125,7 @@ async fn two_phase_write_serves_only_after_finish() {
         }
     );
     assert_eq!(served(&svc, &ks).await, vec![true, false, true, true]);
-    assert_eq!(svc.group_usage("g").total, 3 * BLOCK);
+    assert_eq!(svc.group_usage("g").unwrap().total, 3 * BLOCK);
     let hit = svc
         .get_cache_location("i", &LocationQuery::prefix(ks.clone()))
         .await
@@ -211,8 +211,11 @@ async fn concurrent_overlapping_writes() {
         assert_eq!(m.locations.len(), 1, "one location per key: {m:?}");
         assert_eq!(m.locations[0].status, LocationStatus::Serving);
     }
-    assert_eq!(svc.group_usage("g").total, all.len() as u64 * BLOCK);
-    assert_eq!(svc.open_sessions(), 0);
+    assert_eq!(
+        svc.group_usage("g").unwrap().total,
+        all.len() as u64 * BLOCK
+    );
+    assert_eq!(svc.open_sessions().unwrap(), 0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -225,10 +228,10 @@ async fn expired_sessions_are_reclaimed() {
     let ks = keys(0..3);
     let grant = svc.start_write_cache("i", &ks).await.unwrap();
     tokio::time::advance(Duration::from_secs(9)).await;
-    assert_eq!(svc.reap_expired().await, 0);
+    assert_eq!(svc.reap_expired(None).await.unwrap(), 0);
     tokio::time::advance(Duration::from_secs(1)).await;
-    assert_eq!(svc.reap_expired().await, 1);
-    assert_eq!(svc.group_usage("g").total, 0);
+    assert_eq!(svc.reap_expired(None).await.unwrap(), 1);
+    assert_eq!(svc.group_usage("g").unwrap().total, 0);
     assert_eq!(
         svc.get_cache_meta("i", &ks).await.unwrap(),
         vec![None, None, None]
@@ -251,19 +254,19 @@ async fn background_reaper_reclaims() {
         ..MetaConfig::default()
     };
     let svc = setup_on(Arc::new(MemoryIndex::new()), 100, config).await;
-    let _reaper = svc.spawn_reaper();
+    let _reaper = svc.spawn_reaper(None);
     svc.start_write_cache("i", &keys(0..2)).await.unwrap();
     tokio::time::advance(Duration::from_secs(4)).await;
-    assert_eq!(svc.open_sessions(), 1);
+    assert_eq!(svc.open_sessions().unwrap(), 1);
     tokio::time::advance(Duration::from_secs(2)).await;
     for _ in 0..100 {
-        if svc.open_sessions() == 0 {
+        if svc.open_sessions().unwrap() == 0 {
             break;
         }
         tokio::task::yield_now().await;
     }
-    assert_eq!(svc.open_sessions(), 0);
-    assert_eq!(svc.group_usage("g").total, 0);
+    assert_eq!(svc.open_sessions().unwrap(), 0);
+    assert_eq!(svc.group_usage("g").unwrap().total, 0);
 }
 
 #[tokio::test]
@@ -273,19 +276,19 @@ async fn quota_refusal_changes_nothing() {
     svc.finish_write_cache("i", g.session, &[true, true])
         .await
         .unwrap();
-    let before = svc.group_usage("g");
+    let before = svc.group_usage("g").unwrap();
     let err = svc.start_write_cache("i", &keys(2..4)).await.unwrap_err();
     assert!(
         matches!(err, MetaError::QuotaExceeded { requested, .. } if requested == 2 * BLOCK),
         "{err:?}"
     );
     assert_eq!(err.code(), "QUOTA_EXCEEDED");
-    assert_eq!(svc.group_usage("g"), before);
+    assert_eq!(svc.group_usage("g").unwrap(), before);
     assert_eq!(
         svc.get_cache_meta("i", &keys(2..4)).await.unwrap(),
         vec![None, None]
     );
-    assert_eq!(svc.open_sessions(), 0);
+    assert_eq!(svc.open_sessions().unwrap(), 0);
     // Already-present keys do not count: this fits.
     assert_eq!(
         svc.start_write_cache("i", &keys(1..3))
@@ -308,7 +311,7 @@ async fn kind_quota_moves_writes_to_next_storage() {
     let second = svc.start_write_cache("i", &keys(2..3)).await.unwrap();
     assert_eq!(second.blocks[0].location.storage, "b");
     assert_eq!(
-        svc.group_usage("g").by_kind.get(&StorageKind::S3),
+        svc.group_usage("g").unwrap().by_kind.get(&StorageKind::S3),
         Some(&BLOCK)
     );
     // With only the full kind as candidate, the write is refused.
@@ -344,7 +347,7 @@ async fn remove_and_trim() {
     };
     svc.get_cache_location("i", &q).await.unwrap();
     assert_eq!(svc.remove_cache("i", &keys(0..2)).await.unwrap(), 2);
-    assert_eq!(svc.group_usage("g").total, 8 * BLOCK);
+    assert_eq!(svc.group_usage("g").unwrap().total, 8 * BLOCK);
     assert_eq!(
         svc.trim_cache("i", TrimPolicy::Lfu { keep: 5 })
             .await
@@ -369,7 +372,7 @@ async fn remove_and_trim() {
         .await
         .unwrap();
     assert_eq!(svc.trim_cache("i", TrimPolicy::All).await.unwrap(), 6);
-    assert_eq!(svc.group_usage("g").total, 0);
+    assert_eq!(svc.group_usage("g").unwrap().total, 0);
 }
 
 #[tokio::test]
@@ -384,12 +387,12 @@ async fn restart_keeps_serving_drops_writing() {
             .await
             .unwrap();
         svc.start_write_cache("i", &keys(3..5)).await.unwrap();
-        assert_eq!(svc.group_usage("g").total, 5 * BLOCK);
+        assert_eq!(svc.group_usage("g").unwrap().total, 5 * BLOCK);
     }
     let idx: Arc<dyn MetaIndex> = Arc::new(RedbIndex::open(&path, 1 << 20).unwrap());
     let svc = MetaService::new(idx, MetaConfig::default()).unwrap();
     assert_eq!(svc.get_instance_info("i").await.unwrap(), instance("i"));
-    assert_eq!(svc.group_usage("g").total, 3 * BLOCK);
+    assert_eq!(svc.group_usage("g").unwrap().total, 3 * BLOCK);
     assert_eq!(
         served(&svc, &keys(0..5)).await,
         vec![true, true, true, false, false]

@@ -88,6 +88,8 @@ pub struct ServerConfig {
     pub advertise_host: String,
     /// Whether the server runs the service's write-session reaper, so
     /// unfinished writes are reclaimed after their timeout. Default true.
+    /// Ignored with a shared ledger, whose sessions the leader reaps
+    /// (`MetaService::spawn_leader_work`).
     pub run_reaper: bool,
     /// Families appended to `GET /metrics`. Default none.
     pub extra_metrics: Option<ExtraMetrics>,

@@ -239,7 +239,9 @@ impl MetaServer {
             stop,
             tasks,
             api,
-            _reaper: cfg.run_reaper.then(|| svc.spawn_reaper()),
+            // A shared ledger's sessions are reaped by the leader
+            // (`MetaService::spawn_leader_work`), not by every frontend.
+            _reaper: (cfg.run_reaper && !svc.shares_ledger()).then(|| svc.spawn_reaper(None)),
         })
     }
 }

@@ -123,7 +123,7 @@ async fn keys_are_confined_to_their_groups_over_http() {
     let (_, r) = post(a, "/api/getCacheLocationLen", &q, Some(KEY_G)).await;
     assert_eq!(r["cache_location_len"], "2");
     assert!(ts.svc.get_instance_info("ib").await.is_err());
-    assert_eq!(ts.svc.open_sessions(), 0);
+    assert_eq!(ts.svc.open_sessions().unwrap(), 0);
 
     // No key / wrong key: 401 with a JSON header.
     let (st, r) = post(a, "/api/getCacheLocation", &q, None).await;
@@ -397,8 +397,8 @@ async fn state_of_h(ts: &TestServer) -> String {
         "{:?} {:?} {:?} sessions={} instances={:?}",
         ts.svc.get_instance_info("ib").await,
         ts.svc.get_cache_meta("ib", &keys).await,
-        ts.svc.group_usage("h"),
-        ts.svc.open_sessions(),
+        ts.svc.group_usage("h").unwrap(),
+        ts.svc.open_sessions().unwrap(),
         ts.svc.get_instance_info("intruder").await.is_ok(),
     )
 }

@@ -453,6 +453,6 @@ async fn requests_over_the_key_limit_are_refused() {
             .contains("at most 4"),
         "{r}"
     );
-    assert_eq!(ts.svc.open_sessions(), 0);
+    assert_eq!(ts.svc.open_sessions().unwrap(), 0);
     ts.server.shutdown().await.unwrap();
 }

@@ -123,7 +123,7 @@ async fn concurrent_writers_never_share_a_grant_and_lose_nothing() {
         touched.len().to_string(),
         "none lost"
     );
-    assert_eq!(ts.svc.open_sessions(), 0);
+    assert_eq!(ts.svc.open_sessions().unwrap(), 0);
     ts.server.shutdown().await.unwrap();
 }
 
@@ -152,7 +152,7 @@ async fn unfinished_writes_are_reclaimed_after_the_session_timeout() {
     )
     .await;
     assert_eq!(w["locations"].as_array().unwrap().len(), 2);
-    assert_eq!(ts.svc.group_usage("g").total, 128);
+    assert_eq!(ts.svc.group_usage("g").unwrap().total, 128);
 
     // Poll (with a deadline) until the reaper released the reservation.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -175,7 +175,7 @@ async fn unfinished_writes_are_reclaimed_after_the_session_timeout() {
         assert!(Instant::now() < deadline, "session never reclaimed: {r}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(ts.svc.group_usage("g").total, 0, "quota released");
+    assert_eq!(ts.svc.group_usage("g").unwrap().total, 0, "quota released");
     let (_, r) = post(
         a,
         "/api/finishWriteCache",
@@ -238,8 +238,8 @@ async fn writes_past_the_quota_are_refused_and_change_nothing() {
             .contains("quota")
     );
     assert_eq!(r["locations"], json!([]));
-    assert_eq!(ts.svc.group_usage("g").total, 64);
-    assert_eq!(ts.svc.open_sessions(), 1);
+    assert_eq!(ts.svc.group_usage("g").unwrap().total, 64);
+    assert_eq!(ts.svc.open_sessions().unwrap(), 1);
     let (_, m) = post(
         a,
         "/api/getCacheMeta",

@@ -20,13 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_meta::{
-    BlockKey, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationQuery,
+    BlockKey, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocalLedger, LocationQuery,
     LocationSpecInfo, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, Storage,
     StorageHealth, StorageKind,
 };
 
 use super::measure::Latencies;
 use super::meta_wire;
+use crate::meta::OpenIndex;
 
 /// Arguments of `kvtier bench meta`.
 #[derive(Args)]
@@ -225,19 +226,23 @@ pub fn chains(sequences: usize, keys: usize, seed: u64) -> Vec<Vec<BlockKey>> {
         .collect()
 }
 
-fn open_index(spec: &str, tmp: &tempfile::TempDir) -> Result<(String, Arc<dyn MetaIndex>)> {
+fn open_index(spec: &str, tmp: &tempfile::TempDir) -> Result<(String, OpenIndex)> {
+    let local = |index: Arc<dyn MetaIndex>| OpenIndex {
+        index,
+        ledger: Arc::new(LocalLedger::new()),
+    };
     Ok(match spec {
-        "memory" => ("memory".into(), Arc::new(MemoryIndex::new())),
+        "memory" => ("memory".into(), local(Arc::new(MemoryIndex::new()))),
         "embedded" => (
             "embedded".into(),
-            Arc::new(
+            local(Arc::new(
                 RedbIndex::open(tmp.path().join("meta.redb"), 256 << 20)
                     .context("opening the embedded index")?,
-            ),
+            )),
         ),
         other if other.starts_with("redis://") || other.starts_with("rediss://") => (
             "redis".into(),
-            crate::meta::open_redis_index(other, "kvtier-bench", false)?,
+            OpenIndex::redis(other, "kvtier-bench", false)?,
         ),
         other => bail!("unknown backend {other:?}: memory, embedded or a redis:// URL"),
     })
@@ -304,10 +309,10 @@ pub fn run(mut args: MetaBenchArgs) -> Result<()> {
 async fn bench_backend(
     args: &MetaBenchArgs,
     backend: &str,
-    index: Arc<dyn MetaIndex>,
+    index: OpenIndex,
     transports: &[String],
 ) -> Result<Vec<MetaCase>> {
-    let svc = Arc::new(MetaService::new(index, MetaConfig::default())?);
+    let svc = Arc::new(index.service(MetaConfig::default())?);
     let (storage, group, instance) = catalog();
     svc.put_storage(storage)?;
     svc.put_group(group)?;

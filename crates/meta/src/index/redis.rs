@@ -60,10 +60,12 @@
 mod config;
 mod error;
 mod keys;
+mod ledger;
 mod pool;
 mod scripts;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::redis::{Cmd, ErrorKind, ServerErrorKind, Value, cmd, pipe};
@@ -72,6 +74,7 @@ use rand::Rng;
 pub use config::{RedisIndexConfig, RedisTimeouts};
 pub use error::RedisIndexError;
 use keys::{Keys, key_of_member, member};
+pub use ledger::RedisLedger;
 use pool::{Pool, Pooled};
 use scripts::{Scripts, Stats};
 
@@ -88,7 +91,7 @@ const PAGE: usize = 1024;
 #[derive(Debug)]
 pub struct RedisIndex {
     keys: Keys,
-    pool: Pool,
+    pool: Arc<Pool>,
     locks: ShardLocks,
     scripts: Scripts,
     config: RedisIndexConfig,
@@ -108,7 +111,7 @@ impl RedisIndex {
         let client = ::redis::Client::open(url).map_err(RedisIndexError::from)?;
         let idx = RedisIndex {
             keys: Keys::new(&config.prefix),
-            pool: Pool::new(client, config.pool_size, config.timeouts),
+            pool: Arc::new(Pool::new(client, config.pool_size, config.timeouts)),
             locks: ShardLocks::new(config.lock_shards, config.batch_shards),
             scripts: Scripts::new(),
             config,
@@ -122,6 +125,12 @@ impl RedisIndex {
         let mut conn = self.pool.get()?;
         conn.run(|c| cmd("PING").query::<String>(c))?;
         Ok(())
+    }
+
+    /// The write ledger of the frontends sharing this index, on the same
+    /// server and connection pool, under the same prefix.
+    pub fn ledger(&self) -> RedisLedger {
+        RedisLedger::new(self.pool.clone(), self.keys.clone())
     }
 
     /// The configuration this index was opened with.

@@ -5,7 +5,7 @@
 //! settings (quotas, watermark, policy, storages) are read from the catalog
 //! by each write request, so an update applies to the next request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::catalog::{Change, Maps};
@@ -13,8 +13,8 @@ use super::{GroupUsage, MetaService};
 use crate::error::{MetaError, Result};
 use crate::index::{Modify, RecordKind};
 use crate::model::{
-    ALL_GROUPS, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationStatus, Storage,
-    StorageHealth, StorageKind, write_refusal,
+    ALL_GROUPS, BlockKey, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationId,
+    LocationStatus, Storage, StorageHealth, StorageKind, write_refusal,
 };
 use crate::path_safe;
 
@@ -481,7 +481,7 @@ impl MetaService {
     /// A group and its current usage.
     pub fn get_group(&self, name: &str) -> Result<(InstanceGroup, GroupUsage)> {
         let g = self.catalog.group(name)?;
-        Ok(((*g).clone(), self.quotas.usage(name)))
+        Ok(((*g).clone(), self.ledger.usage(name)?))
     }
 
     /// Every group, by name.
@@ -535,13 +535,16 @@ impl MetaService {
     /// a session finishing meanwhile finds its records gone and releases
     /// its own.
     pub(crate) fn drop_blocks(&self, inst: &Instance) -> Result<u64> {
-        for (_, s) in self.sessions.take_instance(&inst.id) {
-            self.quotas.release(
-                &s.group,
-                s.kind,
-                s.block_bytes.saturating_mul(s.targets.len() as u64),
-            );
-        }
+        let sessions = self
+            .ledger
+            .claim_instance(&inst.id, self.config.session_timeout)?;
+        // A target an interrupted finish already made serving is charged
+        // once, through its session: the sweep leaves its bytes to the
+        // session's close, which releases every target's.
+        let targets: HashSet<(BlockKey, LocationId)> = sessions
+            .iter()
+            .flat_map(|(_, s)| s.targets.iter().map(|t| (t.key, t.location)))
+            .collect();
         let mut dropped = 0u64;
         loop {
             // Deleted keys leave the scan, so always start from the top.
@@ -551,12 +554,14 @@ impl MetaService {
             }
             let mut gone: Vec<CacheLocation> = Vec::new();
             let mut freed: HashMap<StorageKind, u64> = HashMap::new();
-            let result = self.index.modify(&inst.id, &keys, &mut |_, cur| {
+            let result = self.index.modify(&inst.id, &keys, &mut |key, cur| {
                 let Some(m) = cur else {
                     return Modify::Keep;
                 };
                 for l in &m.locations {
-                    if l.status != LocationStatus::Writing {
+                    let charged_to_session =
+                        l.status == LocationStatus::Writing || targets.contains(&(key, l.id));
+                    if !charged_to_session {
                         *freed.entry(l.kind).or_default() += l.size();
                     }
                 }
@@ -566,14 +571,19 @@ impl MetaService {
             });
             self.search_cache.invalidate_instance(&inst.id);
             // After an index error we cannot tell which chunks were applied:
-            // keep the bytes charged and the space allocated (the startup
-            // rebuild corrects the ledger) rather than free space a record
-            // may still point to.
+            // keep the bytes charged and the space allocated rather than
+            // free space a record may still point to. The sessions stay
+            // claimed; the reaper closes them once the claim runs out.
             result?;
             for (kind, bytes) in freed {
-                self.quotas.release(&inst.group, kind, bytes);
+                self.release_usage(&inst.group, kind, bytes);
             }
             self.release_locations(gone);
+        }
+        for (id, s) in &sessions {
+            if let Err(e) = self.ledger.close(*id, s, 0) {
+                tracing::warn!(session = %id, error = %e, "quota ledger: cancelled session left to the reaper");
+            }
         }
         // No read after this call may see a dropped block.
         self.search_cache.invalidate_instance(&inst.id);
@@ -650,10 +660,13 @@ impl MetaService {
     pub fn stats(&self) -> MetaStats {
         let maps = self.catalog.snapshot();
         let mut stats = MetaStats {
-            open_sessions: self.sessions.len(),
             counters: self.admin.values(),
             ..MetaStats::default()
         };
+        match self.ledger.held_sessions() {
+            Ok(n) => stats.open_sessions = n,
+            Err(_) => stats.count_errors += 1,
+        }
         for id in maps.instances.keys() {
             match self.index.count(id) {
                 Ok(n) => {
@@ -663,10 +676,14 @@ impl MetaService {
             }
         }
         for (name, g) in &maps.groups {
+            let usage = self.ledger.usage(name).unwrap_or_else(|_| {
+                stats.count_errors += 1;
+                GroupUsage::default()
+            });
             stats.groups.insert(
                 name.clone(),
                 GroupStats {
-                    usage: self.quotas.usage(name),
+                    usage,
                     quota_bytes: g.quota_bytes,
                     kind_quota_bytes: g.kind_quota_bytes.clone(),
                     instances: maps.members(name).count(),

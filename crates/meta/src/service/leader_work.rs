@@ -1,6 +1,7 @@
 //! Background work that one frontend runs for all of them: the watermark
 //! reclaimer, the storage health checker and, with an index several
-//! frontends share, the sweep of orphaned writing locations
+//! frontends share, the write-session reaper (the sessions are in the
+//! shared ledger) and the sweep of orphaned writing locations
 //! (docs/server.md §9). Frontends
 //! that share one index elect a leader ([`Elector`]); the supervisor here
 //! follows the elector's role changes, starting the work when this
@@ -9,9 +10,9 @@
 //! refused once the lease it was started under is gone, even before the
 //! supervisor has seen the change.
 //!
-//! Work that stays on every frontend: the write-session reaper (sessions
-//! live in the memory of the frontend that opened them) and the catalog
-//! refresher (each frontend keeps its own copy).
+//! Work that stays on every frontend: the catalog refresher (each frontend
+//! keeps its own copy) and, with a ledger in this process's memory, the
+//! reaper of this frontend's own sessions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{HealthCheckerHandle, MetaService, ReclaimerHandle};
+use super::{HealthCheckerHandle, MetaService, ReaperHandle, ReclaimerHandle};
 use crate::error::Result;
 use crate::index::{Fence, Modify};
 use crate::leader::{Elector, Role};
@@ -61,6 +62,7 @@ struct Running {
     epoch: u64,
     _reclaimer: ReclaimerHandle,
     _health: HealthCheckerHandle,
+    _reaper: Option<ReaperHandle>,
     _sweeper: Option<AbortOnDrop>,
 }
 
@@ -201,9 +203,16 @@ fn start(
         epoch,
         _reclaimer: svc.spawn_reclaimer(every.reclaim, Some(fence.clone())),
         _health: svc.spawn_health_checker(every.health, Some(fence.clone())),
+        _reaper: svc
+            .shares_ledger()
+            .then(|| svc.spawn_reaper(Some(fence.clone()))),
+        // With a shared ledger every writing location belongs to a session
+        // the reaper closes; sweeping by age could pull one from under a
+        // finish that is still being retried.
         _sweeper: svc
             .config
             .orphan_write_age
+            .filter(|_| !svc.shares_ledger())
             .map(|age| spawn_sweeper(svc, age, fence)),
     })
 }

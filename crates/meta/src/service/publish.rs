@@ -109,8 +109,8 @@ impl MetaService {
         self.search_cache.invalidate(&inst.id, &keys);
         // On an index error a failed chunk is charged too: over-charging
         // until the next start rebuilds the ledger beats under-charging.
-        self.quotas.charge(&inst.group, kind, charged);
-        self.quotas.release(&inst.group, kind, released);
+        self.charge_usage(&inst.group, kind, charged);
+        self.release_usage(&inst.group, kind, released);
         result?;
         Ok(changed)
     }
@@ -160,7 +160,7 @@ impl MetaService {
         });
         self.search_cache.invalidate(&inst.id, keys);
         for (kind, bytes) in freed {
-            self.quotas.release(&inst.group, kind, bytes);
+            self.release_usage(&inst.group, kind, bytes);
         }
         result?;
         Ok(dropped)

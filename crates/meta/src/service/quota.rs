@@ -1,24 +1,13 @@
-//! Hard quota accounting per instance group and storage kind.
+//! Hard quotas per instance group and storage kind: which storage a write
+//! goes to, or why it is refused.
 //!
 //! Bytes are charged when a write is granted (a writing location holds its
-//! space) and released when the location is removed or its write fails.
-//! The ledger is in memory and rebuilt from the index at startup.
-
-use std::collections::{BTreeMap, HashMap};
-
-use parking_lot::Mutex;
+//! space) and released when the location is removed or its write fails;
+//! the charges live in the [`crate::ledger::Ledger`].
 
 use crate::error::{MetaError, Result};
-use crate::model::{InstanceGroup, Storage, StorageKind, write_refusal};
-
-/// Bytes in use by one group (writing + serving locations).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct GroupUsage {
-    /// All kinds together.
-    pub total: u64,
-    /// Per storage kind.
-    pub by_kind: BTreeMap<StorageKind, u64>,
-}
+use crate::ledger::GroupUsage;
+use crate::model::{InstanceGroup, Storage, write_refusal};
 
 /// Why none of the group's storages takes writes, one clause per storage:
 /// an operator must tell a disabled storage from a failing one, and both
@@ -41,83 +30,48 @@ fn unwritable_reasons(group: &InstanceGroup, candidates: &[Storage]) -> String {
     why.join("; ")
 }
 
-/// The ledger. One mutex: reservations are a few arithmetic operations.
-#[derive(Debug, Default)]
-pub(crate) struct Quotas {
-    usage: Mutex<HashMap<String, GroupUsage>>,
-}
-
-impl Quotas {
-    /// Picks the first writable candidate whose kind quota fits `bytes` and
-    /// charges it, or refuses without charging anything.
-    pub(crate) fn reserve<'s>(
-        &self,
-        group: &InstanceGroup,
-        candidates: &'s [Storage],
-        bytes: u64,
-    ) -> Result<&'s Storage> {
-        let mut usage = self.usage.lock();
-        let u = usage.entry(group.name.clone()).or_default();
-        if u.total.saturating_add(bytes) > group.quota_bytes {
-            return Err(MetaError::QuotaExceeded {
-                group: group.name.clone(),
-                requested: bytes,
-                used: u.total,
-                limit: group.quota_bytes,
-            });
+/// The quota policy: the first writable candidate whose kind quota, and
+/// the group's quota, fit `bytes` more than `usage`, as an index into
+/// `candidates`; or the refusal. The [`crate::ledger::Ledger`] applies it
+/// and charges in one step.
+pub(crate) fn choose(
+    group: &InstanceGroup,
+    candidates: &[Storage],
+    bytes: u64,
+    usage: &GroupUsage,
+) -> Result<usize> {
+    if usage.total.saturating_add(bytes) > group.quota_bytes {
+        return Err(MetaError::QuotaExceeded {
+            group: group.name.clone(),
+            requested: bytes,
+            used: usage.total,
+            limit: group.quota_bytes,
+        });
+    }
+    let mut refused_by_kind = None;
+    for (i, s) in candidates.iter().enumerate().filter(|(_, s)| s.writable()) {
+        let used = usage.by_kind.get(&s.kind).copied().unwrap_or(0);
+        let limit = group
+            .kind_quota_bytes
+            .get(&s.kind)
+            .copied()
+            .unwrap_or(u64::MAX);
+        if used.saturating_add(bytes) > limit {
+            refused_by_kind = Some((used, limit));
+            continue;
         }
-        let mut refused_by_kind = None;
-        for s in candidates.iter().filter(|s| s.writable()) {
-            let used = u.by_kind.get(&s.kind).copied().unwrap_or(0);
-            let limit = group
-                .kind_quota_bytes
-                .get(&s.kind)
-                .copied()
-                .unwrap_or(u64::MAX);
-            if used.saturating_add(bytes) > limit {
-                refused_by_kind = Some((used, limit));
-                continue;
-            }
-            u.total += bytes;
-            *u.by_kind.entry(s.kind).or_default() += bytes;
-            return Ok(s);
-        }
-        Err(match refused_by_kind {
-            Some((used, limit)) => MetaError::QuotaExceeded {
-                group: group.name.clone(),
-                requested: bytes,
-                used,
-                limit,
-            },
-            None => MetaError::NoAvailableStorage {
-                group: group.name.clone(),
-                why: unwritable_reasons(group, candidates),
-            },
-        })
+        return Ok(i);
     }
-
-    /// Charges bytes unconditionally (startup rebuild).
-    pub(crate) fn charge(&self, group: &str, kind: StorageKind, bytes: u64) {
-        let mut usage = self.usage.lock();
-        let u = usage.entry(group.to_owned()).or_default();
-        u.total += bytes;
-        *u.by_kind.entry(kind).or_default() += bytes;
-    }
-
-    /// Returns bytes to the group.
-    pub(crate) fn release(&self, group: &str, kind: StorageKind, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let mut usage = self.usage.lock();
-        let u = usage.entry(group.to_owned()).or_default();
-        u.total = u.total.saturating_sub(bytes);
-        let k = u.by_kind.entry(kind).or_default();
-        *k = k.saturating_sub(bytes);
-    }
-
-    /// Current usage of `group`.
-    pub(crate) fn usage(&self, group: &str) -> GroupUsage {
-        self.usage.lock().get(group).cloned().unwrap_or_default()
-    }
+    Err(match refused_by_kind {
+        Some((used, limit)) => MetaError::QuotaExceeded {
+            group: group.name.clone(),
+            requested: bytes,
+            used,
+            limit,
+        },
+        None => MetaError::NoAvailableStorage {
+            group: group.name.clone(),
+            why: unwritable_reasons(group, candidates),
+        },
+    })
 }

@@ -267,7 +267,14 @@ impl MetaService {
             _ => None,
         };
         let marks = marks(group, self.config.reclaim_hysteresis);
-        let usage_before = self.quotas.usage(&group.name).total;
+        let usage_of = |report: &mut ReclaimReport| match self.ledger.usage(&group.name) {
+            Ok(u) => Some(u.total),
+            Err(e) => {
+                report.errors.push((group.name.clone(), e));
+                None
+            }
+        };
+        let usage_before = usage_of(report)?;
         let mut over = marks.as_ref().is_some_and(|m| usage_before > m.high);
         if !over && ttl_ms.is_none() {
             return None;
@@ -284,7 +291,7 @@ impl MetaService {
                     break;
                 }
             };
-            let usage = self.quotas.usage(&group.name).total;
+            let Some(usage) = usage_of(report) else { break };
             let need = match (&marks, over) {
                 (Some(m), true) if usage > m.low => usage - m.low,
                 _ => {
@@ -314,7 +321,7 @@ impl MetaService {
             }
             tokio::task::yield_now().await;
         }
-        out.usage_after = self.quotas.usage(&group.name).total;
+        out.usage_after = usage_of(report).unwrap_or(out.usage_before);
         Some(out)
     }
 

@@ -67,7 +67,7 @@ impl MetaService {
             self.release_locations(gone);
         }
         for (kind, bytes) in freed {
-            self.quotas.release(&inst.group, kind, bytes);
+            self.release_usage(&inst.group, kind, bytes);
         }
         result?;
         Ok(removed)

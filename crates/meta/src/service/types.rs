@@ -70,7 +70,9 @@ pub struct MetaConfig {
     /// a writing location must be before that location counts as orphaned
     /// (the frontend that granted it is gone): the start-up recovery
     /// removes only those, leaving other frontends' writes in flight alone,
-    /// and the leader sweeps them every `orphan_write_age`
+    /// and, unless the ledger is shared (then every writing location
+    /// belongs to a session the leader reaps), the leader sweeps them
+    /// every `orphan_write_age`
     /// ([`super::MetaService::sweep_orphaned_writes`]). Keep it above
     /// every frontend's `session_timeout` plus a reaper round. `None` (one
     /// frontend per index): every writing location found at start is

@@ -4,17 +4,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
-use super::session::{Session, Target};
-use super::{FinishSummary, MetaService, ReaperHandle, SessionId, WriteGrant, WriteTarget, now_ms};
+use super::{FinishSummary, MetaService, ReaperHandle, WriteGrant, WriteTarget, now_ms, quota};
 use crate::error::{MetaError, Result};
-use crate::index::Modify;
+use crate::index::{Fence, Modify};
+use crate::ledger::{SessionId, SessionRecord, SessionTarget};
 use crate::model::{
-    BlockKey, BlockMeta, CacheLocation, Instance, LocationId, LocationSpec, LocationStatus,
-    Storage, StorageKind,
+    BlockKey, BlockMeta, CacheLocation, Instance, InstanceGroup, LocationId, LocationSpec,
+    LocationStatus, Storage, StorageKind,
 };
 use crate::path_safe::part_path;
+
+/// Expired sessions claimed per ledger call of the reaper.
+const REAP_BATCH: usize = 1024;
 
 impl MetaService {
     /// Phase one of a write: grants the keys that are neither serving nor
@@ -44,49 +45,32 @@ impl MetaService {
             .filter(|(k, cur)| !cur.as_ref().is_some_and(BlockMeta::is_live) && seen.insert(**k))
             .map(|(k, _)| *k)
             .collect();
-        let block_bytes = inst.block_bytes();
+        let timeout = self.config.session_timeout;
         if candidates.is_empty() {
             // An empty session still exists until it is finished or times
             // out, so finishing an id that was never issued is an error.
             // It charges nothing, so its kind is never used.
-            let empty = self.new_session(&inst, &group.name, StorageKind::FilePool, 0, Vec::new());
-            self.sessions.insert(session, empty);
+            let mut empty = new_session(&inst, &group.name, 0, Vec::new());
+            self.ledger.open(session, &mut empty, timeout, &mut |_| {
+                Ok(StorageKind::FilePool)
+            })?;
             return Ok(WriteGrant {
                 session,
                 blocks: Vec::new(),
                 skipped: keys.to_vec(),
             });
         }
-        let mut storages = self.catalog.candidates(&group);
-        let reserved = block_bytes.saturating_mul(candidates.len() as u64);
-        // Place the parts before touching the index; a storage whose
-        // backend cannot place them is skipped (its charge returned), and
-        // what it said is kept for the refusal if no storage is left.
-        let mut refusals = Vec::new();
-        let (storage, mut planned) = loop {
-            let storage = self
-                .quotas
-                .reserve(&group, &storages, reserved)
-                .map_err(|e| with_refusals(e, &refusals))?
-                .clone();
-            let planned: Result<HashMap<BlockKey, CacheLocation>> = candidates
-                .iter()
-                .map(|&k| Ok((k, self.new_location(&inst, &storage, k)?)))
-                .collect();
-            let mut planned = planned.inspect_err(|_| {
-                self.quotas.release(&group.name, storage.kind, reserved);
-            })?;
-            match self.place_parts(&storage, instance, &mut planned).await {
-                Ok(()) => break (storage, planned),
-                Err(e) => {
-                    tracing::warn!(storage = storage.name, error = %e, "storage backend refused a write; skipping it");
-                    self.quotas.release(&group.name, storage.kind, reserved);
-                    storages.retain(|s| s.name != storage.name);
-                    refusals.push(format!("storage {:?} refused the write: {e}", storage.name));
-                }
-            }
-        };
-
+        // Location ids first: the session records its targets when it
+        // opens, before the index holds them, so a frontend that dies
+        // past this point leaves a session for the reaper, not an orphan.
+        let targets: Vec<SessionTarget> = candidates
+            .iter()
+            .map(|&key| SessionTarget {
+                key,
+                location: LocationId(self.next_id()),
+            })
+            .collect();
+        let (mut record, mut planned) = self.open_placed(&inst, &group, session, targets).await?;
         let now = now_ms();
         // A block's depth is its (first) position in this request: its
         // distance from the root of the prefix chain the request carries.
@@ -129,27 +113,24 @@ impl MetaService {
                     .map(|location| WriteTarget { key: *k, location })
             })
             .collect();
-        // Give back the charge (and placed space) of keys someone else took
-        // meanwhile.
-        let unused = reserved - block_bytes * blocks.len() as u64;
-        self.quotas.release(&group.name, storage.kind, unused);
         for b in &blocks {
             planned.remove(&b.key);
         }
+        // Give back the space placed for keys someone else took meanwhile.
         self.release_locations(planned.into_values().collect());
-        // Registered even on error so the reaper reclaims what was made.
-        let targets = blocks
-            .iter()
-            .map(|b| Target {
-                key: b.key,
-                location: b.location.id,
-            })
-            .collect();
-        let open = self.new_session(&inst, &group.name, storage.kind, block_bytes, targets);
-        self.sessions.insert(session, open);
+        // On an index error the session keeps every target: the reaper
+        // removes what was made and releases the whole charge.
         result?;
         let granted_keys: std::collections::HashSet<BlockKey> =
             blocks.iter().map(|b| b.key).collect();
+        let dropped = record.targets.len() - blocks.len();
+        if dropped > 0 {
+            // The session must list exactly the granted blocks: the finish
+            // reports one flag for each. If the ledger cannot take that,
+            // the grant fails and the reaper undoes it.
+            record.targets.retain(|t| granted_keys.contains(&t.key));
+            self.ledger.narrow(session, &record, dropped, timeout)?;
+        }
         let skipped = keys
             .iter()
             .filter(|k| !granted_keys.contains(k))
@@ -163,23 +144,60 @@ impl MetaService {
         })
     }
 
-    /// A session of `inst` holding `targets`, open until the configured
-    /// timeout.
-    fn new_session(
+    /// Opens session `id` for `targets` on the first of the group's
+    /// storages that the quota admits and whose backend places the parts;
+    /// returns the session and the planned location of each target. A
+    /// storage whose backend refuses is skipped (its charge returned), and
+    /// what it said is kept for the refusal if no storage is left.
+    async fn open_placed(
         &self,
         inst: &Instance,
-        group: &str,
-        kind: StorageKind,
-        block_bytes: u64,
-        targets: Vec<Target>,
-    ) -> Session {
-        Session {
-            instance: inst.id.clone(),
-            group: group.to_owned(),
-            kind,
-            block_bytes,
-            deadline: Instant::now() + self.config.session_timeout,
-            targets,
+        group: &InstanceGroup,
+        id: SessionId,
+        targets: Vec<SessionTarget>,
+    ) -> Result<(SessionRecord, HashMap<BlockKey, CacheLocation>)> {
+        let mut storages = self.catalog.candidates(group);
+        let bytes = inst.block_bytes().saturating_mul(targets.len() as u64);
+        let mut refusals = Vec::new();
+        loop {
+            let mut record = new_session(inst, &group.name, inst.block_bytes(), targets.clone());
+            let mut chosen = 0;
+            self.ledger
+                .open(id, &mut record, self.config.session_timeout, &mut |usage| {
+                    chosen = quota::choose(group, &storages, bytes, usage)?;
+                    Ok(storages[chosen].kind)
+                })
+                .map_err(|e| with_refusals(e, &refusals))?;
+            let storage = storages[chosen].clone();
+            let planned = targets
+                .iter()
+                .map(|t| Ok((t.key, self.new_location(inst, &storage, t.key, t.location)?)))
+                .collect::<Result<HashMap<BlockKey, CacheLocation>>>();
+            let refused = match planned {
+                Ok(mut planned) => match self.place_parts(&storage, &inst.id, &mut planned).await {
+                    Ok(()) => return Ok((record, planned)),
+                    Err(e) => e,
+                },
+                Err(e) => {
+                    self.abandon(id, &record);
+                    return Err(e);
+                }
+            };
+            tracing::warn!(storage = storage.name, error = %refused, "storage backend refused a write; skipping it");
+            self.abandon(id, &record);
+            storages.retain(|s| s.name != storage.name);
+            refusals.push(format!(
+                "storage {:?} refused the write: {refused}",
+                storage.name
+            ));
+        }
+    }
+
+    /// Closes a session none of whose targets reached the index, releasing
+    /// its whole charge. A ledger error leaves it to the reaper.
+    fn abandon(&self, id: SessionId, record: &SessionRecord) {
+        if let Err(e) = self.ledger.close(id, record, 0) {
+            tracing::warn!(session = %id, error = %e, "quota ledger: abandoned session left to the reaper");
         }
     }
 
@@ -191,8 +209,8 @@ impl MetaService {
         inst: &Instance,
         storage: &Storage,
         key: BlockKey,
+        id: LocationId,
     ) -> Result<CacheLocation> {
-        let id = LocationId(self.next_id());
         let base = storage.uri.trim_end_matches('/');
         let specs = inst
             .location_specs
@@ -220,51 +238,59 @@ impl MetaService {
     /// Phase two: `success[i]` reports the write of `grant.blocks[i]`.
     /// Successes become serving; failures are removed and their bytes
     /// released. An unknown or expired session is
-    /// [`MetaError::SessionNotFound`].
+    /// [`MetaError::SessionNotFound`]. Any frontend sharing the ledger may
+    /// finish a session another started.
     pub async fn finish_write_cache(
         &self,
         instance: &str,
         session: SessionId,
         success: &[bool],
     ) -> Result<FinishSummary> {
-        let s = self.sessions.take_if(
-            session,
-            |s| {
-                if s.instance != instance {
-                    return Err(MetaError::SessionNotFound(session.0));
-                }
-                if s.targets.len() != success.len() {
-                    return Err(MetaError::InvalidArgument(format!(
-                        "{} flags for {} blocks",
-                        success.len(),
-                        s.targets.len()
-                    )));
-                }
-                Ok(())
-            },
-            MetaError::SessionNotFound(session.0),
-        )?;
-        match self.close_session(&s, success) {
-            // Kept, with a fresh deadline, so the caller can finish it once
-            // the index writes again (and the reaper does not drop it).
-            Err(e @ MetaError::StoreUnwritable(_)) => {
-                let deadline = Instant::now() + self.config.session_timeout;
-                self.sessions.insert(session, Session { deadline, ..s });
-                Err(e)
-            }
-            other => other,
+        let timeout = self.config.session_timeout;
+        let s = self
+            .ledger
+            .claim(session, timeout)?
+            .ok_or(MetaError::SessionNotFound(session.0))?;
+        let checked = if s.instance != instance {
+            Err(MetaError::SessionNotFound(session.0))
+        } else if s.targets.len() != success.len() {
+            Err(MetaError::InvalidArgument(format!(
+                "{} flags for {} blocks",
+                success.len(),
+                s.targets.len()
+            )))
+        } else {
+            Ok(())
+        };
+        if let Err(e) = checked {
+            self.ledger.unclaim(session, None)?;
+            return Err(e);
         }
+        self.close_session(session, &s, success, None)
+            .inspect_err(|_| {
+                // Open again, with a fresh deadline, so the caller can
+                // finish it once the index writes again (and the reaper
+                // does not drop it meanwhile).
+                if let Err(e) = self.ledger.unclaim(session, Some(timeout)) {
+                    tracing::warn!(session = %session, error = %e, "quota ledger: session left to the reaper");
+                }
+            })
     }
 
-    /// Applies a session's outcome and releases the charge of every target
-    /// that did not turn serving. Idempotent, so a session whose close the
-    /// index refused ([`MetaError::StoreUnwritable`]: nothing released, the
-    /// caller keeps the session) can be closed again later: a target an
-    /// earlier try already made serving counts as served.
-    fn close_session(&self, s: &Session, success: &[bool]) -> Result<FinishSummary> {
-        if s.targets.is_empty() {
-            return Ok(FinishSummary::default());
-        }
+    /// Applies a claimed session's outcome to the index, then closes it in
+    /// the ledger, releasing the charge of every target that did not turn
+    /// serving. On an index error nothing is released and the session
+    /// stays claimed, for the caller to open again. Idempotent, so a
+    /// session whose close failed half-way can be closed again later: a
+    /// target an earlier try already made serving counts as served,
+    /// whatever `success` says now.
+    pub(super) fn close_session(
+        &self,
+        id: SessionId,
+        s: &SessionRecord,
+        success: &[bool],
+        fence: Option<&Fence>,
+    ) -> Result<FinishSummary> {
         let wanted: HashMap<BlockKey, (LocationId, bool)> = s
             .targets
             .iter()
@@ -275,7 +301,7 @@ impl MetaService {
         let now = now_ms();
         let mut served = 0usize;
         let mut removed: Vec<CacheLocation> = Vec::new();
-        let result = self.index.modify(&s.instance, &keys, &mut |key, cur| {
+        let mut decide = |key, cur: Option<BlockMeta>| {
             let (Some(mut m), Some(&(id, ok))) = (cur, wanted.get(&key)) else {
                 return Modify::Keep;
             };
@@ -283,68 +309,76 @@ impl MetaService {
                 return Modify::Keep;
             };
             match (m.locations[pos].status, ok) {
-                (LocationStatus::Writing, _) => {}
-                (LocationStatus::Serving, true) => {
+                (LocationStatus::Serving, _) => {
                     served += 1;
-                    return Modify::Keep;
+                    Modify::Keep
                 }
-                _ => return Modify::Keep,
-            }
-            if ok {
-                m.locations[pos].status = LocationStatus::Serving;
-                m.last_access_ms = now;
-                m.access_count = m.access_count.saturating_add(1);
-                served += 1;
-                Modify::Put(m)
-            } else {
-                removed.push(m.locations.remove(pos));
-                if m.locations.is_empty() {
-                    Modify::Delete
-                } else {
+                (LocationStatus::Writing, true) => {
+                    m.locations[pos].status = LocationStatus::Serving;
+                    m.last_access_ms = now;
+                    m.access_count = m.access_count.saturating_add(1);
+                    served += 1;
                     Modify::Put(m)
                 }
+                (LocationStatus::Writing, false) => {
+                    removed.push(m.locations.remove(pos));
+                    if m.locations.is_empty() {
+                        Modify::Delete
+                    } else {
+                        Modify::Put(m)
+                    }
+                }
+                (LocationStatus::Deleting, _) => Modify::Keep,
             }
-        });
+        };
+        let result = match fence {
+            Some(f) if !keys.is_empty() => {
+                self.index.modify_fenced(&s.instance, &keys, f, &mut decide)
+            }
+            _ if keys.is_empty() => Ok(()),
+            _ => self.index.modify(&s.instance, &keys, &mut decide),
+        };
         self.search_cache.invalidate(&s.instance, &keys);
-        if let Err(e @ MetaError::StoreUnwritable(_)) = result {
-            // Nothing released: the session is closed again later.
-            return Err(e);
-        }
-        if result.is_ok() {
-            self.release_locations(removed);
-        }
-        let dropped = s.targets.len() - served;
-        self.quotas
-            .release(&s.group, s.kind, s.block_bytes * dropped as u64);
         result?;
-        Ok(FinishSummary { served, dropped })
+        self.release_locations(removed);
+        if let Err(e) = self.ledger.close(id, s, served) {
+            // The index is final; the claim runs out and the reaper closes
+            // the session again (idempotent), releasing the charge then.
+            tracing::warn!(session = %id, error = %e, "quota ledger: closing the session left to the reaper");
+        }
+        Ok(FinishSummary {
+            served,
+            dropped: s.targets.len() - served,
+        })
     }
 
     /// Fails every session past its deadline; returns how many held
-    /// locations.
-    pub async fn reap_expired(&self) -> usize {
-        let expired = self.sessions.take_expired(Instant::now());
-        let n = expired
-            .iter()
-            .filter(|(_, s)| !s.targets.is_empty())
-            .count();
-        for (id, s) in expired {
-            let fails = vec![false; s.targets.len()];
-            match self.close_session(&s, &fails) {
-                Ok(_) => {}
-                // Retried on a later round, once the index writes again.
-                Err(MetaError::StoreUnwritable(_)) => self.sessions.insert(id, s),
-                Err(e) => {
-                    tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed");
+    /// locations. With `fence` (the leader's, over a shared ledger), its
+    /// index writes are refused once this frontend no longer leads.
+    pub async fn reap_expired(&self, fence: Option<&Fence>) -> Result<usize> {
+        let lease = self.config.session_timeout;
+        let mut held = 0;
+        loop {
+            let expired = self.ledger.claim_expired(lease, REAP_BATCH)?;
+            let last_batch = expired.len() < REAP_BATCH;
+            for (id, s) in expired {
+                held += usize::from(!s.targets.is_empty());
+                let fails = vec![false; s.targets.len()];
+                if let Err(e) = self.close_session(id, &s, &fails, fence) {
+                    tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed; retried next round");
+                    // Due again at once: its deadline has passed.
+                    self.ledger.unclaim(id, None)?;
                 }
             }
+            if last_batch {
+                return Ok(held);
+            }
         }
-        n
     }
 
-    /// Starts the background reaper (every `reap_interval`); it stops when
-    /// the handle is dropped.
-    pub fn spawn_reaper(self: &Arc<Self>) -> ReaperHandle {
+    /// Starts the background reaper (every `reap_interval`, fenced by
+    /// `fence` when given); it stops when the handle is dropped.
+    pub fn spawn_reaper(self: &Arc<Self>, fence: Option<Fence>) -> ReaperHandle {
         let svc = Arc::downgrade(self);
         let period = self.config.reap_interval;
         ReaperHandle(tokio::spawn(async move {
@@ -352,10 +386,32 @@ impl MetaService {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
+                if fence.as_ref().is_some_and(|f| f.check().is_err()) {
+                    return;
+                }
                 let Some(svc) = svc.upgrade() else { return };
-                svc.reap_expired().await;
+                if let Err(e) = svc.reap_expired(fence.as_ref()).await {
+                    tracing::warn!(error = %e, "write-session reaper round failed");
+                }
             }
         }))
+    }
+}
+
+/// A session of `inst` writing `targets`, each `block_bytes`; the ledger
+/// sets its kind when it opens.
+fn new_session(
+    inst: &Instance,
+    group: &str,
+    block_bytes: u64,
+    targets: Vec<SessionTarget>,
+) -> SessionRecord {
+    SessionRecord {
+        instance: inst.id.clone(),
+        group: group.to_owned(),
+        kind: StorageKind::FilePool,
+        block_bytes,
+        targets,
     }
 }
 

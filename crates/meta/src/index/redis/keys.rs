@@ -5,7 +5,8 @@
 //! order is numeric order, so the lexicographic sorted set scans ascending.
 
 use crate::index::RecordKind;
-use crate::model::BlockKey;
+use crate::ledger::SessionId;
+use crate::model::{BlockKey, StorageKind};
 
 /// Builds the keys of one namespace.
 #[derive(Debug, Clone)]
@@ -58,11 +59,53 @@ impl Keys {
         self.join("lock", shard.to_string().as_bytes())
     }
 
+    /// Hash of one open write session: `<p>:s:<id, 16 hex digits>`, fields
+    /// `r` (the record), `d` (its deadline, ms) and `c` (until when a
+    /// caller claims it, ms; absent when unclaimed).
+    pub(super) fn session(&self, id: SessionId) -> Vec<u8> {
+        self.join("s", id.to_string().as_bytes())
+    }
+
+    /// What [`Keys::session`] puts before the id, for scripts that build
+    /// session keys from the ids they read.
+    pub(super) fn session_prefix(&self) -> Vec<u8> {
+        self.join("s", b"")
+    }
+
+    /// Sorted set of open sessions (members their 16-hex-digit ids) by
+    /// when the reaper may take them (ms): the deadline, or the end of the
+    /// claim while claimed. `<p>:sessions:due`.
+    pub(super) fn sessions_due(&self) -> Vec<u8> {
+        self.join("sessions", b"due")
+    }
+
+    /// Set of the open sessions that hold targets: `<p>:sessions:held`.
+    pub(super) fn sessions_held(&self) -> Vec<u8> {
+        self.join("sessions", b"held")
+    }
+
+    /// Hash of one group's usage: `<p>:q:<group>`, fields `total` and
+    /// `k<tag>` per storage kind (see [`kind_field`]), bytes.
+    pub(super) fn usage(&self, group: &str) -> Vec<u8> {
+        self.join("q", group.as_bytes())
+    }
+
+    /// Set once the charges of stored blocks are in the usage hashes:
+    /// `<p>:ledger:built`.
+    pub(super) fn ledger_built(&self) -> Vec<u8> {
+        self.join("ledger", b"built")
+    }
+
     /// Hash of control-plane records of one kind: `<p>:c:<kind>`, field the
     /// record name.
     pub(super) fn records(&self, kind: RecordKind) -> Vec<u8> {
         self.join("c", kind.prefix().trim_end_matches('/').as_bytes())
     }
+}
+
+/// The field of a usage hash counting `kind`'s bytes: `k<tag>`.
+pub(super) fn kind_field(kind: StorageKind) -> String {
+    format!("k{}", kind.tag())
 }
 
 /// The sorted-set member (and stats field) of a block key.
@@ -102,5 +145,9 @@ mod tests {
         assert_ne!(a.record("x", BlockKey(1)), a.record("x:", BlockKey(1)));
         assert_ne!(a.order("x"), a.stats("x"));
         assert_ne!(a.records(RecordKind::Group), a.records(RecordKind::Storage));
+        assert_ne!(a.usage("x"), a.stats("x"));
+        let mut built = a.session_prefix();
+        built.extend_from_slice(SessionId(7).to_string().as_bytes());
+        assert_eq!(built, a.session(SessionId(7)));
     }
 }
