@@ -9,7 +9,8 @@
 //! finished on any, a frontend that dies leaves its sessions to the
 //! leader's reaper, and every frontend enforces the same quota.
 //!
-//! Invariants every implementation keeps (docs/meta-api.md §6.2):
+//! Invariants every implementation keeps (docs/meta-api.md §9.1 has the
+//! full list):
 //! 1. A group's usage is the bytes of its stored (serving or deleting)
 //!    locations plus, for each open session, `block_bytes` for each of its
 //!    targets.

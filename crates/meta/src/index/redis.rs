@@ -15,6 +15,9 @@
 //! | `<p>:lock:<shard>` | string with a lease (`PX`) | the server-side lock of one shard, holding its holder's random token |
 //! | `<p>:c:<kind>` | hash name → bytes | control-plane records of one [`RecordKind`] |
 //!
+//! The write ledger of the frontends ([`RedisLedger`]) keeps its keys under
+//! the same prefix (`<p>:s:`, `<p>:sessions:`, `<p>:q:`, `<p>:ledger:`).
+//!
 //! One string per record (rather than one hash per instance) lets `WATCH`
 //! fence exactly the keys a chunk read.
 //!

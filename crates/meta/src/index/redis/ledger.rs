@@ -1,6 +1,6 @@
 //! [`RedisLedger`]: the [`Ledger`] of frontends that share one Redis/Valkey
 //! index, kept on the same server under the same prefix (key layout in
-//! [`super::keys::Keys`] and docs/meta-api.md §6.2).
+//! [`super::keys::Keys`] and docs/meta-api.md §9.1).
 //!
 //! Every change is one atomic step on the server: a Lua script, or for
 //! [`Ledger::open`] a `WATCH` of the group's usage hash, the choice in
