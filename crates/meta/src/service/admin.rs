@@ -89,7 +89,9 @@ pub struct AdminCounters {
 pub struct MetaStats {
     /// Block records per instance id.
     pub blocks_per_instance: BTreeMap<String, u64>,
-    /// Instances whose count the index failed to give (left out above).
+    /// Figures that could not be read and are left out (or zero): an
+    /// instance's count from the index, a group's usage or the open
+    /// sessions from the ledger.
     pub count_errors: u64,
     /// Per group name.
     pub groups: BTreeMap<String, GroupStats>,
