@@ -25,7 +25,7 @@ use kvtier_meta::{
     StorageHealth, StorageKind,
 };
 
-use super::measure::Latencies;
+use super::measure::{Latencies, process_cpu_time};
 use super::meta_wire;
 use crate::meta::OpenIndex;
 
@@ -83,10 +83,15 @@ pub struct MetaCase {
     pub ops_per_s: f64,
     /// Keys per second.
     pub keys_per_s: f64,
+    /// CPU time of the whole process per operation, microseconds (client
+    /// and server together: both run in this process).
+    pub cpu_us_per_op: f64,
     /// What the baseline is, when there is one.
     pub baseline: Option<String>,
     /// Baseline median latency, microseconds.
     pub baseline_p50_us: Option<f64>,
+    /// Baseline CPU per operation, microseconds.
+    pub baseline_cpu_us_per_op: Option<f64>,
     /// kvtier p50 / baseline p50.
     pub ratio_p50: Option<f64>,
     /// The DESIGN.md bar for this case, microseconds, and at which
@@ -120,6 +125,35 @@ struct Report {
 pub struct Measured {
     pub lat: Latencies,
     pub elapsed: Duration,
+    /// CPU time of the whole process during the loop: client, service
+    /// and, over a transport, the in-process server.
+    pub cpu: Duration,
+}
+
+/// When a measured loop started, by the clock and by the process's CPU
+/// time.
+pub struct Start {
+    at: Instant,
+    cpu: Duration,
+}
+
+impl Start {
+    /// Now.
+    pub fn now() -> Self {
+        Start {
+            cpu: process_cpu_time(),
+            at: Instant::now(),
+        }
+    }
+
+    /// The loop that started here, ending now, with samples `lat`.
+    pub fn measured(self, lat: Latencies) -> Measured {
+        Measured {
+            lat,
+            elapsed: self.at.elapsed(),
+            cpu: process_cpu_time().saturating_sub(self.cpu),
+        }
+    }
 }
 
 impl Measured {
@@ -133,6 +167,7 @@ impl Measured {
     ) -> MetaCase {
         let ops = self.lat.0.len();
         let secs = self.elapsed.as_secs_f64().max(1e-9);
+        let cpu_us_per_op = cpu_per_op(self.cpu, ops);
         MetaCase {
             backend: backend.into(),
             transport: transport.into(),
@@ -143,8 +178,10 @@ impl Measured {
             p99_us: self.lat.percentile_us(99.0),
             ops_per_s: ops as f64 / secs,
             keys_per_s: (ops * keys_per_op) as f64 / secs,
+            cpu_us_per_op,
             baseline: None,
             baseline_p50_us: None,
+            baseline_cpu_us_per_op: None,
             ratio_p50: None,
             bar: None,
         }
@@ -157,6 +194,7 @@ impl MetaCase {
         let p50 = base.lat.percentile_us(50.0);
         self.baseline = Some(what.into());
         self.baseline_p50_us = Some(p50);
+        self.baseline_cpu_us_per_op = Some(cpu_per_op(base.cpu, base.lat.0.len()));
         self.ratio_p50 = (p50 > 0.0).then(|| self.p50_us / p50);
         self
     }
@@ -175,6 +213,11 @@ impl MetaCase {
         });
         self
     }
+}
+
+/// `cpu` spread over `ops` operations, in microseconds.
+fn cpu_per_op(cpu: Duration, ops: usize) -> f64 {
+    cpu.as_secs_f64() * 1e6 / ops.max(1) as f64
 }
 
 /// The benchmark's instance: one group, one storage (no backend attached,
@@ -323,7 +366,7 @@ async fn bench_backend(
     // Writes, one client: every chain except the last quarter.
     let split = (seqs.len() * 3 / 4).max(1);
     let mut lat = Latencies::default();
-    let t0 = Instant::now();
+    let t0 = Start::now();
     for chain in &seqs[..split] {
         for batch in chain.chunks(args.write_batch) {
             let t = Instant::now();
@@ -332,17 +375,14 @@ async fn bench_backend(
         }
     }
     cases.push(
-        Measured {
-            lat,
-            elapsed: t0.elapsed(),
-        }
-        .case(backend, "inproc", "write", args.write_batch),
+        t0.measured(lat)
+            .case(backend, "inproc", "write", args.write_batch),
     );
 
     // Writes, concurrent clients over the remaining chains.
     let rest: Vec<Vec<BlockKey>> = seqs[split..].to_vec();
     if !rest.is_empty() {
-        let t0 = Instant::now();
+        let t0 = Start::now();
         let mut tasks = Vec::new();
         for w in 0..args.writers.max(1) {
             let svc = svc.clone();
@@ -370,11 +410,8 @@ async fn bench_backend(
             lat.0.extend(t.await??.0);
         }
         cases.push(
-            Measured {
-                lat,
-                elapsed: t0.elapsed(),
-            }
-            .case(backend, "inproc", "write_concurrent", args.write_batch),
+            t0.measured(lat)
+                .case(backend, "inproc", "write_concurrent", args.write_batch),
         );
     }
 
@@ -440,7 +477,7 @@ async fn match_inproc(
             .await?;
     }
     let mut lat = Latencies::default();
-    let t0 = Instant::now();
+    let t0 = Start::now();
     for &i in order {
         let q = LocationQuery::prefix(seqs[i].clone());
         let t = Instant::now();
@@ -454,10 +491,7 @@ async fn match_inproc(
             );
         }
     }
-    Ok(Measured {
-        lat,
-        elapsed: t0.elapsed(),
-    })
+    Ok(t0.measured(lat))
 }
 
 /// The floor: the same lookups in a `HashMap` holding the same locations.
@@ -478,7 +512,7 @@ async fn match_floor(
         }
     }
     let mut lat = Latencies::default();
-    let t0 = Instant::now();
+    let t0 = Start::now();
     for &i in order {
         let keys = seqs[i].clone();
         let t = Instant::now();
@@ -488,16 +522,24 @@ async fn match_floor(
         lat.push(t.elapsed());
         std::hint::black_box(n);
     }
-    Ok(Measured {
-        lat,
-        elapsed: t0.elapsed(),
-    })
+    Ok(t0.measured(lat))
 }
 
 fn print_table(cases: &[MetaCase]) {
     println!(
-        "{:<9} {:<6} {:<17} {:>5} {:>7} {:>10} {:>10} {:>11} {:>10} {:>7}  bar",
-        "backend", "via", "op", "keys", "ops", "p50 us", "p99 us", "ops/s", "floor p50", "ratio"
+        "{:<9} {:<6} {:<17} {:>5} {:>7} {:>10} {:>10} {:>11} {:>8} {:>10} {:>7} {:>9}  bar",
+        "backend",
+        "via",
+        "op",
+        "keys",
+        "ops",
+        "p50 us",
+        "p99 us",
+        "ops/s",
+        "cpu us",
+        "floor p50",
+        "ratio",
+        "floor cpu"
     );
     for c in cases {
         let bar = c.bar.as_ref().map_or(String::new(), |b| {
@@ -509,7 +551,7 @@ fn print_table(cases: &[MetaCase]) {
             )
         });
         println!(
-            "{:<9} {:<6} {:<17} {:>5} {:>7} {:>10.1} {:>10.1} {:>11.0} {:>10} {:>7}  {}",
+            "{:<9} {:<6} {:<17} {:>5} {:>7} {:>10.1} {:>10.1} {:>11.0} {:>8.1} {:>10} {:>7} {:>9}  {}",
             c.backend,
             c.transport,
             c.op,
@@ -518,8 +560,11 @@ fn print_table(cases: &[MetaCase]) {
             c.p50_us,
             c.p99_us,
             c.ops_per_s,
+            c.cpu_us_per_op,
             c.baseline_p50_us.map_or("-".into(), |v| format!("{v:.1}")),
             c.ratio_p50.map_or("-".into(), |v| format!("{v:.2}")),
+            c.baseline_cpu_us_per_op
+                .map_or("-".into(), |v| format!("{v:.1}")),
             bar
         );
     }

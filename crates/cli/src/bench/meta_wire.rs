@@ -18,7 +18,7 @@ use kvtier_meta::{BlockKey, MetaService};
 use kvtier_server::{MetaServer, ServerConfig};
 
 use super::measure::Latencies;
-use super::meta::{INSTANCE, Measured};
+use super::meta::{INSTANCE, Measured, Start};
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -181,16 +181,13 @@ where
     Fut: std::future::Future<Output = Result<T>>,
 {
     let mut lat = Latencies::default();
-    let t0 = Instant::now();
+    let t0 = Start::now();
     for &i in order {
         let t = Instant::now();
         std::hint::black_box(f(i).await?);
         lat.push(t.elapsed());
     }
-    Ok(Measured {
-        lat,
-        elapsed: t0.elapsed(),
-    })
+    Ok(t0.measured(lat))
 }
 
 /// A gRPC `MetaService` whose `GetCacheLocation` returns a canned reply and
