@@ -459,6 +459,7 @@ fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), Node
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
+            spec: None,
         })?),
     }
 }

@@ -296,6 +296,7 @@ async fn a_storage_of_another_node_is_refused() {
         uri: "kvtier://node-2".into(),
         enabled: true,
         health: kvtier_meta::StorageHealth::Healthy,
+        spec: None,
     })
     .unwrap();
     let sink = NodeViewSink::new();

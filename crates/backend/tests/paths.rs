@@ -63,6 +63,7 @@ fn storage(name: &str, uri: String) -> Storage {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 

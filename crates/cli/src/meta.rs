@@ -313,6 +313,7 @@ fn default_storage(config: &Config) -> Result<Storage> {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
 }
 

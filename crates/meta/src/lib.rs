@@ -39,7 +39,8 @@
 //! use kvtier_meta::*;
 //! let svc = MetaService::new(Arc::new(MemoryIndex::new()), MetaConfig::default())?;
 //! svc.put_storage(Storage { name: "s3".into(), kind: StorageKind::S3,
-//!     uri: "s3://kv/cache".into(), enabled: true, health: StorageHealth::Healthy })?;
+//!     uri: "s3://kv/cache".into(), enabled: true, health: StorageHealth::Healthy,
+//!     spec: None })?;
 //! svc.put_group(InstanceGroup { name: "g".into(), quota_bytes: 1 << 40,
 //!     kind_quota_bytes: Default::default(), watermark: 0.9,
 //!     eviction: EvictionPolicy::Lru, storages: vec!["s3".into()], max_instances: 8 })?;

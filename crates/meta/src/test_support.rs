@@ -315,6 +315,7 @@ pub mod world {
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
+            spec: None,
         }
     }
 

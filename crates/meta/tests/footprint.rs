@@ -135,6 +135,7 @@ fn service(idx: Arc<dyn MetaIndex>) -> MetaService {
         uri: "kvtier://node-3/pool".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
     .unwrap();
     svc.put_group(InstanceGroup {

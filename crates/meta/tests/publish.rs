@@ -16,6 +16,7 @@ fn storage(name: &str, kind: StorageKind, uri: &str) -> Storage {
         uri: uri.into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 

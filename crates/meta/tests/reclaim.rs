@@ -22,6 +22,7 @@ fn storage() -> Storage {
         uri: "file:///kv/a".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 

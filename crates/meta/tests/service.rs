@@ -18,6 +18,7 @@ fn storage(name: &str, kind: StorageKind) -> Storage {
         uri: format!("file:///kv/{name}"),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 

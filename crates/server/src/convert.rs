@@ -231,10 +231,13 @@ pub fn match_mode(qt: pb::QueryType, sw_size: i32, n_keys: usize) -> Result<Matc
 }
 
 /// The wire storage type of a model storage kind. kvtier's tiers have no
-/// upstream number yet and are exposed as `ST_NFS` (docs/meta-api.md §7).
+/// upstream number yet and are exposed as `ST_NFS` (docs/meta-api.md §7);
+/// upstream's own kinds keep their numbers.
 pub fn storage_type(kind: StorageKind) -> pb::StorageType {
     match kind {
         StorageKind::KvtierNode | StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
+        StorageKind::Mooncake => pb::StorageType::StMooncake,
+        StorageKind::TairMemPool => pb::StorageType::StTairmempool,
     }
 }
 

@@ -253,3 +253,170 @@ async fn no_block_size_and_token_ids_short_of_a_block() {
     .await;
     assert_eq!(code(&f), "OK", "{f}");
 }
+
+/// Upstream's memory stores, as its admin tooling sends them.
+fn foreign_storages() -> [serde_json::Value; 2] {
+    [
+        json!({
+            "global_unique_name": "mc",
+            "mooncake": {
+                "local_hostname": "10.0.0.1",
+                "metadata_connstring": "etcd://10.0.0.2:2379",
+                "protocol": "rdma",
+                "rdma_device": "mlx5_0",
+                "master_service_entry": "10.0.0.3:50051"
+            },
+            "check_storage_available_when_open": false
+        }),
+        json!({
+            "global_unique_name": "pool",
+            "tair_mem_pool": {"domain": "pool.example", "timeout": 300, "service_discovery_url": ""},
+            "check_storage_available_when_open": false
+        }),
+    ]
+}
+
+/// D.2 row 20: `mooncake` and `tair_mem_pool` storages are added (kvtier
+/// once answered UNSUPPORTED), listed back as given, and never written: a
+/// group on one and a file pool writes to the file pool, a group on one
+/// alone is refused. Over HTTP.
+#[tokio::test]
+async fn mooncake_and_tair_mem_pool_storages_are_kept_and_never_written() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    for s in foreign_storages() {
+        let (_, r) = post(
+            a,
+            "/api/addStorage",
+            &json!({"trace_id": "t", "storage": s}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+    }
+    let (_, r) = post(a, "/api/listStorage", &json!({"trace_id": "t"}), None).await;
+    let listed = r["storage"].as_array().expect("storages");
+    for s in foreign_storages() {
+        let name = &s["global_unique_name"];
+        let back = listed
+            .iter()
+            .find(|l| l["global_unique_name"] == *name)
+            .unwrap_or_else(|| panic!("{name} listed: {r}"));
+        // Every field as given (the JSON writes 32-bit numbers as numbers).
+        assert_eq!(*back, s);
+    }
+
+    // Upstream's required spec fields stay required.
+    let bad = json!({"global_unique_name": "x", "tair_mem_pool": {"domain": ""}});
+    let (_, r) = post(
+        a,
+        "/api/addStorage",
+        &json!({"trace_id": "t", "storage": bad}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "INVALID_ARGUMENT", "{r}");
+    assert!(
+        r["header"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("{domain}"),
+        "{r}"
+    );
+
+    let m = ts.server.meta_http_addr();
+    for (group, candidates, want) in [
+        ("mixed", vec!["mc", "nfs"], "OK"),
+        ("memory", vec!["mc", "pool"], "REACH_MAX_ENTITY_CAPACITY"),
+    ] {
+        let (_, r) = post(
+            a,
+            "/api/createInstanceGroup",
+            &group_body(group, &candidates, json!([])),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+        let inst = format!("i-{group}");
+        let (_, r) = post(
+            m,
+            "/api/registerInstance",
+            &register_body(&inst, group),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+        let (_, r) = post(
+            m,
+            "/api/startWriteCache",
+            &json!({"trace_id": "t", "instance_id": inst, "block_keys": [1]}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), want, "{group}: {r}");
+        if want == "OK" {
+            let uri = r["locations"][0]["location_specs"][0]["uri"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                uri.starts_with("file:///mnt/nfs"),
+                "written to the file pool: {r}"
+            );
+        }
+    }
+}
+
+/// The same storages over gRPC: added and listed back field for field.
+#[tokio::test]
+async fn foreign_storages_round_trip_over_grpc() {
+    use apb::storage_config::StorageSpec as S;
+    let ts = start().await;
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("connect");
+    let given = [
+        apb::StorageConfig {
+            global_unique_name: "mc".into(),
+            storage_spec: Some(S::Mooncake(apb::MooncakeStorageSpec {
+                local_hostname: "h".into(),
+                metadata_connstring: "etcd://m".into(),
+                protocol: "tcp".into(),
+                rdma_device: String::new(),
+                master_service_entry: "master:50051".into(),
+            })),
+            check_storage_available_when_open: false,
+        },
+        apb::StorageConfig {
+            global_unique_name: "pool".into(),
+            storage_spec: Some(S::TairMemPool(apb::TairMemPoolStorageSpec {
+                domain: "d".into(),
+                timeout: 7,
+                service_discovery_url: "http://sd".into(),
+            })),
+            check_storage_available_when_open: false,
+        },
+    ];
+    for s in &given {
+        let r = c
+            .add_storage(apb::AddStorageRequest {
+                trace_id: "t".into(),
+                storage: Some(s.clone()),
+            })
+            .await
+            .expect("transport")
+            .into_inner();
+        let status = r.header.and_then(|h| h.status).expect("status");
+        assert_eq!(status.code, apb::ErrorCode::Ok as i32, "{}", status.message);
+    }
+    let listed = c
+        .list_storage(apb::ListStorageRequest {
+            trace_id: "t".into(),
+        })
+        .await
+        .expect("transport")
+        .into_inner()
+        .storage;
+    for s in &given {
+        assert!(listed.contains(s), "{s:?} in {listed:?}");
+    }
+}

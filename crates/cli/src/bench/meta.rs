@@ -187,6 +187,7 @@ fn catalog() -> (Storage, InstanceGroup, Instance) {
         uri: "s3://bench/kv".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     };
     let group = InstanceGroup {
         name: "bench".into(),

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::catalog::{Change, Maps};
+use super::storage_admin::Opened;
 use super::{GroupUsage, MetaService};
 use crate::error::{MetaError, Result};
 use crate::index::{Modify, RecordKind};
@@ -49,6 +50,8 @@ pub struct HealthReport {
 pub struct StorageStatus {
     /// Storage name.
     pub name: String,
+    /// Its kind: one kvtier has no backend for never takes writes.
+    pub kind: StorageKind,
     /// Whether it takes new writes (admin switch).
     pub enabled: bool,
     /// Last probe result.
@@ -312,10 +315,14 @@ fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
 impl MetaService {
     /// Adds a storage; [`MetaError::AlreadyExists`] if the name is taken.
     /// A `file://` directory must be absolute and normal and, with
-    /// `MetaConfig::storage_roots`, under a root; with a
+    /// `MetaConfig::storage_roots`, under a root. With a
     /// `MetaConfig::backend_opener` the storage's backend is opened (a file
-    /// pool creates its files) and attached at once, and a backend that
-    /// cannot be opened refuses the add. Refused: nothing changes.
+    /// pool creates its files) and attached at once; one that cannot be
+    /// opened now is added all the same (as Tair KVCM does), unhealthy,
+    /// with a warning: it takes no writes until the health checker opens
+    /// its backend and the probe passes. A kind kvtier has no backend for
+    /// (`StorageKind::has_backend`) is added and never written. Refused:
+    /// nothing changes.
     pub fn add_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
         self.check_storage_dir(&s)?;
@@ -323,7 +330,8 @@ impl MetaService {
         if self.catalog.storage(&s.name).is_ok() {
             return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
         }
-        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s));
+        let s = opened.registered(s);
         self.apply_with_backends(opened, |maps| {
             if maps.storages.contains_key(&s.name) {
                 return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
@@ -343,19 +351,25 @@ impl MetaService {
     /// and kind. The directory rules of [`MetaService::add_storage`]
     /// apply; with a backend opener a changed kind or URI opens a new
     /// backend that replaces the old one (same kind and URI: the backend is
-    /// kept).
+    /// kept). A new backend that cannot be opened now leaves the storage
+    /// unhealthy and without a backend, as [`MetaService::add_storage`].
     pub fn update_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
         self.check_storage_dir(&s)?;
         self.catalog.storage(&s.name)?;
-        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s));
+        let unopened = opened.unopened(&s.name);
         self.apply_with_backends(opened, |maps| {
             let Some(cur) = maps.storages.get(&s.name) else {
                 return Err(MetaError::StorageNotFound(s.name.clone()));
             };
             let s = Storage {
                 enabled: cur.enabled,
-                health: cur.health,
+                health: if unopened {
+                    StorageHealth::Unhealthy
+                } else {
+                    cur.health
+                },
                 ..s
             };
             Ok((vec![Change::PutStorage(s)], ()))
@@ -395,7 +409,7 @@ impl MetaService {
     /// reclaimer's or the instance's business). With a backend opener the
     /// storage's backend is detached: nothing on it is freed any more.
     pub fn remove_storage(&self, name: &str) -> Result<()> {
-        self.apply_with_backends(Vec::new(), |maps| {
+        self.apply_with_backends(Opened::default(), |maps| {
             if !maps.storages.contains_key(name) {
                 return Err(MetaError::StorageNotFound(name.to_owned()));
             }
@@ -596,6 +610,7 @@ impl MetaService {
             .into_iter()
             .map(|s| StorageStatus {
                 name: s.name,
+                kind: s.kind,
                 enabled: s.enabled,
                 health: s.health,
             })
@@ -693,7 +708,13 @@ fn health_problem(
     }
     let refusals: Vec<Option<&str>> = storages
         .iter()
-        .map(|s| write_refusal(s.enabled, s.health))
+        .map(|s| {
+            if s.kind.has_backend() {
+                write_refusal(s.enabled, s.health)
+            } else {
+                Some("without a backend in kvtier")
+            }
+        })
         .collect();
     if storages.is_empty() || refusals.iter().any(Option::is_none) {
         return None;

@@ -1,8 +1,10 @@
 //! Admin-package messages <-> model: storages, instance groups, accounts.
 //!
-//! The model knows three storage kinds (kvtier node tiers, shared file
-//! pools, S3); the wire knows Tair KVCM's backends. The mapping is lossy in
-//! places and written down in docs/server.md ("Admin mapping").
+//! The model's storage kinds are kvtier's backends (kvtier node tiers,
+//! shared file pools, S3) plus Tair KVCM's memory stores (`mooncake`,
+//! `tair_mem_pool`), which kvtier keeps and lists but has no backend for;
+//! the wire knows Tair KVCM's backends. The mapping is lossy in places and
+//! written down in docs/server.md ("Admin mapping").
 
 use std::collections::BTreeMap;
 
@@ -24,10 +26,49 @@ fn file_uri(path: &str) -> String {
     }
 }
 
-/// A wire storage as a model storage (enabled, healthy).
+/// The spec of a kind kvtier has no backend for, checked as upstream
+/// checks it (`data_storage/storage_config.cc`), as the model keeps it.
+fn foreign_spec<T: serde::Serialize>(
+    name: &str,
+    kind: &str,
+    missing: &[&str],
+    spec: &T,
+) -> Result<serde_json::Value, Fail> {
+    if !missing.is_empty() {
+        let fields: String = missing.iter().map(|f| format!("{{{f}}}")).collect();
+        return Err(Fail::invalid(format!(
+            "storage {name:?}: missing or invalid fields: {{{kind}: {fields}}}"
+        )));
+    }
+    serde_json::to_value(spec).map_err(|e| Fail::invalid(format!("storage {name:?}: {e}")))
+}
+
+/// The fields of a mooncake spec upstream requires that are empty.
+fn mooncake_missing(m: &pb::MooncakeStorageSpec) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    for (field, value) in [
+        ("local_hostname", &m.local_hostname),
+        ("metadata_connstring", &m.metadata_connstring),
+        ("protocol", &m.protocol),
+        ("master_service_entry", &m.master_service_entry),
+    ] {
+        if value.is_empty() {
+            missing.push(field);
+        }
+    }
+    if m.protocol == "rdma" && m.rdma_device.is_empty() {
+        missing.push("rdma_device");
+    }
+    missing
+}
+
+/// A wire storage as a model storage (enabled, healthy). `mooncake` and
+/// `tair_mem_pool` are kept with their spec, under a URI that only names
+/// them: kvtier has no backend for them, so they never take writes.
 pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
     use pb::storage_config::StorageSpec as S;
     let name = c.global_unique_name.clone();
+    let mut spec = None;
     let (kind, uri) = match &c.storage_spec {
         Some(S::Local(_)) => (StorageKind::KvtierNode, format!("{LOCAL_SCHEME}{name}")),
         Some(S::Nfs(n)) => (StorageKind::FilePool, file_uri(&n.root_path)),
@@ -48,10 +89,19 @@ pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
                 t.root_dir
             )),
         ),
-        Some(S::Mooncake(_)) | Some(S::TairMemPool(_)) => {
-            return Err(Fail::unsupported(format!(
-                "storage {name:?}: mooncake and tair_mem_pool backends are not supported"
-            )));
+        Some(S::Mooncake(m)) => {
+            let missing = mooncake_missing(m);
+            spec = Some(foreign_spec(&name, "MooncakeStorageSpec", &missing, m)?);
+            (StorageKind::Mooncake, format!("mooncake://{name}"))
+        }
+        Some(S::TairMemPool(t)) => {
+            let missing: &[&str] = if t.domain.is_empty() {
+                &["domain"]
+            } else {
+                &[]
+            };
+            spec = Some(foreign_spec(&name, "TairMemPoolStorageSpec", missing, t)?);
+            (StorageKind::TairMemPool, format!("tair-mem-pool://{name}"))
         }
         None => return Err(Fail::invalid(format!("storage {name:?} has no spec"))),
     };
@@ -61,11 +111,22 @@ pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec,
     })
 }
 
-/// A model storage on the wire: node tiers as `local`, everything else as
-/// `nfs` with the storage URI as its root path.
+/// The wire spec a model storage keeps (inverse of [`foreign_spec`]); the
+/// default spec if the record holds none or another shape.
+fn kept_spec<T: serde::de::DeserializeOwned + Default>(s: &Storage) -> T {
+    s.spec
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+/// A model storage on the wire: node tiers as `local`, upstream's memory
+/// stores with the spec they were given, everything else as `nfs` with the
+/// storage URI as its root path.
 pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
     use pb::storage_config::StorageSpec as S;
     let spec = match s.kind {
@@ -78,6 +139,8 @@ pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
             root_path: s.uri.clone(),
             key_count_per_file: 0,
         }),
+        StorageKind::Mooncake => S::Mooncake(kept_spec(s)),
+        StorageKind::TairMemPool => S::TairMemPool(kept_spec(s)),
     };
     pb::StorageConfig {
         global_unique_name: s.name.clone(),
@@ -103,7 +166,8 @@ fn quota_kind(t: i32) -> Option<StorageKind> {
 fn quota_type(k: StorageKind) -> pb::StorageType {
     match k {
         StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
-        StorageKind::KvtierNode => pb::StorageType::StTairmempool,
+        StorageKind::KvtierNode | StorageKind::TairMemPool => pb::StorageType::StTairmempool,
+        StorageKind::Mooncake => pb::StorageType::StMooncake,
     }
 }
 
@@ -304,6 +368,7 @@ mod tests {
                 uri: "file:///mnt/kv".into(),
                 enabled: true,
                 health: StorageHealth::Healthy,
+                spec: None,
             },
             Storage {
                 name: "node".into(),
@@ -311,6 +376,7 @@ mod tests {
                 uri: "kvtier://local/node".into(),
                 enabled: true,
                 health: StorageHealth::Healthy,
+                spec: None,
             },
         ] {
             assert_eq!(storage_from_wire(&storage_to_wire(&s)).unwrap(), s);

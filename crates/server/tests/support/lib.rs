@@ -29,6 +29,7 @@ pub fn storage(name: &str) -> Storage {
         uri: format!("file:///mnt/{name}"),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
