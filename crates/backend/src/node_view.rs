@@ -477,6 +477,7 @@ fn ensure_group(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeVi
         eviction: EvictionPolicy::Lru,
         storages: vec![config.storage.clone()],
         max_instances: 4096,
+        ..Default::default()
     })?)
 }
 

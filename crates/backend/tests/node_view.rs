@@ -31,6 +31,7 @@ fn service() -> Arc<MetaService> {
         eviction: EvictionPolicy::Lru,
         storages: vec![],
         max_instances: 16,
+        ..Default::default()
     })
     .unwrap();
     Arc::new(svc)

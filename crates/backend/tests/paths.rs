@@ -76,6 +76,7 @@ fn group(storage: &str) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.into()],
         max_instances: 64,
+        ..Default::default()
     }
 }
 

@@ -41,6 +41,7 @@ async fn group_and_instance(svc: &MetaService, storage: &str) {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.into()],
         max_instances: 4,
+        ..Default::default()
     })
     .expect("group");
     svc.register_instance(Instance {

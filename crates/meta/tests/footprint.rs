@@ -146,6 +146,7 @@ fn service(idx: Arc<dyn MetaIndex>) -> MetaService {
         eviction: EvictionPolicy::Lru,
         storages: vec!["node-3".into()],
         max_instances: 1,
+        ..Default::default()
     })
     .unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

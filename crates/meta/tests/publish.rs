@@ -34,6 +34,7 @@ async fn setup() -> Arc<MetaService> {
         eviction: EvictionPolicy::Lru,
         storages: vec!["pool".into()],
         max_instances: 4,
+        ..Default::default()
     })
     .unwrap();
     svc.register_instance(Instance {

@@ -35,6 +35,7 @@ fn group(quota_blocks: u64, watermark: f64, eviction: EvictionPolicy) -> Instanc
         eviction,
         storages: vec!["a".into()],
         max_instances: 4,
+        ..Default::default()
     }
 }
 

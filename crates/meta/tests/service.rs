@@ -31,6 +31,7 @@ fn group(quota_blocks: u64, storages: &[&str]) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: storages.iter().map(|s| s.to_string()).collect(),
         max_instances: 4,
+        ..Default::default()
     }
 }
 

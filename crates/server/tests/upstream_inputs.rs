@@ -77,6 +77,8 @@ async fn group_settings_upstream_accepts_keep_its_meaning() {
     let mut body = group_body("up", &["nfs"], json!([]));
     body["instance_group"]["cache_config"]["reclaim_strategy"]["trigger_period_seconds"] =
         json!(60);
+    body["instance_group"]["version"] = json!(2);
+    body["current_version"] = json!(1);
     let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
     assert_eq!(code(&r), "OK", "{r}");
     let g = ts.svc.get_group("up").expect("group").0;
@@ -419,4 +421,158 @@ async fn foreign_storages_round_trip_over_grpc() {
     for s in &given {
         assert!(listed.contains(s), "{s:?} in {listed:?}");
     }
+}
+
+/// Upstream's `test_create_update_get_remove_instance_group` group, in
+/// full and as kvtier's JSON writes it (64-bit numbers as strings): what
+/// kvtier does not model comes back as given.
+fn upstream_group(version: i64, user_data: &str) -> serde_json::Value {
+    json!({
+        "name": "test_instance_group",
+        "storage_candidates": ["nfs"],
+        "global_quota_group_name": "test_quota_group",
+        "max_instance_count": "10",
+        "quota": {"capacity": "1000", "quota_config": []},
+        "cache_config": {
+            "reclaim_strategy": {
+                "storage_unique_name": "nfs",
+                "reclaim_policy": "POLICY_LRU",
+                "trigger_strategy": {"used_size": "1073741824", "used_percentage": 0.8},
+                "trigger_period_seconds": 60,
+                "reclaim_step_size": 536870912,
+                "reclaim_step_percentage": 5,
+                "delay_before_delete_ms": 100
+            },
+            "data_storage_strategy": "CPS_PREFER_3FS",
+            "meta_indexer_config": {
+                "max_key_count": "1000000",
+                "mutex_shard_num": "16",
+                "batch_key_size": "0",
+                "meta_storage_backend_config": {"storage_type": "local", "storage_uri": "file:///tmp/meta_storage"},
+                "meta_cache_policy_config": {"capacity": "1073741824", "type": "LRU", "cache_shard_bits": 0, "high_pri_pool_ratio": 0.0}
+            }
+        },
+        "user_data": user_data,
+        "version": version.to_string(),
+        "extra_info": "{\"k\":1}"
+    })
+}
+
+async fn get_group_http(a: std::net::SocketAddr, name: &str) -> serde_json::Value {
+    let (_, r) = post(
+        a,
+        "/api/getInstanceGroup",
+        &json!({"trace_id": "t", "name": name}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "OK", "{r}");
+    r["instance_group"].clone()
+}
+
+/// D.3: a group's `version`, `user_data` and the settings kvtier does not
+/// model are kept and given back, and UpdateInstanceGroup is upstream's
+/// compare-and-set: `current_version` must be the stored version and the
+/// new `version` above it (`registry_manager.cc`). Over HTTP.
+#[tokio::test]
+async fn group_versions_compare_and_set_and_the_group_reads_back_as_given() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    let created = upstream_group(1, "test_data");
+    let body = json!({"trace_id": "t", "instance_group": created});
+    let (_, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    assert_eq!(get_group_http(a, "test_instance_group").await, created);
+    assert_eq!(
+        ts.svc
+            .get_group("test_instance_group")
+            .unwrap()
+            .0
+            .max_key_count,
+        1_000_000
+    );
+
+    // Stale current_version, a version not above the stored one, no
+    // version at all (what kvtier once accepted): refused, nothing changes.
+    for (current, version) in [(0, 2), (1, 1), (1, 0), (2, 3)] {
+        let body = json!({
+            "trace_id": "t",
+            "instance_group": upstream_group(version, "updated_data"),
+            "current_version": current.to_string()
+        });
+        let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
+        assert_eq!(code(&r), "INVALID_ARGUMENT", "{current} -> {version}: {r}");
+        let msg = r["header"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(msg.contains("version not match"), "{msg}");
+        assert_eq!(get_group_http(a, "test_instance_group").await, created);
+    }
+
+    let updated = upstream_group(2, "updated_data");
+    let body = json!({"trace_id": "t", "instance_group": updated, "current_version": "1"});
+    let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let back = get_group_http(a, "test_instance_group").await;
+    assert_eq!(back["user_data"], "updated_data");
+    assert_eq!(back, updated);
+}
+
+/// The compare-and-set over gRPC, and the listing echoes the version.
+#[tokio::test]
+async fn group_versions_compare_and_set_over_grpc() {
+    let ts = start().await;
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("connect");
+    let group = |version: i64, user_data: &str| apb::InstanceGroup {
+        name: "vg".into(),
+        storage_candidates: vec!["nfs".into()],
+        global_quota_group_name: "vg".into(),
+        user_data: user_data.into(),
+        version,
+        ..Default::default()
+    };
+    let r = c
+        .create_instance_group(apb::CreateInstanceGroupRequest {
+            trace_id: "t".into(),
+            instance_group: Some(group(1, "a")),
+        })
+        .await
+        .expect("transport")
+        .into_inner();
+    let status = r.header.and_then(|h| h.status).expect("status");
+    assert_eq!(status.code, apb::ErrorCode::Ok as i32, "{}", status.message);
+    for (current, version, want) in [
+        (0, 2, apb::ErrorCode::InvalidArgument),
+        (1, 1, apb::ErrorCode::InvalidArgument),
+        (1, 2, apb::ErrorCode::Ok),
+        (1, 3, apb::ErrorCode::InvalidArgument),
+    ] {
+        let r = c
+            .update_instance_group(apb::UpdateInstanceGroupRequest {
+                trace_id: "t".into(),
+                instance_group: Some(group(version, &format!("v{version}"))),
+                current_version: current,
+            })
+            .await
+            .expect("transport")
+            .into_inner();
+        let status = r.header.and_then(|h| h.status).expect("status");
+        assert_eq!(
+            status.code, want as i32,
+            "{current} -> {version}: {}",
+            status.message
+        );
+    }
+    let listed = c
+        .list_instance_group(apb::ListInstanceGroupRequest {
+            trace_id: "t".into(),
+        })
+        .await
+        .expect("transport")
+        .into_inner()
+        .instance_group;
+    let vg = listed.iter().find(|g| g.name == "vg").expect("listed");
+    assert_eq!((vg.version, vg.user_data.as_str()), (2, "v2"));
 }

@@ -197,6 +197,7 @@ fn catalog() -> (Storage, InstanceGroup, Instance) {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.name.clone()],
         max_instances: 16,
+        ..Default::default()
     };
     let instance = Instance {
         id: INSTANCE.into(),

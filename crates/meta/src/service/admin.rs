@@ -307,6 +307,20 @@ fn group_users(maps: &Maps, group: &str, instances_too: bool) -> Option<String> 
         .map(|a| format!("group {group:?} (account {:?})", a.name))
 }
 
+/// Upstream's compare-and-set rule: the caller names the stored version
+/// and brings a higher one.
+fn check_version(stored: &InstanceGroup, new: &InstanceGroup, expected: i64) -> Result<()> {
+    if expected == stored.version && new.version > stored.version {
+        return Ok(());
+    }
+    Err(MetaError::VersionMismatch {
+        group: new.name.clone(),
+        expected,
+        requested: new.version,
+        stored: stored.version,
+    })
+}
+
 fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
     v.sort_by_key(key);
     v
@@ -452,15 +466,36 @@ impl MetaService {
     }
 
     /// Replaces a group's settings (same checks as
-    /// [`MetaService::create_group`]); they apply from the next request.
-    /// Shrinking a quota below current usage refuses new writes until the
-    /// reclaimer or removals bring usage down; `max_instances` may not drop
-    /// below the current number of instances.
+    /// [`MetaService::create_group`]), whatever its version; they apply
+    /// from the next request. Shrinking a quota below current usage refuses
+    /// new writes until the reclaimer or removals bring usage down;
+    /// `max_instances` may not drop below the current number of instances.
+    /// The admin API's update is [`MetaService::update_group_versioned`].
     pub fn update_group(&self, g: InstanceGroup) -> Result<()> {
+        self.replace_group(g, None)
+    }
+
+    /// Tair KVCM's `UpdateInstanceGroup`: [`MetaService::update_group`]
+    /// when `current_version` is the stored version and `g.version` is
+    /// above it, [`MetaError::VersionMismatch`] otherwise (upstream's
+    /// compare-and-set, `config/registry_manager.cc`), so two admins that
+    /// read the same version cannot both update. Nothing changes when
+    /// refused.
+    pub fn update_group_versioned(&self, g: InstanceGroup, current_version: i64) -> Result<()> {
+        self.replace_group(g, Some(current_version))
+    }
+
+    /// Replaces a group, checking its version against `expected` when
+    /// given; checked under the catalog's edit lock, so the compare and
+    /// the set are one step.
+    fn replace_group(&self, g: InstanceGroup, expected: Option<i64>) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
             check_group(&g)?;
-            if !maps.groups.contains_key(&g.name) {
+            let Some(stored) = maps.groups.get(&g.name) else {
                 return Err(MetaError::GroupNotFound(g.name.clone()));
+            };
+            if let Some(expected) = expected {
+                check_version(stored, &g, expected)?;
             }
             let members = maps.members(&g.name).count();
             if members > g.max_instances as usize {
@@ -646,6 +681,7 @@ impl MetaService {
                     eviction: EvictionPolicy::Lru,
                     storages: vec![storage.name.clone()],
                     max_instances: u32::MAX,
+                    ..InstanceGroup::default()
                 }));
             }
             if !maps.storages.contains_key(&storage.name) {
@@ -689,6 +725,40 @@ impl MetaService {
             );
         }
         stats
+    }
+}
+
+impl MetaService {
+    /// Refuses a write that would take `inst` past its group's
+    /// `max_key_count` block records (Tair KVCM's limit per instance,
+    /// `meta/meta_indexer.cc`: `new + held > max` is refused), with
+    /// [`MetaError::KeyCountExceeded`]. `new_keys` are the keys the write
+    /// would add. Free when the group sets no limit (0); otherwise one
+    /// [`crate::MetaIndex::count`] call. Checked before the write, not with
+    /// it: concurrent writes of one instance may pass it together, as
+    /// upstream's may across its lock shards.
+    #[expect(dead_code, reason = "called from start_write_cache once wired")]
+    pub(crate) fn check_key_capacity(
+        &self,
+        inst: &Instance,
+        group: &InstanceGroup,
+        new_keys: usize,
+    ) -> Result<()> {
+        let limit = group.max_key_count;
+        if limit == 0 || new_keys == 0 {
+            return Ok(());
+        }
+        let count = self.index.count(&inst.id)?;
+        let adding = u64::try_from(new_keys).unwrap_or(u64::MAX);
+        if count.saturating_add(adding) <= limit {
+            return Ok(());
+        }
+        Err(MetaError::KeyCountExceeded {
+            instance: inst.id.clone(),
+            count,
+            adding,
+            limit,
+        })
     }
 }
 

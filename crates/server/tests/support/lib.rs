@@ -43,6 +43,7 @@ pub fn group(name: &str, quota: u64) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: vec!["nfs".into()],
         max_instances: 16,
+        ..Default::default()
     }
 }
 
