@@ -1285,7 +1285,6 @@ fn records_without_the_new_fields_still_decode() {
 /// writing and serving (upstream's `REACH_MAX_ENTITY_CAPACITY`); keys it
 /// already holds are not new, and 0 is unlimited.
 #[tokio::test]
-#[ignore = "enable once start_write_cache calls check_key_capacity"]
 async fn writes_past_max_key_count_are_refused() {
     let svc = setup(100).await;
     let limited = InstanceGroup {

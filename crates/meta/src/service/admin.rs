@@ -737,7 +737,6 @@ impl MetaService {
     /// [`crate::MetaIndex::count`] call. Checked before the write, not with
     /// it: concurrent writes of one instance may pass it together, as
     /// upstream's may across its lock shards.
-    #[expect(dead_code, reason = "called from start_write_cache once wired")]
     pub(crate) fn check_key_capacity(
         &self,
         inst: &Instance,

@@ -57,6 +57,7 @@ impl MetaService {
                 skipped: keys.to_vec(),
             });
         }
+        self.check_key_capacity(&inst, &group, candidates.len())?;
         let mut storages = self.catalog.candidates(&group);
         let reserved = block_bytes.saturating_mul(candidates.len() as u64);
         // Place the parts before touching the index; a storage whose
