@@ -459,6 +459,7 @@ fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), Node
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
+            spec: None,
         })?),
     }
 }
@@ -476,6 +477,7 @@ fn ensure_group(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeVi
         eviction: EvictionPolicy::Lru,
         storages: vec![config.storage.clone()],
         max_instances: 4096,
+        ..Default::default()
     })?)
 }
 

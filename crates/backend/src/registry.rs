@@ -45,12 +45,15 @@ pub fn open_backend(
     opts: &BackendOptions,
 ) -> Result<Arc<dyn StorageBackend>, BackendError> {
     let uri = storage.uri.as_str();
-    let u = Uri::parse(uri)?;
     let want = match storage.kind {
         StorageKind::FilePool => "file",
         StorageKind::KvtierNode => "kvtier",
         StorageKind::S3 => "s3",
+        // The service never asks (`StorageKind::has_backend`); a direct
+        // caller learns why.
+        StorageKind::Mooncake | StorageKind::TairMemPool => return Err(no_backend(storage)),
     };
+    let u = Uri::parse(uri)?;
     if u.scheme != want {
         return Err(bad(
             uri,
@@ -77,7 +80,17 @@ pub fn open_backend(
                 _ => Arc::new(NodeStoreBackend::remote(u.authority)),
             }
         }
+        StorageKind::Mooncake | StorageKind::TairMemPool => return Err(no_backend(storage)),
     })
+}
+
+/// The refusal of a storage kind kvtier keeps but cannot open.
+fn no_backend(storage: &Storage) -> BackendError {
+    BackendError::Unavailable(format!(
+        "storage {:?}: kvtier has no {} backend",
+        storage.name,
+        storage.kind.as_str()
+    ))
 }
 
 /// Opens the file pool of a [`StorageKind::FilePool`] storage.

@@ -167,6 +167,7 @@ fn storage(kind: StorageKind, uri: &str) -> Storage {
         uri: uri.into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 

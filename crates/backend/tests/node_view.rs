@@ -31,6 +31,7 @@ fn service() -> Arc<MetaService> {
         eviction: EvictionPolicy::Lru,
         storages: vec![],
         max_instances: 16,
+        ..Default::default()
     })
     .unwrap();
     Arc::new(svc)
@@ -296,6 +297,7 @@ async fn a_storage_of_another_node_is_refused() {
         uri: "kvtier://node-2".into(),
         enabled: true,
         health: kvtier_meta::StorageHealth::Healthy,
+        spec: None,
     })
     .unwrap();
     let sink = NodeViewSink::new();

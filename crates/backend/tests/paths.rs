@@ -63,6 +63,7 @@ fn storage(name: &str, uri: String) -> Storage {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -75,6 +76,7 @@ fn group(storage: &str) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.into()],
         max_instances: 64,
+        ..Default::default()
     }
 }
 

@@ -41,6 +41,7 @@ async fn group_and_instance(svc: &MetaService, storage: &str) {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.into()],
         max_instances: 4,
+        ..Default::default()
     })
     .expect("group");
     svc.register_instance(Instance {
@@ -69,6 +70,7 @@ async fn pool_service(dir: &std::path::Path) -> Arc<MetaService> {
         uri: format!("file://{}", dir.display()),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
     .expect("storage");
     group_and_instance(&svc, "pool").await;
@@ -144,6 +146,7 @@ async fn a_finish_refused_on_a_full_disk_can_be_retried_once_freed() {
         uri: "s3://bucket/kv".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
     .expect("storage");
     group_and_instance(&svc, "s3").await;

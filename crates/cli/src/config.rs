@@ -241,6 +241,13 @@ mod tests {
         )
         .unwrap();
         assert!(!relaxed.meta.strict_removals && relaxed.meta.min_api_key_len == 0);
+        // Upstream's tests start workers with the admin gRPC port equal to
+        // the meta one: both services on one listener.
+        let shared = Config::from_toml_with_env(
+            "[meta]\nadmin_rpc_port = 6381\nadmin_http_port = 6382",
+            env(&[]),
+        );
+        assert!(shared.is_ok(), "{shared:?}");
         assert_eq!(
             c.meta.admin_api_key.as_deref(),
             Some("0123456789abcdef0123")
@@ -248,6 +255,8 @@ mod tests {
         for bad in [
             "[meta]\nbind = \"localhost:1\"",
             "[meta]\nhttp_port = 6381",
+            "[meta]\nadmin_http_port = 6381",
+            "[meta]\nadmin_rpc_port = 6382",
             "[meta]\nindex = \"postgres://x\"",
             "[meta]\nauth = true\nadmin_api_key = \"short\"",
             "[meta]\nmax_keys = 0",

@@ -342,6 +342,7 @@ fn default_storage(config: &Config) -> Result<Storage> {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
 }
 

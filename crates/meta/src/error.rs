@@ -49,6 +49,38 @@ pub enum MetaError {
         /// its backend answered, e.g. that its pool is full).
         why: String,
     },
+    /// A write would take an instance past its group's `max_key_count`
+    /// block records. Nothing was changed.
+    #[error(
+        "instance {instance:?} holds {count} keys: {adding} more would pass its group's max_key_count {limit}"
+    )]
+    KeyCountExceeded {
+        /// Instance id.
+        instance: String,
+        /// Records it holds (writing and serving).
+        count: u64,
+        /// New records the write needed.
+        adding: u64,
+        /// The group's limit.
+        limit: u64,
+    },
+    /// A compare-and-set update of a group named a version other than the
+    /// stored one, or brought a version not above it (Tair KVCM's rule).
+    /// Nothing was changed.
+    #[error(
+        "instance group {group:?} version not match: current version in request {expected}, \
+         request version {requested}, current version {stored}"
+    )]
+    VersionMismatch {
+        /// Group name.
+        group: String,
+        /// The version the caller believed stored (`current_version`).
+        expected: i64,
+        /// The version the update brings.
+        requested: i64,
+        /// The version stored.
+        stored: i64,
+    },
     /// The write session is unknown: finished already, timed out, or never
     /// existed. Shown in hex, as clients send it.
     #[error("write session {0:016x} not found")]
@@ -102,6 +134,8 @@ impl MetaError {
             MetaError::GroupFull(_) => "GROUP_FULL",
             MetaError::QuotaExceeded { .. } => "QUOTA_EXCEEDED",
             MetaError::NoAvailableStorage { .. } => "NO_AVAILABLE_STORAGE",
+            MetaError::KeyCountExceeded { .. } => "KEY_COUNT_EXCEEDED",
+            MetaError::VersionMismatch { .. } => "VERSION_MISMATCH",
             MetaError::SessionNotFound(_) => "SESSION_NOT_FOUND",
             MetaError::Corrupt { .. } => "CORRUPT",
             MetaError::AlreadyExists(_) => "ALREADY_EXISTS",

@@ -39,10 +39,12 @@
 //! use kvtier_meta::*;
 //! let svc = MetaService::new(Arc::new(MemoryIndex::new()), MetaConfig::default())?;
 //! svc.put_storage(Storage { name: "s3".into(), kind: StorageKind::S3,
-//!     uri: "s3://kv/cache".into(), enabled: true, health: StorageHealth::Healthy })?;
+//!     uri: "s3://kv/cache".into(), enabled: true, health: StorageHealth::Healthy,
+//!     spec: None })?;
 //! svc.put_group(InstanceGroup { name: "g".into(), quota_bytes: 1 << 40,
 //!     kind_quota_bytes: Default::default(), watermark: 0.9,
-//!     eviction: EvictionPolicy::Lru, storages: vec!["s3".into()], max_instances: 8 })?;
+//!     eviction: EvictionPolicy::Lru, storages: vec!["s3".into()], max_instances: 8,
+//!     ..Default::default() })?;
 //! svc.register_instance(Instance { id: "llama".into(), group: "g".into(),
 //!     model: "llama-3-8b".into(), block_size: 64, spec_groups: vec![],
 //!     location_specs: vec![LocationSpecInfo { name: "tp0".into(), size: 1 << 20 }] }).await?;

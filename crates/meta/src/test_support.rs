@@ -315,6 +315,7 @@ pub mod world {
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
+            spec: None,
         }
     }
 
@@ -360,6 +361,7 @@ pub mod world {
             eviction: EvictionPolicy::Lru,
             storages: storages.iter().map(|s| s.to_string()).collect(),
             max_instances: 4,
+            ..Default::default()
         })
         .expect("group");
         let specs = ["tp0", "tp1"].iter().map(|n| LocationSpecInfo {

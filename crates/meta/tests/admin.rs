@@ -19,6 +19,7 @@ fn storage(name: &str, kind: StorageKind) -> Storage {
         uri: format!("file:///kv/{name}"),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -31,6 +32,7 @@ fn group(name: &str, quota_blocks: u64, storages: &[&str]) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: storages.iter().map(|s| s.to_string()).collect(),
         max_instances: 4,
+        ..Default::default()
     }
 }
 
@@ -786,6 +788,7 @@ async fn build(svc: &MetaService, c: &Catalog) {
             eviction: EvictionPolicy::Ttl { ttl_secs: *quota },
             storages,
             max_instances: 8,
+            ..Default::default()
         })
         .unwrap();
     }
@@ -1074,4 +1077,229 @@ async fn relaxed_settings_remove_what_is_in_use_and_take_short_keys() {
         svc.remove_group("scoped"),
         Err(MetaError::InUse(_))
     ));
+}
+
+/// Opens [`RecordingBackend`]s, or fails while `down` is set (a directory
+/// that cannot be created yet, a store not reachable yet).
+#[derive(Debug, Default)]
+struct FlakyOpener {
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl BackendOpener for FlakyOpener {
+    fn open(
+        &self,
+        _svc: &MetaService,
+        storage: &Storage,
+    ) -> std::result::Result<Arc<dyn StorageBackend>, BackendError> {
+        if self.down.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(BackendError::Unavailable(format!(
+                "{} is down",
+                storage.name
+            )));
+        }
+        Ok(Arc::new(RecordingBackend::default()))
+    }
+}
+
+/// D.2 row 19: a storage whose backend cannot be opened now is added (as
+/// upstream adds it), unhealthy: it takes no writes until a health round
+/// opens its backend and the probe passes. An update to a URI that cannot
+/// be opened leaves it the same way, not on its old backend.
+#[tokio::test]
+async fn a_storage_whose_backend_cannot_be_opened_is_added_unhealthy() {
+    let opener = Arc::new(FlakyOpener::default());
+    opener
+        .down
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let config = MetaConfig {
+        backend_opener: Some(opener.clone()),
+        ..MetaConfig::default()
+    };
+    let svc = MetaService::new(Arc::new(MemoryIndex::new()), config).unwrap();
+    svc.add_storage(storage("a", StorageKind::FilePool))
+        .unwrap();
+    svc.create_group(group("g", 100, &["a"])).unwrap();
+    svc.register_instance(instance("i", "g")).await.unwrap();
+    let health = |svc: &MetaService| svc.list_storages()[0].health;
+    assert_eq!(health(&svc), StorageHealth::Unhealthy);
+    let err = write(&svc, "i", &keys(0..1)).await.unwrap_err();
+    assert_eq!(err.code(), "NO_AVAILABLE_STORAGE", "{err}");
+
+    // Still down: the round keeps it unhealthy and names it.
+    let timeout = std::time::Duration::from_secs(1);
+    assert_eq!(svc.check_backends(timeout).await, vec!["a".to_string()]);
+    assert_eq!(health(&svc), StorageHealth::Unhealthy);
+
+    opener
+        .down
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(svc.check_backends(timeout).await.is_empty());
+    assert_eq!(health(&svc), StorageHealth::Healthy);
+    assert_eq!(write(&svc, "i", &keys(0..1)).await.unwrap(), 1);
+
+    opener
+        .down
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let moved = Storage {
+        uri: "file:///kv/elsewhere".into(),
+        ..storage("a", StorageKind::FilePool)
+    };
+    svc.update_storage(moved).unwrap();
+    assert_eq!(health(&svc), StorageHealth::Unhealthy);
+    // The old backend is detached: its passing probe changes nothing.
+    svc.check_backends(timeout).await;
+    assert_eq!(health(&svc), StorageHealth::Unhealthy);
+    assert!(write(&svc, "i", &keys(1..2)).await.is_err());
+}
+
+/// A storage of a kind kvtier has no backend for (D.2 row 20).
+fn foreign(name: &str, kind: StorageKind) -> Storage {
+    Storage {
+        name: name.into(),
+        kind,
+        uri: format!("{}://{name}", kind.as_str()),
+        enabled: true,
+        health: StorageHealth::Healthy,
+        spec: Some(serde_json::json!({"domain": "d"})),
+    }
+}
+
+/// D.2 row 20: mooncake and tair_mem_pool storages are kept with their
+/// spec and never chosen for writes, whatever their switch and health;
+/// a server with no other storage is not healthy.
+#[tokio::test]
+async fn storages_without_a_backend_are_kept_and_never_written() {
+    let svc = memory_service();
+    svc.add_storage(foreign("mc", StorageKind::Mooncake))
+        .unwrap();
+    svc.add_storage(foreign("tp", StorageKind::TairMemPool))
+        .unwrap();
+    assert_eq!(svc.list_storages()[0], foreign("mc", StorageKind::Mooncake));
+    let h = svc.check_health().await;
+    assert!(!h.healthy);
+    assert!(h.reason.unwrap().contains("without a backend"));
+
+    svc.create_group(group("mem", 100, &["mc", "tp"])).unwrap();
+    svc.register_instance(instance("m", "mem")).await.unwrap();
+    let err = write(&svc, "m", &keys(0..1)).await.unwrap_err();
+    assert_eq!(err.code(), "NO_AVAILABLE_STORAGE", "{err}");
+
+    svc.add_storage(storage("a", StorageKind::FilePool))
+        .unwrap();
+    svc.create_group(group("mixed", 100, &["mc", "a"])).unwrap();
+    svc.register_instance(instance("x", "mixed")).await.unwrap();
+    let grant = svc.start_write_cache("x", &keys(0..2)).await.unwrap();
+    assert!(grant.blocks.iter().all(|b| b.location.storage == "a"));
+    assert!(svc.check_health().await.healthy);
+}
+
+/// The refusal names the kind (D.2 row 20).
+#[tokio::test]
+async fn a_write_refused_for_want_of_a_backend_says_so() {
+    let svc = memory_service();
+    svc.add_storage(foreign("mc", StorageKind::Mooncake))
+        .unwrap();
+    svc.create_group(group("mem", 100, &["mc"])).unwrap();
+    svc.register_instance(instance("m", "mem")).await.unwrap();
+    let err = write(&svc, "m", &keys(0..1)).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("storage \"mc\" has no backend in kvtier (mooncake)"),
+        "{err}"
+    );
+}
+
+/// D.3: upstream's compare-and-set on a group's version, checked by
+/// `update_group_versioned` (the admin API's update); `update_group`
+/// (kvtier's own callers) replaces whatever the version.
+#[tokio::test]
+async fn group_updates_compare_and_set_the_version() {
+    let svc = setup(100).await;
+    let v = |version: i64, user_data: &str| InstanceGroup {
+        version,
+        user_data: user_data.into(),
+        ..group("g", 100, &["a"])
+    };
+    let stored = |svc: &MetaService| svc.get_group("g").unwrap().0;
+    for (current, version) in [(1, 1), (0, 0), (0, -1), (1, 2)] {
+        let err = svc
+            .update_group_versioned(v(version, "x"), current)
+            .unwrap_err();
+        assert_eq!(err.code(), "VERSION_MISMATCH", "{current} -> {version}");
+        assert!(err.to_string().contains("current version 0"), "{err}");
+        assert_eq!(stored(&svc), group("g", 100, &["a"]));
+    }
+    svc.update_group_versioned(v(1, "one"), 0).unwrap();
+    assert_eq!(stored(&svc), v(1, "one"));
+    svc.update_group_versioned(v(5, "five"), 1).unwrap();
+    assert_eq!(stored(&svc).version, 5);
+    let err = svc.update_group_versioned(v(6, "x"), 1).unwrap_err();
+    assert_eq!(err.code(), "VERSION_MISMATCH");
+    svc.update_group(v(0, "reset")).unwrap();
+    assert_eq!(stored(&svc), v(0, "reset"));
+}
+
+/// Records and snapshots written before the fields kept for Tair KVCM
+/// existed still load, with their defaults.
+#[test]
+fn records_without_the_new_fields_still_decode() {
+    let old = r#"{
+        "format": 1,
+        "storages": [{"name": "a", "kind": "file_pool", "uri": "file:///kv/a",
+                      "enabled": true, "health": "healthy"}],
+        "groups": [{"name": "g", "quota_bytes": 100000, "kind_quota_bytes": {},
+                    "watermark": 0.9, "eviction": "lru", "storages": ["a"],
+                    "max_instances": 4}]
+    }"#;
+    let snap = ConfigSnapshot::from_json(old).unwrap();
+    assert_eq!(snap.storages, vec![storage("a", StorageKind::FilePool)]);
+    assert_eq!(snap.groups, vec![group("g", 100, &["a"])]);
+    let g = &snap.groups[0];
+    assert_eq!(
+        (g.version, g.max_key_count, g.user_data.as_str()),
+        (0, 0, "")
+    );
+    assert!(g.passthrough.is_none() && snap.storages[0].spec.is_none());
+
+    // And what is written now round-trips, passthrough included.
+    let svc = memory_service();
+    svc.add_storage(foreign("mc", StorageKind::Mooncake))
+        .unwrap();
+    let kept = InstanceGroup {
+        version: 3,
+        user_data: "u".into(),
+        max_key_count: 16,
+        passthrough: Some(serde_json::json!({"extra_info": "{}"})),
+        ..group("g", 100, &["mc"])
+    };
+    svc.create_group(kept.clone()).unwrap();
+    let text = svc.gen_config_snapshot().to_json().unwrap();
+    let back = ConfigSnapshot::from_json(&text).unwrap();
+    assert_eq!(back.groups, vec![kept]);
+    assert_eq!(back.storages, vec![foreign("mc", StorageKind::Mooncake)]);
+}
+
+/// D.3 `max_key_count`: an instance holds at most that many block records,
+/// writing and serving (upstream's `REACH_MAX_ENTITY_CAPACITY`); keys it
+/// already holds are not new, and 0 is unlimited.
+#[tokio::test]
+async fn writes_past_max_key_count_are_refused() {
+    let svc = setup(100).await;
+    let limited = InstanceGroup {
+        max_key_count: 4,
+        ..group("g", 100, &["a"])
+    };
+    svc.update_group(limited).unwrap();
+    assert_eq!(write(&svc, "i", &keys(0..3)).await.unwrap(), 3);
+    // One open write counts as much as a finished one.
+    let open = svc.start_write_cache("i", &keys(3..4)).await.unwrap();
+    assert_eq!(open.blocks.len(), 1);
+    let err = write(&svc, "i", &keys(4..5)).await.unwrap_err();
+    assert_eq!(err.code(), "KEY_COUNT_EXCEEDED", "{err}");
+    assert!(err.to_string().contains("max_key_count 4"), "{err}");
+    // Nothing new: the held keys are skipped, not refused.
+    assert_eq!(write(&svc, "i", &keys(0..3)).await.unwrap(), 0);
+    svc.update_group(group("g", 100, &["a"])).unwrap();
+    assert_eq!(write(&svc, "i", &keys(4..6)).await.unwrap(), 2);
 }

@@ -135,6 +135,7 @@ fn service(idx: Arc<dyn MetaIndex>) -> MetaService {
         uri: "kvtier://node-3/pool".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     })
     .unwrap();
     svc.put_group(InstanceGroup {
@@ -145,6 +146,7 @@ fn service(idx: Arc<dyn MetaIndex>) -> MetaService {
         eviction: EvictionPolicy::Lru,
         storages: vec!["node-3".into()],
         max_instances: 1,
+        ..Default::default()
     })
     .unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()

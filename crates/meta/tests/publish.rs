@@ -16,6 +16,7 @@ fn storage(name: &str, kind: StorageKind, uri: &str) -> Storage {
         uri: uri.into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -33,6 +34,7 @@ async fn setup() -> Arc<MetaService> {
         eviction: EvictionPolicy::Lru,
         storages: vec!["pool".into()],
         max_instances: 4,
+        ..Default::default()
     })
     .unwrap();
     svc.register_instance(Instance {

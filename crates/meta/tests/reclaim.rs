@@ -22,6 +22,7 @@ fn storage() -> Storage {
         uri: "file:///kv/a".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -34,6 +35,7 @@ fn group(quota_blocks: u64, watermark: f64, eviction: EvictionPolicy) -> Instanc
         eviction,
         storages: vec!["a".into()],
         max_instances: 4,
+        ..Default::default()
     }
 }
 

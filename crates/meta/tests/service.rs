@@ -18,6 +18,7 @@ fn storage(name: &str, kind: StorageKind) -> Storage {
         uri: format!("file:///kv/{name}"),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -30,6 +31,7 @@ fn group(quota_blocks: u64, storages: &[&str]) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: storages.iter().map(|s| s.to_string()).collect(),
         max_instances: 4,
+        ..Default::default()
     }
 }
 

@@ -91,13 +91,19 @@ pub fn error_code(e: &MetaError) -> pb::ErrorCode {
         | "SESSION_NOT_FOUND" => C::InvalidArgument,
         "INSTANCE_NOT_FOUND" => C::InstanceNotExist,
         "INSTANCE_CONFLICT" | "ALREADY_EXISTS" => C::DuplicateEntity,
-        "GROUP_FULL" | "QUOTA_EXCEEDED" | "NO_AVAILABLE_STORAGE" => C::ReachMaxEntityCapacity,
+        "GROUP_FULL" | "QUOTA_EXCEEDED" | "NO_AVAILABLE_STORAGE" | "KEY_COUNT_EXCEEDED" => {
+            C::ReachMaxEntityCapacity
+        }
         "CORRUPT" | "BACKEND" => C::IoError,
         // Transient: the store refuses writes until its disk has room again.
         "STORE_UNWRITABLE" => C::ServiceNotReady,
         // The wire enum has no permission or in-use code; the message says
         // which (docs/server.md, "Error codes").
-        "IN_USE" | "PERMISSION_DENIED" | "UNAUTHENTICATED" => C::InvalidArgument,
+        // A stale version too (upstream answers INTERNAL_ERROR for every
+        // failed UpdateInstanceGroup; the caller's request is what is wrong).
+        "IN_USE" | "PERMISSION_DENIED" | "UNAUTHENTICATED" | "VERSION_MISMATCH" => {
+            C::InvalidArgument
+        }
         "UNSUPPORTED" => C::Unsupported,
         "NOT_LEADER" => C::ServerNotLeader,
         _ => C::UnknownError,
@@ -231,10 +237,13 @@ pub fn match_mode(qt: pb::QueryType, sw_size: i32, n_keys: usize) -> Result<Matc
 }
 
 /// The wire storage type of a model storage kind. kvtier's tiers have no
-/// upstream number yet and are exposed as `ST_NFS` (docs/meta-api.md §7).
+/// upstream number yet and are exposed as `ST_NFS` (docs/meta-api.md §7);
+/// upstream's own kinds keep their numbers.
 pub fn storage_type(kind: StorageKind) -> pb::StorageType {
     match kind {
         StorageKind::KvtierNode | StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
+        StorageKind::Mooncake => pb::StorageType::StMooncake,
+        StorageKind::TairMemPool => pb::StorageType::StTairmempool,
     }
 }
 
@@ -517,6 +526,24 @@ mod tests {
             (MetaError::SessionNotFound(1), C::InvalidArgument),
             (MetaError::PermissionDenied("p".into()), C::InvalidArgument),
             (MetaError::InUse("g".into()), C::InvalidArgument),
+            (
+                MetaError::VersionMismatch {
+                    group: "g".into(),
+                    expected: 1,
+                    requested: 2,
+                    stored: 3,
+                },
+                C::InvalidArgument,
+            ),
+            (
+                MetaError::KeyCountExceeded {
+                    instance: "i".into(),
+                    count: 16,
+                    adding: 1,
+                    limit: 16,
+                },
+                C::ReachMaxEntityCapacity,
+            ),
         ];
         for (e, want) in cases {
             let f = Fail::from(e);

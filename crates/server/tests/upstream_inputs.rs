@@ -77,6 +77,8 @@ async fn group_settings_upstream_accepts_keep_its_meaning() {
     let mut body = group_body("up", &["nfs"], json!([]));
     body["instance_group"]["cache_config"]["reclaim_strategy"]["trigger_period_seconds"] =
         json!(60);
+    body["instance_group"]["version"] = json!(2);
+    body["current_version"] = json!(1);
     let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
     assert_eq!(code(&r), "OK", "{r}");
     let g = ts.svc.get_group("up").expect("group").0;
@@ -252,4 +254,325 @@ async fn no_block_size_and_token_ids_short_of_a_block() {
     )
     .await;
     assert_eq!(code(&f), "OK", "{f}");
+}
+
+/// Upstream's memory stores, as its admin tooling sends them.
+fn foreign_storages() -> [serde_json::Value; 2] {
+    [
+        json!({
+            "global_unique_name": "mc",
+            "mooncake": {
+                "local_hostname": "10.0.0.1",
+                "metadata_connstring": "etcd://10.0.0.2:2379",
+                "protocol": "rdma",
+                "rdma_device": "mlx5_0",
+                "master_service_entry": "10.0.0.3:50051"
+            },
+            "check_storage_available_when_open": false
+        }),
+        json!({
+            "global_unique_name": "pool",
+            "tair_mem_pool": {"domain": "pool.example", "timeout": 300, "service_discovery_url": ""},
+            "check_storage_available_when_open": false
+        }),
+    ]
+}
+
+/// D.2 row 20: `mooncake` and `tair_mem_pool` storages are added (kvtier
+/// once answered UNSUPPORTED), listed back as given, and never written: a
+/// group on one and a file pool writes to the file pool, a group on one
+/// alone is refused. Over HTTP.
+#[tokio::test]
+async fn mooncake_and_tair_mem_pool_storages_are_kept_and_never_written() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    for s in foreign_storages() {
+        let (_, r) = post(
+            a,
+            "/api/addStorage",
+            &json!({"trace_id": "t", "storage": s}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+    }
+    let (_, r) = post(a, "/api/listStorage", &json!({"trace_id": "t"}), None).await;
+    let listed = r["storage"].as_array().expect("storages");
+    for s in foreign_storages() {
+        let name = &s["global_unique_name"];
+        let back = listed
+            .iter()
+            .find(|l| l["global_unique_name"] == *name)
+            .unwrap_or_else(|| panic!("{name} listed: {r}"));
+        // Every field as given (the JSON writes 32-bit numbers as numbers).
+        assert_eq!(*back, s);
+    }
+
+    // Upstream's required spec fields stay required.
+    let bad = json!({"global_unique_name": "x", "tair_mem_pool": {"domain": ""}});
+    let (_, r) = post(
+        a,
+        "/api/addStorage",
+        &json!({"trace_id": "t", "storage": bad}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "INVALID_ARGUMENT", "{r}");
+    assert!(
+        r["header"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("{domain}"),
+        "{r}"
+    );
+
+    let m = ts.server.meta_http_addr();
+    for (group, candidates, want) in [
+        ("mixed", vec!["mc", "nfs"], "OK"),
+        ("memory", vec!["mc", "pool"], "REACH_MAX_ENTITY_CAPACITY"),
+    ] {
+        let (_, r) = post(
+            a,
+            "/api/createInstanceGroup",
+            &group_body(group, &candidates, json!([])),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+        let inst = format!("i-{group}");
+        let (_, r) = post(
+            m,
+            "/api/registerInstance",
+            &register_body(&inst, group),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), "OK", "{r}");
+        let (_, r) = post(
+            m,
+            "/api/startWriteCache",
+            &json!({"trace_id": "t", "instance_id": inst, "block_keys": [1]}),
+            None,
+        )
+        .await;
+        assert_eq!(code(&r), want, "{group}: {r}");
+        if want == "OK" {
+            let uri = r["locations"][0]["location_specs"][0]["uri"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                uri.starts_with("file:///mnt/nfs"),
+                "written to the file pool: {r}"
+            );
+        }
+    }
+}
+
+/// The same storages over gRPC: added and listed back field for field.
+#[tokio::test]
+async fn foreign_storages_round_trip_over_grpc() {
+    use apb::storage_config::StorageSpec as S;
+    let ts = start().await;
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("connect");
+    let given = [
+        apb::StorageConfig {
+            global_unique_name: "mc".into(),
+            storage_spec: Some(S::Mooncake(apb::MooncakeStorageSpec {
+                local_hostname: "h".into(),
+                metadata_connstring: "etcd://m".into(),
+                protocol: "tcp".into(),
+                rdma_device: String::new(),
+                master_service_entry: "master:50051".into(),
+            })),
+            check_storage_available_when_open: false,
+        },
+        apb::StorageConfig {
+            global_unique_name: "pool".into(),
+            storage_spec: Some(S::TairMemPool(apb::TairMemPoolStorageSpec {
+                domain: "d".into(),
+                timeout: 7,
+                service_discovery_url: "http://sd".into(),
+            })),
+            check_storage_available_when_open: false,
+        },
+    ];
+    for s in &given {
+        let r = c
+            .add_storage(apb::AddStorageRequest {
+                trace_id: "t".into(),
+                storage: Some(s.clone()),
+            })
+            .await
+            .expect("transport")
+            .into_inner();
+        let status = r.header.and_then(|h| h.status).expect("status");
+        assert_eq!(status.code, apb::ErrorCode::Ok as i32, "{}", status.message);
+    }
+    let listed = c
+        .list_storage(apb::ListStorageRequest {
+            trace_id: "t".into(),
+        })
+        .await
+        .expect("transport")
+        .into_inner()
+        .storage;
+    for s in &given {
+        assert!(listed.contains(s), "{s:?} in {listed:?}");
+    }
+}
+
+/// Upstream's `test_create_update_get_remove_instance_group` group, in
+/// full and as kvtier's JSON writes it (64-bit numbers as strings): what
+/// kvtier does not model comes back as given.
+fn upstream_group(version: i64, user_data: &str) -> serde_json::Value {
+    json!({
+        "name": "test_instance_group",
+        "storage_candidates": ["nfs"],
+        "global_quota_group_name": "test_quota_group",
+        "max_instance_count": "10",
+        "quota": {"capacity": "1000", "quota_config": []},
+        "cache_config": {
+            "reclaim_strategy": {
+                "storage_unique_name": "nfs",
+                "reclaim_policy": "POLICY_LRU",
+                "trigger_strategy": {"used_size": "1073741824", "used_percentage": 0.8},
+                "trigger_period_seconds": 60,
+                "reclaim_step_size": 536870912,
+                "reclaim_step_percentage": 5,
+                "delay_before_delete_ms": 100
+            },
+            "data_storage_strategy": "CPS_PREFER_3FS",
+            "meta_indexer_config": {
+                "max_key_count": "1000000",
+                "mutex_shard_num": "16",
+                "batch_key_size": "0",
+                "meta_storage_backend_config": {"storage_type": "local", "storage_uri": "file:///tmp/meta_storage"},
+                "meta_cache_policy_config": {"capacity": "1073741824", "type": "LRU", "cache_shard_bits": 0, "high_pri_pool_ratio": 0.0}
+            }
+        },
+        "user_data": user_data,
+        "version": version.to_string(),
+        "extra_info": "{\"k\":1}"
+    })
+}
+
+async fn get_group_http(a: std::net::SocketAddr, name: &str) -> serde_json::Value {
+    let (_, r) = post(
+        a,
+        "/api/getInstanceGroup",
+        &json!({"trace_id": "t", "name": name}),
+        None,
+    )
+    .await;
+    assert_eq!(code(&r), "OK", "{r}");
+    r["instance_group"].clone()
+}
+
+/// D.3: a group's `version`, `user_data` and the settings kvtier does not
+/// model are kept and given back, and UpdateInstanceGroup is upstream's
+/// compare-and-set: `current_version` must be the stored version and the
+/// new `version` above it (`registry_manager.cc`). Over HTTP.
+#[tokio::test]
+async fn group_versions_compare_and_set_and_the_group_reads_back_as_given() {
+    let ts = start().await;
+    let a = ts.server.admin_http_addr();
+    let created = upstream_group(1, "test_data");
+    let body = json!({"trace_id": "t", "instance_group": created});
+    let (_, r) = post(a, "/api/createInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    assert_eq!(get_group_http(a, "test_instance_group").await, created);
+    assert_eq!(
+        ts.svc
+            .get_group("test_instance_group")
+            .unwrap()
+            .0
+            .max_key_count,
+        1_000_000
+    );
+
+    // Stale current_version, a version not above the stored one, no
+    // version at all (what kvtier once accepted): refused, nothing changes.
+    for (current, version) in [(0, 2), (1, 1), (1, 0), (2, 3)] {
+        let body = json!({
+            "trace_id": "t",
+            "instance_group": upstream_group(version, "updated_data"),
+            "current_version": current.to_string()
+        });
+        let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
+        assert_eq!(code(&r), "INVALID_ARGUMENT", "{current} -> {version}: {r}");
+        let msg = r["header"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(msg.contains("version not match"), "{msg}");
+        assert_eq!(get_group_http(a, "test_instance_group").await, created);
+    }
+
+    let updated = upstream_group(2, "updated_data");
+    let body = json!({"trace_id": "t", "instance_group": updated, "current_version": "1"});
+    let (_, r) = post(a, "/api/updateInstanceGroup", &body, None).await;
+    assert_eq!(code(&r), "OK", "{r}");
+    let back = get_group_http(a, "test_instance_group").await;
+    assert_eq!(back["user_data"], "updated_data");
+    assert_eq!(back, updated);
+}
+
+/// The compare-and-set over gRPC, and the listing echoes the version.
+#[tokio::test]
+async fn group_versions_compare_and_set_over_grpc() {
+    let ts = start().await;
+    let mut c = AdminServiceClient::connect(format!("http://{}", ts.server.admin_grpc_addr()))
+        .await
+        .expect("connect");
+    let group = |version: i64, user_data: &str| apb::InstanceGroup {
+        name: "vg".into(),
+        storage_candidates: vec!["nfs".into()],
+        global_quota_group_name: "vg".into(),
+        user_data: user_data.into(),
+        version,
+        ..Default::default()
+    };
+    let r = c
+        .create_instance_group(apb::CreateInstanceGroupRequest {
+            trace_id: "t".into(),
+            instance_group: Some(group(1, "a")),
+        })
+        .await
+        .expect("transport")
+        .into_inner();
+    let status = r.header.and_then(|h| h.status).expect("status");
+    assert_eq!(status.code, apb::ErrorCode::Ok as i32, "{}", status.message);
+    for (current, version, want) in [
+        (0, 2, apb::ErrorCode::InvalidArgument),
+        (1, 1, apb::ErrorCode::InvalidArgument),
+        (1, 2, apb::ErrorCode::Ok),
+        (1, 3, apb::ErrorCode::InvalidArgument),
+    ] {
+        let r = c
+            .update_instance_group(apb::UpdateInstanceGroupRequest {
+                trace_id: "t".into(),
+                instance_group: Some(group(version, &format!("v{version}"))),
+                current_version: current,
+            })
+            .await
+            .expect("transport")
+            .into_inner();
+        let status = r.header.and_then(|h| h.status).expect("status");
+        assert_eq!(
+            status.code, want as i32,
+            "{current} -> {version}: {}",
+            status.message
+        );
+    }
+    let listed = c
+        .list_instance_group(apb::ListInstanceGroupRequest {
+            trace_id: "t".into(),
+        })
+        .await
+        .expect("transport")
+        .into_inner()
+        .instance_group;
+    let vg = listed.iter().find(|g| g.name == "vg").expect("listed");
+    assert_eq!((vg.version, vg.user_data.as_str()), (2, "v2"));
 }

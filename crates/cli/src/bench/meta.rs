@@ -231,6 +231,7 @@ fn catalog() -> (Storage, InstanceGroup, Instance) {
         uri: "s3://bench/kv".into(),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     };
     let group = InstanceGroup {
         name: "bench".into(),
@@ -240,6 +241,7 @@ fn catalog() -> (Storage, InstanceGroup, Instance) {
         eviction: EvictionPolicy::Lru,
         storages: vec![storage.name.clone()],
         max_instances: 16,
+        ..Default::default()
     };
     let instance = Instance {
         id: INSTANCE.into(),

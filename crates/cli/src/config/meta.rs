@@ -196,13 +196,15 @@ impl MetaSectionConfig {
         if m.bind.parse::<std::net::IpAddr>().is_err() {
             return bad("meta.bind must be an IP address");
         }
-        let ports = [m.rpc_port, m.http_port, m.admin_rpc_port, m.admin_http_port];
-        if ports
-            .iter()
-            .enumerate()
-            .any(|(i, p)| ports[..i].contains(p) && *p != 0)
-        {
-            return bad("meta ports must differ from each other");
+        // The admin service may share the meta listener of its transport
+        // (Tair KVCM's own tests start workers with admin_rpc_port =
+        // rpc_port); a gRPC and an HTTP listener cannot share a port.
+        let grpc = [m.rpc_port, m.admin_rpc_port];
+        let http = [m.http_port, m.admin_http_port];
+        if grpc.iter().any(|p| *p != 0 && http.contains(p)) {
+            return bad(
+                "meta ports: a gRPC port (rpc_port, admin_rpc_port) must differ from the HTTP ports (http_port, admin_http_port)",
+            );
         }
         if m.index != "embedded"
             && m.index != "memory"

@@ -23,6 +23,10 @@ pub enum EvictionPolicy {
 }
 
 /// A set of instances sharing quotas and storages.
+///
+/// Fields added after the first release carry `#[serde(default)]`, so
+/// records and snapshots written before them still decode.
+/// [`InstanceGroup::default`] is a group with no limits and no storages.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct InstanceGroup {
     /// Unique name.
@@ -43,4 +47,43 @@ pub struct InstanceGroup {
     pub storages: Vec<String>,
     /// Most instances the group accepts.
     pub max_instances: u32,
+    /// Most block records one instance of the group may hold, writing and
+    /// serving (Tair KVCM's `meta_indexer_config.max_key_count`); a write
+    /// that would go past it is refused. 0 means unlimited.
+    #[serde(default)]
+    pub max_key_count: u64,
+    /// Version of these settings, set by the caller: an update names the
+    /// stored version and brings a higher one (Tair KVCM's compare-and-set,
+    /// [`crate::MetaService::update_group_versioned`]). 0 for groups stored
+    /// before kvtier kept it.
+    #[serde(default)]
+    pub version: i64,
+    /// Text the caller stores with the group; kvtier only gives it back.
+    #[serde(default)]
+    pub user_data: String,
+    /// The rest of the group as the admin API gave it (Tair KVCM's
+    /// `InstanceGroup` in its JSON form: `data_storage_strategy`,
+    /// `meta_indexer_config`, ...), kept only to be given back. The
+    /// settings the fields above model are always read from them, never
+    /// from here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<serde_json::Value>,
+}
+
+impl Default for InstanceGroup {
+    fn default() -> Self {
+        InstanceGroup {
+            name: String::new(),
+            quota_bytes: u64::MAX,
+            kind_quota_bytes: BTreeMap::new(),
+            watermark: 0.9,
+            eviction: EvictionPolicy::Lru,
+            storages: Vec::new(),
+            max_instances: u32::MAX,
+            max_key_count: 0,
+            version: 0,
+            user_data: String::new(),
+            passthrough: None,
+        }
+    }
 }

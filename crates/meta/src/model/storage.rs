@@ -13,6 +13,12 @@ pub enum StorageKind {
     FilePool,
     /// An S3-compatible object store, `s3://bucket/prefix`.
     S3,
+    /// A Mooncake store (Tair KVCM's `mooncake` spec). kvtier has no
+    /// backend for it: the storage is kept and listed, never written.
+    Mooncake,
+    /// A Tair memory pool (Tair KVCM's `tair_mem_pool` spec). kvtier has no
+    /// backend for it: the storage is kept and listed, never written.
+    TairMemPool,
 }
 
 impl StorageKind {
@@ -22,6 +28,8 @@ impl StorageKind {
             StorageKind::KvtierNode => 0,
             StorageKind::FilePool => 1,
             StorageKind::S3 => 2,
+            StorageKind::Mooncake => 3,
+            StorageKind::TairMemPool => 4,
         }
     }
 
@@ -31,7 +39,27 @@ impl StorageKind {
             0 => Some(StorageKind::KvtierNode),
             1 => Some(StorageKind::FilePool),
             2 => Some(StorageKind::S3),
+            3 => Some(StorageKind::Mooncake),
+            4 => Some(StorageKind::TairMemPool),
             _ => None,
+        }
+    }
+
+    /// Whether kvtier can open a backend of this kind: storages of the
+    /// other kinds are accepted as Tair KVCM accepts them, but never take
+    /// writes.
+    pub fn has_backend(self) -> bool {
+        !matches!(self, StorageKind::Mooncake | StorageKind::TairMemPool)
+    }
+
+    /// The kind's name, as configurations and messages spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageKind::KvtierNode => "kvtier_node",
+            StorageKind::FilePool => "file_pool",
+            StorageKind::S3 => "s3",
+            StorageKind::Mooncake => "mooncake",
+            StorageKind::TairMemPool => "tair_mem_pool",
         }
     }
 }
@@ -85,6 +113,8 @@ pub fn write_refusal(enabled: bool, health: StorageHealth) -> Option<&'static st
 }
 
 /// One storage backend, shareable by many groups and instances.
+///
+/// Records written before `spec` existed decode with `spec: None`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Storage {
     /// Unique name; locations refer to their storage by this name.
@@ -98,11 +128,40 @@ pub struct Storage {
     pub enabled: bool,
     /// Probe result.
     pub health: StorageHealth,
+    /// The backend's settings as the admin API gave them (Tair KVCM's spec
+    /// object, in its JSON form), kept only to be listed back, for the
+    /// kinds kvtier has no backend for; `None` for kvtier's own kinds,
+    /// whose `uri` says everything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<serde_json::Value>,
 }
 
 impl Storage {
     /// Whether new writes may be placed on this storage.
     pub fn writable(&self) -> bool {
-        write_refusal(self.enabled, self.health).is_none()
+        self.kind.has_backend() && write_refusal(self.enabled, self.health).is_none()
+    }
+
+    /// Why no new writes are placed on this storage, as a clause that names
+    /// it (for [`crate::MetaError::NoAvailableStorage`]); `None` when it
+    /// takes them. A kind without a backend comes first: enabling it or a
+    /// passing probe changes nothing.
+    pub fn refusal_clause(&self) -> Option<String> {
+        if !self.kind.has_backend() {
+            return Some(format!(
+                "storage {:?} has no backend in kvtier ({})",
+                self.name,
+                self.kind.as_str()
+            ));
+        }
+        let refusal = write_refusal(self.enabled, self.health)?;
+        Some(if self.enabled {
+            format!(
+                "storage {:?} is {refusal} (see its health probe)",
+                self.name
+            )
+        } else {
+            format!("storage {:?} is {refusal}", self.name)
+        })
     }
 }

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::catalog::{Change, Maps};
+use super::storage_admin::Opened;
 use super::{GroupUsage, MetaService};
 use crate::error::{MetaError, Result};
 use crate::index::{Modify, RecordKind};
@@ -49,6 +50,8 @@ pub struct HealthReport {
 pub struct StorageStatus {
     /// Storage name.
     pub name: String,
+    /// Its kind: one kvtier has no backend for never takes writes.
+    pub kind: StorageKind,
     /// Whether it takes new writes (admin switch).
     pub enabled: bool,
     /// Last probe result.
@@ -306,6 +309,20 @@ fn group_users(maps: &Maps, group: &str, instances_too: bool) -> Option<String> 
         .map(|a| format!("group {group:?} (account {:?})", a.name))
 }
 
+/// Upstream's compare-and-set rule: the caller names the stored version
+/// and brings a higher one.
+fn check_version(stored: &InstanceGroup, new: &InstanceGroup, expected: i64) -> Result<()> {
+    if expected == stored.version && new.version > stored.version {
+        return Ok(());
+    }
+    Err(MetaError::VersionMismatch {
+        group: new.name.clone(),
+        expected,
+        requested: new.version,
+        stored: stored.version,
+    })
+}
+
 fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
     v.sort_by_key(key);
     v
@@ -314,10 +331,14 @@ fn sorted_by<T, K: Ord>(mut v: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {
 impl MetaService {
     /// Adds a storage; [`MetaError::AlreadyExists`] if the name is taken.
     /// A `file://` directory must be absolute and normal and, with
-    /// `MetaConfig::storage_roots`, under a root; with a
+    /// `MetaConfig::storage_roots`, under a root. With a
     /// `MetaConfig::backend_opener` the storage's backend is opened (a file
-    /// pool creates its files) and attached at once, and a backend that
-    /// cannot be opened refuses the add. Refused: nothing changes.
+    /// pool creates its files) and attached at once; one that cannot be
+    /// opened now is added all the same (as Tair KVCM does), unhealthy,
+    /// with a warning: it takes no writes until the health checker opens
+    /// its backend and the probe passes. A kind kvtier has no backend for
+    /// (`StorageKind::has_backend`) is added and never written. Refused:
+    /// nothing changes.
     pub fn add_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
         self.check_storage_dir(&s)?;
@@ -325,7 +346,8 @@ impl MetaService {
         if self.catalog.storage(&s.name).is_ok() {
             return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
         }
-        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s));
+        let s = opened.registered(s);
         self.apply_with_backends(opened, |maps| {
             if maps.storages.contains_key(&s.name) {
                 return Err(MetaError::AlreadyExists(format!("storage {:?}", s.name)));
@@ -345,19 +367,25 @@ impl MetaService {
     /// and kind. The directory rules of [`MetaService::add_storage`]
     /// apply; with a backend opener a changed kind or URI opens a new
     /// backend that replaces the old one (same kind and URI: the backend is
-    /// kept).
+    /// kept). A new backend that cannot be opened now leaves the storage
+    /// unhealthy and without a backend, as [`MetaService::add_storage`].
     pub fn update_storage(&self, s: Storage) -> Result<()> {
         check_storage(&s)?;
         self.check_storage_dir(&s)?;
         self.catalog.storage(&s.name)?;
-        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s))?;
+        let opened = self.open_changed(&self.catalog.snapshot(), std::slice::from_ref(&s));
+        let unopened = opened.unopened(&s.name);
         self.apply_with_backends(opened, |maps| {
             let Some(cur) = maps.storages.get(&s.name) else {
                 return Err(MetaError::StorageNotFound(s.name.clone()));
             };
             let s = Storage {
                 enabled: cur.enabled,
-                health: cur.health,
+                health: if unopened {
+                    StorageHealth::Unhealthy
+                } else {
+                    cur.health
+                },
                 ..s
             };
             Ok((vec![Change::PutStorage(s)], ()))
@@ -397,7 +425,7 @@ impl MetaService {
     /// reclaimer's or the instance's business). With a backend opener the
     /// storage's backend is detached: nothing on it is freed any more.
     pub fn remove_storage(&self, name: &str) -> Result<()> {
-        self.apply_with_backends(Vec::new(), |maps| {
+        self.apply_with_backends(Opened::default(), |maps| {
             if !maps.storages.contains_key(name) {
                 return Err(MetaError::StorageNotFound(name.to_owned()));
             }
@@ -440,15 +468,36 @@ impl MetaService {
     }
 
     /// Replaces a group's settings (same checks as
-    /// [`MetaService::create_group`]); they apply from the next request.
-    /// Shrinking a quota below current usage refuses new writes until the
-    /// reclaimer or removals bring usage down; `max_instances` may not drop
-    /// below the current number of instances.
+    /// [`MetaService::create_group`]), whatever its version; they apply
+    /// from the next request. Shrinking a quota below current usage refuses
+    /// new writes until the reclaimer or removals bring usage down;
+    /// `max_instances` may not drop below the current number of instances.
+    /// The admin API's update is [`MetaService::update_group_versioned`].
     pub fn update_group(&self, g: InstanceGroup) -> Result<()> {
+        self.replace_group(g, None)
+    }
+
+    /// Tair KVCM's `UpdateInstanceGroup`: [`MetaService::update_group`]
+    /// when `current_version` is the stored version and `g.version` is
+    /// above it, [`MetaError::VersionMismatch`] otherwise (upstream's
+    /// compare-and-set, `config/registry_manager.cc`), so two admins that
+    /// read the same version cannot both update. Nothing changes when
+    /// refused.
+    pub fn update_group_versioned(&self, g: InstanceGroup, current_version: i64) -> Result<()> {
+        self.replace_group(g, Some(current_version))
+    }
+
+    /// Replaces a group, checking its version against `expected` when
+    /// given; checked under the catalog's edit lock, so the compare and
+    /// the set are one step.
+    fn replace_group(&self, g: InstanceGroup, expected: Option<i64>) -> Result<()> {
         self.catalog.apply(self.index.as_ref(), |maps| {
             check_group(&g)?;
-            if !maps.groups.contains_key(&g.name) {
+            let Some(stored) = maps.groups.get(&g.name) else {
                 return Err(MetaError::GroupNotFound(g.name.clone()));
+            };
+            if let Some(expected) = expected {
+                check_version(stored, &g, expected)?;
             }
             let members = maps.members(&g.name).count();
             if members > g.max_instances as usize {
@@ -608,6 +657,7 @@ impl MetaService {
             .into_iter()
             .map(|s| StorageStatus {
                 name: s.name,
+                kind: s.kind,
                 enabled: s.enabled,
                 health: s.health,
             })
@@ -643,6 +693,7 @@ impl MetaService {
                     eviction: EvictionPolicy::Lru,
                     storages: vec![storage.name.clone()],
                     max_instances: u32::MAX,
+                    ..InstanceGroup::default()
                 }));
             }
             if !maps.storages.contains_key(&storage.name) {
@@ -696,6 +747,39 @@ impl MetaService {
     }
 }
 
+impl MetaService {
+    /// Refuses a write that would take `inst` past its group's
+    /// `max_key_count` block records (Tair KVCM's limit per instance,
+    /// `meta/meta_indexer.cc`: `new + held > max` is refused), with
+    /// [`MetaError::KeyCountExceeded`]. `new_keys` are the keys the write
+    /// would add. Free when the group sets no limit (0); otherwise one
+    /// [`crate::MetaIndex::count`] call. Checked before the write, not with
+    /// it: concurrent writes of one instance may pass it together, as
+    /// upstream's may across its lock shards.
+    pub(crate) fn check_key_capacity(
+        &self,
+        inst: &Instance,
+        group: &InstanceGroup,
+        new_keys: usize,
+    ) -> Result<()> {
+        let limit = group.max_key_count;
+        if limit == 0 || new_keys == 0 {
+            return Ok(());
+        }
+        let count = self.index.count(&inst.id)?;
+        let adding = u64::try_from(new_keys).unwrap_or(u64::MAX);
+        if count.saturating_add(adding) <= limit {
+            return Ok(());
+        }
+        Err(MetaError::KeyCountExceeded {
+            instance: inst.id.clone(),
+            count,
+            adding,
+            limit,
+        })
+    }
+}
+
 /// The first thing wrong, in words, or `None` when healthy: the index
 /// unreachable, then the index refusing writes, then no storage taking
 /// writes (a fresh server with no storage is healthy).
@@ -712,7 +796,13 @@ fn health_problem(
     }
     let refusals: Vec<Option<&str>> = storages
         .iter()
-        .map(|s| write_refusal(s.enabled, s.health))
+        .map(|s| {
+            if s.kind.has_backend() {
+                write_refusal(s.enabled, s.health)
+            } else {
+                Some("without a backend in kvtier")
+            }
+        })
         .collect();
     if storages.is_empty() || refusals.iter().any(Option::is_none) {
         return None;

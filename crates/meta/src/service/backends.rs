@@ -398,8 +398,12 @@ impl MetaService {
 
     /// Probes every attached backend once (in parallel, each bounded by
     /// `timeout`) and sets each storage's health to the result. Returns
-    /// the names of the storages found unhealthy.
+    /// the names of the storages found unhealthy. With a backend opener,
+    /// first retries opening the backends that could not be opened: their
+    /// storages stay unhealthy (and are returned) until one opens and its
+    /// probe passes.
     pub async fn check_backends(&self, timeout: Duration) -> Vec<String> {
+        let mut unhealthy = self.retry_unopened_backends();
         let backends: Vec<(String, Arc<dyn StorageBackend>)> = self
             .backends
             .map
@@ -420,7 +424,6 @@ impl MetaService {
             });
         }
         let c = &self.backends.shared.counters;
-        let mut unhealthy = Vec::new();
         while let Some(done) = probes.join_next().await {
             let Ok((name, r)) = done else { continue };
             add(&c.health_checks, 1);

@@ -7,7 +7,7 @@
 
 use crate::error::{MetaError, Result};
 use crate::ledger::GroupUsage;
-use crate::model::{InstanceGroup, Storage, write_refusal};
+use crate::model::{InstanceGroup, Storage};
 
 /// Why none of the group's storages takes writes, one clause per storage:
 /// an operator must tell a disabled storage from a failing one, and both
@@ -18,14 +18,7 @@ fn unwritable_reasons(group: &InstanceGroup, candidates: &[Storage]) -> String {
         .iter()
         .filter(|n| !candidates.iter().any(|s| &s.name == *n))
         .map(|n| format!("storage {n:?} is not added"));
-    let refused = candidates.iter().filter_map(|s| {
-        let refusal = write_refusal(s.enabled, s.health)?;
-        Some(if s.enabled {
-            format!("storage {:?} is {refusal} (see its health probe)", s.name)
-        } else {
-            format!("storage {:?} is {refusal}", s.name)
-        })
-    });
+    let refused = candidates.iter().filter_map(Storage::refusal_clause);
     let why: Vec<String> = missing.chain(refused).collect();
     why.join("; ")
 }

@@ -200,7 +200,8 @@ impl MetaService {
 
     /// Replaces the catalog with `snap`. Storages follow the rules of
     /// [`MetaService::add_storage`] (storage roots; with a backend opener
-    /// new or changed storages get their backends, removed ones lose
+    /// new or changed storages get their backends, or are registered
+    /// unhealthy when theirs cannot be opened, and removed ones lose
     /// theirs). Validated first: on any error
     /// ([`MetaError::InvalidArgument`], [`MetaError::StorageNotFound`],
     /// [`MetaError::GroupNotFound`], [`MetaError::GroupFull`],
@@ -214,7 +215,13 @@ impl MetaService {
         }
         // Validated before any backend creates files; again under the lock.
         validate(&snap, &self.catalog.snapshot())?;
-        let opened = self.open_changed(&self.catalog.snapshot(), &snap.storages)?;
+        let opened = self.open_changed(&self.catalog.snapshot(), &snap.storages);
+        let mut snap = snap;
+        snap.storages = snap
+            .storages
+            .into_iter()
+            .map(|s| opened.registered(s))
+            .collect();
         let removed: Vec<Instance> = self.apply_with_backends(opened, |maps| {
             validate(&snap, maps)?;
             let keep: HashSet<&str> = snap.instances.iter().map(|i| i.id.as_str()).collect();

@@ -15,8 +15,32 @@ use crate::error::{MetaError, Result};
 use crate::model::{Storage, StorageHealth, StorageKind};
 use crate::path_safe::{UnsafePath, check_absolute_dir, confine_to_roots, file_uri_dir};
 
-/// Backends opened ahead of a catalog change, installed once it applied.
-pub(super) type Opened = Vec<(Storage, Arc<dyn StorageBackend>)>;
+/// Backends opened ahead of a catalog change, installed once it applied,
+/// and the storages whose backend could not be opened: those are
+/// registered all the same (as Tair KVCM registers a storage it cannot
+/// reach), unhealthy, so no write goes there until a retry opens the
+/// backend and its probe passes ([`MetaService::check_backends`]).
+#[derive(Default)]
+pub(super) struct Opened {
+    attached: Vec<(Storage, Arc<dyn StorageBackend>)>,
+    failed: Vec<String>,
+}
+
+impl Opened {
+    /// Whether the backend of the storage `name` could not be opened.
+    pub(super) fn unopened(&self, name: &str) -> bool {
+        self.failed.iter().any(|n| n == name)
+    }
+
+    /// `s` as it is to be registered: unhealthy when its backend could not
+    /// be opened, as it was otherwise.
+    pub(super) fn registered(&self, mut s: Storage) -> Storage {
+        if self.unopened(&s.name) {
+            s.health = StorageHealth::Unhealthy;
+        }
+        s
+    }
+}
 
 impl MetaService {
     /// Refuses a storage whose `file://` directory is not absolute and
@@ -48,11 +72,15 @@ impl MetaService {
         self.config.backend_opener.is_some()
     }
 
-    /// Opens `s`'s backend with the configured opener; `None` without one.
+    /// Opens `s`'s backend with the configured opener; `None` without one,
+    /// and for the kinds kvtier has no backend for.
     fn open_configured(&self, s: &Storage) -> Result<Option<Arc<dyn StorageBackend>>> {
         let Some(opener) = &self.config.backend_opener else {
             return Ok(None);
         };
+        if !s.kind.has_backend() {
+            return Ok(None);
+        }
         opener.open(self, s).map(Some).map_err(|e| {
             MetaError::InvalidArgument(format!(
                 "storage {:?} ({}): its backend cannot be opened: {e}",
@@ -62,9 +90,11 @@ impl MetaService {
     }
 
     /// Opens the backends of those `storages` that are new or whose kind or
-    /// URI differ from `current`'s. The first failure refuses them all.
-    pub(super) fn open_changed(&self, current: &Maps, storages: &[Storage]) -> Result<Opened> {
-        let mut opened = Vec::new();
+    /// URI differ from `current`'s. One that cannot be opened now is
+    /// logged and listed in [`Opened`], never refused: the directory rules
+    /// ([`MetaService::check_storage_dir`]) are what refuses a storage.
+    pub(super) fn open_changed(&self, current: &Maps, storages: &[Storage]) -> Opened {
+        let mut opened = Opened::default();
         for s in storages {
             let same = current
                 .storages
@@ -73,17 +103,28 @@ impl MetaService {
             if same {
                 continue;
             }
-            if let Some(b) = self.open_configured(s)? {
-                opened.push((s.clone(), b));
+            match self.open_configured(s) {
+                Ok(Some(b)) => opened.attached.push((s.clone(), b)),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        storage = s.name,
+                        error = %e,
+                        "storage backend cannot be opened now; registered unhealthy, retried by the health checker"
+                    );
+                    opened.failed.push(s.name.clone());
+                }
             }
         }
-        Ok(opened)
+        opened
     }
 
     /// Applies a catalog change with the backend map locked, then installs
-    /// `opened` and, when an opener manages backends, detaches the
-    /// backends of storages the catalog no longer has. Writers never see a
-    /// new storage without its backend.
+    /// `opened`, detaches the backend a storage whose new one could not be
+    /// opened had before (it was opened for another kind or URI, and its
+    /// probe must not mark the storage healthy) and, when an opener
+    /// manages backends, those of storages the catalog no longer has.
+    /// Writers never see a new storage without its backend.
     pub(super) fn apply_with_backends<R>(
         &self,
         opened: Opened,
@@ -91,8 +132,11 @@ impl MetaService {
     ) -> Result<R> {
         let mut locked = self.backends.lock();
         let out = self.catalog.apply(self.index.as_ref(), plan)?;
-        for (s, b) in opened {
+        for (s, b) in opened.attached {
             locked.install(&s, b);
+        }
+        for name in &opened.failed {
+            locked.detach(name);
         }
         if self.opens_backends() {
             self.detach_removed(&mut locked);
@@ -142,6 +186,23 @@ impl MetaService {
         if now.is_ok_and(|n| n.kind == s.kind && n.uri == s.uri) {
             locked.install(s, backend);
         }
+    }
+
+    /// Retries, before a round of health probes, the backends that could
+    /// not be opened (they were registered unhealthy): one that opens now
+    /// is attached, and the round's probe decides its health. Those still
+    /// failing are kept unhealthy, and returned.
+    pub(super) fn retry_unopened_backends(&self) -> Vec<String> {
+        let failed = self.sync_backends();
+        for (name, why) in &failed {
+            tracing::debug!(
+                storage = name,
+                error = why,
+                "storage backend still cannot be opened"
+            );
+            self.set_storage_health(name, StorageHealth::Unhealthy);
+        }
+        failed.into_iter().map(|(name, _)| name).collect()
     }
 
     /// The start of a server: [`MetaService::sync_backends`], and every

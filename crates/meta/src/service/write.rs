@@ -60,6 +60,7 @@ impl MetaService {
                 skipped: keys.to_vec(),
             });
         }
+        self.check_key_capacity(&inst, &group, candidates.len())?;
         // Location ids first: the session records its targets when it
         // opens, before the index holds them, so a frontend that dies
         // past this point leaves a session for the reaper, not an orphan.

@@ -127,8 +127,8 @@ impl Api {
         Ok(pb::CommonResponse::default())
     }
 
-    /// `UpdateInstanceGroup` (`current_version` is not checked: groups carry
-    /// no version yet).
+    /// `UpdateInstanceGroup`: upstream's compare-and-set, `current_version`
+    /// must be the stored version and the group's `version` above it.
     pub async fn update_instance_group(
         &self,
         req: pb::UpdateInstanceGroupRequest,
@@ -137,7 +137,8 @@ impl Api {
             .instance_group
             .as_ref()
             .ok_or_else(|| Fail::invalid("no instance_group"))?;
-        self.svc.update_group(conv::group_from_wire(g)?)?;
+        self.svc
+            .update_group_versioned(conv::group_from_wire(g)?, req.current_version)?;
         Ok(pb::CommonResponse::default())
     }
 

@@ -1,8 +1,12 @@
 //! Admin-package messages <-> model: storages, instance groups, accounts.
 //!
-//! The model knows three storage kinds (kvtier node tiers, shared file
-//! pools, S3); the wire knows Tair KVCM's backends. The mapping is lossy in
-//! places and written down in docs/server.md ("Admin mapping").
+//! The model's storage kinds are kvtier's backends (kvtier node tiers,
+//! shared file pools, S3) plus Tair KVCM's memory stores (`mooncake`,
+//! `tair_mem_pool`), which kvtier keeps and lists but has no backend for;
+//! the wire knows Tair KVCM's backends. The mapping is lossy in places and
+//! written down in docs/server.md ("Admin mapping"). What of a group the
+//! model does not hold is kept as the group's `passthrough`, so a group is
+//! read back as it was given.
 
 use std::collections::BTreeMap;
 
@@ -24,10 +28,49 @@ fn file_uri(path: &str) -> String {
     }
 }
 
-/// A wire storage as a model storage (enabled, healthy).
+/// The spec of a kind kvtier has no backend for, checked as upstream
+/// checks it (`data_storage/storage_config.cc`), as the model keeps it.
+fn foreign_spec<T: serde::Serialize>(
+    name: &str,
+    kind: &str,
+    missing: &[&str],
+    spec: &T,
+) -> Result<serde_json::Value, Fail> {
+    if !missing.is_empty() {
+        let fields: String = missing.iter().map(|f| format!("{{{f}}}")).collect();
+        return Err(Fail::invalid(format!(
+            "storage {name:?}: missing or invalid fields: {{{kind}: {fields}}}"
+        )));
+    }
+    serde_json::to_value(spec).map_err(|e| Fail::invalid(format!("storage {name:?}: {e}")))
+}
+
+/// The fields of a mooncake spec upstream requires that are empty.
+fn mooncake_missing(m: &pb::MooncakeStorageSpec) -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    for (field, value) in [
+        ("local_hostname", &m.local_hostname),
+        ("metadata_connstring", &m.metadata_connstring),
+        ("protocol", &m.protocol),
+        ("master_service_entry", &m.master_service_entry),
+    ] {
+        if value.is_empty() {
+            missing.push(field);
+        }
+    }
+    if m.protocol == "rdma" && m.rdma_device.is_empty() {
+        missing.push("rdma_device");
+    }
+    missing
+}
+
+/// A wire storage as a model storage (enabled, healthy). `mooncake` and
+/// `tair_mem_pool` are kept with their spec, under a URI that only names
+/// them: kvtier has no backend for them, so they never take writes.
 pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
     use pb::storage_config::StorageSpec as S;
     let name = c.global_unique_name.clone();
+    let mut spec = None;
     let (kind, uri) = match &c.storage_spec {
         Some(S::Local(_)) => (StorageKind::KvtierNode, format!("{LOCAL_SCHEME}{name}")),
         Some(S::Nfs(n)) => (StorageKind::FilePool, file_uri(&n.root_path)),
@@ -48,10 +91,19 @@ pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
                 t.root_dir
             )),
         ),
-        Some(S::Mooncake(_)) | Some(S::TairMemPool(_)) => {
-            return Err(Fail::unsupported(format!(
-                "storage {name:?}: mooncake and tair_mem_pool backends are not supported"
-            )));
+        Some(S::Mooncake(m)) => {
+            let missing = mooncake_missing(m);
+            spec = Some(foreign_spec(&name, "MooncakeStorageSpec", &missing, m)?);
+            (StorageKind::Mooncake, format!("mooncake://{name}"))
+        }
+        Some(S::TairMemPool(t)) => {
+            let missing: &[&str] = if t.domain.is_empty() {
+                &["domain"]
+            } else {
+                &[]
+            };
+            spec = Some(foreign_spec(&name, "TairMemPoolStorageSpec", missing, t)?);
+            (StorageKind::TairMemPool, format!("tair-mem-pool://{name}"))
         }
         None => return Err(Fail::invalid(format!("storage {name:?} has no spec"))),
     };
@@ -61,11 +113,22 @@ pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
         uri,
         enabled: true,
         health: StorageHealth::Healthy,
+        spec,
     })
 }
 
-/// A model storage on the wire: node tiers as `local`, everything else as
-/// `nfs` with the storage URI as its root path.
+/// The wire spec a model storage keeps (inverse of [`foreign_spec`]); the
+/// default spec if the record holds none or another shape.
+fn kept_spec<T: serde::de::DeserializeOwned + Default>(s: &Storage) -> T {
+    s.spec
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default()
+}
+
+/// A model storage on the wire: node tiers as `local`, upstream's memory
+/// stores with the spec they were given, everything else as `nfs` with the
+/// storage URI as its root path.
 pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
     use pb::storage_config::StorageSpec as S;
     let spec = match s.kind {
@@ -78,6 +141,8 @@ pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
             root_path: s.uri.clone(),
             key_count_per_file: 0,
         }),
+        StorageKind::Mooncake => S::Mooncake(kept_spec(s)),
+        StorageKind::TairMemPool => S::TairMemPool(kept_spec(s)),
     };
     pb::StorageConfig {
         global_unique_name: s.name.clone(),
@@ -103,7 +168,8 @@ fn quota_kind(t: i32) -> Option<StorageKind> {
 fn quota_type(k: StorageKind) -> pb::StorageType {
     match k {
         StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
-        StorageKind::KvtierNode => pb::StorageType::StTairmempool,
+        StorageKind::KvtierNode | StorageKind::TairMemPool => pb::StorageType::StTairmempool,
+        StorageKind::Mooncake => pb::StorageType::StMooncake,
     }
 }
 
@@ -165,6 +231,13 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
         n if n <= 0 => u32::MAX,
         n => u32::try_from(n).unwrap_or(u32::MAX),
     };
+    // Unset, 0 or negative: no limit (upstream's default is the largest
+    // size_t, and a negative int64 becomes one).
+    let max_key_count = g
+        .cache_config
+        .as_ref()
+        .and_then(|c| c.meta_indexer_config.as_ref())
+        .map_or(0, |m| u64::try_from(m.max_key_count).unwrap_or(0));
     Ok(InstanceGroup {
         name: g.name.clone(),
         quota_bytes,
@@ -174,7 +247,39 @@ pub fn group_from_wire(g: &pb::InstanceGroup) -> Result<InstanceGroup, Fail> {
         // Upstream keeps a candidate listed twice; once is the same choice.
         storages: dedup_keep_order(&g.storage_candidates),
         max_instances,
+        max_key_count,
+        version: g.version,
+        user_data: g.user_data.clone(),
+        passthrough: passthrough(g),
     })
+}
+
+/// What of a wire group the model does not hold, as JSON: the group with
+/// the fields [`group_from_wire`] reads blanked, so nothing is kept twice.
+/// `None` if it cannot be written as JSON (then only the model's fields
+/// are given back).
+fn passthrough(g: &pb::InstanceGroup) -> Option<serde_json::Value> {
+    let mut rest = pb::InstanceGroup {
+        name: String::new(),
+        storage_candidates: Vec::new(),
+        max_instance_count: 0,
+        quota: None,
+        user_data: String::new(),
+        version: 0,
+        ..g.clone()
+    };
+    if let Some(c) = rest.cache_config.as_mut() {
+        if let Some(r) = c.reclaim_strategy.as_mut() {
+            r.reclaim_policy = 0;
+            if let Some(t) = r.trigger_strategy.as_mut() {
+                t.used_percentage = 0.0;
+            }
+        }
+        if let Some(m) = c.meta_indexer_config.as_mut() {
+            m.max_key_count = 0;
+        }
+    }
+    serde_json::to_value(&rest).ok()
 }
 
 /// A group quota on the wire: unlimited is 0, "no writes" is -1 (inverse
@@ -187,53 +292,70 @@ fn wire_bytes(v: u64) -> i64 {
     }
 }
 
-/// A model group on the wire (inverse of [`group_from_wire`]).
+/// A model group on the wire (inverse of [`group_from_wire`]): its
+/// `passthrough` with the model's settings written over it.
 pub fn group_to_wire(g: &InstanceGroup) -> pb::InstanceGroup {
-    let (policy, ttl) = match g.eviction {
-        EvictionPolicy::Lru => (pb::ReclaimPolicy::PolicyLru, 0),
-        EvictionPolicy::Lfu => (pb::ReclaimPolicy::PolicyLfu, 0),
-        EvictionPolicy::Ttl { ttl_secs } => (
-            pb::ReclaimPolicy::PolicyTtl,
-            i32::try_from(ttl_secs).unwrap_or(i32::MAX),
-        ),
-    };
-    pb::InstanceGroup {
-        name: g.name.clone(),
-        storage_candidates: g.storages.clone(),
-        global_quota_group_name: g.name.clone(),
-        max_instance_count: if g.max_instances == u32::MAX {
-            0
-        } else {
-            i64::from(g.max_instances)
-        },
-        quota: Some(pb::InstanceGroupQuota {
-            capacity: wire_bytes(g.quota_bytes),
-            quota_config: g
-                .kind_quota_bytes
-                .iter()
-                .map(|(k, v)| pb::QuotaConfig {
-                    storage_type: quota_type(*k) as i32,
-                    capacity: i64::try_from(*v).unwrap_or(i64::MAX),
-                })
-                .collect(),
-        }),
-        cache_config: Some(pb::CacheConfig {
-            reclaim_strategy: Some(pb::CacheReclaimStrategy {
-                reclaim_policy: policy as i32,
-                trigger_strategy: Some(pb::TriggerStrategy {
-                    used_size: 0,
-                    used_percentage: g.watermark,
-                }),
-                trigger_period_seconds: ttl,
-                ..Default::default()
-            }),
-            data_storage_strategy: 0,
-            meta_indexer_config: None,
-        }),
-        user_data: String::new(),
-        version: 0,
-        extra_info: String::new(),
+    let mut w: pb::InstanceGroup = g
+        .passthrough
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    w.name = g.name.clone();
+    w.storage_candidates = g.storages.clone();
+    if w.global_quota_group_name.is_empty() {
+        w.global_quota_group_name = g.name.clone();
     }
+    w.max_instance_count = if g.max_instances == u32::MAX {
+        0
+    } else {
+        i64::from(g.max_instances)
+    };
+    w.quota = Some(quota_to_wire(g));
+    let cache = w.cache_config.get_or_insert_with(Default::default);
+    reclaim_to_wire(
+        g,
+        cache.reclaim_strategy.get_or_insert_with(Default::default),
+    );
+    if g.max_key_count > 0 || cache.meta_indexer_config.is_some() {
+        let m = cache
+            .meta_indexer_config
+            .get_or_insert_with(Default::default);
+        m.max_key_count = i64::try_from(g.max_key_count).unwrap_or(i64::MAX);
+    }
+    w.user_data = g.user_data.clone();
+    w.version = g.version;
+    w
+}
+
+fn quota_to_wire(g: &InstanceGroup) -> pb::InstanceGroupQuota {
+    pb::InstanceGroupQuota {
+        capacity: wire_bytes(g.quota_bytes),
+        quota_config: g
+            .kind_quota_bytes
+            .iter()
+            .map(|(k, v)| pb::QuotaConfig {
+                storage_type: quota_type(*k) as i32,
+                capacity: i64::try_from(*v).unwrap_or(i64::MAX),
+            })
+            .collect(),
+    }
+}
+
+/// Writes the model's policy and watermark over `r`. A TTL is the trigger
+/// period ([`group_from_wire`]); other policies keep the period given.
+fn reclaim_to_wire(g: &InstanceGroup, r: &mut pb::CacheReclaimStrategy) {
+    let policy = match g.eviction {
+        EvictionPolicy::Lru => pb::ReclaimPolicy::PolicyLru,
+        EvictionPolicy::Lfu => pb::ReclaimPolicy::PolicyLfu,
+        EvictionPolicy::Ttl { ttl_secs } => {
+            r.trigger_period_seconds = i32::try_from(ttl_secs).unwrap_or(i32::MAX);
+            pb::ReclaimPolicy::PolicyTtl
+        }
+    };
+    r.reclaim_policy = policy as i32;
+    r.trigger_strategy
+        .get_or_insert_with(Default::default)
+        .used_percentage = g.watermark;
 }
 
 /// The model role of a wire role.
@@ -270,6 +392,18 @@ pub fn require_name(name: &str, what: &str) -> Result<(), Fail> {
 mod tests {
     use super::*;
 
+    /// `g` read back from the wire is `g` plus what the wire adds (its
+    /// passthrough), and reading that back changes nothing more.
+    fn assert_round_trip(g: &InstanceGroup) {
+        let back = group_from_wire(&group_to_wire(g)).unwrap();
+        let without = InstanceGroup {
+            passthrough: None,
+            ..back.clone()
+        };
+        assert_eq!(&without, g);
+        assert_eq!(group_from_wire(&group_to_wire(&back)).unwrap(), back);
+    }
+
     #[test]
     fn groups_round_trip() {
         let g = InstanceGroup {
@@ -280,8 +414,12 @@ mod tests {
             eviction: EvictionPolicy::Lfu,
             storages: vec!["s".into()],
             max_instances: 4,
+            max_key_count: 16,
+            version: 3,
+            user_data: "u".into(),
+            passthrough: None,
         };
-        assert_eq!(group_from_wire(&group_to_wire(&g)).unwrap(), g);
+        assert_round_trip(&g);
         let unlimited = InstanceGroup {
             quota_bytes: u64::MAX,
             max_instances: u32::MAX,
@@ -289,10 +427,7 @@ mod tests {
             eviction: EvictionPolicy::Ttl { ttl_secs: 60 },
             ..g
         };
-        assert_eq!(
-            group_from_wire(&group_to_wire(&unlimited)).unwrap(),
-            unlimited
-        );
+        assert_round_trip(&unlimited);
     }
 
     #[test]
@@ -304,6 +439,7 @@ mod tests {
                 uri: "file:///mnt/kv".into(),
                 enabled: true,
                 health: StorageHealth::Healthy,
+                spec: None,
             },
             Storage {
                 name: "node".into(),
@@ -311,6 +447,7 @@ mod tests {
                 uri: "kvtier://local/node".into(),
                 enabled: true,
                 health: StorageHealth::Healthy,
+                spec: None,
             },
         ] {
             assert_eq!(storage_from_wire(&storage_to_wire(&s)).unwrap(), s);

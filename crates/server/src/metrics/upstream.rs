@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvtier_meta::proto::admin as pb;
-use kvtier_meta::{MetaService, MetaStats, StorageHealth, StorageKind};
+use kvtier_meta::{MetaService, MetaStats, StorageKind};
 
 use super::{MethodStats, clamp};
 
@@ -110,8 +110,9 @@ fn service_wide(stats: &MetaStats, svc: &MetaService) -> Vec<Entry> {
         out.push(("cache_manager_instance.key_count", tags, value));
     }
     for s in svc.list_storages() {
-        // Disabled, failing or full: not a storage writes can use.
-        let healthy = s.enabled && s.health == StorageHealth::Healthy;
+        // Disabled, failing, full or without a backend: not a storage
+        // writes can use.
+        let healthy = s.writable();
         let tags = vec![
             ("type", kind_name(s.kind).to_owned()),
             ("unique_name", s.name),
@@ -123,12 +124,16 @@ fn service_wide(stats: &MetaStats, svc: &MetaService) -> Vec<Entry> {
 }
 
 /// The `type` tag of a storage: upstream's `file` for file pools, kvtier's
-/// own words for the kinds upstream does not have.
+/// own words for the kinds upstream does not have, and upstream's names
+/// for its memory stores (`pace` is its tair_mem_pool,
+/// `data_storage/storage_config.cc`).
 fn kind_name(kind: StorageKind) -> &'static str {
     match kind {
         StorageKind::FilePool => "file",
         StorageKind::S3 => "s3",
         StorageKind::KvtierNode => "kvtier_node",
+        StorageKind::Mooncake => "mooncake",
+        StorageKind::TairMemPool => "pace",
     }
 }
 

@@ -29,6 +29,7 @@ pub fn storage(name: &str) -> Storage {
         uri: format!("file:///mnt/{name}"),
         enabled: true,
         health: StorageHealth::Healthy,
+        spec: None,
     }
 }
 
@@ -42,6 +43,7 @@ pub fn group(name: &str, quota: u64) -> InstanceGroup {
         eviction: EvictionPolicy::Lru,
         storages: vec!["nfs".into()],
         max_instances: 16,
+        ..Default::default()
     }
 }
 
