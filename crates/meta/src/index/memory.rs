@@ -7,7 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use parking_lot::RwLock;
 use rand::Rng;
 
-use super::{MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
+use super::{AccessHit, MetaIndex, Modifier, Modify, RecordKind, ShardLocks};
+
+/// Keys whose hits [`MetaIndex::touch`] applies under one hold of the
+/// write lock.
+const TOUCH_CHUNK: usize = 1024;
 use crate::error::Result;
 use crate::model::{BlockKey, BlockMeta};
 
@@ -88,6 +92,26 @@ impl MetaIndex for MemoryIndex {
             }
             Ok(())
         })
+    }
+
+    /// In place, without the shard locks: a hit that lands between a
+    /// `modify`'s read and its write is lost, which the trait allows for
+    /// these hints, and no record is cloned. The write lock is taken per
+    /// [`TOUCH_CHUNK`] keys, so readers wait at most one chunk.
+    fn touch(&self, instance: &str, hits: &[AccessHit]) -> Result<()> {
+        let merged: Vec<AccessHit> = AccessHit::merge(hits).into_values().collect();
+        for chunk in merged.chunks(TOUCH_CHUNK) {
+            let mut blocks = self.blocks.write();
+            let Some(map) = blocks.get_mut(instance) else {
+                return Ok(());
+            };
+            for h in chunk {
+                if let Some(m) = map.get_mut(&h.key) {
+                    h.apply(m);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn scan(&self, instance: &str, after: Option<BlockKey>, limit: usize) -> Result<Vec<BlockKey>> {
