@@ -97,7 +97,7 @@ impl MetaIndex for MemoryIndex {
     /// In place, without the shard locks: a hit that lands between a
     /// `modify`'s read and its write is lost, which the trait allows for
     /// these hints, and no record is cloned. The write lock is taken per
-    /// [`TOUCH_CHUNK`] keys, so readers wait at most one chunk.
+    /// 1,024 keys (`TOUCH_CHUNK`), so readers wait at most one chunk.
     fn touch(&self, instance: &str, hits: &[AccessHit]) -> Result<()> {
         let merged: Vec<AccessHit> = AccessHit::merge(hits).into_values().collect();
         for chunk in merged.chunks(TOUCH_CHUNK) {
