@@ -433,6 +433,10 @@ mod avx512 {
     /// How far ahead of the stripe being read the source is prefetched.
     const PREFETCH: usize = 1024;
 
+    /// Copies at least this long, to a 64-byte aligned destination, store
+    /// with non-temporal stores.
+    const STREAM_MIN: usize = 16 << 10;
+
     /// # Safety
     /// AVX-512F available; `src` readable and `dst` writable for 64 bytes.
     #[inline]
@@ -455,6 +459,31 @@ mod avx512 {
         }
     }
 
+    /// [`stripe_copy`] with a non-temporal store: the line goes to memory
+    /// without being read for ownership first.
+    ///
+    /// # Safety
+    /// AVX-512F available; `src` readable for 64 bytes, `dst` writable for
+    /// 64 bytes and 64-byte aligned.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe_copy_nt(
+        acc: &mut __m512i,
+        src: *const u8,
+        dst: *mut u8,
+        secret: &[u8; SECRET_LEN],
+        at: usize,
+    ) {
+        _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
+        // SAFETY: as `stripe_copy`, and `dst` is 64-byte aligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.cast());
+            _mm512_stream_si512(dst.cast(), v);
+            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
+            *acc = accumulate(*acc, v, k);
+        }
+    }
+
     /// # Safety
     /// AVX-512F available; `p` readable for 64 bytes.
     #[inline]
@@ -466,6 +495,19 @@ mod avx512 {
             let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
             *acc = accumulate(*acc, v, k);
         }
+    }
+
+    /// Orders the non-temporal stores before what follows, then
+    /// accumulates: the last stripe is read back from the destination.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p` readable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe_fenced(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
+        _mm_sfence();
+        // SAFETY: the caller's contract.
+        unsafe { stripe(acc, p, secret, at) }
     }
 
     /// Prefetches ahead, then accumulates.
@@ -520,7 +562,19 @@ mod avx512 {
             let p = acc.as_mut_ptr().cast::<__m512i>();
             let mut v = _mm512_loadu_si512(p.cast());
             let vacc = &mut v;
-            long_loop!(vacc, src, dst, secret, stripe_copy, stripe, scramble);
+            if dst.len() >= STREAM_MIN && dst.as_ptr().align_offset(64) == 0 {
+                long_loop!(
+                    vacc,
+                    src,
+                    dst,
+                    secret,
+                    stripe_copy_nt,
+                    stripe_fenced,
+                    scramble
+                );
+            } else {
+                long_loop!(vacc, src, dst, secret, stripe_copy, stripe, scramble);
+            }
             _mm512_storeu_si512(p.cast(), v);
         }
     }
@@ -611,6 +665,30 @@ mod tests {
                 avx512::hash_long,
             ),
         ]
+    }
+
+    /// Copies long enough for non-temporal stores, to a 64-byte aligned
+    /// destination (the AVX-512 kernel streams them) and to a misaligned
+    /// one (it does not), from aligned and misaligned sources.
+    #[test]
+    fn streamed_copies_equal_xxh3() {
+        for len in [16 << 10, (16 << 10) + 1, (64 << 10) + 37, 1 << 20, 2 << 20] {
+            let src: Vec<u8> = (0..len + 3).map(|i| (i * 131 + i / 977) as u8).collect();
+            let mut out = vec![0u8; len + 128];
+            let aligned = out.as_ptr().align_offset(64);
+            for (from, to) in [(0, aligned), (3, aligned), (3, aligned + 1)] {
+                let dst = &mut out[to..to + len];
+                dst.fill(0);
+                // SAFETY: src holds len bytes from `from`; dst is separate.
+                let h = unsafe { copy_and_hash(src.as_ptr().add(from), dst, 9) };
+                assert_eq!(&dst[..], &src[from..from + len], "len {len}, {from}->{to}");
+                assert_eq!(
+                    h,
+                    xxhash_rust::xxh3::xxh3_64_with_seed(&src[from..from + len], 9),
+                    "len {len}, {from}->{to}"
+                );
+            }
+        }
     }
 
     proptest! {
