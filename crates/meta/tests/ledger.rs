@@ -336,3 +336,120 @@ async fn a_quota_holds_across_frontends_and_a_restart_keeps_the_charges() {
     assert_eq!(served(&c, &keys(0..11)).await, 4);
     assert_eq!(c.group_usage("g").unwrap().total, 4 * block);
 }
+
+/// The memory index, refusing every read-modify-write while `refuse` is
+/// set, as an index on a full disk does.
+#[derive(Debug, Default)]
+struct Refusing {
+    inner: kvtier_meta::MemoryIndex,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+impl Refusing {
+    fn check(&self) -> kvtier_meta::Result<()> {
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MetaError::StoreUnwritable("test: disk full".into()));
+        }
+        Ok(())
+    }
+}
+
+impl kvtier_meta::MetaIndex for Refusing {
+    fn get(
+        &self,
+        i: &str,
+        k: &[BlockKey],
+    ) -> kvtier_meta::Result<Vec<Option<kvtier_meta::BlockMeta>>> {
+        self.inner.get(i, k)
+    }
+    fn put(&self, i: &str, b: &[kvtier_meta::BlockMeta]) -> kvtier_meta::Result<()> {
+        self.check()?;
+        self.inner.put(i, b)
+    }
+    fn delete(&self, i: &str, k: &[BlockKey]) -> kvtier_meta::Result<usize> {
+        self.check()?;
+        self.inner.delete(i, k)
+    }
+    fn modify(
+        &self,
+        i: &str,
+        k: &[BlockKey],
+        f: &mut kvtier_meta::index::Modifier<'_>,
+    ) -> kvtier_meta::Result<()> {
+        self.check()?;
+        self.inner.modify(i, k, f)
+    }
+    fn scan(
+        &self,
+        i: &str,
+        after: Option<BlockKey>,
+        limit: usize,
+    ) -> kvtier_meta::Result<Vec<BlockKey>> {
+        self.inner.scan(i, after, limit)
+    }
+    fn sample(&self, i: &str, n: usize) -> kvtier_meta::Result<Vec<kvtier_meta::BlockMeta>> {
+        self.inner.sample(i, n)
+    }
+    fn count(&self, i: &str) -> kvtier_meta::Result<u64> {
+        self.inner.count(i)
+    }
+    fn drop_instance(&self, i: &str) -> kvtier_meta::Result<u64> {
+        self.inner.drop_instance(i)
+    }
+    fn get_record(
+        &self,
+        k: kvtier_meta::RecordKind,
+        n: &str,
+    ) -> kvtier_meta::Result<Option<Vec<u8>>> {
+        self.inner.get_record(k, n)
+    }
+    fn put_record(&self, k: kvtier_meta::RecordKind, n: &str, v: &[u8]) -> kvtier_meta::Result<()> {
+        self.inner.put_record(k, n, v)
+    }
+    fn delete_record(&self, k: kvtier_meta::RecordKind, n: &str) -> kvtier_meta::Result<bool> {
+        self.inner.delete_record(k, n)
+    }
+    fn list_records(
+        &self,
+        k: kvtier_meta::RecordKind,
+    ) -> kvtier_meta::Result<Vec<(String, Vec<u8>)>> {
+        self.inner.list_records(k)
+    }
+}
+
+/// More expired sessions than the reaper claims at once, while the index
+/// refuses writes: the round ends (each failed session is tried once),
+/// nothing is released; once the index writes again, the next round
+/// closes them all.
+#[tokio::test]
+async fn a_reaper_round_ends_while_the_index_refuses_writes() {
+    const SESSIONS: u64 = 1100;
+    let dir = tempfile::tempdir().unwrap();
+    let index = Arc::new(Refusing::default());
+    let config = MetaConfig {
+        session_timeout: Duration::ZERO,
+        ..MetaConfig::default()
+    };
+    let ledger: Arc<dyn Ledger> = Arc::new(LocalLedger::new());
+    let svc = service_on(index.clone(), ledger, dir.path(), &["plain"], config, SPEC).await;
+    for k in 0..SESSIONS {
+        svc.start_write_cache("i", &keys(k..k + 1)).await.unwrap();
+    }
+    let charged = svc.group_usage("g").unwrap().total;
+    assert_eq!(charged, SESSIONS * 2 * SPEC);
+
+    index
+        .refuse
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Before the round ended early, this call never returned.
+    assert_eq!(svc.reap_expired(None).await.unwrap(), SESSIONS as usize);
+    assert_eq!(svc.open_sessions().unwrap(), SESSIONS as usize);
+    assert_eq!(svc.group_usage("g").unwrap().total, charged);
+
+    index
+        .refuse
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(svc.reap_expired(None).await.unwrap(), SESSIONS as usize);
+    assert_eq!(svc.open_sessions().unwrap(), 0);
+    assert_eq!(svc.group_usage("g").unwrap().total, 0);
+}

@@ -586,9 +586,7 @@ impl MetaService {
     /// a session finishing meanwhile finds its records gone and releases
     /// its own.
     pub(crate) fn drop_blocks(&self, inst: &Instance) -> Result<u64> {
-        let sessions = self
-            .ledger
-            .claim_instance(&inst.id, self.config.session_timeout)?;
+        let sessions = self.ledger.claim_instance(&inst.id, self.claim_lease())?;
         // A target an interrupted finish already made serving is charged
         // once, through its session: the sweep leaves its bytes to the
         // session's close, which releases every target's.

@@ -17,6 +17,9 @@ use crate::path_safe::part_path;
 /// Expired sessions claimed per ledger call of the reaper.
 const REAP_BATCH: usize = 1024;
 
+/// The shortest claim on a session (see `MetaService::claim_lease`).
+const MIN_CLAIM_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl MetaService {
     /// Phase one of a write: grants the keys that are neither serving nor
     /// being written, each a new writing location on one storage chosen from
@@ -250,7 +253,7 @@ impl MetaService {
         let timeout = self.config.session_timeout;
         let s = self
             .ledger
-            .claim(session, timeout)?
+            .claim(session, self.claim_lease())?
             .ok_or(MetaError::SessionNotFound(session.0))?;
         let checked = if s.instance != instance {
             Err(MetaError::SessionNotFound(session.0))
@@ -357,24 +360,44 @@ impl MetaService {
     /// locations. With `fence` (the leader's, over a shared ledger), its
     /// index writes are refused once this frontend no longer leads.
     pub async fn reap_expired(&self, fence: Option<&Fence>) -> Result<usize> {
-        let lease = self.config.session_timeout;
         let mut held = 0;
-        loop {
-            let expired = self.ledger.claim_expired(lease, REAP_BATCH)?;
+        // Sessions whose close failed stay claimed until the round ends,
+        // so a later batch does not take them again; then they are due
+        // for the next round. A session seen twice (its claim ran out
+        // during a long round) ends the round.
+        let mut seen = std::collections::HashSet::new();
+        let mut failed = Vec::new();
+        'round: loop {
+            let expired = self.ledger.claim_expired(self.claim_lease(), REAP_BATCH)?;
             let last_batch = expired.len() < REAP_BATCH;
             for (id, s) in expired {
+                if !seen.insert(id) {
+                    failed.push(id);
+                    break 'round;
+                }
                 held += usize::from(!s.targets.is_empty());
                 let fails = vec![false; s.targets.len()];
                 if let Err(e) = self.close_session(id, &s, &fails, fence) {
                     tracing::warn!(session = %id, error = %e, "reclaiming expired write session failed; retried next round");
-                    // Due again at once: its deadline has passed.
-                    self.ledger.unclaim(id, None)?;
+                    failed.push(id);
                 }
             }
             if last_batch {
-                return Ok(held);
+                break;
             }
         }
+        for id in failed {
+            // Due again at once: its deadline has passed.
+            self.ledger.unclaim(id, None)?;
+        }
+        Ok(held)
+    }
+
+    /// How long a claim on a session holds: the session timeout, but at
+    /// least [`MIN_CLAIM_LEASE`], so a claim outlasts the work it covers
+    /// even with a zero timeout.
+    pub(super) fn claim_lease(&self) -> std::time::Duration {
+        self.config.session_timeout.max(MIN_CLAIM_LEASE)
     }
 
     /// Starts the background reaper (every `reap_interval`, fenced by
