@@ -174,7 +174,7 @@ pub struct OpenIndex {
 
 impl OpenIndex {
     /// `index` with a ledger in this process's memory.
-    fn local(index: Arc<dyn MetaIndex>) -> Self {
+    pub fn local(index: Arc<dyn MetaIndex>) -> Self {
         OpenIndex {
             index,
             ledger: Arc::new(LocalLedger::new()),

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_meta::{
-    BlockKey, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocalLedger, LocationQuery,
-    LocationSpecInfo, MemoryIndex, MetaConfig, MetaIndex, MetaService, RedbIndex, Storage,
-    StorageHealth, StorageKind,
+    BlockKey, CacheLocation, EvictionPolicy, Instance, InstanceGroup, LocationQuery,
+    LocationSpecInfo, MemoryIndex, MetaConfig, MetaService, RedbIndex, Storage, StorageHealth,
+    StorageKind,
 };
 
 use super::measure::{Latencies, process_cpu_time};
@@ -289,10 +289,7 @@ pub fn chains(sequences: usize, keys: usize, seed: u64) -> Vec<Vec<BlockKey>> {
 }
 
 fn open_index(spec: &str, tmp: &tempfile::TempDir) -> Result<(String, OpenIndex)> {
-    let local = |index: Arc<dyn MetaIndex>| OpenIndex {
-        index,
-        ledger: Arc::new(LocalLedger::new()),
-    };
+    let local = OpenIndex::local;
     Ok(match spec {
         "memory" => ("memory".into(), local(Arc::new(MemoryIndex::new()))),
         "embedded" => (

@@ -437,6 +437,28 @@ mod avx512 {
     /// with non-temporal stores.
     const STREAM_MIN: usize = 16 << 10;
 
+    /// Loads one stripe and accumulates it; returns it for the copy to
+    /// store, so the bytes hashed are the bytes stored.
+    ///
+    /// # Safety
+    /// AVX-512F available; `p` readable for 64 bytes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stripe(
+        acc: &mut __m512i,
+        p: *const u8,
+        secret: &[u8; SECRET_LEN],
+        at: usize,
+    ) -> __m512i {
+        // SAFETY: within the caller's stripe and the secret (at <= 128).
+        unsafe {
+            let v = _mm512_loadu_si512(p.cast());
+            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
+            *acc = accumulate(*acc, v, k);
+            v
+        }
+    }
+
     /// # Safety
     /// AVX-512F available; `src` readable and `dst` writable for 64 bytes.
     #[inline]
@@ -451,12 +473,7 @@ mod avx512 {
         _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
         // SAFETY: one 64-byte stripe of the caller's buffers; the secret
         // offset at + 64 <= SECRET_LEN.
-        unsafe {
-            let v = _mm512_loadu_si512(src.cast());
-            _mm512_storeu_si512(dst.cast(), v);
-            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
-            *acc = accumulate(*acc, v, k);
-        }
+        unsafe { _mm512_storeu_si512(dst.cast(), stripe(acc, src, secret, at)) }
     }
 
     /// [`stripe_copy`] with a non-temporal store: the line goes to memory
@@ -476,25 +493,7 @@ mod avx512 {
     ) {
         _mm_prefetch::<_MM_HINT_T0>(src.wrapping_add(PREFETCH).cast());
         // SAFETY: as `stripe_copy`, and `dst` is 64-byte aligned.
-        unsafe {
-            let v = _mm512_loadu_si512(src.cast());
-            _mm512_stream_si512(dst.cast(), v);
-            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
-            *acc = accumulate(*acc, v, k);
-        }
-    }
-
-    /// # Safety
-    /// AVX-512F available; `p` readable for 64 bytes.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn stripe(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
-        // SAFETY: within the caller's stripe and the secret (at <= 128).
-        unsafe {
-            let v = _mm512_loadu_si512(p.cast());
-            let k = _mm512_loadu_si512(secret.as_ptr().add(at).cast());
-            *acc = accumulate(*acc, v, k);
-        }
+        unsafe { _mm512_stream_si512(dst.cast(), stripe(acc, src, secret, at)) }
     }
 
     /// Orders the non-temporal stores before what follows, then
@@ -507,7 +506,7 @@ mod avx512 {
     unsafe fn stripe_fenced(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
         _mm_sfence();
         // SAFETY: the caller's contract.
-        unsafe { stripe(acc, p, secret, at) }
+        unsafe { stripe(acc, p, secret, at) };
     }
 
     /// Prefetches ahead, then accumulates.
@@ -519,7 +518,7 @@ mod avx512 {
     unsafe fn stripe_ahead(acc: &mut __m512i, p: *const u8, secret: &[u8; SECRET_LEN], at: usize) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
         // SAFETY: the caller's contract.
-        unsafe { stripe(acc, p, secret, at) }
+        unsafe { stripe(acc, p, secret, at) };
     }
 
     /// `acc[j ^ 1] += v[j]; acc[j] += lo32(k[j]) * hi32(k[j])` with `k = v ^ key`.

@@ -393,6 +393,37 @@ impl MetaService {
         Ok(held)
     }
 
+    /// Refuses a write that would take `inst` past its group's
+    /// `max_key_count` block records (Tair KVCM's limit per instance,
+    /// `meta/meta_indexer.cc`: `new + held > max` is refused), with
+    /// [`MetaError::KeyCountExceeded`]. `new_keys` are the keys the write
+    /// would add. Free when the group sets no limit (0); otherwise one
+    /// [`crate::MetaIndex::count`] call. Checked before the write, not with
+    /// it: concurrent writes of one instance may pass it together, as
+    /// upstream's may across its lock shards.
+    pub(crate) fn check_key_capacity(
+        &self,
+        inst: &Instance,
+        group: &InstanceGroup,
+        new_keys: usize,
+    ) -> Result<()> {
+        let limit = group.max_key_count;
+        if limit == 0 || new_keys == 0 {
+            return Ok(());
+        }
+        let count = self.index.count(&inst.id)?;
+        let adding = u64::try_from(new_keys).unwrap_or(u64::MAX);
+        if count.saturating_add(adding) <= limit {
+            return Ok(());
+        }
+        Err(MetaError::KeyCountExceeded {
+            instance: inst.id.clone(),
+            count,
+            adding,
+            limit,
+        })
+    }
+
     /// How long a claim on a session holds: the session timeout, but at
     /// least [`MIN_CLAIM_LEASE`], so a claim outlasts the work it covers
     /// even with a zero timeout.
