@@ -33,7 +33,7 @@ pub fn process_minor_faults() -> u64 {
 }
 
 /// Latency samples in nanoseconds.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Latencies(pub Vec<u64>);
 
 impl Latencies {
@@ -61,7 +61,7 @@ impl Latencies {
 /// Totals of one or more timed runs of the same operation, so baseline
 /// and kvtier can be measured in alternating rounds (the disk's speed drifts
 /// over seconds; alternating keeps the drift out of the ratio).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Run {
     /// Bytes moved.
     pub bytes: u64,

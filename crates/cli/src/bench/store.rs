@@ -22,6 +22,8 @@ use kvtier_mem::{MemoryTier, MemoryTierConfig};
 use super::baseline::{self, CopyPattern, Pattern};
 use super::measure::{Case, Latencies, Rounds, Run, process_cpu_time};
 
+mod runs;
+
 /// Arguments of `kvtier bench store`.
 #[derive(Args)]
 pub struct StoreBenchArgs {
@@ -58,6 +60,11 @@ pub struct StoreBenchArgs {
     /// disk_2m, dram_128k, dram_2m. Default: all.
     #[arg(long, value_delimiter = ',', value_parser = ["engine", "disk_128k", "disk_2m", "dram_128k", "dram_2m"])]
     only: Vec<String>,
+    /// Blocks per run in the run-layer case of 2 MiB blocks: each read asks
+    /// for one layer of this many blocks on adjacent slots, as a prefix hit
+    /// loads blocks that were offloaded together.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    run_blocks: u64,
 }
 
 struct Plan {
@@ -68,6 +75,7 @@ struct Plan {
     use_fio: bool,
     dram_pool: usize,
     rounds: u64,
+    run_blocks: usize,
 }
 
 /// Runs the benchmark.
@@ -103,6 +111,12 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         use_fio: !args.no_fio && !args.quick,
         dram_pool: if args.quick { 16 << 20 } else { 1 << 30 },
         rounds: args.rounds,
+        // A quick run's few regions hold a few blocks each.
+        run_blocks: if args.quick {
+            2
+        } else {
+            args.run_blocks as usize
+        },
     };
     let engine =
         kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
@@ -176,35 +190,113 @@ fn kvtier_first(r: u64) -> bool {
     r % 2 == 1
 }
 
-/// Random reads of `targets.len` bytes: whole blocks of `keys`, or one
-/// random layer of each when `layers` is set. `rounds` rounds of `ops`
-/// reads each by the raw loop over `raw` (the tier's data file and the bytes
-/// written to it), by fio, and by the tier, kvtier first in odd rounds.
-async fn read_rounds(
-    tier: &DiskTier,
-    keys: &[BlockHash],
-    raw: (&std::fs::File, u64),
-    fio: &dyn Fn(u64) -> Option<baseline::FioResult>,
-    targets: &mut ReadTargets,
-    (qd, ops, rounds): (u32, u64, u64),
-    layers: Option<u32>,
-) -> Result<Rounds> {
-    let object = targets.len as u64;
-    let mut out = Rounds::default();
-    for r in 0..rounds {
-        let first = match kvtier_first(r) {
-            true => Some(read_side(tier, keys, targets, qd, ops, layers, r).await?),
-            false => None,
-        };
-        let base = baseline::uring(raw.0, raw.1, object, qd, ops, Pattern::RandRead, r)?;
-        let fio_round = fio(object);
-        let ours = match first {
-            Some(ours) => ours,
-            None => read_side(tier, keys, targets, qd, ops, layers, r).await?,
-        };
-        out.add(base, ours, fio_round);
+/// What the read cases of one geometry share: the tier, the raw loop's
+/// file and the bytes written to it (the tier's own data file), and fio.
+struct ReadBench<'a> {
+    tier: &'a DiskTier,
+    engine: &'a dyn IoEngine,
+    raw: (&'a std::fs::File, u64),
+    fio: &'a dyn Fn(u64) -> Option<baseline::FioResult>,
+    qd: u32,
+    rounds: u64,
+}
+
+impl ReadBench<'_> {
+    /// `rounds` rounds of `ops` random reads of what `pick` draws, each by
+    /// the raw loop (objects of the same size), by fio and by the tier,
+    /// kvtier first in odd rounds. With `per_target`, each round also runs
+    /// the raw loop over single targets (`targets.len` bytes) for the same
+    /// bytes: the second `Rounds`.
+    async fn rounds(
+        &self,
+        pick: &Pick,
+        targets: &mut ReadTargets,
+        ops: u64,
+        per_target: bool,
+    ) -> Result<(Rounds, Rounds)> {
+        let per_object = pick.blocks_per_object() as u64;
+        let object = targets.len as u64 * per_object;
+        let (mut out, mut small) = (Rounds::default(), Rounds::default());
+        for r in 0..self.rounds {
+            let first = match kvtier_first(r) {
+                true => Some(read_side(self.tier, pick, targets, self.qd, ops, r).await?),
+                false => None,
+            };
+            let (file, extent) = self.raw;
+            let base = baseline::uring(file, extent, object, self.qd, ops, Pattern::RandRead, r)?;
+            let pieces = match per_target {
+                true => Some(baseline::uring(
+                    file,
+                    extent,
+                    targets.len as u64,
+                    self.qd,
+                    ops * per_object,
+                    Pattern::RandRead,
+                    r,
+                )?),
+                false => None,
+            };
+            let fio_round = (self.fio)(object);
+            let ours = match first {
+                Some(ours) => ours,
+                None => read_side(self.tier, pick, targets, self.qd, ops, r).await?,
+            };
+            if let Some(pieces) = pieces {
+                small.add(pieces, ours.clone(), None);
+            }
+            out.add(base, ours, fio_round);
+        }
+        Ok((out, small))
     }
-    Ok(out)
+}
+
+/// What each read batch asks the tier for.
+#[derive(Clone)]
+enum Pick {
+    /// Whole blocks, drawn at random.
+    Blocks(Arc<Vec<BlockHash>>),
+    /// One random layer (of this many) of blocks drawn at random.
+    Layers(Arc<Vec<BlockHash>>, u32),
+    /// One random layer (of this many) of runs drawn at random, each run
+    /// blocks on adjacent slots.
+    RunLayers(Arc<Vec<Vec<BlockHash>>>, u32),
+}
+
+impl Pick {
+    /// Blocks per object: what one operation of the raw loop stands for.
+    fn blocks_per_object(&self) -> usize {
+        match self {
+            Pick::RunLayers(runs, _) => runs.first().map_or(1, Vec::len),
+            Pick::Blocks(_) | Pick::Layers(..) => 1,
+        }
+    }
+
+    /// `objects` random objects: their blocks' keys, and the layer to read
+    /// (`None`: whole blocks).
+    fn draw(&self, rng: &mut StdRng, objects: usize) -> (Vec<BlockHash>, Option<u32>) {
+        match self {
+            Pick::Blocks(keys) => {
+                let keys = (0..objects)
+                    .map(|_| keys[rng.random_range(0..keys.len())])
+                    .collect();
+                (keys, None)
+            }
+            Pick::Layers(keys, layers) => {
+                let layer = rng.random_range(0..*layers);
+                let keys = (0..objects)
+                    .map(|_| keys[rng.random_range(0..keys.len())])
+                    .collect();
+                (keys, Some(layer))
+            }
+            Pick::RunLayers(runs, layers) => {
+                let layer = rng.random_range(0..*layers);
+                let keys = (0..objects)
+                    .flat_map(|_| runs[rng.random_range(0..runs.len())].iter().copied())
+                    .collect();
+                (keys, Some(layer))
+            }
+        }
+    }
 }
 
 /// Disk cases for one geometry: write, read, and (for layered blocks)
@@ -353,18 +445,24 @@ async fn disk_cases(
             })
             .flatten()
     };
-    let raw = (&read_file, read_bytes);
-    let mut block_targets = ReadTargets::new(engine.as_ref(), block as usize, qd);
-    let reads = read_rounds(
-        &tier,
-        written,
-        raw,
-        &fio_read,
-        &mut block_targets,
-        (qd, per_round, rounds),
-        None,
-    )
-    .await?;
+    let bench = ReadBench {
+        tier: &tier,
+        engine: engine.as_ref(),
+        raw: (&read_file, read_bytes),
+        fio: &fio_read,
+        qd,
+        rounds,
+    };
+    let written = Arc::new(written.to_vec());
+    let mut block_targets = ReadTargets::new(engine.as_ref(), block as usize, batch_of(qd));
+    let (reads, _) = bench
+        .rounds(
+            &Pick::Blocks(written.clone()),
+            &mut block_targets,
+            per_round,
+            false,
+        )
+        .await?;
     let batches = format!("{WRITERS} concurrent batches of {}", batch_of(qd));
     let mut out = vec![
         writes.case(
@@ -392,17 +490,11 @@ async fn disk_cases(
         // As many bytes as the other cases: every layer of every block, in
         // random order.
         let layer_ops = per_round * geometry.layers as u64;
-        let mut layer_targets = ReadTargets::new(engine.as_ref(), layer as usize, qd);
-        let layer_reads = read_rounds(
-            &tier,
-            written,
-            raw,
-            &fio_read,
-            &mut layer_targets,
-            (qd, layer_ops, rounds),
-            Some(geometry.layers),
-        )
-        .await?;
+        let mut layer_targets = ReadTargets::new(engine.as_ref(), layer as usize, batch_of(qd));
+        let pick = Pick::Layers(written.clone(), geometry.layers);
+        let (layer_reads, _) = bench
+            .rounds(&pick, &mut layer_targets, layer_ops, false)
+            .await?;
         out.push(layer_reads.case(
             &format!("disk_read_layer_{label}"),
             layer,
@@ -410,6 +502,24 @@ async fn disk_cases(
             baseline::uring_name(Pattern::RandRead),
             format!("disk tier read_layers, verified ({batches})"),
         ));
+        progress(
+            show,
+            &format!(
+                "layer reads of runs of {} adjacent blocks {label}: raw io_uring{fio_note} vs disk tier",
+                plan.run_blocks
+            ),
+        );
+        out.extend(
+            runs::run_layer_cases(
+                &bench,
+                &written,
+                geometry,
+                label,
+                plan.run_blocks,
+                layer_ops,
+            )
+            .await?,
+        );
     }
     drop(file);
     let _ = std::fs::remove_file(&base_path);
@@ -646,8 +756,8 @@ async fn write_side(
     })
 }
 
-/// The read side's targets: [`batch_of`]`(qd)` buffers of `len` bytes for
-/// each of the [`WRITERS`], registered with the I/O engine as the node
+/// The read side's targets: buffers of `len` bytes for each of the
+/// [`WRITERS`], registered with the I/O engine as the node
 /// registers its shared-memory arena (reads land in arena slots there).
 struct ReadTargets {
     len: usize,
@@ -655,10 +765,12 @@ struct ReadTargets {
 }
 
 impl ReadTargets {
-    fn new(engine: &dyn IoEngine, len: usize, qd: u32) -> Self {
+    /// `count` registered targets of `len` bytes for each of the
+    /// [`WRITERS`] workers.
+    fn new(engine: &dyn IoEngine, len: usize, count: usize) -> Self {
         let per_worker = (0..WRITERS)
             .map(|_| {
-                (0..batch_of(qd))
+                (0..count)
                     .map(|_| {
                         let mut b = AlignedBuf::zeroed(len, 4096);
                         // SAFETY: the buffer is leaked when the targets are
@@ -683,38 +795,34 @@ impl Drop for ReadTargets {
     }
 }
 
-/// `ops` random verified reads through the disk tier (whole blocks, or one
-/// random layer of each block when `layers` is set), [`WRITERS`] concurrent
-/// batches of [`batch_of`]`(qd)`.
+/// `ops` random verified reads of objects that `pick` draws through the
+/// disk tier, [`WRITERS`] concurrent batches of [`batch_of`]`(qd)` objects.
 async fn read_side(
     tier: &DiskTier,
-    keys: &[BlockHash],
+    pick: &Pick,
     targets: &mut ReadTargets,
     qd: u32,
     ops: u64,
-    layers: Option<u32>,
     seed: u64,
 ) -> Result<Run> {
     let per_batch = batch_of(qd);
     let per_worker = ops as usize / WRITERS;
+    let per_object = pick.blocks_per_object();
     let len = targets.len;
-    let keys = Arc::new(keys.to_vec());
     let cpu0 = process_cpu_time();
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for (w, mut bufs) in targets.per_worker.drain(..).enumerate() {
-        let (tier, keys) = (tier.clone(), keys.clone());
+        let (tier, pick) = (tier.clone(), pick.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = StdRng::seed_from_u64(seed * 1000 + w as u64 + 1);
             let mut lat = Latencies::default();
             let (mut done, mut misses) = (0usize, 0usize);
             while done < per_worker {
                 let n = per_batch.min(per_worker - done);
-                let layer = layers.map(|l| rng.random_range(0..l));
-                let reqs: Vec<(BlockHash, AlignedBuf)> = bufs
-                    .drain(..n)
-                    .map(|b| (keys[rng.random_range(0..keys.len())], b))
-                    .collect();
+                let (keys, layer) = pick.draw(&mut rng, n);
+                let reqs: Vec<(BlockHash, AlignedBuf)> =
+                    keys.into_iter().zip(bufs.drain(..n * per_object)).collect();
                 let t = Instant::now();
                 let res = match layer {
                     Some(l) => tier.read_layers(reqs, l..l + 1).await,
@@ -743,7 +851,7 @@ async fn read_side(
     }
     let n = (per_worker * WRITERS) as u64;
     Ok(Run {
-        bytes: n * len as u64,
+        bytes: n * (per_object * len) as u64,
         ops: n,
         wall: t0.elapsed(),
         cpu: process_cpu_time() - cpu0,
@@ -858,7 +966,7 @@ fn timed_run(
 
 fn print_table(cases: &[Case]) {
     println!(
-        "{:<22} {:>8} {:>10} {:>11} {:>17} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>17}",
+        "{:<31} {:>8} {:>10} {:>11} {:>17} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>17}",
         "case",
         "object",
         "base MB/s",
@@ -875,7 +983,7 @@ fn print_table(cases: &[Case]) {
     let spread = |m: f64, lo: f64, hi: f64| format!("{m:.2} [{lo:.2}-{hi:.2}]");
     for c in cases {
         println!(
-            "{:<22} {:>8} {:>10.0} {:>11.0} {:>17} {:>9.0} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>9} {:>17}",
+            "{:<31} {:>8} {:>10.0} {:>11.0} {:>17} {:>9.0} {:>8.1} {:>8.1} {:>9.2} {:>9.2} {:>9} {:>17}",
             c.name,
             human(c.object_bytes),
             c.baseline_mb_s,
