@@ -298,7 +298,7 @@ fn header_layer_sums(
     header: &[u8],
 ) -> Option<Arc<[u64]>> {
     let l = &shared.layout;
-    let h = SlotHeader::decode(header, l.layers)?;
+    let h = SlotHeader::decode(header, l.layers, crate::format::SlotSeal::V1)?;
     let ok = h.key == key
         && h.data_len == l.block_bytes
         && h.block_sum == entry.sum

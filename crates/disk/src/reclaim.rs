@@ -333,7 +333,7 @@ async fn read_kept(
             continue;
         };
         let hb = l.slot_header_bytes as usize;
-        let Some(h) = SlotHeader::decode(&slot[..hb], l.layers) else {
+        let Some(h) = SlotHeader::decode(&slot[..hb], l.layers, crate::format::SlotSeal::V1) else {
             add(&shared.stats.corrupt, 1);
             continue;
         };

@@ -338,7 +338,7 @@ fn accept(
     generation: u64,
 ) -> Option<Found> {
     let l = &shared.layout;
-    let h = SlotHeader::decode(header, l.layers)?;
+    let h = SlotHeader::decode(header, l.layers, crate::format::SlotSeal::V1)?;
     let ok = h.generation == generation
         && h.dir == dir as u32
         && h.region == region

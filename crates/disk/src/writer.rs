@@ -378,6 +378,7 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
             generation: res.generation,
             creation_id: dir.creation_id,
             slot_size: l.slot_bytes,
+            format: crate::format::LifeFormat::V1,
         }
         .encode(h);
     }
@@ -402,6 +403,7 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
         head.fill(0);
         SlotHeader::encode_into(
             head,
+            crate::format::SlotSeal::V1,
             p.key,
             p.block_sum,
             res.generation,
