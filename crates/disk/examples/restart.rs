@@ -57,6 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         reset: true,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        layout: kvtier_disk::RegionLayout::Block,
         prefill: false,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -62,6 +62,7 @@
 //!     reset: false,
 //!     buffers_per_dir: 2,
 //!     layer_sums_cache: 16384,
+//!     layout: kvtier_disk::RegionLayout::Block,
 //!     prefill: true,
 //! };
 //! let tier = DiskTier::open(cfg, Arc::new(PsyncEngine::new(4, 32)?))?;
@@ -97,6 +98,7 @@ mod writer;
 
 pub use config::{DiskConfig, DiskTierConfig};
 pub use error::{DiskError, Result};
+pub use format::RegionLayout;
 pub use reclaim::ReclaimListener;
 pub use stats::DiskStats;
 pub use tier::{DiskPut, DiskTier};

@@ -248,6 +248,7 @@ async fn disk_cases(
         reset: true,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        layout: kvtier_disk::RegionLayout::Block,
         prefill: true,
     };
     let tier = DiskTier::open(cfg, engine.clone()).context("opening the disk tier")?;
