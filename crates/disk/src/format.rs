@@ -765,6 +765,31 @@ mod tests {
         assert!(!Layout::new(&g, 64 << 20, 1 << 30).unwrap().layer_eligible());
     }
 
+    #[test]
+    fn layouts_parse_from_config_names() {
+        use serde::de::IntoDeserializer;
+        use serde::de::value::{Error, StrDeserializer};
+        let parse = |name: &str| {
+            let d: StrDeserializer<'_, Error> = name.into_deserializer();
+            RegionLayout::deserialize(d)
+        };
+        assert_eq!(parse("block").unwrap(), RegionLayout::Block);
+        assert_eq!(parse("layer").unwrap(), RegionLayout::Layer);
+        assert!(parse("stripe").is_err());
+        assert_eq!(RegionLayout::default(), RegionLayout::Block);
+        for k in [RegionLayout::Block, RegionLayout::Layer] {
+            assert_eq!(RegionLayout::from_code(k.code()), Some(k));
+            for v in [FORMAT_VERSION, FORMAT_VERSION_2] {
+                let f = LifeFormat {
+                    version: v,
+                    layout: k,
+                };
+                assert_eq!(LifeFormat::unpack(f.pack()), f);
+            }
+        }
+        assert_eq!(RegionLayout::from_code(2), None);
+    }
+
     proptest::proptest! {
         /// I14: in a layer-major life the headers and pieces of all slots
         /// are 4096-aligned, disjoint, and exactly cover the block-major
