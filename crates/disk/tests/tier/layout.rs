@@ -17,6 +17,7 @@ use crate::common::*;
 
 both_engines!(
     layer_major_pieces_lie_in_their_rows,
+    a_layer_major_extent_of_copied_blocks_is_one_run_per_row,
     a_v1_directory_opened_with_layer_keeps_its_blocks_and_becomes_v2,
     a_v1_directory_opened_with_block_stays_v1,
     a_header_forged_in_block_data_is_not_recovered_by_a_life_of_the_other_layout,
@@ -75,6 +76,30 @@ async fn layer_major_pieces_lie_in_their_rows(kind: Kind) {
         }
     }
     check_all_hit(&tier, &blocks.keys).await;
+}
+
+async fn a_layer_major_extent_of_copied_blocks_is_one_run_per_row(kind: Kind) {
+    let (_t, d) = dirs(1);
+    let g = geometry();
+    let tier = open(&d, kind, layout());
+    // 10 blocks, the region's first extent: block-major one run of
+    // 4096 + 10 x 20 KiB (two 128 KiB ops); layer-major the region header
+    // with row 0 (4096 + 10 x 8 KiB) and rows 1..3 (10 x 4 KiB each), one
+    // op each, since copied neighbours lie next to each other in the
+    // buffer too.
+    put_all(&tier, &Blocks::range(&g, 88, 0..10), 10).await;
+    let want = match layout() {
+        RegionLayout::Block => 2,
+        RegionLayout::Layer => g.layers as u64,
+    };
+    assert_eq!(tier.stats().write_ios, want);
+    // A later extent of 3 extends the same rows: 4 spans again.
+    put_all(&tier, &Blocks::range(&g, 89, 0..3), 3).await;
+    let more = match layout() {
+        RegionLayout::Block => 1,
+        RegionLayout::Layer => g.layers as u64,
+    };
+    assert_eq!(tier.stats().write_ios, want + more);
 }
 
 async fn a_v1_directory_opened_with_layer_keeps_its_blocks_and_becomes_v2(kind: Kind) {
