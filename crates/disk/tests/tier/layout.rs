@@ -18,6 +18,7 @@ use crate::common::*;
 both_engines!(
     layer_major_pieces_lie_in_their_rows,
     a_layer_major_extent_of_copied_blocks_is_one_run_per_row,
+    layer_reads_trust_only_a_header_of_this_place_and_life,
     a_v1_directory_opened_with_layer_keeps_its_blocks_and_becomes_v2,
     a_v1_directory_opened_with_block_stays_v1,
     a_header_forged_in_block_data_is_not_recovered_by_a_life_of_the_other_layout,
@@ -100,6 +101,67 @@ async fn a_layer_major_extent_of_copied_blocks_is_one_run_per_row(kind: Kind) {
         RegionLayout::Layer => g.layers as u64,
     };
     assert_eq!(tier.stats().write_ios, want + more);
+}
+
+/// I16: a slot header that verifies and names the key and block sum, but
+/// another slot, region or generation (as one copied from elsewhere would),
+/// does not vouch for layer sums.
+async fn layer_reads_trust_only_a_header_of_this_place_and_life(kind: Kind) {
+    let (_t, d) = dirs(1);
+    let g = geometry();
+    let blocks = Blocks::range(&g, 90, 0..4);
+    let tier = open(&d, kind, layout());
+    put_all(&tier, &blocks, 4).await;
+    let path = tier.data_file(0).unwrap();
+    let id = meta(&d[0]).creation_id;
+    let rh = region_header(&tier, 0);
+    let seal = SlotSeal::of(rh.format, id);
+    let lb = g.layer_bytes() as usize;
+    // Block i's header rewritten, well sealed, with one field changed.
+    let changes: [(u64, u32, u32); 3] = [(2, 0, 0), (1, 1, 1), (1, 0, 3)];
+    for (i, (generation, region, slot)) in changes.iter().enumerate() {
+        let loc = tier.location(blocks.keys[i]).unwrap();
+        let slot = if *slot == 0 { loc.slot } else { *slot };
+        let mut h = vec![0u8; 4096];
+        let s = &blocks.sums[i];
+        let place = (0, loc.region + region, slot);
+        SlotHeader::encode_into(
+            &mut h,
+            seal,
+            blocks.keys[i],
+            s.block,
+            *generation,
+            place,
+            g.block_bytes(),
+            &s.layers,
+        );
+        poke(&path, header_offset(&tier, loc), &h);
+    }
+    tier.close().await.unwrap();
+    drop(tier);
+    // From the checkpoint (headers are not scanned), with a cold cache.
+    let tier = open(&d, kind, layout());
+    assert_eq!(tier.stats().recovered_from_checkpoint, 4);
+    let reqs = blocks
+        .keys
+        .iter()
+        .map(|k| (*k, kvtier_io::AlignedBuf::zeroed(lb, 4096)))
+        .collect();
+    let out: Vec<Lookup> = tier
+        .read_layers(reqs, 1..2)
+        .await
+        .into_iter()
+        .map(|r| r.1)
+        .collect();
+    assert_eq!(
+        out,
+        [
+            Lookup::Corrupt,
+            Lookup::Corrupt,
+            Lookup::Corrupt,
+            Lookup::Hit
+        ]
+    );
 }
 
 async fn a_v1_directory_opened_with_layer_keeps_its_blocks_and_becomes_v2(kind: Kind) {
