@@ -334,6 +334,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             reset: true,
             buffers_per_dir: 2,
             layer_sums_cache: 4096,
+            layout: kvtier_disk::RegionLayout::Block,
             prefill: false,
         };
         let engine = Arc::new(

@@ -7,6 +7,8 @@ use std::time::Duration;
 use kvtier_core::{ByteSize, CoreError, Geometry, IoEngineKind, RegionEvictionKind};
 use serde::{Deserialize, Serialize};
 
+use crate::format::RegionLayout;
+
 /// `[disk]`: the log-structured region store on local disks (G3).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -42,6 +44,12 @@ pub struct DiskConfig {
     /// (unwritten) extents. Costs one pass over `capacity_per_dir` at
     /// creation, with progress in the log.
     pub prefill: bool,
+    /// How new region lives store blocks: `"block"` (each block
+    /// contiguous, the default) or `"layer"` (each layer of a region's
+    /// blocks contiguous; needs layers of a multiple of 4096 bytes, else
+    /// open fails). Choosing `"layer"` once makes the directories format
+    /// v2, which older builds refuse.
+    pub layout: RegionLayout,
 }
 
 impl Default for DiskConfig {
@@ -59,6 +67,7 @@ impl Default for DiskConfig {
             checkpoint_interval_secs: 30,
             sync: true,
             prefill: true,
+            layout: RegionLayout::Block,
         }
     }
 }
@@ -128,6 +137,8 @@ pub struct DiskTierConfig {
     /// ([`kvtier_io::prefill`]), so that first writes run at overwrite
     /// speed.
     pub prefill: bool,
+    /// Layout of new region lives ([`DiskConfig::layout`]).
+    pub layout: RegionLayout,
 }
 
 impl DiskTierConfig {
@@ -148,6 +159,7 @@ impl DiskTierConfig {
             buffers_per_dir: 2,
             layer_sums_cache: 16384,
             prefill: cfg.prefill,
+            layout: cfg.layout,
         }
     }
 }

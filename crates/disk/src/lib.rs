@@ -20,8 +20,10 @@
 //! - Each directory holds a lock file, a meta file, a preallocated data file of
 //!   fixed-size *regions*, and an index checkpoint. A region is a header
 //!   plus block *slots* (slot header with the carried checksums, then the
-//!   block's bytes, block-major so a block or one of its layers is one
-//!   contiguous read). See [`format`](mod@format).
+//!   block's bytes). Each region life is block-major (a block, or one of
+//!   its layers, is one contiguous read) or, with
+//!   [`RegionLayout::Layer`], layer-major (layer `l` of all the region's
+//!   slots is one contiguous row; format v2). See [`format`](mod@format).
 //! - The in-memory [`index::Index`] maps a block key to its slot and block
 //!   checksum in 32 bytes (about 40 bytes per block with table overhead),
 //!   sharded under `parking_lot` mutexes.
@@ -62,6 +64,7 @@
 //!     reset: false,
 //!     buffers_per_dir: 2,
 //!     layer_sums_cache: 16384,
+//!     layout: kvtier_disk::RegionLayout::Block,
 //!     prefill: true,
 //! };
 //! let tier = DiskTier::open(cfg, Arc::new(PsyncEngine::new(4, 32)?))?;
@@ -97,6 +100,7 @@ mod writer;
 
 pub use config::{DiskConfig, DiskTierConfig};
 pub use error::{DiskError, Result};
+pub use format::RegionLayout;
 pub use reclaim::ReclaimListener;
 pub use stats::DiskStats;
 pub use tier::{DiskPut, DiskTier};

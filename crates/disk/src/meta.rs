@@ -4,7 +4,7 @@
 //! ```text
 //! meta file (128 bytes, little-endian)
 //!   0  magic            [u8; 8]  "KVTDMETA"
-//!   8  version          u32      FORMAT_VERSION
+//!   8  version          u32      1, or 2: may hold v2 (seeded, maybe layer-major) lives
 //!  12  dir              u32      index of the directory in the configuration
 //!  16  layers           u32
 //!  20  reserved         u32      zero
@@ -26,7 +26,7 @@ use kvtier_io::{AlignedBuf, FileId, IoBatch, IoEngine, IoKind};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::durability::SyncLatch;
-use crate::format::{FORMAT_VERSION, Layout, get_u32, get_u64, get_u128, put};
+use crate::format::{FORMAT_VERSION, FORMAT_VERSION_2, Layout, get_u32, get_u64, get_u128, put};
 use crate::{DiskError, Result};
 
 /// Name of the meta file in each directory.
@@ -65,6 +65,9 @@ const META_BYTES: usize = 128;
 /// The contents of a meta file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Meta {
+    /// Format version: 1, or 2 once the directory may hold v2 lives (every
+    /// new life is v2 from then on).
+    pub version: u32,
     /// Directory index.
     pub dir: u32,
     /// Layers per block.
@@ -86,9 +89,11 @@ pub struct Meta {
 }
 
 impl Meta {
-    /// The meta a directory should have for `layout`.
+    /// The meta a directory should have for `layout` (version 1; see
+    /// [`Meta::version`]).
     pub fn expected(dir: u32, layout: &Layout, geometry_fp: u64, creation_id: u128) -> Self {
         Meta {
+            version: FORMAT_VERSION,
             dir,
             layers: layout.layers,
             region_size: layout.region_bytes,
@@ -105,7 +110,7 @@ impl Meta {
     pub fn encode(&self) -> [u8; META_BYTES] {
         let mut b = [0u8; META_BYTES];
         put(&mut b, 0, &MAGIC);
-        put(&mut b, 8, &FORMAT_VERSION.to_le_bytes());
+        put(&mut b, 8, &self.version.to_le_bytes());
         put(&mut b, 12, &self.dir.to_le_bytes());
         put(&mut b, 16, &self.layers.to_le_bytes());
         put(&mut b, 24, &self.region_size.to_le_bytes());
@@ -120,9 +125,17 @@ impl Meta {
         b
     }
 
-    /// Decodes a meta file; the error says what is wrong. A version other
-    /// than ours is reported as [`DiskError::FormatMismatch`].
+    /// Decodes a meta file; the error says what is wrong. A version this
+    /// build cannot read (not 1 or 2) is reported as
+    /// [`DiskError::FormatMismatch`].
     pub fn decode(b: &[u8], path: &Path, dir_path: &Path) -> Result<Self> {
+        Self::decode_up_to(b, path, dir_path, FORMAT_VERSION_2)
+    }
+
+    /// [`Meta::decode`] of a build that reads versions up to `max`: with
+    /// `max = 1` it is a v1 build's decoder, which must refuse meta v2 (it
+    /// would write unseeded v1 headers over layer-major data).
+    pub fn decode_up_to(b: &[u8], path: &Path, dir_path: &Path, max: u32) -> Result<Self> {
         let bad = |reason: &str| DiskError::BadFile {
             path: path.to_path_buf(),
             reason: reason.to_owned(),
@@ -135,16 +148,17 @@ impl Meta {
             return Err(bad("checksum mismatch"));
         }
         let version = get_u32(b, 8).ok_or_else(|| bad("truncated"))?;
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION..=max).contains(&version) {
             return Err(DiskError::FormatMismatch {
                 dir: dir_path.to_path_buf(),
                 field: "format version",
                 found: version.to_string(),
-                expected: FORMAT_VERSION.to_string(),
+                expected: format!("{FORMAT_VERSION}..={max}"),
             });
         }
         let f = || bad("truncated");
         Ok(Meta {
+            version,
             dir: get_u32(b, 12).ok_or_else(f)?,
             layers: get_u32(b, 16).ok_or_else(f)?,
             region_size: get_u64(b, 24).ok_or_else(f)?,
@@ -337,6 +351,7 @@ mod tests {
 
     fn meta() -> Meta {
         Meta {
+            version: FORMAT_VERSION,
             dir: 1,
             layers: 2,
             region_size: 1 << 20,
@@ -367,6 +382,42 @@ mod tests {
             Meta::decode(&b, p, Path::new("/x")),
             Err(DiskError::BadFile { .. })
         ));
+    }
+
+    #[test]
+    fn v2_round_trips_and_a_v1_decoder_refuses_it() {
+        let m = Meta {
+            version: FORMAT_VERSION_2,
+            ..meta()
+        };
+        let (p, d) = (Path::new("/x/kvtier-disk.meta"), Path::new("/x"));
+        let b = m.encode();
+        assert_eq!(Meta::decode(&b, p, d).unwrap(), m);
+        // Versions differ in the version field only.
+        let v1 = meta().encode();
+        let differ: Vec<usize> = (0..120).filter(|&i| b[i] != v1[i]).collect();
+        assert_eq!(differ, vec![8]);
+        let e = Meta::decode_up_to(&b, p, d, FORMAT_VERSION).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DiskError::FormatMismatch {
+                    field: "format version",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(
+            Meta::decode_up_to(&v1, p, d, FORMAT_VERSION).unwrap(),
+            meta()
+        );
+        let v3 = Meta {
+            version: 3,
+            ..meta()
+        }
+        .encode();
+        assert!(Meta::decode(&v3, p, d).is_err());
     }
 
     #[test]

@@ -21,9 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup, combine_layer_checksums, layer_checksum};
-use kvtier_io::{AlignedBuf, BatchDone, DmaTarget, IoBatch, IoKind, IoOp};
+use kvtier_io::{AlignedBuf, BatchDone, DmaTarget, FileId, IoBatch, IoKind, IoOp};
 
-use crate::format::{SlotHeader, round_up};
+use crate::format::{LifeFormat, RegionLayout, SlotHeader, SlotSeal, round_up};
 use crate::index::Entry;
 use crate::stats::add;
 use crate::tier::Shared;
@@ -60,7 +60,13 @@ struct Planned<T> {
     pos: usize,
     key: BlockHash,
     entry: Entry,
-    data_op: usize,
+    /// The ops that read the wanted bytes (one, or one per layer piece of
+    /// a layer-major life).
+    data_ops: Range<usize>,
+    /// How the slot's header is sealed, and the life's generation it must
+    /// carry (I16).
+    seal: SlotSeal,
+    generation: u64,
     dest: Dest<T>,
     /// Op and owner index of the slot header read (layer reads whose
     /// layer sums were not cached).
@@ -101,7 +107,7 @@ pub(crate) async fn read<T: DmaTarget>(
     let mut planned: Vec<Planned<T>> = Vec::new();
     let mut batch = IoBatch::with_capacity(n * if layers.is_some() { 2 } else { 1 });
     let mut owners = 0usize;
-    for (pos, (key, mut target)) in reqs.into_iter().enumerate() {
+    for (pos, (key, target)) in reqs.into_iter().enumerate() {
         if target.len() as u64 != want_len {
             tracing::warn!(%key, len = target.len(), want = want_len, "read target of the wrong length");
             add(&shared.stats.misses, 1);
@@ -119,39 +125,27 @@ pub(crate) async fn read<T: DmaTarget>(
             continue;
         };
         let dir = &shared.dirs[entry.loc.dir as usize];
-        let off = l.data_offset(entry.loc.region, entry.loc.slot) + range.start;
-        let a = shared.align;
-        let direct = (target.as_mut_ptr() as usize).is_multiple_of(a.mem)
-            && off.is_multiple_of(a.offset as u64)
-            && want_len.is_multiple_of(a.offset as u64);
-        let data_op = batch.len();
-        let dest = if direct {
-            let op = IoOp {
-                kind: IoKind::Read,
-                file: dir.file,
-                offset: off,
-                buf: target.as_mut_ptr(),
-                len: want_len as u32,
-            };
-            // SAFETY: the target is valid for len() bytes at a stable address
-            // (DmaTarget's contract) and is owned by the batch from here on.
-            unsafe { batch.push(op) };
-            batch.keep_alive(target);
-            owners += 1;
-            Dest::Direct { owner: owners - 1 }
-        } else {
-            let step = a.offset as u64;
-            let from = off / step * step;
-            let to = round_up(off + want_len, step);
-            let buf = AlignedBuf::zeroed((to - from) as usize, a.mem.max(4096));
-            batch.read_owned(dir.file, from, buf);
-            owners += 1;
-            Dest::Bounce {
-                owner: owners - 1,
-                skip: (off - from) as usize,
-                target,
+        // Pinned: the life (and its format) cannot change under us (I13).
+        let (format, generation) = shared
+            .region(entry.loc.dir, entry.loc.region)
+            .map_or((LifeFormat::V1, 0), |r| (r.format(), r.generation()));
+        let first_layer = (range.start / l.layer_bytes) as u32;
+        let data_ops = batch.len();
+        let dest = match format.layout {
+            RegionLayout::Block => {
+                let off = l.data_offset(entry.loc.region, entry.loc.slot) + range.start;
+                plan_contiguous(shared, &mut batch, &mut owners, dir.file, off, target)
+            }
+            RegionLayout::Layer => {
+                let pieces = (want_len / l.layer_bytes) as u32;
+                let offs = (first_layer..first_layer + pieces).map(|layer| {
+                    l.piece_offset(format.layout, entry.loc.region, layer, entry.loc.slot)
+                });
+                plan_pieces(shared, &mut batch, &mut owners, dir.file, offs, target)
             }
         };
+        let data_ops = data_ops..batch.len();
+        let a = shared.align;
         let cached_sums = layers
             .as_ref()
             .and_then(|_| shared.layer_sums.get(key, entry.sum));
@@ -160,7 +154,7 @@ pub(crate) async fn read<T: DmaTarget>(
             let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, a.mem.max(4096));
             batch.read_owned(
                 dir.file,
-                l.slot_offset(entry.loc.region, entry.loc.slot),
+                l.header_offset(format.layout, entry.loc.region, entry.loc.slot),
                 buf,
             );
             owners += 1;
@@ -176,7 +170,9 @@ pub(crate) async fn read<T: DmaTarget>(
             pos,
             key,
             entry,
-            data_op,
+            data_ops,
+            seal: SlotSeal::of(format, dir.creation_id),
+            generation,
             dest,
             header,
             cached_sums,
@@ -205,6 +201,102 @@ pub(crate) async fn read<T: DmaTarget>(
     results
 }
 
+/// Plans the read of `len` contiguous bytes at file offset `off` into
+/// `target`: one op, straight into it when address, offset and length suit
+/// direct I/O, else into an aligned bounce buffer (block-major lives).
+fn plan_contiguous<T: DmaTarget>(
+    shared: &Shared,
+    batch: &mut IoBatch,
+    owners: &mut usize,
+    file: FileId,
+    off: u64,
+    mut target: T,
+) -> Dest<T> {
+    let a = shared.align;
+    let len = target.len() as u64;
+    let direct = (target.as_mut_ptr() as usize).is_multiple_of(a.mem)
+        && off.is_multiple_of(a.offset as u64)
+        && len.is_multiple_of(a.offset as u64);
+    *owners += 1;
+    if direct {
+        let op = IoOp {
+            kind: IoKind::Read,
+            file,
+            offset: off,
+            buf: target.as_mut_ptr(),
+            len: len as u32,
+        };
+        // SAFETY: the target is valid for len() bytes at a stable address
+        // (DmaTarget's contract) and is owned by the batch from here on.
+        unsafe { batch.push(op) };
+        batch.keep_alive(target);
+        return Dest::Direct { owner: *owners - 1 };
+    }
+    let step = a.offset as u64;
+    let from = off / step * step;
+    let to = round_up(off + len, step);
+    let buf = AlignedBuf::zeroed((to - from) as usize, a.mem.max(4096));
+    batch.read_owned(file, from, buf);
+    Dest::Bounce {
+        owner: *owners - 1,
+        skip: (off - from) as usize,
+        target,
+    }
+}
+
+/// Plans the read of consecutive layer pieces (one `layer_bytes` piece at
+/// each of `offs`) into `target` in core order, one op per piece: into the
+/// target itself when it suits direct I/O, else into a bounce buffer of the
+/// target's length. Pieces are whole sectors (layer-major eligibility), so
+/// offsets and lengths always suit direct I/O.
+fn plan_pieces<T: DmaTarget>(
+    shared: &Shared,
+    batch: &mut IoBatch,
+    owners: &mut usize,
+    file: FileId,
+    offs: impl Iterator<Item = u64>,
+    mut target: T,
+) -> Dest<T> {
+    let a = shared.align;
+    let p = shared.layout.layer_bytes;
+    let direct =
+        (target.as_mut_ptr() as usize).is_multiple_of(a.mem) && p.is_multiple_of(a.mem as u64);
+    let mut bounce = (!direct).then(|| AlignedBuf::zeroed(target.len(), a.mem.max(4096)));
+    let base = match &mut bounce {
+        Some(b) => b.as_mut_ptr(),
+        None => target.as_mut_ptr(),
+    };
+    for (i, offset) in offs.enumerate() {
+        let op = IoOp {
+            kind: IoKind::Read,
+            file,
+            offset,
+            buf: base.wrapping_add(i * p as usize),
+            len: p as u32,
+        };
+        // SAFETY: piece `i` lies inside the target or bounce buffer (the
+        // caller sized it to the pieces), whose heap memory stays at its
+        // address and is owned by the batch (kept alive below) until the
+        // reads end.
+        unsafe { batch.push(op) };
+    }
+    *owners += 1;
+    match bounce {
+        Some(b) => {
+            batch.keep_alive(b);
+            Dest::Bounce {
+                owner: *owners - 1,
+                skip: 0,
+                target,
+            }
+        }
+        None => {
+            batch.keep_alive(target);
+            Dest::Direct { owner: *owners - 1 }
+        }
+    }
+}
+
 /// Verifies one request's bytes and decides its outcome, with the block's
 /// checksums: computed while verifying a whole block, or the authenticated
 /// ones a layer read was verified against.
@@ -217,7 +309,7 @@ fn finish<T: DmaTarget>(
 ) -> Option<(usize, T, Lookup, Option<BlockSums>)> {
     let l = &shared.layout;
     let read_ok = complete
-        && done.check_op(p.data_op).is_ok()
+        && p.data_ops.clone().all(|op| done.check_op(op).is_ok())
         && p.header.is_none_or(|(op, _)| done.check_op(op).is_ok());
     let (mut target, bounce, skip) = match p.dest {
         Dest::Direct { owner } => (done.take_owner::<T>(owner)?, None, 0),
@@ -250,7 +342,9 @@ fn finish<T: DmaTarget>(
                     None => p
                         .header
                         .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner))
-                        .and_then(|h| header_layer_sums(shared, p.key, &p.entry, &h)),
+                        .and_then(|h| {
+                            header_layer_sums(shared, (p.key, &p.entry), (p.seal, p.generation), &h)
+                        }),
                 };
                 match authentic {
                     Some(layer_sums)
@@ -289,17 +383,23 @@ fn finish<T: DmaTarget>(
     Some((p.pos, target, Lookup::Hit, sums))
 }
 
-/// The layer sums of a slot header, if the header belongs to `key` and its
-/// sums combine to the indexed block checksum (which authenticates them).
+/// The layer sums of a slot header, if the header verifies under its life's
+/// seal, belongs to the key at this very place (directory, region, slot) in
+/// the region's current life, and its sums combine to the indexed block
+/// checksum (which authenticates them; I16).
 fn header_layer_sums(
     shared: &Shared,
-    key: BlockHash,
-    entry: &Entry,
+    (key, entry): (BlockHash, &Entry),
+    (seal, generation): (SlotSeal, u64),
     header: &[u8],
 ) -> Option<Arc<[u64]>> {
     let l = &shared.layout;
-    let h = SlotHeader::decode(header, l.layers)?;
+    let h = SlotHeader::decode(header, l.layers, seal)?;
     let ok = h.key == key
+        && h.dir == entry.loc.dir as u32
+        && h.region == entry.loc.region
+        && h.slot == entry.loc.slot
+        && h.generation == generation
         && h.data_len == l.block_bytes
         && h.block_sum == entry.sum
         && combine_layer_checksums(key, &h.layer_sums) == entry.sum;

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kvtier_core::{BlockHash, RegionEvictionKind, block_checksum, combine_layer_checksums};
-use kvtier_io::{AlignedBuf, IoBatch};
+use kvtier_io::{AlignedBuf, IoBatch, IoKind, IoOp};
 
-use crate::format::{Layout, SlotHeader};
+use crate::format::{Layout, RegionLayout, SlotHeader, SlotSeal};
 use crate::latch::{Latch, state};
 use crate::region::Fill;
 use crate::stats::add;
@@ -168,6 +168,8 @@ pub(crate) async fn open_region(
     let region = &dir.regions[idx as usize];
     let generation = shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
     region.generation.store(generation, Ordering::Release);
+    // Before OPEN: no reader or writer sees the life before its format (I13).
+    region.set_format(shared.new_life_format(dir));
     region.last_read.store(
         shared.tick.fetch_add(1, Ordering::Relaxed) + 1,
         Ordering::Relaxed,
@@ -315,25 +317,33 @@ async fn read_kept(
     if cands.is_empty() {
         return Vec::new();
     }
+    let format = region.format();
+    let seal = SlotSeal::of(format, dir.creation_id);
     let mut batch = IoBatch::with_capacity(cands.len());
     for (c, _) in &cands {
-        let buf = AlignedBuf::zeroed(l.slot_bytes as usize, 4096);
-        batch.read_owned(dir.file, l.slot_offset(victim, c.slot), buf);
+        read_slot(l, &mut batch, dir, format.layout, (victim, c.slot));
     }
-    add(&shared.stats.read_ios, cands.len() as u64);
+    add(&shared.stats.read_ios, batch.len() as u64);
     let mut done = shared.engine.submit(batch).await;
+    let ops_per_slot = match format.layout {
+        RegionLayout::Block => 1,
+        RegionLayout::Layer => 1 + l.layers as usize,
+    };
     let mut out = Vec::new();
     for (i, (c, retained)) in cands.iter().enumerate() {
         let key = c.key;
         let sum = c.sum;
-        if done.results.len() != cands.len() || done.check_op(i).is_err() {
+        let ops = i * ops_per_slot..(i + 1) * ops_per_slot;
+        if done.results.len() != cands.len() * ops_per_slot
+            || ops.into_iter().any(|op| done.check_op(op).is_err())
+        {
             continue;
         }
         let Some(slot) = done.take_owner::<AlignedBuf>(i) else {
             continue;
         };
         let hb = l.slot_header_bytes as usize;
-        let Some(h) = SlotHeader::decode(&slot[..hb], l.layers) else {
+        let Some(h) = SlotHeader::decode(&slot[..hb], l.layers, seal) else {
             add(&shared.stats.corrupt, 1);
             continue;
         };
@@ -357,6 +367,50 @@ async fn read_kept(
         });
     }
     out
+}
+
+/// Adds the reads of one whole slot of `region` to `batch`, gathered as
+/// `[header | block]` into one slot-sized buffer whatever the life's layout
+/// (so [`HotBlock::place`] need not know it): one op block-major, the
+/// header and one op per layer piece layer-major. The buffer is the
+/// batch's owner `i` for the `i`-th slot added.
+fn read_slot(
+    l: &Layout,
+    batch: &mut IoBatch,
+    dir: &Dir,
+    layout: RegionLayout,
+    (region, slot): (u32, u32),
+) {
+    let mut buf = AlignedBuf::zeroed(l.slot_bytes as usize, 4096);
+    if layout == RegionLayout::Block {
+        batch.read_owned(dir.file, l.slot_offset(region, slot), buf);
+        return;
+    }
+    let base = buf.as_mut_ptr();
+    let mut push = |offset: u64, at: u64, len: u64| {
+        let op = IoOp {
+            kind: IoKind::Read,
+            file: dir.file,
+            offset,
+            buf: base.wrapping_add(at as usize),
+            len: len as u32,
+        };
+        // SAFETY: [at, at + len) lies inside `buf` (header then pieces of
+        // a slot-sized buffer), whose heap memory the batch owns (below)
+        // until the reads end.
+        unsafe { batch.push(op) };
+    };
+    let h = l.slot_header_bytes;
+    push(l.header_offset(layout, region, slot), 0, h);
+    for layer in 0..l.layers {
+        let at = h + layer as u64 * l.layer_bytes;
+        push(
+            l.piece_offset(layout, region, layer, slot),
+            at,
+            l.layer_bytes,
+        );
+    }
+    batch.keep_alive(buf);
 }
 
 /// The slots of `victim` whose key is still indexed at that very slot, in

@@ -11,8 +11,11 @@
 //!    checkpoint's `fill` on; for any other written region scan all of its
 //!    slot headers (batched; small slots are read in runs of 1 MiB, the
 //!    data between their headers included, rather than a read per header);
-//! 4. accept a scanned slot only if its header verifies, names this place,
-//!    has the region's generation and the geometry's data length.
+//! 4. accept a scanned slot only if its header verifies under the seal of
+//!    its region's header version (v2: seeded by the creation id and the
+//!    life's layout), names this place, has the region's generation and
+//!    the geometry's data length. Headers are read only at `header(s)` of
+//!    the layout the region header names (I15).
 //!
 //! Candidates from every directory then go into the index, the newest
 //! (generation, slot) winning for a key seen twice. Data bytes are verified
@@ -28,7 +31,9 @@ use kvtier_core::BlockHash;
 use kvtier_io::{AlignedBuf, IoBatch};
 
 use crate::checkpoint::{Checkpoint, CkEntry};
-use crate::format::{REGION_HEADER_BYTES, RegionHeader, SlotHeader};
+use crate::format::{
+    LifeFormat, REGION_HEADER_BYTES, RegionHeader, RegionLayout, SlotHeader, SlotSeal,
+};
 use crate::index::{Entry, Loc};
 use crate::latch::state;
 use crate::meta::{INDEX_FILE, read_optional};
@@ -73,7 +78,7 @@ pub(crate) fn recover(shared: &Shared) -> Result<()> {
             }
         }
         for (r, g) in gens.iter().enumerate() {
-            let Some(g) = *g else { continue };
+            let Some((g, _)) = *g else { continue };
             hwm = hwm.max(g);
             let mark = ck.as_ref().and_then(|c| c.regions.get(r)).copied();
             match mark {
@@ -103,8 +108,9 @@ pub(crate) fn recover(shared: &Shared) -> Result<()> {
         for (r, g) in gens.iter().enumerate() {
             let region = &dir.regions[r];
             match g {
-                Some(g) => {
+                Some((g, format)) => {
                     region.generation.store(*g, Ordering::Release);
+                    region.set_format(*format);
                     region.last_read.store(*g, Ordering::Relaxed);
                     *region.fill.lock() = Fill {
                         keys: Vec::new(),
@@ -201,8 +207,12 @@ fn load_checkpoint(shared: &Shared, dir: &Dir) -> Option<Checkpoint> {
     ck
 }
 
-/// The generation of every region whose header verifies and is ours.
-fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Vec<Option<u64>>> {
+/// A written region's generation and life format, by region index.
+type Lives = Vec<Option<(u64, LifeFormat)>>;
+
+/// The generation and format of every region whose header verifies and is
+/// ours.
+fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Lives> {
     let l = &shared.layout;
     let n = dir.regions.len();
     let mut gens = vec![None; n];
@@ -231,8 +241,9 @@ fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Vec<Option<u64>>> {
                 && h.slots == l.slots_per_region
                 && h.slot_size == l.slot_bytes
                 && h.generation > 0
+                && (h.format.layout == RegionLayout::Block || l.layer_eligible())
             {
-                gens[r] = Some(h.generation);
+                gens[r] = Some((h.generation, h.format));
             }
         }
     }
@@ -249,30 +260,47 @@ const RUN_SLOT_MAX: u64 = 64 << 10;
 const RUN_BYTES: u64 = 1 << 20;
 
 /// One read of a scan: the headers of slots `first..first + count` of
-/// `region` (and, for several, the data between them).
+/// `region` (and, for several, the bytes between them), laid out as
+/// `layout`.
 #[derive(Clone, Copy)]
 struct ScanRead {
     region: u32,
+    layout: RegionLayout,
     first: u32,
     count: u32,
 }
 
-/// The reads that cover slot headers `[from, slots)` of each `(region,
-/// from)`: one per header, or runs of several slots when slots are small.
-fn scan_reads(shared: &Shared, scan: &[(u32, u32)]) -> Vec<ScanRead> {
+/// Bytes from one slot header to the next in a life of layout `kind`:
+/// `H + D` block-major, `H + P` layer-major (headers share row 0 with the
+/// layer-0 pieces).
+fn header_stride(shared: &Shared, kind: RegionLayout) -> u64 {
     let l = &shared.layout;
-    let per_read = if l.slot_bytes <= RUN_SLOT_MAX {
-        (RUN_BYTES / l.slot_bytes).max(1) as u32
-    } else {
-        1
-    };
+    l.header_in_region(kind, 1) - l.header_in_region(kind, 0)
+}
+
+/// The reads that cover slot headers `[from, slots)` of each `(region,
+/// from)`: one per header, or runs of several slots when headers lie
+/// close together.
+fn scan_reads(shared: &Shared, gens: &Lives, scan: &[(u32, u32)]) -> Vec<ScanRead> {
+    let l = &shared.layout;
     let mut reads = Vec::new();
     for &(region, from) in scan {
+        let Some((_, format)) = gens.get(region as usize).copied().flatten() else {
+            continue;
+        };
+        let layout = format.layout;
+        let stride = header_stride(shared, layout);
+        let per_read = if stride <= RUN_SLOT_MAX {
+            (RUN_BYTES / stride).max(1) as u32
+        } else {
+            1
+        };
         let mut first = from;
         while first < l.slots_per_region {
             let count = per_read.min(l.slots_per_region - first);
             reads.push(ScanRead {
                 region,
+                layout,
                 first,
                 count,
             });
@@ -287,19 +315,20 @@ fn scan_reads(shared: &Shared, scan: &[(u32, u32)]) -> Vec<ScanRead> {
 fn scan_slots(
     shared: &Shared,
     dir: &Dir,
-    gens: &[Option<u64>],
+    gens: &Lives,
     scan: &[(u32, u32)],
     found: &mut Vec<Found>,
 ) -> Result<()> {
     let l = &shared.layout;
-    let reads = scan_reads(shared, scan);
+    let reads = scan_reads(shared, gens, scan);
     for chunk in reads.chunks(SCAN_BATCH) {
         let mut batch = IoBatch::with_capacity(chunk.len());
         for r in chunk {
             // From the first slot's header to the end of the last one's.
-            let len = (r.count as u64 - 1) * l.slot_bytes + l.slot_header_bytes;
+            let stride = header_stride(shared, r.layout);
+            let len = (r.count as u64 - 1) * stride + l.slot_header_bytes;
             let buf = AlignedBuf::zeroed(len as usize, 4096);
-            batch.read_owned(dir.file, l.slot_offset(r.region, r.first), buf);
+            batch.read_owned(dir.file, l.header_offset(r.layout, r.region, r.first), buf);
         }
         let slots: u64 = chunk.iter().map(|r| r.count as u64).sum();
         add(&shared.stats.read_ios, chunk.len() as u64);
@@ -312,14 +341,16 @@ fn scan_slots(
             let Some(buf) = done.take_owner::<AlignedBuf>(i) else {
                 continue;
             };
-            let Some(generation) = gens.get(r.region as usize).copied().flatten() else {
+            let Some((generation, format)) = gens.get(r.region as usize).copied().flatten() else {
                 continue;
             };
+            let seal = SlotSeal::of(format, dir.creation_id);
+            let stride = header_stride(shared, r.layout);
             for k in 0..r.count {
-                let at = (k as u64 * l.slot_bytes) as usize;
+                let at = (k as u64 * stride) as usize;
                 let header = &buf[at..at + l.slot_header_bytes as usize];
                 let place = (dir.index, r.region, r.first + k);
-                if let Some(f) = accept(shared, header, place, generation) {
+                if let Some(f) = accept(shared, header, place, (generation, seal)) {
                     found.push(f);
                 }
             }
@@ -328,17 +359,18 @@ fn scan_slots(
     Ok(())
 }
 
-/// The block a scanned slot header names, if the header verifies, names
-/// this very place (`(dir, region, slot)`), has the region's generation and
-/// the geometry's data length, and its layer sums combine to its block sum.
+/// The block a scanned slot header names, if the header verifies under its
+/// life's seal, names this very place (`(dir, region, slot)`), has the
+/// region's generation and the geometry's data length, and its layer sums
+/// combine to its block sum.
 fn accept(
     shared: &Shared,
     header: &[u8],
     (dir, region, slot): (u8, u32, u32),
-    generation: u64,
+    (generation, seal): (u64, SlotSeal),
 ) -> Option<Found> {
     let l = &shared.layout;
-    let h = SlotHeader::decode(header, l.layers)?;
+    let h = SlotHeader::decode(header, l.layers, seal)?;
     let ok = h.generation == generation
         && h.dir == dir as u32
         && h.region == region

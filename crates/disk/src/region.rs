@@ -1,11 +1,12 @@
 //! Per-region state in memory: its [`Latch`], generation, last read tick and
 //! the bookkeeping of its current life ([`Fill`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use kvtier_core::BlockHash;
 use parking_lot::Mutex;
 
+use crate::format::LifeFormat;
 use crate::latch::{Latch, state};
 
 /// One region of a directory's data file.
@@ -15,6 +16,12 @@ pub(crate) struct Region {
     pub latch: Latch,
     /// Generation of the current life (0: never written).
     pub generation: AtomicU64,
+    /// Header version and layout of the current life
+    /// ([`LifeFormat::pack`]): set before the life's first reservation (at
+    /// open, before `OPEN`; at recovery, from its region header) and left
+    /// alone until the region is reclaimed (I13). Readers read it while
+    /// counted in, so they see the life their entry points into.
+    format: AtomicU8,
     /// Tick of the last verified read (LRU reclaim order).
     pub last_read: AtomicU64,
     /// The current life's slots.
@@ -55,6 +62,7 @@ impl Region {
         Region {
             latch: Latch::new(state::FREE),
             generation: AtomicU64::new(0),
+            format: AtomicU8::new(LifeFormat::V1.pack()),
             last_read: AtomicU64::new(0),
             fill: Mutex::new(Fill::default()),
         }
@@ -63,6 +71,17 @@ impl Region {
     /// The generation of the current life.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
+    }
+
+    /// The current life's header version and layout.
+    pub fn format(&self) -> LifeFormat {
+        LifeFormat::unpack(self.format.load(Ordering::Acquire))
+    }
+
+    /// Sets the life's format; only while no reader can be counted in
+    /// (the region is not `OPEN` or `SEALED` yet).
+    pub fn set_format(&self, f: LifeFormat) {
+        self.format.store(f.pack(), Ordering::Release);
     }
 
     /// Bytes of RAM held by the region's key list.

@@ -16,7 +16,10 @@ use tokio::sync::Notify;
 
 use crate::checkpoint::{Checkpoint, CkEntry, RegionMark};
 use crate::durability::SyncLatch;
-use crate::format::{Layout, MAX_DIRS, geometry_fingerprint};
+use crate::format::{
+    FORMAT_VERSION, FORMAT_VERSION_2, Layout, LifeFormat, MAX_DIRS, RegionLayout,
+    geometry_fingerprint,
+};
 use crate::index::Index;
 use crate::latch::state;
 use crate::meta::{
@@ -70,6 +73,9 @@ pub(crate) struct Dir {
     pub file: FileId,
     /// Random id of the directory's creation.
     pub creation_id: u128,
+    /// Header version of the lives this run opens: the meta file's (1, or 2
+    /// once the directory may hold v2 lives).
+    pub version: u32,
     /// Holds the directory's exclusive lock while the tier lives.
     pub _lock: File,
     /// Latched after a failed write: no more writes go here.
@@ -172,6 +178,14 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// The format of a life `dir` opens in this run.
+    pub fn new_life_format(&self, dir: &Dir) -> LifeFormat {
+        LifeFormat {
+            version: dir.version,
+            layout: self.cfg.layout,
+        }
+    }
+
     /// The region `loc` names.
     pub fn region(&self, dir: u8, region: u32) -> Option<&Region> {
         self.dirs.get(dir as usize)?.regions.get(region as usize)
@@ -317,6 +331,12 @@ impl DiskTier {
             )));
         }
         let layout = Layout::new(&cfg.geometry, cfg.region_size, cfg.capacity_per_dir)?;
+        if cfg.layout == RegionLayout::Layer && !layout.layer_eligible() {
+            return Err(DiskError::InvalidConfig(format!(
+                "layout = \"layer\" needs layers of a multiple of 4096 bytes; this geometry's are {} bytes",
+                layout.layer_bytes
+            )));
+        }
         let region_bytes = usize::try_from(layout.region_bytes)
             .map_err(|_| DiskError::InvalidConfig("region_size too large".into()))?;
         let fp = geometry_fingerprint(&cfg.geometry);
@@ -327,7 +347,7 @@ impl DiskTier {
         };
         let latch = SyncLatch::default();
         for (i, path) in cfg.dirs.iter().enumerate() {
-            let (lock, creation_id, file) =
+            let (lock, meta, file) =
                 prepare_dir(&cfg, &layout, i as u32, path, fp, (&*engine, &latch))?;
             let a = kvtier_io::dio_alignment(&path.join(DATA_FILE));
             align.mem = align.mem.max(a.mem);
@@ -342,7 +362,8 @@ impl DiskTier {
                 index: i as u8,
                 path: path.clone(),
                 file: id,
-                creation_id,
+                creation_id: meta.creation_id,
+                version: meta.version,
                 _lock: lock,
                 failed: AtomicBool::new(false),
                 regions: (0..layout.regions_per_dir).map(|_| Region::new()).collect(),
@@ -659,8 +680,10 @@ fn prefill_data_file(file: &File, path: &std::path::Path, bytes: u64) -> Result<
     Ok(())
 }
 
-/// Locks and checks or creates one directory; returns its lock, creation id
-/// and data file.
+/// Locks and checks or creates one directory; returns its lock, meta (as it
+/// is on disk now) and data file. With `layout = "layer"` a v1 directory
+/// becomes v2 (its meta file rewritten atomically) before anything is
+/// written into its data file.
 fn prepare_dir(
     cfg: &DiskTierConfig,
     layout: &Layout,
@@ -668,7 +691,7 @@ fn prepare_dir(
     path: &std::path::Path,
     fp: u64,
     (engine, latch): (&dyn IoEngine, &SyncLatch),
-) -> Result<(File, u128, File)> {
+) -> Result<(File, Meta, File)> {
     // With std: creating a directory moves no data (the engine has no
     // mkdir); the files in it are made durable through the engine (the
     // meta file's atomic write syncs this directory).
@@ -723,16 +746,32 @@ fn prepare_dir(
         // that the next open treats as unfinished and creates again.
         prefill_data_file(&file, &data_path, layout.file_bytes())?;
     }
-    let creation_id = match existing {
-        Some(m) => m.creation_id,
+    let want_version = match cfg.layout {
+        RegionLayout::Block => FORMAT_VERSION,
+        RegionLayout::Layer => FORMAT_VERSION_2,
+    };
+    let meta = match existing {
+        // A v2 directory stays v2 (its v2 lives need seeded headers).
+        Some(m) if m.version >= want_version => m,
+        Some(m) => {
+            let up = Meta {
+                version: want_version,
+                ..m
+            };
+            write_atomic(engine, latch, &meta_path, &up.encode())?;
+            tracing::info!(dir = %path.display(), "disk tier: directory upgraded to format v2");
+            up
+        }
         None => {
-            let id = new_creation_id(path);
-            let m = Meta::expected(index, layout, fp, id);
+            let m = Meta {
+                version: want_version,
+                ..Meta::expected(index, layout, fp, new_creation_id(path))
+            };
             write_atomic(engine, latch, &meta_path, &m.encode())?;
-            id
+            m
         }
     };
-    Ok((lock, creation_id, file))
+    Ok((lock, meta, file))
 }
 
 /// Starts the periodic checkpoint thread; it holds only a weak reference and

@@ -30,7 +30,7 @@ use kvtier_core::BlockHash;
 use kvtier_io::{BatchDone, Completion, DmaSource, IoBatch, IoKind, IoOp};
 use tokio::sync::oneshot;
 
-use crate::format::{REGION_HEADER_BYTES, RegionHeader, SlotHeader};
+use crate::format::{REGION_HEADER_BYTES, RegionHeader, RegionLayout, SlotHeader, SlotSeal};
 use crate::index::{Entry, Loc};
 use crate::latch::state;
 use crate::pool::RegionBuf;
@@ -355,18 +355,29 @@ fn reserve(
     Ok((res, reply_rx))
 }
 
+/// The extent as runs of (offset in the region, memory, length): the region
+/// buffer's bytes, or a block's own pinned bytes. A run extends the previous
+/// one when both its file offset and its memory continue it.
+#[derive(Default)]
+struct Runs(Vec<(u64, *const u8, u64)>);
+
+impl Runs {
+    fn push(&mut self, off: u64, ptr: *const u8, len: u64) {
+        match self.0.last_mut() {
+            Some((o, p, n)) if *o + *n == off && p.wrapping_add(*n as usize) == ptr => *n += len,
+            _ => self.0.push((off, ptr, len)),
+        }
+    }
+}
+
 /// Copies the reserved blocks (and the region header, for a region's first
-/// extent) into the buffer and submits its writes in one batch. No await: a reservation is
-/// always submitted (or its ticket's channel dropped) before the caller can
-/// be cancelled.
+/// extent) into the buffer and submits its writes in one batch, placed as
+/// the region's life is laid out. No await: a reservation is always
+/// submitted (or its ticket's channel dropped) before the caller can be
+/// cancelled.
 fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place<'_>]) {
     let l = &shared.layout;
-    let from = if res.has_header {
-        0
-    } else {
-        l.slot_in_region(res.start)
-    };
-    let to = l.slot_in_region(res.start + res.count);
+    let format = dir.regions[res.region as usize].format();
     if res.has_header {
         // SAFETY: the first reservation of a region owns its header sector.
         let h = unsafe { res.buf.range_mut(0, REGION_HEADER_BYTES as usize) };
@@ -378,60 +389,48 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
             generation: res.generation,
             creation_id: dir.creation_id,
             slot_size: l.slot_bytes,
+            format,
         }
         .encode(h);
     }
-    // The extent as runs of (offset in the region, memory, length): the
-    // region buffer's bytes, or a block's own pinned bytes.
-    let mut runs: Vec<(u64, *const u8, u64)> = Vec::new();
-    let mut push_run = |off: u64, ptr: *const u8, len: u64| match runs.last_mut() {
-        Some((o, p, n)) if *o + *n == off && p.wrapping_add(*n as usize) == ptr => *n += len,
-        _ => runs.push((off, ptr, len)),
-    };
     let mut batch = IoBatch::new();
+    let mut runs = Runs::default();
     if res.has_header {
-        push_run(0, res.buf.ptr_at(0), REGION_HEADER_BYTES);
+        runs.push(0, res.buf.ptr_at(0), REGION_HEADER_BYTES);
     }
+    let seal = SlotSeal::of(format, dir.creation_id);
     for (i, p) in places.iter().enumerate().take(res.count as usize) {
         let slot = res.start + i as u32;
-        let off = l.slot_in_region(slot) as usize;
-        // SAFETY: slots [start, start + count) were reserved for this call
-        // under the writer lock and the buffer is not being written from.
-        let s = unsafe { res.buf.range_mut(off, l.slot_bytes as usize) };
-        let (head, data) = s.split_at_mut(l.slot_header_bytes as usize);
-        head.fill(0);
-        SlotHeader::encode_into(
-            head,
-            p.key,
-            p.block_sum,
-            res.generation,
-            (dir.index as u32, res.region, slot),
-            l.block_bytes,
-            p.layer_sums,
-        );
-        let buf_at = res.buf.ptr_at(off);
-        let off = off as u64;
-        match p.direct_source(l, shared.align.mem) {
-            Some(source) => {
-                push_run(off, buf_at, l.slot_header_bytes);
-                push_run(
-                    off + l.slot_header_bytes,
-                    source.bytes().as_ptr(),
-                    l.block_bytes,
-                );
-                batch.keep_alive(source.clone());
-                add(&shared.stats.direct_writes, 1);
-            }
-            None => {
-                let (block, pad) = data.split_at_mut(l.block_bytes as usize);
-                block.copy_from_slice(p.data);
-                pad.fill(0);
-                push_run(off, buf_at, l.slot_bytes);
-            }
+        encode_slot_header(shared, dir, &res, format.layout, seal, (slot, p));
+        let direct = p.direct_source(l, shared.align.mem);
+        if let Some(source) = direct {
+            batch.keep_alive(source.clone());
+            add(&shared.stats.direct_writes, 1);
+        }
+        match format.layout {
+            RegionLayout::Block => place_block_major(l, &res, slot, p, direct, &mut runs),
+            RegionLayout::Layer => place_layer_major(l, &res, slot, p, direct, &mut runs),
         }
     }
-    debug_assert_eq!(runs.first().map(|r| r.0), Some(from));
-    debug_assert_eq!(runs.last().map(|r| r.0 + r.2), Some(to));
+    let mut runs = runs.0;
+    if format.layout == RegionLayout::Block {
+        debug_assert_eq!(
+            runs.first().map(|r| r.0),
+            Some(if res.has_header {
+                0
+            } else {
+                l.slot_in_region(res.start)
+            })
+        );
+        debug_assert_eq!(
+            runs.last().map(|r| r.0 + r.2),
+            Some(l.slot_in_region(res.start + res.count))
+        );
+    } else {
+        // Rows in file order, so neighbouring pieces of copied blocks (which
+        // lie next to each other in the buffer too) merge into one run.
+        runs = merge_sorted(runs);
+    }
     push_runs(&mut batch, dir, l.region_offset(res.region), runs);
     batch.keep_alive(res.buf.clone());
     let ops = batch.len() as u64;
@@ -439,6 +438,111 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
     let completion = shared.engine.submit(batch);
     // The reaper holds the receiver until the tier is dropped.
     let _ = res.completion_tx.send(completion);
+}
+
+/// Zeroes the header sectors of `slot` in the buffer and encodes its header
+/// there, at `header(slot)` of the life's layout.
+fn encode_slot_header(
+    shared: &Shared,
+    dir: &Dir,
+    res: &Reservation,
+    layout: RegionLayout,
+    seal: SlotSeal,
+    (slot, p): (u32, &Place<'_>),
+) {
+    let l = &shared.layout;
+    let off = l.header_in_region(layout, slot) as usize;
+    // SAFETY: slots [start, start + count) were reserved for this call under
+    // the writer lock, their headers lie in ranges of their own (I14), and
+    // the buffer is not being written from.
+    let head = unsafe { res.buf.range_mut(off, l.slot_header_bytes as usize) };
+    head.fill(0);
+    SlotHeader::encode_into(
+        head,
+        seal,
+        p.key,
+        p.block_sum,
+        res.generation,
+        (dir.index as u32, res.region, slot),
+        l.block_bytes,
+        p.layer_sums,
+    );
+}
+
+/// Block-major: the slot's header and data as one run (the data from the
+/// pinned source when there is one, else copied into the buffer).
+fn place_block_major(
+    l: &crate::format::Layout,
+    res: &Reservation,
+    slot: u32,
+    p: &Place<'_>,
+    direct: Option<&Arc<dyn DmaSource>>,
+    runs: &mut Runs,
+) {
+    let off = l.slot_in_region(slot);
+    let buf_at = res.buf.ptr_at(off as usize);
+    match direct {
+        Some(source) => {
+            runs.push(off, buf_at, l.slot_header_bytes);
+            runs.push(
+                off + l.slot_header_bytes,
+                source.bytes().as_ptr(),
+                l.block_bytes,
+            );
+        }
+        None => {
+            let data_off = (off + l.slot_header_bytes) as usize;
+            let data_len = (l.slot_bytes - l.slot_header_bytes) as usize;
+            // SAFETY: the slot was reserved for this call (see above).
+            let data = unsafe { res.buf.range_mut(data_off, data_len) };
+            let (block, pad) = data.split_at_mut(l.block_bytes as usize);
+            block.copy_from_slice(p.data);
+            pad.fill(0);
+            runs.push(off, buf_at, l.slot_bytes);
+        }
+    }
+}
+
+/// Layer-major: the header, then each layer piece at its row position
+/// (from the pinned source when there is one, never copied; else copied
+/// into the buffer at the same position).
+fn place_layer_major(
+    l: &crate::format::Layout,
+    res: &Reservation,
+    slot: u32,
+    p: &Place<'_>,
+    direct: Option<&Arc<dyn DmaSource>>,
+    runs: &mut Runs,
+) {
+    let kind = RegionLayout::Layer;
+    let h = l.header_in_region(kind, slot);
+    runs.push(h, res.buf.ptr_at(h as usize), l.slot_header_bytes);
+    let pb = l.layer_bytes as usize;
+    for layer in 0..l.layers {
+        let off = l.piece_in_region(kind, layer, slot);
+        let piece = layer as usize * pb;
+        let ptr = match direct {
+            Some(source) => source.bytes()[piece..].as_ptr(),
+            None => {
+                // SAFETY: the piece belongs to the reserved slot (I14).
+                let dst = unsafe { res.buf.range_mut(off as usize, pb) };
+                dst.copy_from_slice(&p.data[piece..piece + pb]);
+                res.buf.ptr_at(off as usize)
+            }
+        };
+        runs.push(off, ptr, l.layer_bytes);
+    }
+}
+
+/// Sorts runs by file offset and merges those that continue each other in
+/// both the file and memory.
+fn merge_sorted(mut runs: Vec<(u64, *const u8, u64)>) -> Vec<(u64, *const u8, u64)> {
+    runs.sort_unstable_by_key(|r| r.0);
+    let mut out = Runs::default();
+    for (off, ptr, len) in runs {
+        out.push(off, ptr, len);
+    }
+    out.0
 }
 
 /// Adds the writes of `runs` (offset in the region at `region_start`,

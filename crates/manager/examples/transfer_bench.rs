@@ -104,6 +104,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             reset: false,
             buffers_per_dir: 4,
             layer_sums_cache: 16384,
+            layout: kvtier_disk::RegionLayout::Block,
             prefill: true,
         },
         kvtier_io::build_engine(a.engine, 64, 4)?,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::{AlignedBuf, DmaSource, IoEngine};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
@@ -65,6 +65,10 @@ pub struct StoreBenchArgs {
     /// loads blocks that were offloaded together.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     run_blocks: u64,
+    /// Region layout of the disk tier's lives: block (each block
+    /// contiguous) or layer (each layer of a region's blocks contiguous).
+    #[arg(long, default_value = "block", value_parser = ["block", "layer"])]
+    disk_layout: String,
 }
 
 struct Plan {
@@ -76,6 +80,7 @@ struct Plan {
     dram_pool: usize,
     rounds: u64,
     run_blocks: usize,
+    layout: RegionLayout,
 }
 
 /// Runs the benchmark.
@@ -117,17 +122,22 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         } else {
             args.run_blocks as usize
         },
+        layout: match args.disk_layout.as_str() {
+            "layer" => RegionLayout::Layer,
+            _ => RegionLayout::Block,
+        },
     };
     let engine =
         kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
     if !args.json {
         eprintln!(
-            "kvtier bench store: dir {}, {} MiB per case in {} rounds, queue depth {}, engine {}",
+            "kvtier bench store: dir {}, {} MiB per case in {} rounds, queue depth {}, engine {}, disk layout {}",
             dir.display(),
             plan.bytes >> 20,
             plan.rounds,
             plan.qd,
-            engine.name()
+            engine.name(),
+            args.disk_layout
         );
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -165,6 +175,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             "queue_depth": plan.qd,
             "bytes_per_case": plan.bytes,
             "rounds": plan.rounds,
+            "disk_layout": args.disk_layout,
             "cases": cases,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -340,6 +351,7 @@ async fn disk_cases(
         reset: true,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        layout: plan.layout,
         prefill: true,
     };
     let tier = DiskTier::open(cfg, engine.clone()).context("opening the disk tier")?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::{AlignedBuf, DmaTarget, IoEngine, PsyncEngine, UringEngine};
 
 /// Which engine a test runs on.
@@ -27,19 +27,46 @@ impl Kind {
     }
 }
 
-/// Generates `mod $name { psync, uring }` running `$name(Kind)` on both.
+tokio::task_local! {
+    /// The region layout [`config`] gives tiers of the running test.
+    static LAYOUT: RegionLayout;
+}
+
+/// The layout of the running test's tiers (block-major unless it runs under
+/// [`with_layout`]).
+pub fn layout() -> RegionLayout {
+    LAYOUT.try_with(|l| *l).unwrap_or(RegionLayout::Block)
+}
+
+/// Runs `test` with [`config`] giving tiers of `layout`.
+pub async fn with_layout<F: std::future::Future>(layout: RegionLayout, test: F) -> F::Output {
+    LAYOUT.scope(layout, test).await
+}
+
+/// Generates `mod $name { psync, uring, psync_layer, uring_layer }`
+/// running `$name(Kind)` on both engines and both region layouts.
 #[macro_export]
 macro_rules! both_engines {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {
+                use $crate::common::{Kind, with_layout};
+                use kvtier_disk::RegionLayout::{Block, Layer};
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn psync() {
-                    super::$name($crate::common::Kind::Psync).await
+                    with_layout(Block, super::$name(Kind::Psync)).await
                 }
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn uring() {
-                    super::$name($crate::common::Kind::Uring).await
+                    with_layout(Block, super::$name(Kind::Uring)).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn psync_layer() {
+                    with_layout(Layer, super::$name(Kind::Psync)).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn uring_layer() {
+                    with_layout(Layer, super::$name(Kind::Uring)).await
                 }
             }
         )*
@@ -53,7 +80,30 @@ pub fn geometry() -> Geometry {
 
 pub const REGION: u64 = 1 << 20;
 
-/// A config over `dirs` with small regions and no background checkpoints.
+/// Generates `mod $name { block, layer }` running the engine-independent
+/// test `$name()` with tiers of both region layouts.
+#[macro_export]
+macro_rules! both_layouts {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                use $crate::common::with_layout;
+                use kvtier_disk::RegionLayout::{Block, Layer};
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn block() {
+                    with_layout(Block, super::$name()).await
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn layer() {
+                    with_layout(Layer, super::$name()).await
+                }
+            }
+        )*
+    };
+}
+
+/// A config over `dirs` with small regions and no background checkpoints,
+/// in the running test's [`layout`].
 pub fn config(dirs: Vec<PathBuf>, capacity_per_dir: u64) -> DiskTierConfig {
     DiskTierConfig {
         dirs,
@@ -69,6 +119,7 @@ pub fn config(dirs: Vec<PathBuf>, capacity_per_dir: u64) -> DiskTierConfig {
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
         prefill: false,
+        layout: layout(),
     }
 }
 
@@ -187,6 +238,20 @@ pub async fn check_never_wrong(tier: &DiskTier, keys: &[BlockHash]) -> usize {
 pub async fn check_all_hit(tier: &DiskTier, keys: &[BlockHash]) {
     let hits = check_never_wrong(tier, keys).await;
     assert_eq!(hits, keys.len(), "some blocks missing");
+}
+
+/// File offset of `byte` bytes into layer `layer` of the block at `loc`,
+/// in the running test's layout.
+pub fn piece_offset(tier: &DiskTier, loc: kvtier_disk::index::Loc, layer: u32, byte: u64) -> u64 {
+    tier.layout()
+        .piece_offset(layout(), loc.region, layer, loc.slot)
+        + byte
+}
+
+/// File offset of the slot header of the block at `loc`, in the running
+/// test's layout.
+pub fn header_offset(tier: &DiskTier, loc: kvtier_disk::index::Loc) -> u64 {
+    tier.layout().header_offset(layout(), loc.region, loc.slot)
 }
 
 /// Overwrites bytes of a data file (buffered pwrite + fsync; direct reads

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use kvtier_core::Lookup;
-use kvtier_disk::{DiskError, DiskTier};
+use kvtier_disk::{DiskError, DiskTier, RegionLayout};
 use kvtier_io::{Fault, FaultyEngine, IoEngine, IoKind};
 
-use crate::both_engines;
 use crate::common::*;
+use crate::{both_engines, both_layouts};
 
 both_engines!(
     flipped_bytes_are_corrupt_never_served,
@@ -29,8 +29,9 @@ async fn flipped_bytes_are_corrupt_never_served(kind: Kind) {
         // Flip one byte in the data of blocks 0..10 (at varying places).
         for (i, k) in blocks.keys[..10].iter().enumerate() {
             let loc = tier.location(*k).unwrap();
-            let off = tier.layout().data_offset(loc.region, loc.slot)
-                + (i as u64 * 1601) % g.block_bytes();
+            let at = (i as u64 * 1601) % g.block_bytes();
+            let (layer, byte) = (at / g.layer_bytes(), at % g.layer_bytes());
+            let off = piece_offset(&tier, loc, layer as u32, byte);
             let b = peek(&path, off, 1);
             poke(&path, off, &[b[0] ^ 0x01]);
         }
@@ -89,7 +90,12 @@ async fn zeroed_region_and_truncated_file(kind: Kind) {
     }
     // Truncate the file in the middle of region 2's blocks (slot 9 of 18).
     let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    f.set_len(2 * REGION + 4096 + 9 * 20480 + 8192).unwrap();
+    let cut = match layout() {
+        RegionLayout::Block => 2 * REGION + 4096 + 9 * 20480 + 8192,
+        // Inside slot 9's last piece: the last row of region 2.
+        RegionLayout::Layer => tier.layout().piece_offset(RegionLayout::Layer, 2, 3, 9) + 2048,
+    };
+    f.set_len(cut).unwrap();
     drop(f);
     let hits = check_never_wrong(&tier, &blocks.keys).await;
     assert_eq!(r2.len(), 18);
@@ -121,12 +127,22 @@ async fn injected_bit_flips_are_caught(kind: Kind) {
     let tier = DiskTier::open(config(d, 4 * REGION), engine).unwrap();
     let blocks = Blocks::range(&g, 22, 0..60);
     put_all(&tier, &blocks, 20).await;
-    faulty.set_faults(vec![Fault::FlipBits { every: 3 }]);
+    // Every third block gets one flipped read (a block is one read
+    // block-major, one per layer layer-major).
+    let per_block = match layout() {
+        RegionLayout::Block => 1,
+        RegionLayout::Layer => g.layers as u64,
+    };
+    faulty.set_faults(vec![Fault::FlipBits {
+        every: 3 * per_block,
+    }]);
     let hits = check_never_wrong(&tier, &blocks.keys).await;
     assert_eq!(hits, 40);
     assert_eq!(tier.stats().corrupt, 20);
     // Short reads (as from a truncated file) are caught too.
-    faulty.set_faults(vec![Fault::ShortReads { every: 2 }]);
+    faulty.set_faults(vec![Fault::ShortReads {
+        every: 2 * per_block,
+    }]);
     let hits = check_never_wrong(&tier, &blocks.keys).await;
     assert_eq!(hits, 20);
     assert_eq!(tier.stats().corrupt, 40);
@@ -188,7 +204,6 @@ async fn failed_writes_are_not_acknowledged_and_latch_the_dir(kind: Kind) {
     assert!(tier.stats().io_errors >= 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_dir_does_not_stop_the_others() {
     let (_t, d) = dirs(2);
     let g = geometry();
@@ -218,3 +233,5 @@ async fn a_failing_dir_does_not_stop_the_others() {
     faulty.set_faults(vec![]);
     check_all_hit(&tier, &acked).await;
 }
+
+both_layouts!(a_failing_dir_does_not_stop_the_others);

@@ -4,7 +4,8 @@
 //! SIGKILL at a random moment after a random amount of progress, reopens the
 //! tier and checks that every acknowledged block reads back exactly and that
 //! no block ever reads back wrong. Repeated on the same directory, so each
-//! child also recovers what the previous ones left.
+//! child also recovers what the previous ones left. Runs alternate between
+//! block- and layer-major region lives.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -29,6 +30,15 @@ const RECLAIM_CAPACITY: u64 = 6 * REGION;
 fn crash_config(dir: std::path::PathBuf, iter: u64, reclaim: bool) -> DiskTierConfig {
     let mut c = config(vec![dir], if reclaim { RECLAIM_CAPACITY } else { CAPACITY });
     c.sync = iter.is_multiple_of(3);
+    // Layouts alternate every two runs (engines every run, so each layout
+    // meets both): regions are reopened, and lives scanned, in the other
+    // layout than the one they were written in (crash case 11). The first
+    // runs write a v1 directory, which the first `layer` run makes v2.
+    c.layout = if (iter / 2).is_multiple_of(2) {
+        kvtier_disk::RegionLayout::Block
+    } else {
+        kvtier_disk::RegionLayout::Layer
+    };
     if reclaim {
         c.reinsert_hot = true;
         if iter.is_multiple_of(2) {

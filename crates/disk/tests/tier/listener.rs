@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kvtier_core::{BlockHash, Geometry, Lookup, RegionEvictionKind};
-use kvtier_disk::{DiskTier, DiskTierConfig, ReclaimListener};
+use kvtier_disk::{DiskTier, DiskTierConfig, ReclaimListener, RegionLayout};
 use kvtier_io::{Fault, FaultyEngine, IoEngine, IoKind};
 use proptest::prelude::*;
 
@@ -305,10 +305,10 @@ async fn a_corrupt_wanted_block_is_dropped_and_reported(kind: Kind) {
     let l = *tier.layout();
     // Flip a data byte of wanted block 1 and a slot header byte (its key)
     // of wanted block 4.
-    let off = l.data_offset(0, 1) + 777;
+    let off = l.piece_offset(layout(), 0, 0, 1) + 777;
     let b = peek(&path, off, 1);
     poke(&path, off, &[b[0] ^ 0x10]);
-    let off = l.slot_offset(0, 4) + 20;
+    let off = l.header_offset(layout(), 0, 4) + 20;
     let b = peek(&path, off, 1);
     poke(&path, off, &[b[0] ^ 0x01]);
     let more = Blocks::range(&g, 67, 0..10);
@@ -413,12 +413,12 @@ enum St {
     Evicted,
 }
 
-fn run_ops(ops: Vec<Op>, lru: bool, hot: bool) -> Result<(), TestCaseError> {
+fn run_ops(ops: Vec<Op>, lru: bool, hot: bool, layout: RegionLayout) -> Result<(), TestCaseError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    rt.block_on(async move {
+    rt.block_on(with_layout(layout, async move {
         let (_t, d) = dirs(1);
         let g = small_geometry();
         let kind = if lru {
@@ -499,7 +499,7 @@ fn run_ops(ops: Vec<Op>, lru: bool, hot: bool) -> Result<(), TestCaseError> {
         prop_assert_eq!(s.corrupt, 0);
         rec.finish();
         Ok(())
-    })
+    }))
 }
 
 proptest! {
@@ -510,7 +510,9 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..100),
         lru in any::<bool>(),
         hot in any::<bool>(),
+        layer in any::<bool>(),
     ) {
-        run_ops(ops, lru, hot)?;
+        let layout = if layer { RegionLayout::Layer } else { RegionLayout::Block };
+        run_ops(ops, lru, hot, layout)?;
     }
 }

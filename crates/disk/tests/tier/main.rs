@@ -8,6 +8,7 @@ mod basic;
 mod corruption;
 mod crash;
 mod direct;
+mod layout;
 mod listener;
 mod reclaim;
 mod recovery;

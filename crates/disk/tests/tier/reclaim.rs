@@ -8,8 +8,8 @@ use kvtier_core::{BlockHash, Lookup, RegionEvictionKind};
 use kvtier_disk::DiskTier;
 use kvtier_io::{AlignedBuf, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats};
 
-use crate::both_engines;
 use crate::common::*;
+use crate::{both_engines, both_layouts};
 
 both_engines!(
     filling_past_capacity_reclaims_oldest_first,
@@ -209,7 +209,6 @@ async fn a_region_with_a_reader_in_flight_is_not_reclaimed(kind: Kind) {
     check_all_hit(&tier, &more.keys).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_reclaimable_region_refuses_the_put_without_losing_anything() {
     // One region, full, with a reader in flight: nothing can be reclaimed.
     let (_t, d) = dirs(1);
@@ -251,3 +250,5 @@ async fn no_reclaimable_region_refuses_the_put_without_losing_anything() {
     put_all(&tier, &more, 3).await;
     check_all_hit(&tier, &more.keys).await;
 }
+
+both_layouts!(no_reclaimable_region_refuses_the_put_without_losing_anything);

@@ -4,8 +4,8 @@
 use kvtier_core::{Geometry, Lookup};
 use kvtier_disk::{DiskError, DiskTier};
 
-use crate::both_engines;
 use crate::common::*;
+use crate::{both_engines, both_layouts};
 
 both_engines!(
     restart_keeps_blocks,
@@ -128,7 +128,6 @@ async fn damaged_checkpoint_is_ignored(kind: Kind) {
     check_all_hit(&tier, &blocks.keys).await;
 }
 
-#[tokio::test]
 async fn mismatched_geometry_is_refused_or_reset() {
     let (_t, d) = dirs(1);
     {
@@ -156,7 +155,6 @@ async fn mismatched_geometry_is_refused_or_reset() {
     assert!(tier.is_empty());
 }
 
-#[tokio::test]
 async fn preallocation_beyond_the_disk_is_a_clear_no_space_error() {
     let (_t, d) = dirs(1);
     let cfg = config(d.clone(), 1 << 50);
@@ -176,7 +174,6 @@ async fn preallocation_beyond_the_disk_is_a_clear_no_space_error() {
     }
 }
 
-#[tokio::test]
 async fn removed_blocks_are_gone_after_a_clean_restart() {
     let (_t, d) = dirs(1);
     let g = geometry();
@@ -191,3 +188,9 @@ async fn removed_blocks_are_gone_after_a_clean_restart() {
     assert_eq!(tier.len(), 19);
     assert_eq!(get(&tier, &blocks.keys[3..4]).await[0].0, Lookup::Miss);
 }
+
+both_layouts!(
+    mismatched_geometry_is_refused_or_reset,
+    preallocation_beyond_the_disk_is_a_clear_no_space_error,
+    removed_blocks_are_gone_after_a_clean_restart
+);

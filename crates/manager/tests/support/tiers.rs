@@ -58,6 +58,7 @@ pub fn disk(
         reset: false,
         buffers_per_dir: 2,
         layer_sums_cache: 1024,
+        layout: kvtier_disk::RegionLayout::Block,
         prefill: false,
     };
     let tier = DiskTier::open(cfg, engine).expect("disk tier");
