@@ -215,9 +215,7 @@ impl Shared {
             }
         }
     }
-}
 
-impl Shared {
     /// The registered buffer `op` may name: the piece holding its whole
     /// buffer, or for a vectored op the one piece holding every segment
     /// (when the kernel has the fixed vectored opcodes); `None` for a sync,

@@ -89,9 +89,11 @@ impl IoVecs {
         {
             return Err(VectoredError::MisalignedOffset { align: a.offset });
         }
-        let mut iov = Vec::new();
+        let segments = segments.into_iter();
+        // Sized up front: the list is boxed without a reallocation.
+        let mut iov = Vec::with_capacity(segments.size_hint().0.min(IoBatch::MAX_SEGMENTS));
         let mut total = 0u64;
-        for (index, (addr, len)) in segments.into_iter().enumerate() {
+        for (index, (addr, len)) in segments.enumerate() {
             if index == IoBatch::MAX_SEGMENTS {
                 return Err(VectoredError::TooManySegments {
                     max: IoBatch::MAX_SEGMENTS,
