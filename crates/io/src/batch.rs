@@ -6,7 +6,8 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use crate::{AlignedBuf, FileId, IoError, Result};
+use crate::vectored::IoVecs;
+use crate::{AlignedBuf, DioAlignment, FileId, IoError, Result};
 
 /// What an operation does: move bytes, or make a file durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +16,15 @@ pub enum IoKind {
     Read,
     /// Write memory to the file.
     Write,
+    /// Read from the file into a list of memory segments, in order
+    /// (`preadv`). Added only by [`IoBatch::push_vectored`] and
+    /// [`IoBatch::readv_owned`]: see [`IoOp`] for how such an op names its
+    /// memory.
+    ReadV,
+    /// Write a list of memory segments, in order, to the file (`pwritev`).
+    /// Added only by [`IoBatch::push_vectored`] and
+    /// [`IoBatch::writev_owned`].
+    WriteV,
     /// `fdatasync` the file: its data, and the metadata needed to read it
     /// back (its size), reach stable storage. No memory, offset or length.
     Fdatasync,
@@ -29,6 +39,8 @@ impl IoKind {
         match self {
             IoKind::Read => "read",
             IoKind::Write => "write",
+            IoKind::ReadV => "readv",
+            IoKind::WriteV => "writev",
             IoKind::Fdatasync => "fdatasync",
             IoKind::Fsync => "fsync",
         }
@@ -39,6 +51,24 @@ impl IoKind {
     pub const fn is_sync(self) -> bool {
         matches!(self, IoKind::Fdatasync | IoKind::Fsync)
     }
+
+    /// Whether the operation is vectored ([`ReadV`](Self::ReadV) or
+    /// [`WriteV`](Self::WriteV)): its memory is a list of segments.
+    pub const fn is_vectored(self) -> bool {
+        matches!(self, IoKind::ReadV | IoKind::WriteV)
+    }
+
+    /// Whether the operation reads the file into memory
+    /// ([`Read`](Self::Read) or [`ReadV`](Self::ReadV)).
+    pub const fn is_read(self) -> bool {
+        matches!(self, IoKind::Read | IoKind::ReadV)
+    }
+
+    /// Whether the operation writes memory to the file
+    /// ([`Write`](Self::Write) or [`WriteV`](Self::WriteV)).
+    pub const fn is_write(self) -> bool {
+        matches!(self, IoKind::Write | IoKind::WriteV)
+    }
 }
 
 /// One operation: `len` bytes between `buf` and `file` at `offset`, or, for
@@ -46,6 +76,15 @@ impl IoKind {
 /// are 0; a sync completes with `Ok(0)`).
 /// For `O_DIRECT` files, `buf`, `offset` and `len` must be aligned as
 /// [`dio_alignment`](crate::dio_alignment) reports.
+///
+/// A vectored op ([`IoKind::ReadV`], [`IoKind::WriteV`]) moves `len` bytes,
+/// the sum of its segments, between the file at `offset` and its segments
+/// in order. Its `buf` is then not memory to transfer but the address of
+/// the op's segment list, which its batch owns and keeps at that address
+/// until the op completes (the list rides with the batch's owners; see
+/// [`IoBatch::push_vectored`]). Everything that reads `len`, `offset` and
+/// `kind` (results, [`BatchDone::check_op`], statistics) treats it like any
+/// other op.
 #[derive(Debug, Clone, Copy)]
 pub struct IoOp {
     /// Direction.
@@ -76,6 +115,11 @@ pub type OpResult = std::result::Result<u32, io::Error>;
 pub struct IoBatch {
     pub(crate) ops: Vec<IoOp>,
     pub(crate) owners: Vec<Box<dyn Any + Send>>,
+    /// Segment lists of the vectored ops, boxed so that the address each
+    /// op's `buf` holds survives moves of the batch; they join `owners`, last,
+    /// in [`into_parts`](Self::into_parts).
+    #[allow(clippy::vec_box)] // the Box is the stable address, not a waste
+    vecs: Vec<Box<IoVecs>>,
 }
 
 impl Default for IoBatch {
@@ -90,6 +134,7 @@ impl IoBatch {
         Self {
             ops: Vec::new(),
             owners: Vec::new(),
+            vecs: Vec::new(),
         }
     }
 
@@ -98,6 +143,7 @@ impl IoBatch {
         Self {
             ops: Vec::with_capacity(n),
             owners: Vec::new(),
+            vecs: Vec::new(),
         }
     }
 
@@ -109,6 +155,12 @@ impl IoBatch {
     /// completes: either it is owned by something passed to
     /// [`keep_alive`](Self::keep_alive), or the caller otherwise guarantees it
     /// outlives the batch's completion even if the [`Completion`] is dropped.
+    ///
+    /// A vectored op ([`IoKind::is_vectored`]) may only be pushed here as a
+    /// copy of an op of another batch (from [`IoBatch::ops`] or
+    /// [`into_parts`](Self::into_parts)) whose owners this batch keeps alive,
+    /// as a forwarding engine does; new ones are added with
+    /// [`push_vectored`](Self::push_vectored).
     pub unsafe fn push(&mut self, op: IoOp) {
         self.ops.push(op);
     }
@@ -185,9 +237,130 @@ impl IoBatch {
         self.ops.is_empty()
     }
 
-    /// Splits the batch into its parts (for engines).
-    pub fn into_parts(self) -> (Vec<IoOp>, Vec<Box<dyn Any + Send>>) {
+    /// Splits the batch into its parts (for engines). When the batch has
+    /// vectored ops, their segment lists come last in the owners, as one
+    /// extra owner (after everything given to
+    /// [`keep_alive`](Self::keep_alive), so owner indices are unchanged).
+    pub fn into_parts(mut self) -> (Vec<IoOp>, Vec<Box<dyn Any + Send>>) {
+        if !self.vecs.is_empty() {
+            self.owners.push(Box::new(std::mem::take(&mut self.vecs)));
+        }
         (self.ops, self.owners)
+    }
+}
+
+/// Vectored operations.
+impl IoBatch {
+    /// The most segments one vectored op may have: Linux's `IOV_MAX`.
+    pub const MAX_SEGMENTS: usize = 1024;
+
+    /// The most bytes one vectored op may move: Linux's `MAX_RW_COUNT`
+    /// (`INT_MAX` rounded down to a page), past which the kernel silently
+    /// transfers less.
+    pub const MAX_VECTORED_LEN: u32 = 0x7fff_f000;
+
+    /// Adds a vectored op of `kind` ([`IoKind::ReadV`] or
+    /// [`IoKind::WriteV`]) between `file` at `offset` and `segments`
+    /// (address, length), in order. The batch copies the segment list and
+    /// keeps it alive and in place until the op completes, so the caller's
+    /// list may be temporary.
+    ///
+    /// `align` is the direct-I/O alignment of `file` (`None` for a file
+    /// without `O_DIRECT`): then `offset` and every segment's length must be
+    /// multiples of `align.offset`, and every address of `align.mem`.
+    ///
+    /// # Errors
+    /// [`IoError::InvalidVectored`], and the batch is left unchanged, when
+    /// `kind` is not vectored, there are no segments or more than
+    /// [`MAX_SEGMENTS`](Self::MAX_SEGMENTS), they add up to 0 bytes or to
+    /// more than [`MAX_VECTORED_LEN`](Self::MAX_VECTORED_LEN), or one
+    /// breaks `align`.
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push), for every segment: `[addr, addr + len)`
+    /// valid for the access (writable for `ReadV`) and untouched by anyone
+    /// else until the batch completes.
+    pub unsafe fn push_vectored(
+        &mut self,
+        kind: IoKind,
+        file: FileId,
+        offset: u64,
+        segments: impl IntoIterator<Item = (*mut u8, usize)>,
+        align: Option<DioAlignment>,
+    ) -> Result<()> {
+        let vecs = IoVecs::checked(kind, offset, segments, align).map_err(|reason| {
+            IoError::InvalidVectored {
+                kind: kind.name(),
+                offset,
+                reason,
+            }
+        })?;
+        self.push_vecs(kind, file, offset, vecs);
+        Ok(())
+    }
+
+    /// Adds a vectored op whose list is already built and checked (by
+    /// [`push_vectored`](Self::push_vectored), or cut from such a list).
+    pub(crate) fn push_vecs(&mut self, kind: IoKind, file: FileId, offset: u64, vecs: IoVecs) {
+        let vecs = Box::new(vecs);
+        let op = IoOp {
+            kind,
+            file,
+            offset,
+            buf: (&raw const *vecs).cast_mut().cast::<u8>(),
+            len: vecs.total(),
+        };
+        // The Box's heap address, which `op.buf` holds, does not change when
+        // the Box moves into `vecs` (or later into the owners).
+        self.vecs.push(vecs);
+        self.ops.push(op);
+    }
+
+    /// Adds a vectored read at `offset` into `targets`, in order, which the
+    /// batch then owns as one owner (get them back with
+    /// [`BatchDone::take_owner`]`::<Vec<T>>`). Checked as
+    /// [`push_vectored`](Self::push_vectored) checks; on an error the batch
+    /// is unchanged and `targets` are dropped.
+    pub fn readv_owned<T: DmaTarget>(
+        &mut self,
+        file: FileId,
+        offset: u64,
+        mut targets: Vec<T>,
+        align: Option<DioAlignment>,
+    ) -> Result<()> {
+        let segments: Vec<_> = targets
+            .iter_mut()
+            .map(|t| (t.as_mut_ptr(), t.len()))
+            .collect();
+        // SAFETY: each target's memory stays valid and in place while the
+        // target lives (DmaTarget's contract), and the batch owns the
+        // targets until completion.
+        unsafe { self.push_vectored(IoKind::ReadV, file, offset, segments, align)? };
+        self.keep_alive(targets);
+        Ok(())
+    }
+
+    /// Adds a vectored write of `sources`, in order, at `offset`; the batch
+    /// owns them as one owner. Checked as
+    /// [`push_vectored`](Self::push_vectored) checks; on an error the batch
+    /// is unchanged and `sources` are dropped.
+    pub fn writev_owned<T: DmaSource>(
+        &mut self,
+        file: FileId,
+        offset: u64,
+        sources: Vec<T>,
+        align: Option<DioAlignment>,
+    ) -> Result<()> {
+        let segments: Vec<_> = sources
+            .iter()
+            .map(|s| (s.bytes().as_ptr().cast_mut(), s.bytes().len()))
+            .collect();
+        // SAFETY: DmaSource promises the same, unwritten memory while the
+        // source lives; a write only reads it, and the batch owns the
+        // sources until completion.
+        unsafe { self.push_vectored(IoKind::WriteV, file, offset, segments, align)? };
+        self.keep_alive(sources);
+        Ok(())
     }
 }
 

@@ -31,8 +31,16 @@ pub struct IoStats {
     pub errors: u64,
     /// Submission system calls made (io_uring_enter, or one per op for psync).
     pub syscalls: u64,
-    /// Operations that used a registered buffer.
+    /// Operations that used a registered buffer (vectored ones included).
     pub fixed_buffer_ops: u64,
+    /// Vectored operations ([`IoKind::ReadV`](crate::IoKind::ReadV),
+    /// [`IoKind::WriteV`](crate::IoKind::WriteV)) completed; they are
+    /// counted in `reads` or `writes` too.
+    pub vectored_ops: u64,
+    /// Vectored operations issued as `READV_FIXED`/`WRITEV_FIXED` (io_uring,
+    /// when the kernel has them and every segment lies in one registered
+    /// piece); counted in `fixed_buffer_ops` too.
+    pub fixed_vectored_ops: u64,
     /// Sync operations ([`IoKind::Fdatasync`](crate::IoKind::Fdatasync),
     /// [`IoKind::Fsync`](crate::IoKind::Fsync)) completed.
     pub syncs: u64,

@@ -73,6 +73,19 @@ pub enum IoError {
         /// The operation.
         what: &'static str,
     },
+    /// A vectored op was refused before it reached any engine (see
+    /// [`IoBatch::push_vectored`](crate::IoBatch::push_vectored)); nothing
+    /// was added to the batch.
+    #[error("{kind} at offset {offset} refused: {reason}")]
+    InvalidVectored {
+        /// The operation ([`IoKind::name`](crate::IoKind::name)).
+        kind: &'static str,
+        /// Offset in the file.
+        offset: u64,
+        /// What is wrong with it.
+        #[source]
+        reason: crate::VectoredError,
+    },
     /// The engine has shut down.
     #[error("the I/O engine has shut down")]
     Closed,

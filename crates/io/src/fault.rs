@@ -27,19 +27,24 @@ pub enum Fault {
     /// a device that lost its volatile cache reports them.
     FailOps {
         /// Only operations of this kind count and fail; `None` for all.
+        /// `Read` takes in vectored reads (`ReadV`) and `Write` vectored
+        /// writes (`WriteV`); `ReadV` and `WriteV` take only those.
         kind: Option<IoKind>,
         /// The error number reported (e.g. `libc::EIO`).
         errno: i32,
         /// Period: operations number `every`, `2 * every`, ... fail.
         every: u64,
     },
-    /// Every `every`-th read transfers fewer bytes than asked.
+    /// Every `every`-th read (`Read` or `ReadV`) transfers fewer bytes than
+    /// asked: see [`FaultyEngine`] for how much.
     ShortReads {
         /// Period, counted over reads.
         every: u64,
     },
-    /// Every `every`-th read has one bit of its data flipped after it
-    /// completes successfully (silent corruption, for checksum tests).
+    /// Every `every`-th read (`Read` or `ReadV`) has one bit of its data
+    /// flipped after it completes successfully (silent corruption, for
+    /// checksum tests). For a vectored read the bit lies in one segment:
+    /// the one holding the chosen byte of the bytes read, in order.
     FlipBits {
         /// Period, counted over reads; a chosen read that fails (or is
         /// failed by another rule) is left alone.
@@ -69,6 +74,13 @@ pub enum Fault {
 /// left untouched, as a real failed read may leave it. A short read is
 /// forwarded with a shorter length (half, rounded down to 512 bytes; not at
 /// all when that is zero), so the tail of the buffer is not filled either.
+///
+/// A vectored op ([`IoKind::ReadV`], [`IoKind::WriteV`]) is one operation
+/// to every rule, whatever its segment count: one failure fails all of it,
+/// [`Fault::FailAfter`] counts it once. Shortened, it keeps its segments up
+/// to the new length, in order: the segments past it are dropped and the
+/// one it falls in is cut, so the tail segments are left untouched. Its
+/// result is the bytes moved across all segments, as for `readv(2)`.
 ///
 /// [`stats`](IoEngine::stats) are the inner engine's: operations failed here
 /// never reach it. [`injected`](Self::injected) counts the faults.
@@ -142,69 +154,112 @@ impl FaultyEngine {
         let mut plans = Vec::with_capacity(ops.len());
         let mut inner = IoBatch::with_capacity(ops.len());
         for op in ops {
-            let mut fail = None;
-            let mut short = false;
-            let mut flip = None;
-            for rule in rules.iter_mut() {
-                match rule.fault {
-                    Fault::FailOps { kind, errno, every } => {
-                        if kind.is_none_or(|k| k == op.kind) {
-                            rule.seen += 1;
-                            if every > 0 && rule.seen % every == 0 {
-                                fail = fail.or(Some(errno));
-                            }
-                        }
-                    }
-                    Fault::FailAfter { ops, errno } => {
-                        rule.seen += 1;
-                        if rule.seen > ops {
-                            fail = fail.or(Some(errno));
-                        }
-                    }
-                    Fault::ShortReads { every } => {
-                        if op.kind == IoKind::Read {
-                            rule.seen += 1;
-                            short |= every > 0 && rule.seen % every == 0;
-                        }
-                    }
-                    Fault::FlipBits { every } => {
-                        if op.kind == IoKind::Read {
-                            rule.seen += 1;
-                            if every > 0 && rule.seen % every == 0 {
-                                flip = Some(rule.seen);
-                            }
-                        }
-                    }
-                }
-            }
-            let plan = if let Some(errno) = fail {
-                Plan::Fail(errno)
-            } else {
-                let mut fwd = *op;
-                if short {
-                    fwd.len = (op.len / 2) & !511;
-                }
-                if fwd.len == 0 && op.len > 0 {
-                    Plan::Empty
-                } else {
-                    // SAFETY: `fwd` covers a prefix of `op`'s memory, which
-                    // the caller promised valid until this batch completes;
-                    // the caller's owners travel with the inner batch (see
-                    // `submit`), and our completion waits for the inner one.
-                    unsafe { inner.push(fwd) };
-                    Plan::Forward {
-                        inner: inner.len() - 1,
-                        flip,
-                    }
-                }
+            let verdict = judge(&mut rules, op);
+            let plan = match verdict.fail {
+                Some(errno) => Plan::Fail(errno),
+                None => match forward(&mut inner, op, verdict.short) {
+                    Some(index) => Plan::Forward {
+                        inner: index,
+                        flip: verdict.flip,
+                    },
+                    None => Plan::Empty,
+                },
             };
-            if matches!(plan, Plan::Fail(_) | Plan::Empty) || short {
+            if matches!(plan, Plan::Fail(_) | Plan::Empty) || verdict.short {
                 self.injected.fetch_add(1, Ordering::Relaxed);
             }
             plans.push(plan);
         }
         (plans, inner)
     }
+}
+
+/// What the rules decided for one operation.
+#[derive(Debug, Default)]
+struct Verdict {
+    /// Fail it with this errno.
+    fail: Option<i32>,
+    /// Shorten it (a read).
+    short: bool,
+    /// Flip a bit of what it reads; the value picks which.
+    flip: Option<u64>,
+}
+
+/// Runs every rule over `op`, advancing the counters of those it applies to.
+fn judge(rules: &mut [Rule], op: &IoOp) -> Verdict {
+    let mut v = Verdict::default();
+    for rule in rules.iter_mut() {
+        match rule.fault {
+            Fault::FailOps { kind, errno, every } => {
+                if kind.is_none_or(|k| kind_matches(k, op.kind)) {
+                    rule.seen += 1;
+                    if every > 0 && rule.seen % every == 0 {
+                        v.fail = v.fail.or(Some(errno));
+                    }
+                }
+            }
+            Fault::FailAfter { ops, errno } => {
+                rule.seen += 1;
+                if rule.seen > ops {
+                    v.fail = v.fail.or(Some(errno));
+                }
+            }
+            Fault::ShortReads { every } => {
+                if op.kind.is_read() {
+                    rule.seen += 1;
+                    v.short |= every > 0 && rule.seen % every == 0;
+                }
+            }
+            Fault::FlipBits { every } => {
+                if op.kind.is_read() {
+                    rule.seen += 1;
+                    if every > 0 && rule.seen % every == 0 {
+                        v.flip = Some(rule.seen);
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Whether a [`Fault::FailOps`] rule for `filter` applies to an op of
+/// `kind`: its own kind, and for `Read` (`Write`) vectored reads (writes)
+/// too, so rules written before vectored ops existed keep covering every
+/// read (write).
+fn kind_matches(filter: IoKind, kind: IoKind) -> bool {
+    filter == kind
+        || (filter == IoKind::Read && kind == IoKind::ReadV)
+        || (filter == IoKind::Write && kind == IoKind::WriteV)
+}
+
+/// Adds `op`, or when `short` its first half (rounded down to 512 bytes),
+/// to `inner`; returns its index there, or `None` when nothing is left to
+/// forward (a read shortened to nothing).
+fn forward(inner: &mut IoBatch, op: &IoOp, short: bool) -> Option<usize> {
+    let len = if short { (op.len / 2) & !511 } else { op.len };
+    if len == 0 && op.len > 0 {
+        return None;
+    }
+    // SAFETY: the op's batch owners, its segment list among them, ride with
+    // the inner batch (see `submit`).
+    match unsafe { op.vecs() } {
+        // A vectored op keeps its segments up to `len`: the tail ones are
+        // dropped, the one `len` falls in is shortened.
+        Some(vecs) if len < op.len => {
+            inner.push_vecs(op.kind, op.file, op.offset, vecs.prefix(len)?);
+        }
+        _ => {
+            let fwd = IoOp { len, ..*op };
+            // SAFETY: `fwd` covers a prefix of `op`'s memory (or is `op`, a
+            // vectored one included), which the caller promised valid until
+            // this batch completes; the caller's owners travel with the
+            // inner batch (see `submit`), and our completion waits for the
+            // inner one.
+            unsafe { inner.push(fwd) };
+        }
+    }
+    Some(inner.len() - 1)
 }
 
 fn rules(faults: Vec<Fault>) -> Vec<Rule> {
@@ -234,12 +289,7 @@ impl Translation {
                         if let (Ok(n), Some(seed)) = (&res, flip)
                             && *n > 0
                         {
-                            let byte = (seed.wrapping_mul(7919) % u64::from(*n)) as usize;
-                            // SAFETY: the read has completed, `byte < n <=
-                            // op.len`, and the caller promised the memory is
-                            // ours to write until the batch completes, which
-                            // it has not yet (we are completing it).
-                            unsafe { *op.buf.add(byte) ^= 1 << (seed % 8) };
+                            flip_bit(op, *n, seed);
                             self.injected.fetch_add(1, Ordering::Relaxed);
                         }
                         res
@@ -252,6 +302,25 @@ impl Translation {
             results,
             owners,
         }
+    }
+}
+
+/// Flips one bit, picked by `seed`, of the first `n` bytes `op` read: in
+/// its buffer, or for a vectored op in the segment that byte falls in.
+fn flip_bit(op: &IoOp, n: u32, seed: u64) {
+    let byte = (seed.wrapping_mul(7919) % u64::from(n)) as usize;
+    // SAFETY: the op's owners, its segment list among them, are being
+    // handed back with this completion and are alive.
+    let at = match unsafe { op.vecs() } {
+        Some(vecs) => crate::vectored::byte_at(vecs.iov(), byte),
+        // `byte < n <= op.len`: inside the buffer.
+        None => Some(op.buf.wrapping_add(byte)),
+    };
+    if let Some(at) = at {
+        // SAFETY: the read has completed, `byte < n <= op.len`, and the
+        // caller promised the memory is ours to write until the batch
+        // completes, which it has not yet (we are completing it).
+        unsafe { *at ^= 1 << (seed % 8) };
     }
 }
 

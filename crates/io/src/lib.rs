@@ -19,7 +19,14 @@
 //! unavailable unless [`KVTIER_REQUIRE_IO_URING=1`](REQUIRE_IO_URING_ENV),
 //! which CI sets, makes them fail). Syncs are operations of a batch like
 //! reads and writes ([`IoBatch::sync`]), so they can fail and be injected
-//! like them. [`AlignedBuf`] is an owned buffer
+//! like them. Vectored ops ([`IoKind::ReadV`], [`IoKind::WriteV`], added with
+//! [`IoBatch::push_vectored`] or [`IoBatch::readv_owned`]) move one file
+//! range to or from a list of up to 1,024 memory segments in one operation
+//! (`READV`/`WRITEV`, or `READV_FIXED`/`WRITEV_FIXED` on Linux 6.15+ when
+//! every segment lies in one registered piece; `preadv`/`pwritev` in the
+//! thread pool); the batch owns the segment list and checks it (count,
+//! length, direct-I/O alignment) before anything is submitted.
+//! [`AlignedBuf`] is an owned buffer
 //! aligned for direct I/O; [`open_direct`] opens and preallocates files and
 //! [`dio_alignment`] asks the file system what alignment it needs.
 //!
@@ -48,6 +55,7 @@ mod files;
 mod psync;
 mod stats;
 mod uring;
+mod vectored;
 
 pub use aligned::AlignedBuf;
 pub use batch::{
@@ -59,3 +67,4 @@ pub use fault::{Fault, FaultyEngine};
 pub use file::{DioAlignment, dio_alignment, open_direct, prefill};
 pub use psync::PsyncEngine;
 pub use uring::{DISABLE_IO_URING_ENV, REQUIRE_IO_URING_ENV, UringEngine, uring_unavailable};
+pub use vectored::VectoredError;

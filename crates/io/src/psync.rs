@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::files::{FileTable, bad_file};
 use crate::stats::Counters;
+use crate::vectored::advance;
 use crate::{
     BatchDone, Completer, Completion, FileId, IoBatch, IoEngine, IoError, IoKind, IoOp, IoStats,
     OpResult, Result,
@@ -28,6 +29,10 @@ use crate::{
 /// worker takes it, so one batch's operations run in parallel up to the pool
 /// size. Each batch has a shared state counting the operations still
 /// running; the worker that finishes the last one resolves the completion.
+///
+/// Vectored ops use `preadv`/`pwritev`; a short transfer is resumed from the
+/// byte where it stopped, inside a segment if need be, until the op is done
+/// or the file ends.
 ///
 /// `register_memory` always returns `false`: plain system calls have no
 /// registered buffers. Each `pread`/`pwrite` counts as one system call in
@@ -152,8 +157,12 @@ fn worker(rx: &Receiver<Job>, shared: &Shared) {
     }
 }
 
-/// Performs one operation: a sync, or a transfer (see [`copy`]).
+/// Performs one operation: a sync, or a transfer (see [`copy`] and
+/// [`copy_vectored`]).
 fn transfer(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
+    if op.kind.is_vectored() {
+        return copy_vectored(fd, op, stats);
+    }
     if !op.kind.is_sync() {
         return copy(fd, op, stats);
     }
@@ -217,6 +226,72 @@ fn copy(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
         }
         done += n as usize;
     }
+    Ok(done as u32)
+}
+
+/// Performs one vectored transfer with `preadv`/`pwritev`, continuing short
+/// transfers (see [`resume_vectored`]) on a copy of the op's segment list,
+/// which is moved past the bytes done.
+fn copy_vectored(fd: RawFd, op: &IoOp, stats: &Counters) -> OpResult {
+    // SAFETY: the op's batch owners, its segment list among them, stay in
+    // `Finish` until the batch completes, which is after this returns.
+    let Some(vecs) = (unsafe { op.vecs() }) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let mut iov = vecs.iov().to_vec();
+    let read = op.kind == IoKind::ReadV;
+    resume_vectored(&mut iov, op.offset, |rest, offset| {
+        stats.syscalls(1);
+        // At most IoBatch::MAX_SEGMENTS segments, so the count fits.
+        let count = rest.len() as libc::c_int;
+        // SAFETY: every segment lies inside one the submitter promised valid
+        // for this access until the batch completes (IoBatch::push_vectored);
+        // `fd` stays open for the engine's life.
+        let n = unsafe {
+            if read {
+                libc::preadv(fd, rest.as_ptr(), count, offset)
+            } else {
+                libc::pwritev(fd, rest.as_ptr(), count, offset)
+            }
+        };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    })
+}
+
+/// Moves the bytes of `iov` with `call(segments left, file offset)` (one
+/// `preadv`/`pwritev`) until all moved or the file ends (a call moves 0),
+/// retrying `EINTR`. After a short transfer `iov` is advanced past the bytes
+/// moved, which may end inside a segment, and the call is made again at the
+/// offset that follows. An error after some bytes moved reports those bytes
+/// (a short transfer), as `readv(2)` itself does.
+fn resume_vectored(
+    iov: &mut [libc::iovec],
+    offset: u64,
+    mut call: impl FnMut(&[libc::iovec], libc::off_t) -> io::Result<usize>,
+) -> OpResult {
+    let (mut first, mut done) = (0usize, 0usize);
+    while first < iov.len() {
+        let Some(at) = offset
+            .checked_add(done as u64)
+            .and_then(|o| libc::off_t::try_from(o).ok())
+        else {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        };
+        match call(&iov[first..], at) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                first = advance(iov, first, n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if done > 0 => {
+                tracing::debug!(error = %e, done, "psync: vectored transfer cut short");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // The list was checked to add up to at most MAX_VECTORED_LEN (< u32).
     Ok(done as u32)
 }
 
@@ -332,5 +407,104 @@ impl std::fmt::Debug for PsyncEngine {
         f.debug_struct("PsyncEngine")
             .field("threads", &self.workers.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A stand-in for `preadv` on a file holding `file`: moves at most the
+    /// next of `caps` bytes (cycling), fails with `EINTR` where the cap is
+    /// 0, and with `EIO` from call `fail_at` on.
+    struct FakeFile<'a> {
+        file: &'a [u8],
+        caps: &'a [usize],
+        calls: usize,
+        fail_at: Option<usize>,
+    }
+
+    impl FakeFile<'_> {
+        fn preadv(&mut self, iov: &[libc::iovec], at: libc::off_t) -> io::Result<usize> {
+            let call = self.calls;
+            self.calls += 1;
+            if self.fail_at.is_some_and(|f| call >= f) {
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+            let cap = self.caps[call % self.caps.len()];
+            if cap == 0 {
+                return Err(io::Error::from_raw_os_error(libc::EINTR));
+            }
+            let mut src = self.file.get(at as usize..).unwrap_or_default();
+            src = &src[..src.len().min(cap)];
+            let mut moved = 0;
+            for seg in iov {
+                let n = seg.iov_len.min(src.len() - moved);
+                // SAFETY: the segment is inside the test's buffer.
+                let dst = unsafe { std::slice::from_raw_parts_mut(seg.iov_base.cast(), n) };
+                dst.copy_from_slice(&src[moved..moved + n]);
+                moved += n;
+            }
+            Ok(moved)
+        }
+    }
+
+    proptest! {
+        /// However the kernel cuts a vectored read short (any byte count,
+        /// mid-segment included, EINTR, the file ending, an error after some
+        /// progress), the bytes land where one full read would put them and
+        /// the result counts exactly the bytes read.
+        #[test]
+        fn short_vectored_reads_resume_across_segments(
+            lens in prop::collection::vec(0usize..700, 1..24),
+            caps in prop::collection::vec(0usize..900, 1..8),
+            file_len in 0usize..9000,
+            offset in 0u64..600,
+            fail_at in prop::option::of(1usize..12),
+        ) {
+            prop_assume!(caps.iter().any(|&c| c > 0));
+            let file: Vec<u8> = (0..file_len).map(|i| (i * 7 + 3) as u8).collect();
+            let total: usize = lens.iter().sum();
+            let mut mem = vec![0u8; total];
+            let base = mem.as_mut_ptr();
+            let mut iov = Vec::new();
+            let mut at = 0;
+            for &len in &lens {
+                // SAFETY: `at + len <= total`.
+                iov.push(libc::iovec { iov_base: unsafe { base.add(at) }.cast(), iov_len: len });
+                at += len;
+            }
+            let mut fake = FakeFile { file: &file, caps: &caps, calls: 0, fail_at };
+            let res = resume_vectored(&mut iov, offset, |rest, at| fake.preadv(rest, at));
+            let available = file_len.saturating_sub(offset as usize).min(total);
+            match res {
+                Ok(n) => {
+                    let n = n as usize;
+                    prop_assert!(n <= available);
+                    if fail_at.is_none() {
+                        prop_assert_eq!(n, available, "stopped early");
+                    }
+                    let want = &file.get(offset as usize..).unwrap_or_default()[..n];
+                    prop_assert_eq!(&mem[..n], want);
+                    prop_assert!(mem[n..].iter().all(|&b| b == 0), "wrote past the count");
+                }
+                // Only an error before any byte moved is reported as one.
+                Err(e) => prop_assert_eq!(e.raw_os_error(), Some(libc::EIO)),
+            }
+        }
+    }
+
+    #[test]
+    fn an_error_before_any_byte_is_an_error() {
+        let mut buf = [0u8; 8];
+        let mut iov = [libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: 8,
+        }];
+        let res = resume_vectored(&mut iov, 0, |_, _| {
+            Err(io::Error::from_raw_os_error(libc::ENOSPC))
+        });
+        assert_eq!(res.err().and_then(|e| e.raw_os_error()), Some(libc::ENOSPC));
     }
 }

@@ -18,6 +18,8 @@ pub(crate) struct Counters {
     errors: AtomicU64,
     syscalls: AtomicU64,
     fixed_buffer_ops: AtomicU64,
+    vectored_ops: AtomicU64,
+    fixed_vectored_ops: AtomicU64,
     syncs: AtomicU64,
 }
 
@@ -37,6 +39,12 @@ impl Counters {
         self.fixed_buffer_ops.fetch_add(n, Relaxed);
     }
 
+    /// `n` vectored operations issued with a registered buffer (on top of
+    /// [`fixed`](Self::fixed), which counts them too).
+    pub(crate) fn fixed_vectored(&self, n: u64) {
+        self.fixed_vectored_ops.fetch_add(n, Relaxed);
+    }
+
     /// One operation of `kind` asking for `len` bytes finished with `res`.
     pub(crate) fn op(&self, kind: IoKind, len: u32, res: &OpResult) {
         self.ops.fetch_add(1, Relaxed);
@@ -52,12 +60,15 @@ impl Counters {
                 0
             }
         };
+        if kind.is_vectored() {
+            self.vectored_ops.fetch_add(1, Relaxed);
+        }
         match kind {
-            IoKind::Read => {
+            IoKind::Read | IoKind::ReadV => {
                 self.reads.fetch_add(1, Relaxed);
                 self.bytes_read.fetch_add(done, Relaxed);
             }
-            IoKind::Write => {
+            IoKind::Write | IoKind::WriteV => {
                 self.writes.fetch_add(1, Relaxed);
                 self.bytes_written.fetch_add(done, Relaxed);
             }
@@ -79,6 +90,8 @@ impl Counters {
             errors: self.errors.load(Relaxed),
             syscalls: self.syscalls.load(Relaxed),
             fixed_buffer_ops: self.fixed_buffer_ops.load(Relaxed),
+            vectored_ops: self.vectored_ops.load(Relaxed),
+            fixed_vectored_ops: self.fixed_vectored_ops.load(Relaxed),
             syncs: self.syncs.load(Relaxed),
         }
     }

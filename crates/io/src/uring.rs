@@ -95,7 +95,12 @@ const MAX_QUEUE_DEPTH: u32 = 16384;
 /// [`register_memory`](IoEngine::register_memory) goes into a sparse
 /// registered-buffer table in pieces of at most 1 GiB; an operation whose
 /// buffer lies inside one piece uses `READ_FIXED`/`WRITE_FIXED`, saving the
-/// per-I/O page pinning. Registering pins memory: a service not running as
+/// per-I/O page pinning. A vectored op uses `READV_FIXED`/`WRITEV_FIXED`
+/// when every one of its segments lies inside the same piece and the kernel
+/// has those opcodes (6.15+, probed when the ring starts:
+/// [`fixed_vectored`](Self::fixed_vectored)), else `READV`/`WRITEV`, which
+/// pin per op; [`IoStats::fixed_vectored_ops`](crate::IoStats::fixed_vectored_ops)
+/// counts the fixed ones. Registering pins memory: a service not running as
 /// root needs `RLIMIT_MEMLOCK` raised (or `CAP_IPC_LOCK`); without it,
 /// registration reports `false` and I/O stays on the plain path.
 ///
@@ -180,6 +185,8 @@ pub(crate) struct Shared {
     /// Slots of the sparse file table (0 if the kernel refused it).
     file_slots: u32,
     buffers: BufferTable,
+    /// The kernel has `READV_FIXED` and `WRITEV_FIXED` (and they are wanted).
+    fixed_vectored: bool,
     pub(crate) stats: Counters,
 }
 
@@ -208,6 +215,30 @@ impl Shared {
             }
         }
     }
+
+    /// The registered buffer `op` may name: the piece holding its whole
+    /// buffer, or for a vectored op the one piece holding every segment
+    /// (when the kernel has the fixed vectored opcodes); `None` for a sync,
+    /// which has no memory, and for memory outside the registered pieces.
+    fn buf_index(&self, op: &IoOp, lookup: &dyn Fn(*mut u8, usize) -> Option<u16>) -> Option<u16> {
+        if op.kind.is_sync() {
+            return None;
+        }
+        // SAFETY: the op is in the batch being submitted, whose owners (its
+        // segment list among them) are alive.
+        let Some(vecs) = (unsafe { op.vecs() }) else {
+            return lookup(op.buf, op.len as usize);
+        };
+        if !self.fixed_vectored {
+            return None;
+        }
+        let mut segments = vecs.iov().iter();
+        let first = segments.next()?;
+        let index = lookup(first.iov_base.cast(), first.iov_len)?;
+        segments
+            .all(|s| lookup(s.iov_base.cast(), s.iov_len) == Some(index))
+            .then_some(index)
+    }
 }
 
 fn setup_err(source: io::Error) -> IoError {
@@ -226,13 +257,11 @@ impl UringEngine {
     /// seccomp, `kernel.io_uring_disabled`), when `KVTIER_DISABLE_IO_URING=1`
     /// is set, or when the eventfd or thread cannot be created.
     pub fn new(queue_depth: u32) -> Result<Self> {
-        Self::with_options(queue_depth, true, true)
+        Self::with_options(queue_depth, Options::default())
     }
 
-    /// [`new`](Self::new), optionally without the registered-file table
-    /// (so tests can cover the plain-descriptor path) or without
-    /// `DEFER_TASKRUN` (so they can cover the ring older kernels get).
-    fn with_options(queue_depth: u32, file_table: bool, defer: bool) -> Result<Self> {
+    /// [`new`](Self::new) with some features turned off (see [`Options`]).
+    fn with_options(queue_depth: u32, options: Options) -> Result<Self> {
         if std::env::var_os(DISABLE_IO_URING_ENV).is_some_and(|v| v == "1") {
             return Err(setup_err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
@@ -247,7 +276,7 @@ impl UringEngine {
         let driver = std::thread::Builder::new()
             .name("kvtier-uring".into())
             .spawn(move || {
-                let shared = match Shared::new(queue_depth, file_table, defer) {
+                let shared = match Shared::new(queue_depth, options) {
                     Ok(shared) => Arc::new(shared),
                     Err(e) => {
                         let _ = ready.send(Err(e));
@@ -297,13 +326,43 @@ impl UringEngine {
     pub fn defers_task_run(&self) -> bool {
         self.shared.deferred
     }
+
+    /// Whether vectored ops whose segments all lie in one registered piece
+    /// go out as `READV_FIXED`/`WRITEV_FIXED` (Linux 6.15 and later, found
+    /// by probing the ring at start); `false` where the kernel lacks them
+    /// and every vectored op is a plain `READV`/`WRITEV`.
+    pub fn fixed_vectored(&self) -> bool {
+        self.shared.fixed_vectored
+    }
+}
+
+/// Features [`UringEngine::new`] turns on where the kernel has them, which
+/// tests turn off to cover the paths older kernels take.
+#[derive(Debug, Clone, Copy)]
+struct Options {
+    /// A sparse registered-file table (else plain descriptors).
+    file_table: bool,
+    /// `DEFER_TASKRUN | SINGLE_ISSUER` (else `COOP_TASKRUN` or neither).
+    defer: bool,
+    /// `READV_FIXED`/`WRITEV_FIXED` (else plain `READV`/`WRITEV` always).
+    fixed_vectored: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            file_table: true,
+            defer: true,
+            fixed_vectored: true,
+        }
+    }
 }
 
 impl Shared {
     /// Creates the ring, its wake-up eventfd and its sparse tables; on the
     /// driver thread, which becomes the ring's issuer.
-    fn new(queue_depth: u32, file_table: bool, defer: bool) -> Result<Self> {
-        let (ring, deferred) = build_ring(queue_depth + 1, defer).map_err(setup_err)?;
+    fn new(queue_depth: u32, options: Options) -> Result<Self> {
+        let (ring, deferred) = build_ring(queue_depth + 1, options.defer).map_err(setup_err)?;
         // SAFETY: eventfd has no memory-safety preconditions.
         let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if raw < 0 {
@@ -313,12 +372,13 @@ impl Shared {
         // blocking on purpose: io_uring completes a read of a non-blocking
         // fd with EAGAIN instead of waiting for it.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let file_slots = if file_table {
+        let file_slots = if options.file_table {
             sparse_file_slots(&ring)
         } else {
             0
         };
         let buffers = BufferTable::new(&ring);
+        let fixed_vectored = options.fixed_vectored && probe_fixed_vectored(&ring);
         Ok(Shared {
             ring,
             deferred,
@@ -329,6 +389,7 @@ impl Shared {
             files: RwLock::new(Vec::new()),
             file_slots,
             buffers,
+            fixed_vectored,
             stats: Counters::default(),
         })
     }
@@ -369,6 +430,23 @@ fn build_ring(entries: u32, defer: bool) -> io::Result<(IoUring, bool)> {
         .build(entries)
         .or_else(|_| IoUring::new(entries))?;
     Ok((ring, false))
+}
+
+/// Whether the kernel knows `READV_FIXED` and `WRITEV_FIXED` (Linux 6.15):
+/// older ones fail them with `EINVAL` at completion, too late to fall back
+/// per op, so the ring asks once with `IORING_REGISTER_PROBE` (5.6).
+fn probe_fixed_vectored(ring: &IoUring) -> bool {
+    let mut probe = io_uring::Probe::new();
+    match ring.submitter().register_probe(&mut probe) {
+        Ok(()) => {
+            probe.is_supported(io_uring::opcode::ReadvFixed::CODE)
+                && probe.is_supported(io_uring::opcode::WritevFixed::CODE)
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "io_uring: cannot probe opcodes; vectored ops stay unfixed");
+            false
+        }
+    }
 }
 
 /// Creates the sparse registered-file table, as large as the descriptor limit
@@ -499,10 +577,7 @@ impl IoEngine for UringEngine {
                     let (_, target) = files.get(op.file.0 as usize)?.as_ref()?;
                     Some(Prep {
                         target: *target,
-                        // A sync has no buffer to look up.
-                        buf_index: (!op.kind.is_sync())
-                            .then(|| lookup(op.buf, op.len))
-                            .flatten(),
+                        buf_index: self.shared.buf_index(op, lookup),
                     })
                 })
                 .collect()
@@ -566,7 +641,13 @@ mod tests {
     /// without one or past its slots) moves the same bytes.
     #[test]
     fn plain_descriptors_work() {
-        let engine = match UringEngine::with_options(8, false, true) {
+        let engine = match UringEngine::with_options(
+            8,
+            Options {
+                file_table: false,
+                ..Options::default()
+            },
+        ) {
             Ok(e) => e,
             Err(e) => return uring_unavailable(&e),
         };
@@ -585,6 +666,53 @@ mod tests {
         done.check().expect("read");
         let back: AlignedBuf = done.take_owner(0).expect("buf");
         assert!(back.iter().all(|&b| b == 0x3c));
+    }
+
+    /// Without the fixed vectored opcodes (kernels before 6.15, as the
+    /// probe reports them), a vectored op inside registered memory goes out
+    /// as a plain `READV`/`WRITEV` and still moves the right bytes.
+    #[test]
+    fn vectored_ops_without_the_fixed_opcodes() {
+        // Before the engine, so it outlives it (registered memory must).
+        let mut arena = AlignedBuf::zeroed(1 << 20, 4096);
+        let engine = match UringEngine::with_options(
+            8,
+            Options {
+                fixed_vectored: false,
+                ..Options::default()
+            },
+        ) {
+            Ok(e) => e,
+            Err(e) => return uring_unavailable(&e),
+        };
+        assert!(!engine.fixed_vectored());
+        let dir = tempfile::tempdir_in("/tmp").expect("tempdir");
+        let file = crate::open_direct(&dir.path().join("f"), 1 << 16).expect("open");
+        let id = engine.register_file(file).expect("register");
+        let base = arena.as_mut_ptr();
+        // SAFETY: `arena` outlives the engine (declared before it).
+        assert!(unsafe { engine.register_memory(base, arena.len()) });
+        // SAFETY: both 4 KiB segments lie in `arena`, untouched until the
+        // waits return.
+        let segs = unsafe { [(base.add(8192), 4096), (base, 4096)] };
+        arena[8192..12288].fill(1);
+        arena[..4096].fill(2);
+        let vectored = |kind| {
+            let mut batch = IoBatch::new();
+            // SAFETY: see `segs`.
+            unsafe { batch.push_vectored(kind, id, 4096, segs, None) }.expect("valid");
+            engine.submit(batch).wait().check()
+        };
+        vectored(crate::IoKind::WriteV).expect("writev");
+        arena.fill(0);
+        vectored(crate::IoKind::ReadV).expect("readv");
+        assert!(arena[8192..12288].iter().all(|&b| b == 1));
+        assert!(arena[..4096].iter().all(|&b| b == 2));
+        let s = engine.stats();
+        assert_eq!(
+            (s.vectored_ops, s.fixed_vectored_ops, s.fixed_buffer_ops),
+            (2, 0, 0)
+        );
     }
 
     /// The target `register_file` left for `id`.
@@ -633,7 +761,13 @@ mod tests {
     #[test]
     fn registrations_from_many_threads_apply_in_order() {
         for defer in [true, false] {
-            let engine = match UringEngine::with_options(16, true, defer) {
+            let engine = match UringEngine::with_options(
+                16,
+                Options {
+                    defer,
+                    ..Options::default()
+                },
+            ) {
                 Ok(e) => e,
                 Err(e) => return uring_unavailable(&e),
             };
@@ -711,7 +845,13 @@ mod tests {
     #[test]
     fn owner_dropped_on_the_driver_may_register() {
         for defer in [true, false] {
-            let engine = match UringEngine::with_options(8, true, defer) {
+            let engine = match UringEngine::with_options(
+                8,
+                Options {
+                    defer,
+                    ..Options::default()
+                },
+            ) {
                 Ok(e) => Arc::new(e),
                 Err(e) => return uring_unavailable(&e),
             };

@@ -52,6 +52,10 @@ suite!(
     no_faults_is_transparent,
     dropped_completion_keeps_owners,
     fail_only_syncs,
+    vectored_fail_ops,
+    vectored_short_reads,
+    vectored_flip_bits,
+    vectored_fail_after,
 );
 
 /// A faulty engine over `inner` with a 16-block file full of `DATA`.
@@ -336,4 +340,206 @@ fn dropped_completion_keeps_owners(make: Factory) {
     // Dropping the faulty engine finishes its relays; every owner is freed.
     drop(engine);
     assert_eq!(drops.load(Ordering::SeqCst), 10);
+}
+
+// ---- vectored ops: one op to every rule, whatever its segment count ----
+
+/// Segments of `sizes` bytes pre-filled with `UNTOUCHED`.
+fn untouched(sizes: &[usize]) -> Vec<AlignedBuf> {
+    sizes
+        .iter()
+        .map(|&n| {
+            let mut b = AlignedBuf::zeroed(n, BLOCK);
+            b.fill(UNTOUCHED);
+            b
+        })
+        .collect()
+}
+
+/// Adds a vectored read of the file's start into segments of `sizes`.
+fn add_readv(batch: &mut IoBatch, id: FileId, sizes: &[usize]) {
+    batch
+        .readv_owned(id, 0, untouched(sizes), None)
+        .expect("valid readv");
+}
+
+/// The segments of vectored read `i` (owner `i`) of `done`.
+fn segments(done: &mut kvtier_io::BatchDone, i: usize) -> Vec<AlignedBuf> {
+    done.take_owner::<Vec<AlignedBuf>>(i)
+        .expect("segments back")
+}
+
+/// A failed vectored op fails whole and never reaches the inner engine;
+/// `Read` (`Write`) rules take in vectored reads (writes), `ReadV` only
+/// those.
+fn vectored_fail_ops(make: Factory) {
+    let faults = vec![Fault::FailOps {
+        kind: Some(IoKind::ReadV),
+        errno: libc::EIO,
+        every: 2,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let four = [BLOCK; 4];
+    let mut batch = IoBatch::new();
+    add_readv(&mut batch, id, &four);
+    batch.read_owned(id, 0, AlignedBuf::zeroed(BLOCK, BLOCK));
+    add_readv(&mut batch, id, &four);
+    add_readv(&mut batch, id, &four);
+    let before = engine.stats().ops;
+    let mut done = engine.submit(batch).wait();
+    assert_eq!(engine.stats().ops - before, 3, "the failed op stayed here");
+    for i in [0, 1, 3] {
+        done.check_op(i).unwrap_or_else(|e| panic!("op {i}: {e}"));
+    }
+    let err = done.results[2].as_ref().expect_err("second readv fails");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    assert!(
+        matches!(done.check_op(2), Err(IoError::Op { kind: "readv", len, .. }) if len == 4 * BLOCK as u32)
+    );
+    for (s, seg) in segments(&mut done, 2).iter().enumerate() {
+        assert!(seg.iter().all(|&b| b == UNTOUCHED), "segment {s} touched");
+    }
+    assert!(
+        segments(&mut done, 0)
+            .iter()
+            .all(|s| s.iter().all(|&b| b == DATA))
+    );
+    assert_eq!(engine.injected(), 1, "one fault for four segments");
+
+    for (filter, fails_readv, fails_writev) in [
+        (IoKind::Read, true, false),
+        (IoKind::Write, false, true),
+        (IoKind::WriteV, false, true),
+    ] {
+        engine.set_faults(vec![Fault::FailOps {
+            kind: Some(filter),
+            errno: libc::EIO,
+            every: 1,
+        }]);
+        let mut batch = IoBatch::new();
+        add_readv(&mut batch, id, &[BLOCK, BLOCK]);
+        let mut data = AlignedBuf::zeroed(2 * BLOCK, BLOCK);
+        data.fill(DATA);
+        batch
+            .writev_owned(id, 0, vec![data], None)
+            .expect("valid writev");
+        let done = engine.submit(batch).wait();
+        assert_eq!(done.results[0].is_err(), fails_readv, "{filter:?} on readv");
+        assert_eq!(
+            done.results[1].is_err(),
+            fails_writev,
+            "{filter:?} on writev"
+        );
+    }
+}
+
+/// A shortened vectored read keeps its first segments and cuts the one the
+/// new length falls in; the rest stay untouched.
+fn vectored_short_reads(make: Factory) {
+    let Some((engine, id, _dir)) = setup(make, vec![Fault::ShortReads { every: 1 }]) else {
+        return;
+    };
+    // (segments, bytes each keeps after halving to 512-byte multiples)
+    let cases: [(&[usize], &[usize]); 3] = [
+        (&[BLOCK, BLOCK, 2 * BLOCK], &[BLOCK, BLOCK, 0]),
+        (&[BLOCK, 2 * BLOCK], &[BLOCK, BLOCK / 2]),
+        (&[2 * BLOCK], &[BLOCK]),
+    ];
+    let mut batch = IoBatch::new();
+    for (sizes, _) in cases {
+        add_readv(&mut batch, id, sizes);
+    }
+    let mut done = engine.submit(batch).wait();
+    for (i, (sizes, kept)) in cases.iter().enumerate() {
+        let total: usize = sizes.iter().sum();
+        match done.check_op(i) {
+            Err(IoError::Short {
+                kind: "readv",
+                len,
+                done: n,
+                ..
+            }) => {
+                assert_eq!(
+                    (len as usize, n as usize),
+                    (total, kept.iter().sum()),
+                    "op {i}"
+                );
+            }
+            other => panic!("op {i}: expected short, got {other:?}"),
+        }
+        for (s, (seg, &keep)) in segments(&mut done, i).iter().zip(*kept).enumerate() {
+            assert!(seg[..keep].iter().all(|&b| b == DATA), "op {i} segment {s}");
+            assert!(
+                seg[keep..].iter().all(|&b| b == UNTOUCHED),
+                "op {i} segment {s} tail"
+            );
+        }
+    }
+    assert_eq!(engine.injected(), 3);
+    // Vectored writes are never shortened.
+    let mut batch = IoBatch::new();
+    let data = vec![
+        AlignedBuf::zeroed(BLOCK, BLOCK),
+        AlignedBuf::zeroed(BLOCK, BLOCK),
+    ];
+    batch.writev_owned(id, 0, data, None).expect("valid writev");
+    engine.submit(batch).wait().check().expect("writev");
+}
+
+/// One bit of one segment flips; the op still succeeds whole.
+fn vectored_flip_bits(make: Factory) {
+    let Some((engine, id, _dir)) = setup(make, vec![Fault::FlipBits { every: 2 }]) else {
+        return;
+    };
+    let mut batch = IoBatch::new();
+    for _ in 0..4 {
+        add_readv(&mut batch, id, &[BLOCK; 4]);
+    }
+    let mut done = engine.submit(batch).wait();
+    done.check().expect("flipped reads still succeed");
+    for i in 0..4 {
+        let flips: Vec<u32> = segments(&mut done, i)
+            .iter()
+            .map(|seg| seg.iter().map(|&b| (b ^ DATA).count_ones()).sum())
+            .collect();
+        let total: u32 = flips.iter().sum();
+        assert_eq!(total, u32::from(i % 2 == 1), "op {i}: {flips:?}");
+        assert!(flips.iter().all(|&f| f <= 1), "op {i}: one segment only");
+    }
+    assert_eq!(engine.injected(), 2);
+}
+
+/// `FailAfter` counts a vectored op once, whatever its segments.
+fn vectored_fail_after(make: Factory) {
+    let faults = vec![Fault::FailAfter {
+        ops: 2,
+        errno: libc::EIO,
+    }];
+    let Some((engine, id, _dir)) = setup(make, faults) else {
+        return;
+    };
+    let mut batch = IoBatch::new();
+    add_readv(&mut batch, id, &[BLOCK; 8]);
+    add_readv(&mut batch, id, &[BLOCK; 3]);
+    add_readv(&mut batch, id, &[BLOCK; 2]);
+    let mut done = engine.submit(batch).wait();
+    done.check_op(0).expect("first op");
+    done.check_op(1).expect("second op");
+    assert!(done.results[2].is_err(), "third op is past the limit");
+    assert!(
+        segments(&mut done, 2)
+            .iter()
+            .all(|s| s.iter().all(|&b| b == UNTOUCHED))
+    );
+    let mut batch = IoBatch::new();
+    batch
+        .writev_owned(id, 0, vec![AlignedBuf::zeroed(BLOCK, BLOCK)], None)
+        .expect("valid writev");
+    assert!(
+        engine.submit(batch).wait().results[0].is_err(),
+        "stays failed"
+    );
+    assert_eq!(engine.injected(), 2);
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
-use kvtier_io::{AlignedBuf, DmaSource, IoEngine};
+use kvtier_io::{AlignedBuf, DioAlignment, DmaSource, FileId, IoBatch, IoEngine, IoKind, IoOp};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 use super::baseline::{self, CopyPattern, Pattern};
@@ -146,9 +146,18 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         .build()?;
     let mut cases = Vec::new();
     let wanted = |group: &str| args.only.is_empty() || args.only.iter().any(|g| g == group);
-    for object in [4u64 << 10, 128 << 10] {
-        if wanted("engine") {
-            cases.push(rt.block_on(engine_case(&plan, engine.clone(), object, !args.json))?);
+    if wanted("engine") {
+        let shapes = [
+            (4u64 << 10, OpShape::Plain),
+            (128 << 10, OpShape::Plain),
+            // The plain 1 MiB read is what the vectored ones are held to.
+            (1 << 20, OpShape::Plain),
+            (1 << 20, OpShape::Scattered { registered: true }),
+            (1 << 20, OpShape::Scattered { registered: false }),
+        ];
+        for (object, shape) in shapes {
+            let case = engine_case(&plan, engine.clone(), object, shape, !args.json);
+            cases.push(rt.block_on(case)?);
         }
     }
     let obj128 = Geometry::raw(1, 128 << 10)?;
@@ -539,15 +548,110 @@ async fn disk_cases(
     Ok(out)
 }
 
+/// How each op of an engine case names its memory.
+#[derive(Debug, Clone, Copy)]
+enum OpShape {
+    /// One buffer of the object's size (`engine_read_*`).
+    Plain,
+    /// One vectored read of the object into [`SEGMENTS`] 64 KiB segments
+    /// scattered over the buffer pool, none adjacent (`engine_readv_*`): as
+    /// a layer-major load fills separate arena slots. In registered memory
+    /// (`READV_FIXED` on 6.15+) or, `_unreg`, not (`READV`, pages pinned
+    /// per op).
+    Scattered {
+        /// Whether the pool is registered with the engine.
+        registered: bool,
+    },
+}
+
+/// Segments per op of [`OpShape::Scattered`].
+const SEGMENTS: usize = 16;
+
+impl OpShape {
+    /// The case's name for `label` (`4k`, `1m`, ...).
+    fn name(self, label: &str) -> String {
+        match self {
+            OpShape::Plain => format!("engine_read_{label}"),
+            OpShape::Scattered { registered: true } => format!("engine_readv_{label}"),
+            OpShape::Scattered { registered: false } => format!("engine_readv_{label}_unreg"),
+        }
+    }
+
+    /// How kvtier's side of the case reads, for the JSON's `what`.
+    fn what(self, engine: &str, qd: u32) -> String {
+        let batches = format!(
+            "kvtier {engine} engine, {WRITERS} concurrent batches of {}",
+            batch_of(qd)
+        );
+        match self {
+            OpShape::Plain => batches,
+            OpShape::Scattered { registered } => format!(
+                "{batches} readv ops, each into {SEGMENTS} scattered {} KiB {} targets",
+                64,
+                if registered {
+                    "registered"
+                } else {
+                    "unregistered"
+                }
+            ),
+        }
+    }
+
+    /// The buffer pool for `pieces` ops of `object` bytes: one piece per op,
+    /// or [`SEGMENTS`] per op for vectored reads.
+    fn pool(self, pieces: usize, object: usize) -> BufferPool {
+        match self {
+            OpShape::Plain => BufferPool::new(pieces, object),
+            OpShape::Scattered { .. } => BufferPool::new(pieces * SEGMENTS, object / SEGMENTS),
+        }
+    }
+
+    /// Adds a read of `object` bytes at `offset` into op slot `slot` of
+    /// `pool`, whose `slots` op slots are shared out among the workers.
+    fn push(
+        self,
+        b: &mut IoBatch,
+        (id, offset, object): (FileId, u64, usize),
+        pool: &BufferPool,
+        (slot, slots): (usize, usize),
+        align: DioAlignment,
+    ) -> Result<()> {
+        if let OpShape::Scattered { .. } = self {
+            let seg = object / SEGMENTS;
+            // Segment `s` of slot `slot` is piece `s * slots + slot`: one
+            // op's segments lie `slots` pieces apart, never adjacent.
+            let segs = (0..SEGMENTS).map(|s| (pool.slice(s * slots + slot, seg), seg));
+            // SAFETY: the pieces are the worker's own (see `engine_case`),
+            // reused only after this batch completes; the batch keeps the
+            // pool alive.
+            unsafe { b.push_vectored(IoKind::ReadV, id, offset, segs, Some(align)) }?;
+            return Ok(());
+        }
+        let op = IoOp {
+            kind: IoKind::Read,
+            file: id,
+            offset,
+            buf: pool.slice(slot, object),
+            len: object as u32,
+        };
+        // SAFETY: as above.
+        unsafe { b.push(op) };
+        Ok(())
+    }
+}
+
 /// kvtier's I/O engine alone (submit + complete, no copy, no checksum)
 /// against the raw io_uring loop: random reads of `object` bytes, in
-/// alternating rounds. This is the control cost per I/O that the
-/// "<= 5 us CPU per I/O at queue depth >= 32" bar is about; the disk cases
-/// add the tier's own work (copies, verification) on top.
+/// alternating rounds, each op shaped as `shape` says (the raw loop always
+/// reads `object` bytes into one registered buffer). This is the control
+/// cost per I/O that the "<= 5 us CPU per I/O at queue depth >= 32" bar is
+/// about; the disk cases add the tier's own work (copies, verification) on
+/// top.
 async fn engine_case(
     plan: &Plan,
     engine: Arc<dyn IoEngine>,
     object: u64,
+    shape: OpShape,
     show: bool,
 ) -> Result<Case> {
     let label = if object >= 1 << 20 {
@@ -557,7 +661,7 @@ async fn engine_case(
     };
     progress(
         show,
-        &format!("random {label} reads: raw io_uring vs kvtier's I/O engine"),
+        &format!("random {label} reads: raw io_uring vs kvtier's I/O engine ({shape:?})"),
     );
     let ops = (plan.bytes / object).clamp(plan.qd as u64 * plan.rounds, 200_000);
     let size = (ops * object).max(64 << 20);
@@ -574,17 +678,18 @@ async fn engine_case(
         0,
     )?;
     let id = engine.register_file(file.try_clone()?)?;
+    let align = kvtier_io::dio_alignment(&path);
     let per_round = ops / plan.rounds;
-    // Registered with the engine like the baseline's buffers.
-    let pool = Arc::new(BufferPool::new(
-        WRITERS * batch_of(plan.qd),
-        object as usize,
-    ));
-    // SAFETY: the pool is leaked below (never freed), so the range outlives
-    // the engine.
-    let registered = unsafe { engine.register_memory(pool.base(), pool.len()) };
-    if !registered && engine.name() != "psync" {
-        eprintln!("warning: kvtier's engine did not register the buffers; it used plain I/O");
+    let pool = Arc::new(shape.pool(WRITERS * batch_of(plan.qd), object as usize));
+    // Registered with the engine like the baseline's buffers (unless the
+    // case is about unregistered targets).
+    if !matches!(shape, OpShape::Scattered { registered: false }) {
+        // SAFETY: the pool is leaked below (never freed), so the range
+        // outlives the engine.
+        let registered = unsafe { engine.register_memory(pool.base(), pool.len()) };
+        if !registered && engine.name() != "psync" {
+            eprintln!("warning: kvtier's engine did not register the buffers; it used plain I/O");
+        }
     }
     let mut rounds = Rounds::default();
     for r in 0..plan.rounds {
@@ -597,57 +702,16 @@ async fn engine_case(
             Pattern::RandRead,
             r,
         )?;
-        let slots = size / object;
-        let per_worker = per_round as usize / WRITERS;
-        let batch = batch_of(plan.qd);
-        let cpu0 = process_cpu_time();
-        let t0 = Instant::now();
-        let mut tasks = Vec::new();
-        for w in 0..WRITERS {
-            let (engine, pool) = (engine.clone(), pool.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut rng = StdRng::seed_from_u64(r * 100 + w as u64);
-                let mut lat = Latencies::default();
-                let mut done = 0;
-                while done < per_worker {
-                    let n = batch.min(per_worker - done);
-                    let mut b = kvtier_io::IoBatch::with_capacity(n);
-                    for i in 0..n {
-                        let buf = pool.slice(w * batch + i, object as usize);
-                        let op = kvtier_io::IoOp {
-                            kind: kvtier_io::IoKind::Read,
-                            file: id,
-                            offset: rng.random_range(0..slots) * object,
-                            buf,
-                            len: object as u32,
-                        };
-                        // SAFETY: worker `w` owns pieces [w*batch, (w+1)*batch)
-                        // of the pool and reuses them only after this batch
-                        // completes; the batch keeps the pool alive.
-                        unsafe { b.push(op) };
-                    }
-                    b.keep_alive(pool.clone());
-                    let t = Instant::now();
-                    let res = engine.submit(b).await;
-                    lat.push_n(t.elapsed(), n);
-                    res.check()?;
-                    done += n;
-                }
-                Ok::<_, anyhow::Error>(lat)
-            }));
-        }
-        let mut lat = Latencies::default();
-        for t in tasks {
-            lat.0.extend(t.await??.0);
-        }
-        let n = (per_worker * WRITERS) as u64;
-        let ours = Run {
-            bytes: n * object,
-            ops: n,
-            wall: t0.elapsed(),
-            cpu: process_cpu_time() - cpu0,
-            lat,
+        let reads = EngineReads {
+            id,
+            object,
+            slots: size / object,
+            align,
+            shape,
         };
+        let ours = reads
+            .run(&engine, &pool, per_round as usize, plan.qd, r)
+            .await?;
         rounds.add(base, ours, None);
     }
     drop(file);
@@ -655,16 +719,95 @@ async fn engine_case(
     // The engine may use registered memory for its whole life.
     std::mem::forget(pool);
     Ok(rounds.case(
-        &format!("engine_read_{label}"),
+        &shape.name(&label),
         object,
         plan.qd,
         baseline::uring_name(Pattern::RandRead),
-        format!(
-            "kvtier {} engine, {WRITERS} concurrent batches of {}",
-            engine.name(),
-            batch_of(plan.qd)
-        ),
+        shape.what(engine.name(), plan.qd),
     ))
+}
+
+/// kvtier's side of one round of an engine case: random reads of `object`
+/// bytes of file `id` (`slots` objects long).
+#[derive(Debug, Clone, Copy)]
+struct EngineReads {
+    id: FileId,
+    object: u64,
+    slots: u64,
+    align: DioAlignment,
+    shape: OpShape,
+}
+
+impl EngineReads {
+    /// Runs `ops` reads from [`WRITERS`] tasks, each submitting batches of
+    /// [`batch_of`]`(qd)` into its own op slots of `pool`, and times them.
+    async fn run(
+        self,
+        engine: &Arc<dyn IoEngine>,
+        pool: &Arc<BufferPool>,
+        ops: usize,
+        qd: u32,
+        round: u64,
+    ) -> Result<Run> {
+        let per_worker = ops / WRITERS;
+        let cpu0 = process_cpu_time();
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..WRITERS {
+            let (engine, pool) = (engine.clone(), pool.clone());
+            let seed = round * 100 + w as u64;
+            tasks.push(tokio::spawn(async move {
+                self.worker(&*engine, &pool, (w, per_worker), qd, seed)
+                    .await
+            }));
+        }
+        let mut lat = Latencies::default();
+        for t in tasks {
+            lat.0.extend(t.await??.0);
+        }
+        let n = (per_worker * WRITERS) as u64;
+        Ok(Run {
+            bytes: n * self.object,
+            ops: n,
+            wall: t0.elapsed(),
+            cpu: process_cpu_time() - cpu0,
+            lat,
+        })
+    }
+
+    /// Worker `w`'s `n` reads, in batches into op slots
+    /// `[w * batch, (w + 1) * batch)` of `pool`.
+    async fn worker(
+        self,
+        engine: &dyn IoEngine,
+        pool: &Arc<BufferPool>,
+        (w, n): (usize, usize),
+        qd: u32,
+        seed: u64,
+    ) -> Result<Latencies> {
+        let batch = batch_of(qd);
+        let slots = WRITERS * batch;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut lat = Latencies::default();
+        let mut done = 0;
+        while done < n {
+            let k = batch.min(n - done);
+            let mut b = IoBatch::with_capacity(k);
+            for i in 0..k {
+                let offset = rng.random_range(0..self.slots) * self.object;
+                let at = (self.id, offset, self.object as usize);
+                self.shape
+                    .push(&mut b, at, pool, (w * batch + i, slots), self.align)?;
+            }
+            b.keep_alive(pool.clone());
+            let t = Instant::now();
+            let res = engine.submit(b).await;
+            lat.push_n(t.elapsed(), k);
+            res.check()?;
+            done += k;
+        }
+        Ok(lat)
+    }
 }
 
 /// One aligned allocation cut into equal pieces, shared by I/O batches.

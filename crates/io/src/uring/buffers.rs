@@ -147,13 +147,13 @@ impl BufferTable {
     /// Runs `f` with a lookup function, taking the lock once for many ops.
     pub(crate) fn with_lookup<R>(
         &self,
-        f: impl FnOnce(&dyn Fn(*mut u8, u32) -> Option<u16>) -> R,
+        f: impl FnOnce(&dyn Fn(*mut u8, usize) -> Option<u16>) -> R,
     ) -> R {
         let pieces = self.pieces.read();
         if pieces.is_empty() {
             return f(&|_, _| None);
         }
-        f(&|buf, len| find(&pieces, buf as usize, len as usize))
+        f(&|buf, len| find(&pieces, buf as usize, len))
     }
 }
 

@@ -172,7 +172,7 @@ impl Driver<'_> {
         if self.backlog.is_empty() || self.slots.len() >= depth {
             return;
         }
-        let mut fixed = 0u64;
+        let (mut fixed, mut fixed_vectored) = (0u64, 0u64);
         // SAFETY: only the driver thread touches the submission queue.
         let mut sq = unsafe { self.shared.ring.submission_shared() };
         while self.slots.len() < depth {
@@ -187,11 +187,13 @@ impl Driver<'_> {
                 unreachable!("operations without a file never enter the backlog");
             };
             let slot = self.slots.insert(r);
-            let entry = entry(&op, prep).user_data(u64::from(slot));
-            // SAFETY: the entry's buffer is valid for the access until the
-            // operation completes (IoBatch::push's contract), and the batch's
-            // owners stay in `batches` until then; the file is open for the
-            // engine's life.
+            // SAFETY: the op's batch is in `batches` until it completes.
+            let entry = unsafe { entry(&op, prep) }.user_data(u64::from(slot));
+            // SAFETY: the entry's buffer (or segment list, and its segments)
+            // is valid for the access until the operation completes
+            // (IoBatch::push's and push_vectored's contracts), and the
+            // batch's owners stay in `batches` until then; the file is open
+            // for the engine's life.
             if unsafe { sq.push(&entry) }.is_err() {
                 // Only if the kernel left entries unconsumed; retry later.
                 self.slots.remove(slot);
@@ -200,11 +202,13 @@ impl Driver<'_> {
             }
             if prep.buf_index.is_some() {
                 fixed += 1;
+                fixed_vectored += u64::from(op.kind.is_vectored());
             }
         }
         drop(sq);
         if fixed > 0 {
             self.shared.stats.fixed(fixed);
+            self.shared.stats.fixed_vectored(fixed_vectored);
         }
     }
 
@@ -343,9 +347,20 @@ impl Driver<'_> {
 }
 
 /// The submission entry for one operation.
-fn entry(op: &IoOp, prep: Prep) -> squeue::Entry {
+///
+/// # Safety
+/// `op` belongs to a batch in `Driver::batches`, whose owners (where a
+/// vectored op's segment list lives) stay there until it completes.
+unsafe fn entry(op: &IoOp, prep: Prep) -> squeue::Entry {
+    // SAFETY: the caller's promise; `None` for a non-vectored op.
+    let (iov, iovcnt) = match unsafe { op.vecs() } {
+        // At most IoBatch::MAX_SEGMENTS segments, so the count fits.
+        Some(v) => (v.iov().as_ptr(), v.iov().len() as u32),
+        None => (std::ptr::null(), 0),
+    };
     // The opcode builders are generic over the file kind; the macro writes the
-    // four read/write x fixed/plain cases and the two syncs once for each.
+    // read/write x vectored/not x fixed/plain cases and the two syncs once for
+    // each.
     macro_rules! rw {
         ($fd:expr) => {
             match (op.kind, prep.buf_index) {
@@ -365,6 +380,18 @@ fn entry(op: &IoOp, prep: Prep) -> squeue::Entry {
                         .build()
                 }
                 (IoKind::Write, None) => opcode::Write::new($fd, op.buf.cast_const(), op.len)
+                    .offset(op.offset)
+                    .build(),
+                (IoKind::ReadV, Some(b)) => opcode::ReadvFixed::new($fd, iov, iovcnt, b)
+                    .offset(op.offset)
+                    .build(),
+                (IoKind::ReadV, None) => opcode::Readv::new($fd, iov, iovcnt)
+                    .offset(op.offset)
+                    .build(),
+                (IoKind::WriteV, Some(b)) => opcode::WritevFixed::new($fd, iov, iovcnt, b)
+                    .offset(op.offset)
+                    .build(),
+                (IoKind::WriteV, None) => opcode::Writev::new($fd, iov, iovcnt)
                     .offset(op.offset)
                     .build(),
             }
