@@ -25,6 +25,8 @@ use kvtier_io::{AlignedBuf, BatchDone, DmaTarget, FileId, IoBatch, IoKind, IoOp}
 
 use crate::format::{LifeFormat, RegionLayout, SlotHeader, SlotSeal, round_up};
 use crate::index::Entry;
+
+mod runs;
 use crate::stats::add;
 use crate::tier::Shared;
 
@@ -55,24 +57,84 @@ enum Dest<T> {
     },
 }
 
+/// Where a request's layer sums come from when they are not cached.
+#[derive(Debug, Clone, Copy)]
+enum HeaderAt {
+    /// A read of its own: op and owner of the header buffer.
+    Own { op: usize, owner: usize },
+    /// The layer-0 read of its run (a data op of the request): the run's
+    /// header buffer (an index into the pass's header buffers) and the
+    /// header's offset in it.
+    Run { buf: usize, at: usize },
+}
+
 /// A request that needs I/O.
 struct Planned<T> {
     pos: usize,
+    /// The ops that read the wanted bytes: one (block-major), or one per
+    /// layer (layer-major), each perhaps shared with the run's other slots.
+    data_ops: Vec<usize>,
+    /// Whether a data op also reads other slots (a run): a failed read is
+    /// then retried on its own rather than taken as this block's fault.
+    in_run: bool,
+    /// Layer-major lives: the address the wanted bytes land at, in the
+    /// target or its bounce buffer, in core order (an integer, so the plan
+    /// stays `Send` across the submission).
+    landing: Option<usize>,
+    dest: Dest<T>,
+    check: Check,
+}
+
+/// What a request's bytes are checked against.
+struct Check {
     key: BlockHash,
     entry: Entry,
-    /// The ops that read the wanted bytes (one, or one per layer piece of
-    /// a layer-major life).
-    data_ops: Range<usize>,
     /// How the slot's header is sealed, and the life's generation it must
     /// carry (I16).
     seal: SlotSeal,
     generation: u64,
-    dest: Dest<T>,
-    /// Op and owner index of the slot header read (layer reads whose
-    /// layer sums were not cached).
-    header: Option<(usize, usize)>,
+    /// Where the slot header comes from (layer reads whose layer sums were
+    /// not cached).
+    header: Option<HeaderAt>,
     /// Cached, already authenticated layer sums (layer reads).
     cached_sums: Option<Arc<[u64]>>,
+}
+
+/// The batch of a pass as it is built.
+struct Plan {
+    batch: IoBatch,
+    /// Owners given to the batch so far.
+    owners: usize,
+    /// Owner indices of the runs' header buffers.
+    header_bufs: Vec<usize>,
+}
+
+impl Plan {
+    /// Counts the owner just given to the batch; returns its index.
+    fn owner(&mut self) -> usize {
+        self.owners += 1;
+        self.owners - 1
+    }
+
+    /// Adds a read of `slot`'s header into a buffer of its own.
+    fn read_header(&mut self, shared: &Shared, file: FileId, offset: u64) -> HeaderAt {
+        let l = &shared.layout;
+        let op = self.batch.len();
+        let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, shared.align.mem.max(4096));
+        self.batch.read_owned(file, offset, buf);
+        HeaderAt::Own {
+            op,
+            owner: self.owner(),
+        }
+    }
+}
+
+/// One request's outcome from a pass.
+enum Outcome<T> {
+    /// Decided: the target back, the lookup, and the block's sums on a hit.
+    Done(usize, T, Lookup, Option<BlockSums>),
+    /// A read shared with other slots failed: read this one again alone.
+    Retry(usize, BlockHash, T),
 }
 
 /// The body of `get_batch` (`layers == None`) and `read_layers`.
@@ -83,113 +145,43 @@ pub(crate) async fn read<T: DmaTarget>(
 ) -> Vec<(T, Lookup, Option<BlockSums>)> {
     let l = &shared.layout;
     let n = reqs.len();
-    let (range, want_len) = match &layers {
-        None => (0..l.block_bytes, l.block_bytes),
+    let range = match &layers {
+        None => 0..l.layers,
+        Some(r) if r.start < r.end && r.end <= l.layers => r.clone(),
         Some(r) => {
-            if r.start >= r.end || r.end > l.layers {
-                tracing::warn!(
-                    ?r,
-                    layers = l.layers,
-                    "read_layers with an invalid layer range"
-                );
-                add(&shared.stats.misses, n as u64);
-                return reqs
-                    .into_iter()
-                    .map(|(_, t)| (t, Lookup::Miss, None))
-                    .collect();
-            }
-            let start = r.start as u64 * l.layer_bytes;
-            let end = r.end as u64 * l.layer_bytes;
-            (start..end, end - start)
+            tracing::warn!(
+                ?r,
+                layers = l.layers,
+                "read_layers with an invalid layer range"
+            );
+            add(&shared.stats.misses, n as u64);
+            return reqs
+                .into_iter()
+                .map(|(_, t)| (t, Lookup::Miss, None))
+                .collect();
         }
     };
+    let pass = Pass {
+        shared,
+        layers: &layers,
+        range,
+    };
     let mut out: Vec<Option<(T, Lookup, Option<BlockSums>)>> = (0..n).map(|_| None).collect();
-    let mut planned: Vec<Planned<T>> = Vec::new();
-    let mut batch = IoBatch::with_capacity(n * if layers.is_some() { 2 } else { 1 });
-    let mut owners = 0usize;
-    for (pos, (key, target)) in reqs.into_iter().enumerate() {
-        if target.len() as u64 != want_len {
-            tracing::warn!(%key, len = target.len(), want = want_len, "read target of the wrong length");
-            add(&shared.stats.misses, 1);
-            out[pos] = Some((target, Lookup::Miss, None));
-            continue;
+    let mut retry = Vec::new();
+    for outcome in pass.run(reqs.into_iter().enumerate().collect(), true).await {
+        match outcome {
+            Outcome::Done(pos, t, lookup, sums) => out[pos] = Some((t, lookup, sums)),
+            Outcome::Retry(pos, key, t) => retry.push((pos, (key, t))),
         }
-        let entry = shared.index.pin(key, |e| {
-            shared
-                .region(e.loc.dir, e.loc.region)
-                .is_some_and(|r| r.latch.try_enter())
-        });
-        let Some(entry) = entry else {
-            add(&shared.stats.misses, 1);
-            out[pos] = Some((target, Lookup::Miss, None));
-            continue;
-        };
-        let dir = &shared.dirs[entry.loc.dir as usize];
-        // Pinned: the life (and its format) cannot change under us (I13).
-        let (format, generation) = shared
-            .region(entry.loc.dir, entry.loc.region)
-            .map_or((LifeFormat::V1, 0), |r| (r.format(), r.generation()));
-        let first_layer = (range.start / l.layer_bytes) as u32;
-        let data_ops = batch.len();
-        let dest = match format.layout {
-            RegionLayout::Block => {
-                let off = l.data_offset(entry.loc.region, entry.loc.slot) + range.start;
-                plan_contiguous(shared, &mut batch, &mut owners, dir.file, off, target)
-            }
-            RegionLayout::Layer => {
-                let pieces = (want_len / l.layer_bytes) as u32;
-                let offs = (first_layer..first_layer + pieces).map(|layer| {
-                    l.piece_offset(format.layout, entry.loc.region, layer, entry.loc.slot)
-                });
-                plan_pieces(shared, &mut batch, &mut owners, dir.file, offs, target)
-            }
-        };
-        let data_ops = data_ops..batch.len();
-        let a = shared.align;
-        let cached_sums = layers
-            .as_ref()
-            .and_then(|_| shared.layer_sums.get(key, entry.sum));
-        let header = layers.as_ref().filter(|_| cached_sums.is_none()).map(|_| {
-            let op = batch.len();
-            let buf = AlignedBuf::zeroed(l.slot_header_bytes as usize, a.mem.max(4096));
-            batch.read_owned(
-                dir.file,
-                l.header_offset(format.layout, entry.loc.region, entry.loc.slot),
-                buf,
-            );
-            owners += 1;
-            (op, owners - 1)
-        });
-        batch.keep_alive(ReaderPin {
-            shared: shared.clone(),
-            dir: entry.loc.dir,
-            region: entry.loc.region,
-        });
-        owners += 1;
-        planned.push(Planned {
-            pos,
-            key,
-            entry,
-            data_ops,
-            seal: SlotSeal::of(format, dir.creation_id),
-            generation,
-            dest,
-            header,
-            cached_sums,
-        });
     }
-    if !planned.is_empty() {
-        add(&shared.stats.read_ios, batch.len() as u64);
-        let mut done = shared.engine.submit(batch).await;
-        let complete = done.results.len() == done.ops.len() && !done.ops.is_empty();
-        for p in planned {
-            let result = finish(shared, &mut done, complete, p, &layers);
-            if let Some((pos, t, lookup, sums)) = result {
+    if !retry.is_empty() {
+        add(&shared.stats.run_retries, retry.len() as u64);
+        // Alone, a failed read is the block's own: no second retry.
+        for outcome in pass.run(retry, false).await {
+            if let Outcome::Done(pos, t, lookup, sums) = outcome {
                 out[pos] = Some((t, lookup, sums));
             }
         }
-        // Dropping `done` releases the reader pins.
-        drop(done);
     }
     let results: Vec<(T, Lookup, Option<BlockSums>)> = out.into_iter().flatten().collect();
     if results.len() != n {
@@ -201,13 +193,276 @@ pub(crate) async fn read<T: DmaTarget>(
     results
 }
 
-/// Plans the read of `len` contiguous bytes at file offset `off` into
-/// `target`: one op, straight into it when address, offset and length suit
-/// direct I/O, else into an aligned bounce buffer (block-major lives).
+/// One batch of reads of a call: what is read and how.
+struct Pass<'a> {
+    shared: &'a Arc<Shared>,
+    /// The caller's layers (`None`: whole blocks).
+    layers: &'a Option<Range<u32>>,
+    /// The layers read: `layers`, or all of them.
+    range: Range<u32>,
+}
+
+impl Pass<'_> {
+    /// Pins, plans, submits and verifies `reqs` (position in the call, key,
+    /// target) in one batch. With `runs`, layer-major slots next to each
+    /// other are read together (see [`runs`]).
+    async fn run<T: DmaTarget>(
+        &self,
+        reqs: Vec<(usize, (BlockHash, T))>,
+        runs: bool,
+    ) -> Vec<Outcome<T>> {
+        let shared = self.shared;
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut plan = Plan {
+            batch: IoBatch::with_capacity(reqs.len() * 2),
+            owners: 0,
+            header_bufs: Vec::new(),
+        };
+        let mut planned: Vec<Planned<T>> = Vec::new();
+        for (pos, (key, target)) in reqs {
+            match self.pin(&mut plan, pos, key, target) {
+                Ok(p) => planned.push(p),
+                Err(target) => {
+                    add(&shared.stats.misses, 1);
+                    out.push(Outcome::Done(pos, target, Lookup::Miss, None));
+                }
+            }
+        }
+        let want_headers = self.layers.is_some();
+        runs::plan(
+            shared,
+            &mut plan,
+            &mut planned,
+            (&self.range, want_headers),
+            runs,
+        );
+        if planned.is_empty() {
+            return out;
+        }
+        add(&shared.stats.read_ios, plan.batch.len() as u64);
+        let header_owners = std::mem::take(&mut plan.header_bufs);
+        let mut done = shared.engine.submit(plan.batch).await;
+        let complete = done.results.len() == done.ops.len() && !done.ops.is_empty();
+        let headers: Vec<Option<AlignedBuf>> =
+            header_owners.iter().map(|o| done.take_owner(*o)).collect();
+        for p in planned {
+            out.extend(self.finish(&mut done, complete, &headers, p));
+        }
+        // Dropping `done` releases the reader pins.
+        drop(done);
+        out
+    }
+
+    /// Pins `key`'s entry and plans what needs no neighbours: a block-major
+    /// read, a header read, the landing of a layer-major one. `Err` gives
+    /// the target back for a miss (wrong length, not indexed).
+    fn pin<T: DmaTarget>(
+        &self,
+        plan: &mut Plan,
+        pos: usize,
+        key: BlockHash,
+        target: T,
+    ) -> std::result::Result<Planned<T>, T> {
+        let shared = self.shared;
+        let l = &shared.layout;
+        let want_len = match self.layers {
+            None => l.block_bytes,
+            Some(_) => (self.range.end - self.range.start) as u64 * l.layer_bytes,
+        };
+        if target.len() as u64 != want_len {
+            tracing::warn!(%key, len = target.len(), want = want_len, "read target of the wrong length");
+            return Err(target);
+        }
+        let Some(entry) = shared.index.pin(key, |e| {
+            shared
+                .region(e.loc.dir, e.loc.region)
+                .is_some_and(|r| r.latch.try_enter())
+        }) else {
+            return Err(target);
+        };
+        let dir = &shared.dirs[entry.loc.dir as usize];
+        // Pinned: the life (and its format) cannot change under us (I13).
+        let (format, generation) = shared
+            .region(entry.loc.dir, entry.loc.region)
+            .map_or((LifeFormat::V1, 0), |r| (r.format(), r.generation()));
+        let cached_sums = self
+            .layers
+            .as_ref()
+            .and_then(|_| shared.layer_sums.get(key, entry.sum));
+        let mut data_ops = Vec::new();
+        let mut header = None;
+        let (dest, landing) = match format.layout {
+            RegionLayout::Block => {
+                let off = l.data_offset(entry.loc.region, entry.loc.slot)
+                    + self.range.start as u64 * l.layer_bytes;
+                data_ops.push(plan.batch.len());
+                let dest = plan_contiguous(shared, plan, dir.file, off, target);
+                if self.layers.is_some() && cached_sums.is_none() {
+                    let at = l.slot_offset(entry.loc.region, entry.loc.slot);
+                    header = Some(plan.read_header(shared, dir.file, at));
+                }
+                (dest, None)
+            }
+            // Ops and header reads come with the runs (`runs::plan`).
+            RegionLayout::Layer => {
+                let (dest, at) = land(shared, plan, target);
+                (dest, Some(at))
+            }
+        };
+        plan.batch.keep_alive(ReaderPin {
+            shared: shared.clone(),
+            dir: entry.loc.dir,
+            region: entry.loc.region,
+        });
+        plan.owner();
+        Ok(Planned {
+            pos,
+            data_ops,
+            in_run: false,
+            landing,
+            dest,
+            check: Check {
+                key,
+                entry,
+                seal: SlotSeal::of(format, dir.creation_id),
+                generation,
+                header,
+                cached_sums,
+            },
+        })
+    }
+
+    /// Verifies one request's bytes and decides its outcome (`None`: the
+    /// engine lost the target).
+    fn finish<T: DmaTarget>(
+        &self,
+        done: &mut BatchDone,
+        complete: bool,
+        headers: &[Option<AlignedBuf>],
+        p: Planned<T>,
+    ) -> Option<Outcome<T>> {
+        let shared = self.shared;
+        let c = p.check;
+        let header_op = match c.header {
+            Some(HeaderAt::Own { op, .. }) => Some(op),
+            _ => None,
+        };
+        let read_ok = complete
+            && p.data_ops
+                .iter()
+                .chain(header_op.iter())
+                .all(|&op| done.check_op(op).is_ok());
+        let (mut target, bounce, skip) = match p.dest {
+            Dest::Direct { owner } => (done.take_owner::<T>(owner)?, None, 0),
+            Dest::Bounce {
+                owner,
+                skip,
+                target,
+            } => (target, done.take_owner::<AlignedBuf>(owner), skip),
+        };
+        if !read_ok && p.in_run {
+            return Some(Outcome::Retry(p.pos, c.key, target));
+        }
+        let len = target.len();
+        let sums = if read_ok {
+            let bytes: &[u8] = match &bounce {
+                Some(b) => &b[skip..skip + len],
+                // SAFETY: the read into the target is finished and we own
+                // the target again; DmaTarget guarantees len() valid bytes
+                // at the pointer.
+                None => unsafe { std::slice::from_raw_parts(target.as_mut_ptr(), len) },
+            };
+            self.verify(done, headers, &c, bytes)
+        } else {
+            None
+        };
+        let Some(sums) = sums else {
+            shared.index.remove_if_at(c.key, c.entry.loc);
+            add(&shared.stats.corrupt, 1);
+            tracing::warn!(key = %c.key, dir = c.entry.loc.dir, region = c.entry.loc.region, slot = c.entry.loc.slot, "disk block failed verification; dropped");
+            return Some(Outcome::Done(p.pos, target, Lookup::Corrupt, None));
+        };
+        if let Some(b) = &bounce {
+            // SAFETY: as above; the target is ours and valid for `len`
+            // bytes, and the bounce buffer is a distinct allocation.
+            unsafe { std::ptr::copy_nonoverlapping(b[skip..].as_ptr(), target.as_mut_ptr(), len) };
+        }
+        if let Some(r) = shared.region(c.entry.loc.dir, c.entry.loc.region) {
+            let t = shared.tick.fetch_add(1, Ordering::Relaxed) + 1;
+            r.last_read.fetch_max(t, Ordering::Relaxed);
+        }
+        add(&shared.stats.hits, 1);
+        Some(Outcome::Done(p.pos, target, Lookup::Hit, Some(sums)))
+    }
+
+    /// The block's sums if `bytes` verify: computed for a whole block, or
+    /// the authenticated layer sums the layers matched.
+    fn verify(
+        &self,
+        done: &mut BatchDone,
+        headers: &[Option<AlignedBuf>],
+        c: &Check,
+        bytes: &[u8],
+    ) -> Option<BlockSums> {
+        let shared = self.shared;
+        let l = &shared.layout;
+        let Some(r) = self.layers else {
+            let s = BlockSums::compute(c.key, l.layer_bytes as usize, bytes);
+            return (s.block == c.entry.sum).then_some(s);
+        };
+        let authentic = match &c.cached_sums {
+            Some(cached) => cached.clone(),
+            None => self.header_sums(done, headers, c)?,
+        };
+        if !layers_match(c.key, l.layer_bytes, &authentic, r, bytes) {
+            return None;
+        }
+        let layers = authentic.to_vec();
+        if c.cached_sums.is_none() {
+            shared.layer_sums.insert(c.key, c.entry.sum, authentic);
+        }
+        Some(BlockSums {
+            block: c.entry.sum,
+            layers,
+        })
+    }
+
+    /// The authenticated layer sums of the request's slot header, read on
+    /// its own or with its run's layer 0.
+    fn header_sums(
+        &self,
+        done: &mut BatchDone,
+        headers: &[Option<AlignedBuf>],
+        c: &Check,
+    ) -> Option<Arc<[u64]>> {
+        let h = self.shared.layout.slot_header_bytes as usize;
+        let authentic = |bytes: &[u8]| {
+            header_layer_sums(
+                self.shared,
+                (c.key, &c.entry),
+                (c.seal, c.generation),
+                bytes,
+            )
+        };
+        match c.header? {
+            HeaderAt::Own { owner, .. } => done
+                .take_owner::<AlignedBuf>(owner)
+                .and_then(|b| authentic(&b)),
+            HeaderAt::Run { buf, at } => headers
+                .get(buf)?
+                .as_ref()
+                .and_then(|b| b.get(at..at + h))
+                .and_then(authentic),
+        }
+    }
+}
+
+/// Plans the read of `target.len()` contiguous bytes at file offset `off`
+/// (block-major lives): one op, straight into the target when address,
+/// offset and length suit direct I/O, else into an aligned bounce buffer.
 fn plan_contiguous<T: DmaTarget>(
     shared: &Shared,
-    batch: &mut IoBatch,
-    owners: &mut usize,
+    plan: &mut Plan,
     file: FileId,
     off: u64,
     mut target: T,
@@ -217,7 +472,6 @@ fn plan_contiguous<T: DmaTarget>(
     let direct = (target.as_mut_ptr() as usize).is_multiple_of(a.mem)
         && off.is_multiple_of(a.offset as u64)
         && len.is_multiple_of(a.offset as u64);
-    *owners += 1;
     if direct {
         let op = IoOp {
             kind: IoKind::Read,
@@ -228,159 +482,46 @@ fn plan_contiguous<T: DmaTarget>(
         };
         // SAFETY: the target is valid for len() bytes at a stable address
         // (DmaTarget's contract) and is owned by the batch from here on.
-        unsafe { batch.push(op) };
-        batch.keep_alive(target);
-        return Dest::Direct { owner: *owners - 1 };
+        unsafe { plan.batch.push(op) };
+        plan.batch.keep_alive(target);
+        return Dest::Direct {
+            owner: plan.owner(),
+        };
     }
     let step = a.offset as u64;
     let from = off / step * step;
     let to = round_up(off + len, step);
     let buf = AlignedBuf::zeroed((to - from) as usize, a.mem.max(4096));
-    batch.read_owned(file, from, buf);
+    plan.batch.read_owned(file, from, buf);
     Dest::Bounce {
-        owner: *owners - 1,
+        owner: plan.owner(),
         skip: (off - from) as usize,
         target,
     }
 }
 
-/// Plans the read of consecutive layer pieces (one `layer_bytes` piece at
-/// each of `offs`) into `target` in core order, one op per piece: into the
-/// target itself when it suits direct I/O, else into a bounce buffer of the
-/// target's length. Pieces are whole sectors (layer-major eligibility), so
-/// offsets and lengths always suit direct I/O.
-fn plan_pieces<T: DmaTarget>(
-    shared: &Shared,
-    batch: &mut IoBatch,
-    owners: &mut usize,
-    file: FileId,
-    offs: impl Iterator<Item = u64>,
-    mut target: T,
-) -> Dest<T> {
+/// Where a layer-major request's pieces land, in core order: the target
+/// itself when it suits direct I/O, else a bounce buffer of its length
+/// (pieces are whole sectors, so their offsets and lengths always suit).
+/// The batch owns the memory from here on; the ops come later.
+fn land<T: DmaTarget>(shared: &Shared, plan: &mut Plan, mut target: T) -> (Dest<T>, usize) {
     let a = shared.align;
     let p = shared.layout.layer_bytes;
-    let direct =
-        (target.as_mut_ptr() as usize).is_multiple_of(a.mem) && p.is_multiple_of(a.mem as u64);
-    let mut bounce = (!direct).then(|| AlignedBuf::zeroed(target.len(), a.mem.max(4096)));
-    let base = match &mut bounce {
-        Some(b) => b.as_mut_ptr(),
-        None => target.as_mut_ptr(),
+    let at = target.as_mut_ptr() as usize;
+    if at.is_multiple_of(a.mem) && p.is_multiple_of(a.mem as u64) {
+        plan.batch.keep_alive(target);
+        let owner = plan.owner();
+        return (Dest::Direct { owner }, at);
+    }
+    let mut bounce = AlignedBuf::zeroed(target.len(), a.mem.max(4096));
+    let at = bounce.as_mut_ptr() as usize;
+    plan.batch.keep_alive(bounce);
+    let dest = Dest::Bounce {
+        owner: plan.owner(),
+        skip: 0,
+        target,
     };
-    for (i, offset) in offs.enumerate() {
-        let op = IoOp {
-            kind: IoKind::Read,
-            file,
-            offset,
-            buf: base.wrapping_add(i * p as usize),
-            len: p as u32,
-        };
-        // SAFETY: piece `i` lies inside the target or bounce buffer (the
-        // caller sized it to the pieces), whose heap memory stays at its
-        // address and is owned by the batch (kept alive below) until the
-        // reads end.
-        unsafe { batch.push(op) };
-    }
-    *owners += 1;
-    match bounce {
-        Some(b) => {
-            batch.keep_alive(b);
-            Dest::Bounce {
-                owner: *owners - 1,
-                skip: 0,
-                target,
-            }
-        }
-        None => {
-            batch.keep_alive(target);
-            Dest::Direct { owner: *owners - 1 }
-        }
-    }
-}
-
-/// Verifies one request's bytes and decides its outcome, with the block's
-/// checksums: computed while verifying a whole block, or the authenticated
-/// ones a layer read was verified against.
-fn finish<T: DmaTarget>(
-    shared: &Shared,
-    done: &mut BatchDone,
-    complete: bool,
-    p: Planned<T>,
-    layers: &Option<Range<u32>>,
-) -> Option<(usize, T, Lookup, Option<BlockSums>)> {
-    let l = &shared.layout;
-    let read_ok = complete
-        && p.data_ops.clone().all(|op| done.check_op(op).is_ok())
-        && p.header.is_none_or(|(op, _)| done.check_op(op).is_ok());
-    let (mut target, bounce, skip) = match p.dest {
-        Dest::Direct { owner } => (done.take_owner::<T>(owner)?, None, 0),
-        Dest::Bounce {
-            owner,
-            skip,
-            target,
-        } => (target, done.take_owner::<AlignedBuf>(owner), skip),
-    };
-    let len = target.len();
-    let mut sums = None;
-    let verified = read_ok && {
-        let bytes: &[u8] = match &bounce {
-            Some(b) => &b[skip..skip + len],
-            // SAFETY: the read into the target is finished and we own the
-            // target again; DmaTarget guarantees len() valid bytes at the
-            // pointer.
-            None => unsafe { std::slice::from_raw_parts(target.as_mut_ptr(), len) },
-        };
-        match layers {
-            None => {
-                let s = BlockSums::compute(p.key, l.layer_bytes as usize, bytes);
-                let ok = s.block == p.entry.sum;
-                sums = ok.then_some(s);
-                ok
-            }
-            Some(r) => {
-                let authentic = match &p.cached_sums {
-                    Some(cached) => Some(cached.clone()),
-                    None => p
-                        .header
-                        .and_then(|(_, owner)| done.take_owner::<AlignedBuf>(owner))
-                        .and_then(|h| {
-                            header_layer_sums(shared, (p.key, &p.entry), (p.seal, p.generation), &h)
-                        }),
-                };
-                match authentic {
-                    Some(layer_sums)
-                        if layers_match(p.key, l.layer_bytes, &layer_sums, r, bytes) =>
-                    {
-                        sums = Some(BlockSums {
-                            block: p.entry.sum,
-                            layers: layer_sums.to_vec(),
-                        });
-                        if p.cached_sums.is_none() {
-                            shared.layer_sums.insert(p.key, p.entry.sum, layer_sums);
-                        }
-                        true
-                    }
-                    _ => false,
-                }
-            }
-        }
-    };
-    if !verified {
-        shared.index.remove_if_at(p.key, p.entry.loc);
-        add(&shared.stats.corrupt, 1);
-        tracing::warn!(key = %p.key, dir = p.entry.loc.dir, region = p.entry.loc.region, slot = p.entry.loc.slot, "disk block failed verification; dropped");
-        return Some((p.pos, target, Lookup::Corrupt, None));
-    }
-    if let Some(b) = &bounce {
-        // SAFETY: as above; the target is ours and valid for `len` bytes,
-        // and the bounce buffer is a distinct allocation.
-        unsafe { std::ptr::copy_nonoverlapping(b[skip..].as_ptr(), target.as_mut_ptr(), len) };
-    }
-    if let Some(r) = shared.region(p.entry.loc.dir, p.entry.loc.region) {
-        let t = shared.tick.fetch_add(1, Ordering::Relaxed) + 1;
-        r.last_read.fetch_max(t, Ordering::Relaxed);
-    }
-    add(&shared.stats.hits, 1);
-    Some((p.pos, target, Lookup::Hit, sums))
+    (dest, at)
 }
 
 /// The layer sums of a slot header, if the header verifies under its life's

@@ -23,6 +23,13 @@ pub struct DiskStats {
     /// Read operations issued: block and layer reads, slot-header reads,
     /// re-insertion reads and the header reads of recovery at open.
     pub read_ios: u64,
+    /// Of `read_ios`, the layer-major reads of one layer of several
+    /// adjacent slots at once (runs).
+    pub read_runs: u64,
+    /// Layer pieces read from layer-major lives (alone or in runs).
+    pub layer_pieces: u64,
+    /// Slots read again alone because a run read they shared failed.
+    pub run_retries: u64,
     /// Write operations issued.
     pub write_ios: u64,
     /// Blocks written straight from their pinned bytes, without a copy
@@ -78,6 +85,9 @@ pub(crate) struct Counters {
     pub misses: AtomicU64,
     pub corrupt: AtomicU64,
     pub read_ios: AtomicU64,
+    pub read_runs: AtomicU64,
+    pub layer_pieces: AtomicU64,
+    pub run_retries: AtomicU64,
     pub write_ios: AtomicU64,
     pub direct_writes: AtomicU64,
     pub io_errors: AtomicU64,
@@ -111,6 +121,9 @@ impl Counters {
             misses: g(&self.misses),
             corrupt: g(&self.corrupt),
             read_ios: g(&self.read_ios),
+            read_runs: g(&self.read_runs),
+            layer_pieces: g(&self.layer_pieces),
+            run_retries: g(&self.run_retries),
             write_ios: g(&self.write_ios),
             direct_writes: g(&self.direct_writes),
             io_errors: g(&self.io_errors),

@@ -221,9 +221,15 @@ pub async fn get(tier: &DiskTier, keys: &[BlockHash]) -> Vec<(Lookup, Vec<u8>)> 
 /// Asserts every key either reads back exactly its content or is not a
 /// hit; returns the number of hits.
 pub async fn check_never_wrong(tier: &DiskTier, keys: &[BlockHash]) -> usize {
+    check_never_wrong_by(tier, keys, 64).await
+}
+
+/// [`check_never_wrong`] reading `per_call` keys per call (1: every block
+/// read on its own, with no runs of adjacent slots).
+pub async fn check_never_wrong_by(tier: &DiskTier, keys: &[BlockHash], per_call: usize) -> usize {
     let len = tier.geometry().block_bytes() as usize;
     let mut hits = 0;
-    for chunk in keys.chunks(64) {
+    for chunk in keys.chunks(per_call) {
         for ((l, bytes), k) in get(tier, chunk).await.into_iter().zip(chunk) {
             if l == Lookup::Hit {
                 assert!(bytes == content(*k, len), "wrong bytes served for {k}");

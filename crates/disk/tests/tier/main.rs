@@ -12,4 +12,5 @@ mod layout;
 mod listener;
 mod reclaim;
 mod recovery;
+mod runs;
 mod sync_latch;
