@@ -37,6 +37,7 @@
 //! assert_eq!(hashes.len(), 2); // two full blocks; 8 tokens wait for more
 //! ```
 
+pub mod block_map;
 pub mod checksum;
 pub mod config;
 pub mod error;
@@ -47,6 +48,7 @@ pub mod lookup;
 pub mod shard;
 pub mod tier;
 
+pub use block_map::{BlockHashHasher, BlockHashMap};
 pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, copy_layer_checksum,
     layer_checksum, layer_checksums,

@@ -11,9 +11,10 @@
 //! against them.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::Arc;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, BlockHashHasher};
 use parking_lot::Mutex;
 
 /// A bounded FIFO cache of authenticated per-layer checksums.
@@ -24,7 +25,9 @@ pub(crate) struct LayerSumsCache {
 
 #[derive(Default)]
 struct Inner {
-    map: HashMap<(BlockHash, u64), Arc<[u64]>>,
+    /// Keys are hashes already: one multiply spreads them, for less than
+    /// SipHash costs.
+    map: HashMap<(BlockHash, u64), Arc<[u64]>, BuildHasherDefault<BlockHashHasher>>,
     order: VecDeque<(BlockHash, u64)>,
 }
 

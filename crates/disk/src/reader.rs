@@ -71,12 +71,16 @@ enum HeaderAt {
 /// A request that needs I/O.
 struct Planned<T> {
     pos: usize,
-    /// The ops that read the wanted bytes: one (block-major), or one per
-    /// layer (layer-major), each perhaps shared with the run's other slots.
-    data_ops: Vec<usize>,
+    /// The ops that read the wanted bytes, as a range of the pass's op
+    /// lists ([`Plan::data_ops`]): one op (block-major), or one per layer
+    /// (layer-major), shared with the run's other slots.
+    data_ops: Range<usize>,
     /// Whether a data op also reads other slots (a run): a failed read is
     /// then retried on its own rather than taken as this block's fault.
     in_run: bool,
+    /// Whether every read of the wanted bytes was planned (a run read the
+    /// engine's checks refused was not: the slot is then retried alone).
+    planned: bool,
     /// Layer-major lives: the address the wanted bytes land at, in the
     /// target or its bounce buffer, in core order (an integer, so the plan
     /// stays `Send` across the submission).
@@ -107,9 +111,19 @@ struct Plan {
     owners: usize,
     /// Owner indices of the runs' header buffers.
     header_bufs: Vec<usize>,
+    /// The requests' data ops, each request's a range of this (one list
+    /// per pass rather than one per request).
+    data_ops: Vec<usize>,
 }
 
 impl Plan {
+    /// Records `ops` as one request's (or one run's) data ops.
+    fn data_ops(&mut self, ops: impl IntoIterator<Item = usize>) -> Range<usize> {
+        let start = self.data_ops.len();
+        self.data_ops.extend(ops);
+        start..self.data_ops.len()
+    }
+
     /// Counts the owner just given to the batch; returns its index.
     fn owner(&mut self) -> usize {
         self.owners += 1;
@@ -137,11 +151,13 @@ enum Outcome<T> {
     Retry(usize, BlockHash, T),
 }
 
-/// The body of `get_batch` (`layers == None`) and `read_layers`.
+/// The body of `get_batch` (`layers == None`) and `read_layers`, and of
+/// their `_with_sums` forms (`want_sums`: hits come with the block's sums).
 pub(crate) async fn read<T: DmaTarget>(
     shared: &Arc<Shared>,
     reqs: Vec<(BlockHash, T)>,
     layers: Option<Range<u32>>,
+    want_sums: bool,
 ) -> Vec<(T, Lookup, Option<BlockSums>)> {
     let l = &shared.layout;
     let n = reqs.len();
@@ -165,6 +181,7 @@ pub(crate) async fn read<T: DmaTarget>(
         shared,
         layers: &layers,
         range,
+        want_sums,
     };
     let mut out: Vec<Option<(T, Lookup, Option<BlockSums>)>> = (0..n).map(|_| None).collect();
     let mut retry = Vec::new();
@@ -200,6 +217,8 @@ struct Pass<'a> {
     layers: &'a Option<Range<u32>>,
     /// The layers read: `layers`, or all of them.
     range: Range<u32>,
+    /// Whether the caller keeps the blocks' sums.
+    want_sums: bool,
 }
 
 impl Pass<'_> {
@@ -217,6 +236,7 @@ impl Pass<'_> {
             batch: IoBatch::with_capacity(reqs.len() * 2),
             owners: 0,
             header_bufs: Vec::new(),
+            data_ops: Vec::new(),
         };
         let mut planned: Vec<Planned<T>> = Vec::new();
         for (pos, (key, target)) in reqs {
@@ -241,12 +261,17 @@ impl Pass<'_> {
         }
         add(&shared.stats.read_ios, plan.batch.len() as u64);
         let header_owners = std::mem::take(&mut plan.header_bufs);
+        let data_ops = std::mem::take(&mut plan.data_ops);
         let mut done = shared.engine.submit(plan.batch).await;
         let complete = done.results.len() == done.ops.len() && !done.ops.is_empty();
         let headers: Vec<Option<AlignedBuf>> =
             header_owners.iter().map(|o| done.take_owner(*o)).collect();
         for p in planned {
-            out.extend(self.finish(&mut done, complete, &headers, p));
+            let read_ok = complete && p.planned && {
+                let mut ops = data_ops[p.data_ops.clone()].iter();
+                ops.all(|&op| done.check_op(op).is_ok())
+            };
+            out.extend(self.finish(&mut done, read_ok, &headers, p));
         }
         // Dropping `done` releases the reader pins.
         drop(done);
@@ -289,13 +314,13 @@ impl Pass<'_> {
             .layers
             .as_ref()
             .and_then(|_| shared.layer_sums.get(key, entry.sum));
-        let mut data_ops = Vec::new();
+        let mut data_ops = 0..0;
         let mut header = None;
         let (dest, landing) = match format.layout {
             RegionLayout::Block => {
                 let off = l.data_offset(entry.loc.region, entry.loc.slot)
                     + self.range.start as u64 * l.layer_bytes;
-                data_ops.push(plan.batch.len());
+                data_ops = plan.data_ops([plan.batch.len()]);
                 let dest = plan_contiguous(shared, plan, dir.file, off, target);
                 if self.layers.is_some() && cached_sums.is_none() {
                     let at = l.slot_offset(entry.loc.region, entry.loc.slot);
@@ -319,6 +344,7 @@ impl Pass<'_> {
             pos,
             data_ops,
             in_run: false,
+            planned: true,
             landing,
             dest,
             check: Check {
@@ -332,26 +358,22 @@ impl Pass<'_> {
         })
     }
 
-    /// Verifies one request's bytes and decides its outcome (`None`: the
-    /// engine lost the target).
+    /// Verifies one request's bytes (`data_ok`: its data ops all read in
+    /// full) and decides its outcome (`None`: the engine lost the target).
     fn finish<T: DmaTarget>(
         &self,
         done: &mut BatchDone,
-        complete: bool,
+        data_ok: bool,
         headers: &[Option<AlignedBuf>],
         p: Planned<T>,
     ) -> Option<Outcome<T>> {
         let shared = self.shared;
         let c = p.check;
-        let header_op = match c.header {
-            Some(HeaderAt::Own { op, .. }) => Some(op),
-            _ => None,
-        };
-        let read_ok = complete
-            && p.data_ops
-                .iter()
-                .chain(header_op.iter())
-                .all(|&op| done.check_op(op).is_ok());
+        let read_ok = data_ok
+            && match c.header {
+                Some(HeaderAt::Own { op, .. }) => done.check_op(op).is_ok(),
+                _ => true,
+            };
         let (mut target, bounce, skip) = match p.dest {
             Dest::Direct { owner } => (done.take_owner::<T>(owner)?, None, 0),
             Dest::Bounce {
@@ -392,23 +414,24 @@ impl Pass<'_> {
             r.last_read.fetch_max(t, Ordering::Relaxed);
         }
         add(&shared.stats.hits, 1);
-        Some(Outcome::Done(p.pos, target, Lookup::Hit, Some(sums)))
+        Some(Outcome::Done(p.pos, target, Lookup::Hit, sums))
     }
 
-    /// The block's sums if `bytes` verify: computed for a whole block, or
-    /// the authenticated layer sums the layers matched.
+    /// `None` if `bytes` fail verification, else the block's sums when the
+    /// caller wants them: computed for a whole block, or the authenticated
+    /// layer sums the layers matched.
     fn verify(
         &self,
         done: &mut BatchDone,
         headers: &[Option<AlignedBuf>],
         c: &Check,
         bytes: &[u8],
-    ) -> Option<BlockSums> {
+    ) -> Option<Option<BlockSums>> {
         let shared = self.shared;
         let l = &shared.layout;
         let Some(r) = self.layers else {
             let s = BlockSums::compute(c.key, l.layer_bytes as usize, bytes);
-            return (s.block == c.entry.sum).then_some(s);
+            return (s.block == c.entry.sum).then_some(Some(s));
         };
         let authentic = match &c.cached_sums {
             Some(cached) => cached.clone(),
@@ -417,14 +440,15 @@ impl Pass<'_> {
         if !layers_match(c.key, l.layer_bytes, &authentic, r, bytes) {
             return None;
         }
-        let layers = authentic.to_vec();
+        // Copied only for a caller that keeps them (`*_with_sums`).
+        let layers = self.want_sums.then(|| authentic.to_vec());
         if c.cached_sums.is_none() {
             shared.layer_sums.insert(c.key, c.entry.sum, authentic);
         }
-        Some(BlockSums {
+        Some(layers.map(|layers| BlockSums {
             block: c.entry.sum,
             layers,
-        })
+        }))
     }
 
     /// The authenticated layer sums of the request's slot header, read on

@@ -438,7 +438,7 @@ impl DiskTier {
     /// the engine shuts down mid-batch, which cannot happen while the tier
     /// holds it, would targets be lost and the result be shorter.)
     pub async fn get_batch<T: DmaTarget>(&self, reqs: Vec<(BlockHash, T)>) -> Vec<(T, Lookup)> {
-        crate::reader::read(&self.shared, reqs, None)
+        crate::reader::read(&self.shared, reqs, None, false)
             .await
             .into_iter()
             .map(|(t, l, _)| (t, l))
@@ -452,7 +452,7 @@ impl DiskTier {
         &self,
         reqs: Vec<(BlockHash, T)>,
     ) -> Vec<(T, Lookup, Option<BlockSums>)> {
-        crate::reader::read(&self.shared, reqs, None).await
+        crate::reader::read(&self.shared, reqs, None, true).await
     }
 
     /// Reads layers `layers` of blocks into targets of
@@ -464,7 +464,7 @@ impl DiskTier {
         reqs: Vec<(BlockHash, T)>,
         layers: Range<u32>,
     ) -> Vec<(T, Lookup)> {
-        crate::reader::read(&self.shared, reqs, Some(layers))
+        crate::reader::read(&self.shared, reqs, Some(layers), false)
             .await
             .into_iter()
             .map(|(t, l, _)| (t, l))
@@ -480,7 +480,7 @@ impl DiskTier {
         reqs: Vec<(BlockHash, T)>,
         layers: Range<u32>,
     ) -> Vec<(T, Lookup, Option<BlockSums>)> {
-        crate::reader::read(&self.shared, reqs, Some(layers)).await
+        crate::reader::read(&self.shared, reqs, Some(layers), true).await
     }
 
     /// Whether `key` is indexed (it may still turn out corrupt on read).

@@ -41,7 +41,6 @@
 
 pub mod config;
 pub mod handle;
-pub mod hash_index;
 pub mod in_flight;
 pub mod lock;
 pub mod state;

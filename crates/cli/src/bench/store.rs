@@ -911,12 +911,13 @@ async fn write_side(
     })
 }
 
-/// The read side's targets: buffers of `len` bytes for each of the
-/// [`WRITERS`], registered with the I/O engine as the node
-/// registers its shared-memory arena (reads land in arena slots there).
+/// The read side's targets: `len`-byte pieces of one registered buffer
+/// per worker, as arena slots are pieces of the node's one registered
+/// shared-memory arena (reads land in arena slots there, and a vectored
+/// read over several of them can use the registered-buffer opcode).
 struct ReadTargets {
     len: usize,
-    per_worker: Vec<Vec<AlignedBuf>>,
+    per_worker: Vec<Vec<Carved>>,
 }
 
 impl ReadTargets {
@@ -925,14 +926,17 @@ impl ReadTargets {
     fn new(engine: &dyn IoEngine, len: usize, count: usize) -> Self {
         let per_worker = (0..WRITERS)
             .map(|_| {
+                let mut pool = AlignedBuf::zeroed(len * count, 4096);
+                let base = pool.as_mut_ptr();
+                // SAFETY: the pool is leaked right here, so the range
+                // outlives the engine, which may use registered memory for
+                // its whole life.
+                unsafe { engine.register_memory(base, len * count) };
+                std::mem::forget(pool);
                 (0..count)
-                    .map(|_| {
-                        let mut b = AlignedBuf::zeroed(len, 4096);
-                        // SAFETY: the buffer is leaked when the targets are
-                        // dropped (see Drop), so the range outlives the
-                        // engine.
-                        unsafe { engine.register_memory(b.as_mut_ptr(), len) };
-                        b
+                    .map(|i| Carved {
+                        at: base as usize + i * len,
+                        len,
                     })
                     .collect()
             })
@@ -941,12 +945,22 @@ impl ReadTargets {
     }
 }
 
-impl Drop for ReadTargets {
-    fn drop(&mut self) {
-        // The engine may use registered memory for its whole life.
-        for b in self.per_worker.drain(..).flatten() {
-            std::mem::forget(b);
-        }
+/// One target: `len` bytes at `at` of a leaked pool, disjoint from every
+/// other target.
+struct Carved {
+    at: usize,
+    len: usize,
+}
+
+// SAFETY: the memory is a piece of a leaked allocation (it never moves or
+// goes away), no other `Carved` overlaps it, and only the holder of the
+// `Carved` reads or writes it.
+unsafe impl kvtier_io::DmaTarget for Carved {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.at as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -976,7 +990,7 @@ async fn read_side(
             while done < per_worker {
                 let n = per_batch.min(per_worker - done);
                 let (keys, layer) = pick.draw(&mut rng, n);
-                let reqs: Vec<(BlockHash, AlignedBuf)> =
+                let reqs: Vec<(BlockHash, Carved)> =
                     keys.into_iter().zip(bufs.drain(..n * per_object)).collect();
                 let t = Instant::now();
                 let res = match layer {

@@ -98,6 +98,7 @@ fn plan_alone<T>(
     let loc = p.check.entry.loc;
     let file = shared.dirs[loc.dir as usize].file;
     let landing = p.landing.unwrap_or_default();
+    let first_op = plan.batch.len();
     for layer in range.clone() {
         let op = IoOp {
             kind: IoKind::Read,
@@ -106,11 +107,11 @@ fn plan_alone<T>(
             buf: (landing + piece_at(l, range, layer)) as *mut u8,
             len: l.layer_bytes as u32,
         };
-        p.data_ops.push(plan.batch.len());
         // SAFETY: the piece lies inside the landing (sized to the layers
         // read), which the batch owns (`land`) until the reads end.
         unsafe { plan.batch.push(op) };
     }
+    p.data_ops = plan.data_ops(first_op..plan.batch.len());
     add(&shared.stats.layer_pieces, range.len() as u64);
     if want_headers && p.check.cached_sums.is_none() {
         let at = l.header_offset(RegionLayout::Layer, loc.region, loc.slot);
@@ -136,17 +137,17 @@ fn plan_run<T>(
     let l = &shared.layout;
     let first = planned[run[0]].check.entry.loc;
     let file = shared.dirs[first.dir as usize].file;
+    let mut ops = Vec::with_capacity(range.len());
+    let mut all_planned = true;
     for layer in range.clone() {
         let planned_op = match layer {
             0 => row0(shared, plan, planned, run, file),
             _ => row(shared, plan, planned, run, file, (range, layer)),
         };
-        for &i in run {
-            planned[i].in_run = true;
-            // An op that could not be planned: no data op, so the slot's
-            // read counts as failed and is retried alone.
-            planned[i].data_ops.extend(planned_op.map(|(op, _)| op));
-        }
+        // An op that could not be planned leaves the slots unplanned: their
+        // read counts as failed, and they are retried alone.
+        all_planned &= planned_op.is_some();
+        ops.extend(planned_op.map(|(op, _)| op));
         if let (Some((_, Some(buf))), true) = (planned_op, want_headers) {
             let h = l.slot_header_bytes as usize;
             for (k, &i) in run.iter().enumerate() {
@@ -155,6 +156,12 @@ fn plan_run<T>(
                 }
             }
         }
+    }
+    let data_ops = plan.data_ops(ops);
+    for &i in run {
+        planned[i].data_ops = data_ops.clone();
+        planned[i].in_run = true;
+        planned[i].planned = all_planned;
     }
     if !range.contains(&0) && want_headers {
         for &i in run {

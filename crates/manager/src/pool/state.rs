@@ -19,10 +19,10 @@
 use kvtier_core::BlockHash;
 
 use super::config::PoolConfig;
-use super::hash_index::BlockHashMap;
 use super::{PoolError, PoolEvent, PoolStats};
 use crate::Tier;
 use crate::block::BlockError;
+use kvtier_core::BlockHashMap;
 use kvtier_policy::{EvictionPolicy, LeafFirst, Use, Verdict};
 
 /// Index of a block slot in its tier's pool.

@@ -1,4 +1,5 @@
-//! The hasher of a pool's maps keyed by [`BlockHash`].
+//! The hasher of maps keyed by [`BlockHash`] (a pool's slots, the disk
+//! tier's layer-sums cache).
 //!
 //! Chained block hashes are already uniformly random, but external ids
 //! (Mooncake trace `hash_ids`, engine counters) are often small sequential
@@ -9,7 +10,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use kvtier_core::BlockHash;
+use crate::BlockHash;
 
 /// A map keyed by block hash with [`BlockHashHasher`].
 pub type BlockHashMap<V> = HashMap<BlockHash, V, BuildHasherDefault<BlockHashHasher>>;
