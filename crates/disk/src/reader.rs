@@ -1,5 +1,6 @@
 //! The read path: whole blocks and layer ranges, all of a call in one I/O
-//! batch, every byte verified.
+//! batch (plus a second only to re-read, alone, the slots of a failed run
+//! read), every byte verified.
 //!
 //! For each request the index entry is looked up and, under the same shard
 //! lock, the region's reader count is raised ([`Index::pin`]); the count is
@@ -8,11 +9,14 @@
 //! whose address, file offset and length suit direct I/O are read into
 //! directly; others get an aligned bounce buffer and a copy. Layer reads
 //! also read the slot header in the same batch and trust its layer sums only
-//! if they combine to the index's block checksum.
+//! if they combine to the index's block checksum. In layer-major lives,
+//! adjacent slots are read together, one op per layer ([`runs`]).
 //!
 //! Any failure (I/O error, short read of a truncated file, checksum
 //! mismatch, a header that does not verify) is [`Lookup::Corrupt`]: the
 //! index entry is dropped (if it still points at the slot read) and counted.
+//! A failed read shared by a run is nobody's fault yet: its slots are read
+//! again alone, and that read decides (I17).
 //!
 //! [`Index::pin`]: crate::index::Index::pin
 
