@@ -3,6 +3,8 @@
 //! io_uring engines by `suite!`. Files live under /tmp (ext4 here), never
 //! /dev/shm, whose tmpfs ignores direct-I/O alignment.
 
+mod common;
+use common::{BLOCK, pattern, pattern_byte};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -64,8 +66,6 @@ suite!(
     closed_files_are_forgotten_and_ids_reused,
 );
 
-const BLOCK: usize = 4096;
-
 /// A temporary directory on a real (alignment-enforcing) file system.
 fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -80,23 +80,6 @@ fn file(engine: &dyn IoEngine, dir: &tempfile::TempDir, name: &str, size: u64) -
     engine
         .register_file(open_direct(&path, size).expect("open_direct"))
         .expect("register_file")
-}
-
-/// Deterministic, position-dependent bytes: a misplaced block never matches.
-fn pattern_byte(seed: u64, pos: u64) -> u8 {
-    let x = (seed ^ 0x9E37_79B9_7F4A_7C15)
-        .wrapping_mul(pos | 1)
-        .wrapping_add(pos >> 9);
-    (x ^ (x >> 29)) as u8
-}
-
-/// A buffer of `len` bytes holding the pattern for file offsets `offset..`.
-fn pattern(seed: u64, offset: u64, len: usize) -> AlignedBuf {
-    let mut buf = AlignedBuf::zeroed(len, BLOCK);
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = pattern_byte(seed, offset + i as u64);
-    }
-    buf
 }
 
 fn is_pattern(buf: &[u8], seed: u64, offset: u64) -> bool {

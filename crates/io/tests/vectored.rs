@@ -4,6 +4,8 @@
 //! and instantiated per engine by `suite!`, as in `engines.rs`. Files live
 //! under /tmp (ext4 here), whose direct I/O enforces alignment.
 
+mod common;
+use common::{BLOCK, pattern, pattern_byte};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,7 +70,6 @@ suite!(
     stats_count_a_vectored_op_once,
 );
 
-const BLOCK: usize = 4096;
 /// What memory no read should reach holds.
 const UNTOUCHED: u8 = 0xAA;
 /// File size of every test file.
@@ -93,23 +94,6 @@ fn patterned(engine: &dyn IoEngine, dir: &Path, name: &str, seed: u64) -> (FileI
     batch.write_owned(id, 0, pattern(seed, 0, 12 << 20));
     engine.submit(batch).wait().check().expect("fill");
     (id, path)
-}
-
-/// Deterministic, position-dependent bytes: a misplaced block never matches.
-fn pattern_byte(seed: u64, pos: u64) -> u8 {
-    let x = (seed ^ 0x9E37_79B9_7F4A_7C15)
-        .wrapping_mul(pos | 1)
-        .wrapping_add(pos >> 9);
-    (x ^ (x >> 29)) as u8
-}
-
-/// A buffer of `len` bytes holding the pattern for file offsets `offset..`.
-fn pattern(seed: u64, offset: u64, len: usize) -> AlignedBuf {
-    let mut buf = AlignedBuf::zeroed(len, BLOCK);
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = pattern_byte(seed, offset + i as u64);
-    }
-    buf
 }
 
 /// `len` bytes of the file at `offset`, read with a plain `pread` through

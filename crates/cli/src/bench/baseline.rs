@@ -16,6 +16,25 @@ use std::time::Instant;
 use super::measure::{Latencies, Run, process_cpu_time};
 use kvtier_io::AlignedBuf;
 
+/// Whether the I/O buffers of both sides are huge-page memory
+/// (`--huge-pages`): set once, before any case runs.
+static HUGE_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Backs the I/O buffers of both sides with huge pages from now on.
+pub fn use_huge_pages(on: bool) {
+    HUGE_PAGES.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A zeroed I/O buffer of at least `len` bytes, 4 KiB-aligned: huge-page
+/// memory (whole huge pages) under `--huge-pages`, else exactly `len`
+/// bytes of ordinary pages.
+pub fn io_buf(len: usize) -> AlignedBuf {
+    match HUGE_PAGES.load(std::sync::atomic::Ordering::Relaxed) {
+        true => AlignedBuf::zeroed_huge(len),
+        false => AlignedBuf::zeroed(len, 4096),
+    }
+}
+
 /// Access pattern of a raw I/O baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
@@ -80,7 +99,7 @@ pub fn uring(
     // ring (and with it every in-flight operation) is torn down first.
     let mut bufs: Vec<AlignedBuf> = (0..qd)
         .map(|i| {
-            let mut b = AlignedBuf::zeroed(object_bytes as usize, 4096);
+            let mut b = io_buf(object_bytes as usize);
             b.fill(i as u8 ^ 0x5a);
             b
         })

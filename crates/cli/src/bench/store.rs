@@ -65,6 +65,11 @@ pub struct StoreBenchArgs {
     /// loads blocks that were offloaded together.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     run_blocks: u64,
+    /// Back the I/O buffers of the raw loop and of kvtier (read targets,
+    /// write sources) with transparent huge pages: one device segment per
+    /// 2 MiB instead of per 4 KiB page. fio keeps its own buffers.
+    #[arg(long)]
+    huge_pages: bool,
     /// Region layout of the disk tier's lives: block (each block
     /// contiguous) or layer (each layer of a region's blocks contiguous).
     #[arg(long, default_value = "block", value_parser = ["block", "layer"])]
@@ -127,6 +132,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             _ => RegionLayout::Block,
         },
     };
+    baseline::use_huge_pages(args.huge_pages);
     let engine =
         kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
     if !args.json {
@@ -185,6 +191,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             "bytes_per_case": plan.bytes,
             "rounds": plan.rounds,
             "disk_layout": args.disk_layout,
+            "huge_pages": args.huge_pages,
             "cases": cases,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -367,19 +374,18 @@ async fn disk_cases(
 
     // Source blocks: a few distinct buffers cycled over many keys; sums are
     // computed up front (the store carries them; it does not hash on write).
-    let sources: Vec<Arc<dyn DmaSource>> = (0..8u8)
-        .map(|s| {
-            let mut b = AlignedBuf::zeroed(block as usize, 4096);
-            for (i, x) in b.iter_mut().enumerate() {
-                *x = (i as u8).wrapping_mul(31) ^ s;
+    // Pieces of one registered pool, as the node writes demoted blocks from
+    // its one registered arena.
+    let sources: Vec<Arc<dyn DmaSource>> = Piece::pool(engine.as_ref(), block as usize, 8)
+        .into_iter()
+        .enumerate()
+        .map(|(s, piece)| {
+            // SAFETY: the piece is ours alone until it becomes a source.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(piece.at as *mut u8, piece.len) };
+            for (i, x) in bytes.iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(31) ^ s as u8;
             }
-            // Registered with the engine as the node registers its arena,
-            // where demoted blocks are written from. SAFETY: a reference is
-            // leaked right here, so the range outlives the engine.
-            unsafe { engine.register_memory(b.as_mut_ptr(), b.len()) };
-            let b = Arc::new(b) as Arc<dyn DmaSource>;
-            std::mem::forget(b.clone());
-            b
+            Arc::new(piece) as Arc<dyn DmaSource>
         })
         .collect();
     let keys: Vec<BlockHash> = (0..nblocks)
@@ -917,7 +923,7 @@ async fn write_side(
 /// read over several of them can use the registered-buffer opcode).
 struct ReadTargets {
     len: usize,
-    per_worker: Vec<Vec<Carved>>,
+    per_worker: Vec<Vec<Piece>>,
 }
 
 impl ReadTargets {
@@ -925,42 +931,56 @@ impl ReadTargets {
     /// [`WRITERS`] workers.
     fn new(engine: &dyn IoEngine, len: usize, count: usize) -> Self {
         let per_worker = (0..WRITERS)
-            .map(|_| {
-                let mut pool = AlignedBuf::zeroed(len * count, 4096);
-                let base = pool.as_mut_ptr();
-                // SAFETY: the pool is leaked right here, so the range
-                // outlives the engine, which may use registered memory for
-                // its whole life.
-                unsafe { engine.register_memory(base, len * count) };
-                std::mem::forget(pool);
-                (0..count)
-                    .map(|i| Carved {
-                        at: base as usize + i * len,
-                        len,
-                    })
-                    .collect()
-            })
+            .map(|_| Piece::pool(engine, len, count))
             .collect();
         ReadTargets { len, per_worker }
     }
 }
 
-/// One target: `len` bytes at `at` of a leaked pool, disjoint from every
-/// other target.
-struct Carved {
+/// `len` bytes at `at` of a leaked pool, disjoint from every other piece:
+/// a read target, or (once filled) a write source.
+struct Piece {
     at: usize,
     len: usize,
 }
 
+impl Piece {
+    /// `count` pieces of `len` bytes of one new pool, registered with
+    /// `engine` (huge-page memory under `--huge-pages`).
+    fn pool(engine: &dyn IoEngine, len: usize, count: usize) -> Vec<Piece> {
+        let mut pool = baseline::io_buf(len * count);
+        let base = pool.as_mut_ptr();
+        // SAFETY: the pool is leaked right here, so the range outlives the
+        // engine, which may use registered memory for its whole life.
+        unsafe { engine.register_memory(base, pool.len()) };
+        std::mem::forget(pool);
+        (0..count)
+            .map(|i| Piece {
+                at: base as usize + i * len,
+                len,
+            })
+            .collect()
+    }
+}
+
 // SAFETY: the memory is a piece of a leaked allocation (it never moves or
-// goes away), no other `Carved` overlaps it, and only the holder of the
-// `Carved` reads or writes it.
-unsafe impl kvtier_io::DmaTarget for Carved {
+// goes away), no other `Piece` overlaps it, and only the holder of the
+// `Piece` reads or writes it.
+unsafe impl kvtier_io::DmaTarget for Piece {
     fn as_mut_ptr(&mut self) -> *mut u8 {
         self.at as *mut u8
     }
     fn len(&self) -> usize {
         self.len
+    }
+}
+
+// SAFETY: as above; a piece made a source is filled first and never
+// written again.
+unsafe impl DmaSource for Piece {
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes at `at`, alive for ever (leaked).
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.len) }
     }
 }
 
@@ -990,7 +1010,7 @@ async fn read_side(
             while done < per_worker {
                 let n = per_batch.min(per_worker - done);
                 let (keys, layer) = pick.draw(&mut rng, n);
-                let reqs: Vec<(BlockHash, Carved)> =
+                let reqs: Vec<(BlockHash, Piece)> =
                     keys.into_iter().zip(bufs.drain(..n * per_object)).collect();
                 let t = Instant::now();
                 let res = match layer {

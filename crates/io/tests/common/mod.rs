@@ -1,0 +1,23 @@
+//! Helpers shared by the engine test binaries.
+
+use kvtier_io::AlignedBuf;
+
+/// Alignment and unit of the test files' direct I/O.
+pub const BLOCK: usize = 4096;
+
+/// Deterministic, position-dependent bytes: a misplaced block never matches.
+pub fn pattern_byte(seed: u64, pos: u64) -> u8 {
+    let x = (seed ^ 0x9E37_79B9_7F4A_7C15)
+        .wrapping_mul(pos | 1)
+        .wrapping_add(pos >> 9);
+    (x ^ (x >> 29)) as u8
+}
+
+/// A buffer of `len` bytes holding the pattern for file offsets `offset..`.
+pub fn pattern(seed: u64, offset: u64, len: usize) -> AlignedBuf {
+    let mut buf = AlignedBuf::zeroed(len, BLOCK);
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern_byte(seed, offset + i as u64);
+    }
+    buf
+}
