@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, CoreError, Geometry, ModelPreset, RegionEvictionKind};
-use kvtier_disk::{DiskError, DiskTier, DiskTierConfig};
+use kvtier_disk::{DiskError, DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::PsyncEngine;
 use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
 use kvtier_remote::{RemoteConfig, RemoteError, RemoteTier};
@@ -38,7 +38,6 @@ use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
 use kvtier_sim::trace::{self, TraceError};
 use serde::Serialize;
 
-use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::device::{HostDevice, HostDeviceOptions};
 use kvtier_manager::manager::{
@@ -48,6 +47,7 @@ use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::policy::{PolicyConfig, PolicyKind};
 use kvtier_manager::pool::PoolConfig;
 pub use kvtier_manager::test_support::block_content;
+use kvtier_manager::{Tier, TransferPath};
 
 pub use report::render_text;
 
@@ -77,6 +77,8 @@ pub struct TraceBenchConfig {
     /// wants (see `ManagerStats::reclaimed_by_disk`); a log larger than
     /// everything a run writes never wraps. Default: 4.
     pub g3_log_factor: u32,
+    /// How G3's region lives place their bytes. Default: block-major.
+    pub disk_layout: RegionLayout,
     /// G4 blocks; 0 for no G4. Default: 0.
     pub g4_blocks: usize,
     /// Where G4 keeps its objects (`s3://bucket/prefix`, with the endpoint
@@ -118,6 +120,7 @@ impl Default for TraceBenchConfig {
             g2_blocks: 1024,
             g3_blocks: 4096,
             g3_log_factor: 4,
+            disk_layout: RegionLayout::Block,
             g4_blocks: 0,
             remote: None,
             dir: None,
@@ -202,6 +205,28 @@ pub struct TraceBenchReport {
     pub ttft: TtftFigures,
     /// The manager's counters at the end (bytes per path, bubble, ...).
     pub stats: ManagerStats,
+    /// G3's read counters at the end; `None` without G3.
+    pub disk: Option<DiskReads>,
+}
+
+/// What G3's disk tier read over a run (design/layer-stripe.md step 5:
+/// how many read ops a block-layer loaded from disk costs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DiskReads {
+    /// The layout of G3's region lives.
+    pub layout: RegionLayout,
+    /// Every read op the tier issued: layer, block and header reads, and
+    /// reclaim's re-insertion reads.
+    pub read_ios: u64,
+    /// Of `read_ios`, one layer of several adjacent slots at once.
+    pub read_runs: u64,
+    /// Layer pieces read from layer-major lives (alone or in runs).
+    pub layer_pieces: u64,
+    /// Block-layers moved from disk to the device (`disk2d`'s blocks: a
+    /// layer-wise load counts each block once per layer).
+    pub block_layers: u64,
+    /// `read_ios / block_layers` (0 when nothing was loaded).
+    pub ops_per_block_layer: f64,
 }
 
 impl TraceBenchReport {
@@ -334,7 +359,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             reset: true,
             buffers_per_dir: 2,
             layer_sums_cache: 4096,
-            layout: kvtier_disk::RegionLayout::Block,
+            layout: config.disk_layout,
             prefill: false,
         };
         let engine = Arc::new(
@@ -481,6 +506,27 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         ttft.bubble_s /= n;
     }
     drop(manager);
+    let disk = tiers.disk.as_ref().map(|d| {
+        let s = d.stats();
+        let block_layers = stats
+            .paths
+            .iter()
+            .filter(|p| p.path == TransferPath::DiskToDevice)
+            .map(|p| p.blocks)
+            .sum::<u64>();
+        DiskReads {
+            layout: config.disk_layout,
+            read_ios: s.read_ios,
+            read_runs: s.read_runs,
+            layer_pieces: s.layer_pieces,
+            block_layers,
+            ops_per_block_layer: if block_layers == 0 {
+                0.0
+            } else {
+                s.read_ios as f64 / block_layers as f64
+            },
+        }
+    });
     if let Some(d) = &tiers.disk {
         d.close().await?;
     }
@@ -497,12 +543,13 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         elapsed_s: started.elapsed().as_secs_f64(),
         ttft,
         stats,
+        disk,
     })
 }
 
 fn settings_text(c: &TraceBenchConfig) -> String {
     format!(
-        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} g4={} policy={} ttl_ms={} mode={:?} admit_after={} watermarks={:?}",
+        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} disk_layout={:?} g4={} policy={} ttl_ms={} mode={:?} admit_after={} watermarks={:?}",
         c.trace.display(),
         c.requests.map_or("all".to_owned(), |n| n.to_string()),
         c.layers,
@@ -510,6 +557,7 @@ fn settings_text(c: &TraceBenchConfig) -> String {
         c.g1_blocks,
         c.g2_blocks,
         c.g3_blocks,
+        c.disk_layout,
         c.g4_blocks,
         c.policy,
         c.ttl_ms,

@@ -25,6 +25,7 @@
 //! [`MoveHooks`] plugs planned moves into the transfer engine's in-flight
 //! hooks, settling each move when the engine reports its block.
 
+mod chain_order;
 pub mod config;
 pub mod engine_hooks;
 pub mod offload;
@@ -35,6 +36,7 @@ use std::fmt;
 use kvtier_core::BlockHash;
 use parking_lot::Mutex;
 
+pub(crate) use chain_order::order_chains;
 pub use config::{CascadeMode, HierarchyConfig, PlacementConfig};
 pub use engine_hooks::MoveHooks;
 pub use offload::OffloadPlan;

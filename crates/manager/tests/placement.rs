@@ -106,11 +106,31 @@ fn offload_plans_leaves_before_parents() {
     put(&r, Tier::G1, 4, Some(3));
     let plan = p.plan_offload(&r);
     let moved: Vec<u128> = plan.moves.iter().map(|m| m.hash.0).collect();
-    assert_eq!(
-        moved,
-        [4, 3],
-        "4 used > 3 high; down to 2 low, deepest first"
-    );
+    // 4 used > 3 high; down to 2 low: the deepest two leave (4, then its
+    // parent 3), and are written root first so the chain is co-located.
+    assert_eq!(moved, [3, 4]);
+}
+
+/// The moves of a round come out as a depth-first preorder of the prefix
+/// tree they form: a branch's blocks follow their parent, siblings in
+/// planned order, though the pool gave them up leaves first.
+#[test]
+fn offload_moves_are_ordered_root_first_through_branches() {
+    let r = hierarchy(10, 20, None, None);
+    let p = planner(CascadeMode::Exclusive, 0);
+    // 100 -> 101 -> {102, 103}, then five newer unrelated roots.
+    put(&r, Tier::G1, 100, None);
+    put(&r, Tier::G1, 101, Some(100));
+    put(&r, Tier::G1, 102, Some(101));
+    put(&r, Tier::G1, 103, Some(101));
+    for i in 104..109 {
+        put(&r, Tier::G1, i, None);
+    }
+    // 9 used > 8 high, down to 5: the four oldest leave, leaves first
+    // (102, 103, 101, 100), written from the root down.
+    let plan = p.plan_offload(&r);
+    let moved: Vec<u128> = plan.moves.iter().map(|m| m.hash.0).collect();
+    assert_eq!(moved, [100, 101, 102, 103]);
 }
 
 #[test]

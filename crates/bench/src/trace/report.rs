@@ -68,6 +68,18 @@ pub fn render_text(r: &TraceBenchReport) -> String {
             p.latency.p99_us
         );
     }
+    if let Some(d) = &r.disk {
+        let _ = writeln!(
+            out,
+            "\ndisk reads ({:?} layout): {} ops ({} runs, {} layer pieces) for {} block-layers to the device: {:.3} ops per block-layer",
+            d.layout,
+            d.read_ios,
+            d.read_runs,
+            d.layer_pieces,
+            d.block_layers,
+            d.ops_per_block_layer
+        );
+    }
     let _ = writeln!(
         out,
         "\nbubble (measured, consumer waiting for layers): {:.3} ms over {} layer waits ({} blocked)",

@@ -9,6 +9,7 @@ use clap::Args;
 
 use kvtier_bench::trace::{self as trace_bench, TraceBenchConfig};
 use kvtier_core::ModelPreset;
+use kvtier_disk::RegionLayout;
 use kvtier_manager::placement::CascadeMode;
 use kvtier_manager::policy::PolicyKind;
 use kvtier_remote::RemoteConfig;
@@ -49,6 +50,10 @@ pub struct TraceBenchArgs {
     /// wraps reclaims regions under the pool).
     #[arg(long, default_value_t = 4)]
     pub g3_log_factor: u32,
+    /// Layout of G3's region lives: `block` (block-major) or `layer`
+    /// (layer-major, one read op per layer of adjacent slots).
+    #[arg(long, default_value = "block")]
+    pub disk_layout: String,
     /// G4 (remote) blocks; 0 for none.
     #[arg(long, default_value_t = 0)]
     pub g4: usize,
@@ -151,6 +156,11 @@ fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
         g2_blocks: args.g2,
         g3_blocks: args.g3,
         g3_log_factor: args.g3_log_factor,
+        disk_layout: match args.disk_layout.as_str() {
+            "block" => RegionLayout::Block,
+            "layer" => RegionLayout::Layer,
+            other => bail!("unknown --disk-layout {other:?} (block, layer)"),
+        },
         g4_blocks: args.g4,
         remote: args.g4_url.as_ref().map(|url| remote_config(url, args)),
         dir: args.dir.clone(),

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use kvtier_core::BlockHash;
 
 use super::BlockManager;
-use crate::placement::{CascadeMode, Move};
+use crate::placement::{CascadeMode, Move, order_chains};
 use crate::pool::BlockPool;
 use crate::transfer::{BlockMove, TransferHandle, TransferRequest};
 use crate::{Tier, TransferPath};
@@ -65,6 +65,7 @@ impl BlockManager {
                 self.make_room(to, going.len()).await;
             }
             let mut moves = Vec::with_capacity(going.len());
+            let mut parents = Vec::with_capacity(going.len());
             for source in going {
                 let hash = source.hash();
                 let parent = pool.parent_of(hash).flatten();
@@ -72,19 +73,24 @@ impl BlockManager {
                     continue;
                 };
                 match below_pool.begin_incoming(hash, parent) {
-                    Ok(destination) => moves.push(Move {
-                        hash,
-                        from: tier,
-                        to,
-                        path,
-                        source,
-                        destination,
-                    }),
+                    Ok(destination) => {
+                        moves.push(Move {
+                            hash,
+                            from: tier,
+                            to,
+                            path,
+                            source,
+                            destination,
+                        });
+                        parents.push(parent);
+                    }
                     // No room below even now: dropping the guard unfinished
                     // keeps the block here.
                     Err(_) => drop(source),
                 }
             }
+            // Victims leave leaf first; the disk wants chains root first.
+            let moves = order_chains(moves, &parents);
             self.counters.lock().offloaded[tier.index()] += moves.len() as u64;
             for h in self.submit_moves(moves) {
                 h.wait().await;

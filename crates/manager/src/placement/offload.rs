@@ -3,7 +3,7 @@
 
 use kvtier_core::BlockHash;
 
-use super::{CascadeMode, Move, Planner};
+use super::{CascadeMode, Move, Planner, order_chains};
 use crate::pool::{DefaultLock, OutgoingBlock, PoolError, PoolLock};
 use crate::registry::Registry;
 use crate::{Tier, TransferPath};
@@ -60,8 +60,15 @@ impl Planner {
     /// Tiers are planned slowest first, so a lower tier sheds blocks before
     /// a faster one sends it more. Run it between engine iterations, so that
     /// allocations rarely have to evict.
+    ///
+    /// The moves come out chain-contiguous and root first (see
+    /// [`order_chains`]): a pool gives up leaves first, so a cold chain
+    /// leaves leaf first, but the disk tier puts a batch on consecutive
+    /// slots in order and a later prefix hit reads a run of them from the
+    /// chain's first block.
     pub fn plan_offload<L: PoolLock>(&self, registry: &Registry<L>) -> OffloadPlan<L> {
         let mut plan = OffloadPlan::default();
+        let mut parents = Vec::new();
         let tiers: Vec<Tier> = registry.tiers().collect();
         for &tier in tiers.iter().rev() {
             let Some(pool) = registry.pool(tier) else {
@@ -76,9 +83,10 @@ impl Planner {
             }
             let excess = used - config.low_blocks();
             for leaving in pool.plan_leaving(excess) {
-                self.route_down(registry, tier, leaving, &mut plan);
+                self.route_down(registry, tier, leaving, &mut plan, &mut parents);
             }
         }
+        plan.moves = order_chains(std::mem::take(&mut plan.moves), &parents);
         plan
     }
 
@@ -97,13 +105,15 @@ impl Planner {
         dropped
     }
 
-    /// Sends one leaving block to the tier below, or lets it go.
+    /// Sends one leaving block to the tier below, or lets it go. For each
+    /// move it adds to `plan.moves` it adds the block's parent to `parents`.
     fn route_down<L: PoolLock>(
         &self,
         registry: &Registry<L>,
         tier: Tier,
         leaving: OutgoingBlock<L>,
         plan: &mut OffloadPlan<L>,
+        parents: &mut Vec<Option<BlockHash>>,
     ) {
         let hash = leaving.hash();
         let below = registry.below(tier);
@@ -128,14 +138,17 @@ impl Planner {
         };
         let parent = leaving.pool().parent_of(hash).flatten();
         match below_pool.begin_incoming(hash, parent) {
-            Ok(destination) => plan.moves.push(Move {
-                hash,
-                from: tier,
-                to,
-                path,
-                source: leaving,
-                destination,
-            }),
+            Ok(destination) => {
+                plan.moves.push(Move {
+                    hash,
+                    from: tier,
+                    to,
+                    path,
+                    source: leaving,
+                    destination,
+                });
+                parents.push(parent);
+            }
             Err(PoolError::AlreadyResident(_) | PoolError::InFlight(_)) => {
                 leaving.finish();
                 plan.already_below.push((tier, hash));
@@ -151,7 +164,9 @@ impl Planner {
     /// Write-through (inclusive mode only): copies of the blocks `hashes`
     /// of `tier` to the tier below, skipping blocks already there, blocks
     /// the admission filter keeps out of G3, and blocks that are gone.
-    /// Empty in exclusive mode, where a block lives in one tier.
+    /// Empty in exclusive mode, where a block lives in one tier. The moves
+    /// come out chain-contiguous and root first, as in
+    /// [`plan_offload`](Self::plan_offload).
     pub fn plan_copy_down<L: PoolLock>(
         &self,
         registry: &Registry<L>,
@@ -159,6 +174,7 @@ impl Planner {
         hashes: &[BlockHash],
     ) -> Vec<Move<L>> {
         let mut moves = Vec::new();
+        let mut parents = Vec::new();
         if self.config.mode != CascadeMode::Inclusive {
             return moves;
         }
@@ -186,8 +202,9 @@ impl Planner {
                     source,
                     destination,
                 });
+                parents.push(parent);
             }
         }
-        moves
+        order_chains(moves, &parents)
     }
 }

@@ -35,11 +35,22 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
     .expect("memory tier in /dev/shm")
 }
 
-/// A disk tier of `capacity` bytes in 1 MiB regions over `engine`.
+/// A disk tier of `capacity` bytes in 1 MiB block-major regions over
+/// `engine`.
 pub fn disk(
     prefix: &str,
     capacity: u64,
     engine: Arc<dyn IoEngine>,
+) -> (tempfile::TempDir, Arc<DiskTier>) {
+    disk_with(prefix, capacity, engine, kvtier_disk::RegionLayout::Block)
+}
+
+/// [`disk`] with the regions' `layout`.
+pub fn disk_with(
+    prefix: &str,
+    capacity: u64,
+    engine: Arc<dyn IoEngine>,
+    layout: kvtier_disk::RegionLayout,
 ) -> (tempfile::TempDir, Arc<DiskTier>) {
     let t = tempfile::Builder::new()
         .prefix(prefix)
@@ -58,7 +69,7 @@ pub fn disk(
         reset: false,
         buffers_per_dir: 2,
         layer_sums_cache: 1024,
-        layout: kvtier_disk::RegionLayout::Block,
+        layout,
         prefill: false,
     };
     let tier = DiskTier::open(cfg, engine).expect("disk tier");

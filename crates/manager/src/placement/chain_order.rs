@@ -1,0 +1,83 @@
+//! Write order of a round's moves: prefix chains contiguous, root first.
+//!
+//! A disk tier puts the blocks of one `put_batch` call on consecutive slots
+//! in call order, and on a layer-major region a run of adjacent slots reads
+//! one layer in one I/O op. A later prefix hit loads a chain root first,
+//! so the chain should sit on adjacent slots root first: victims leave a
+//! pool leaf first, and without reordering a chain lands reversed (a hit
+//! on its first blocks then reads single slots, not a run).
+
+use kvtier_core::{BlockHash, BlockHashMap};
+
+use super::Move;
+use crate::pool::PoolLock;
+
+/// Reorders `moves` so that the moves of one prefix chain (per transfer
+/// path) are contiguous and each parent comes before its children: a
+/// depth-first preorder of the forest the parent links form within the
+/// batch. `parents[i]` is the parent of `moves[i]` (`None` for a root or
+/// an unknown parent). Roots keep their planned order, as do siblings, so
+/// the order is deterministic; which moves are in the batch never changes.
+/// O(n).
+pub(crate) fn order_chains<L: PoolLock>(
+    moves: Vec<Move<L>>,
+    parents: &[Option<BlockHash>],
+) -> Vec<Move<L>> {
+    let n = moves.len();
+    if n < 2 {
+        return moves;
+    }
+    let mut index: BlockHashMap<usize> =
+        BlockHashMap::with_capacity_and_hasher(n, Default::default());
+    for (i, m) in moves.iter().enumerate() {
+        index.entry(m.hash).or_insert(i);
+    }
+    // A parent counts only when it is in this batch on the same path: other
+    // paths go to other tiers (and other `put_batch` calls).
+    let up: Vec<Option<usize>> = (0..n)
+        .map(|i| {
+            parents
+                .get(i)
+                .copied()
+                .flatten()
+                .and_then(|p| index.get(&p).copied())
+                .filter(|&j| j != i && moves[j].path == moves[i].path)
+        })
+        .collect();
+    // Children as one flat list (compressed rows), each node's children in
+    // planned order.
+    let mut start = vec![0usize; n + 1];
+    for &p in up.iter().flatten() {
+        start[p + 1] += 1;
+    }
+    for i in 0..n {
+        start[i + 1] += start[i];
+    }
+    let mut fill = start.clone();
+    let mut kids = vec![0usize; start[n]];
+    for (i, p) in up.iter().enumerate() {
+        if let Some(p) = *p {
+            kids[fill[p]] = i;
+            fill[p] += 1;
+        }
+    }
+    let mut order = Vec::with_capacity(n);
+    let mut seen = vec![false; n];
+    let mut stack = Vec::new();
+    for root in (0..n).filter(|&i| up[i].is_none()) {
+        stack.push(root);
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut seen[i], true) {
+                continue;
+            }
+            order.push(i);
+            // Reversed onto the stack so the first child is visited first.
+            stack.extend(kids[start[i]..start[i + 1]].iter().rev());
+        }
+    }
+    // Parent links cannot form a cycle (a hash covers its parent's), but
+    // should one appear its moves still go, after the rest.
+    order.extend((0..n).filter(|&i| !seen[i]));
+    let mut slots: Vec<Option<Move<L>>> = moves.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
+}
