@@ -62,7 +62,7 @@ impl Planner {
     /// allocations rarely have to evict.
     ///
     /// The moves come out chain-contiguous and root first (see
-    /// [`order_chains`]): a pool gives up leaves first, so a cold chain
+    /// `chain_order::order_chains`): a pool gives up leaves first, so a cold chain
     /// leaves leaf first, but the disk tier puts a batch on consecutive
     /// slots in order and a later prefix hit reads a run of them from the
     /// chain's first block.
