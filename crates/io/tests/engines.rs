@@ -4,7 +4,7 @@
 //! /dev/shm, whose tmpfs ignores direct-I/O alignment.
 
 mod common;
-use common::{BLOCK, pattern, pattern_byte};
+use common::{BLOCK, Factory, pattern, pattern_byte, psync, uring};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,27 +14,6 @@ use kvtier_io::{
     UringEngine, dio_alignment, open_direct, uring_unavailable,
 };
 use proptest::prelude::*;
-
-/// Builds an engine with the given queue depth, or `None` where the engine
-/// cannot exist on this host (io_uring under a seccomp filter).
-type Factory = fn(u32) -> Option<Arc<dyn IoEngine>>;
-
-fn psync(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
-    Some(Arc::new(
-        PsyncEngine::new(4, queue_depth).expect("psync engine"),
-    ))
-}
-
-fn uring(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
-    match UringEngine::new(queue_depth) {
-        Ok(e) => Some(Arc::new(e)),
-        Err(IoError::EngineSetup { source, .. }) => {
-            uring_unavailable(&source);
-            None
-        }
-        Err(e) => panic!("unexpected error: {e}"),
-    }
-}
 
 /// Instantiates each named test for both engines.
 macro_rules! suite {

@@ -5,7 +5,7 @@
 //! under /tmp (ext4 here), whose direct I/O enforces alignment.
 
 mod common;
-use common::{BLOCK, pattern, pattern_byte};
+use common::{BLOCK, Factory, pattern, pattern_byte, psync, uring};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,26 +14,6 @@ use kvtier_io::{
     AlignedBuf, DioAlignment, FaultyEngine, FileId, IoBatch, IoEngine, IoError, IoKind,
     PsyncEngine, UringEngine, VectoredError, dio_alignment, open_direct, uring_unavailable,
 };
-
-/// Builds an engine with the given queue depth, or `None` where it cannot
-/// exist on this host (io_uring under a seccomp filter).
-type Factory = fn(u32) -> Option<Arc<dyn IoEngine>>;
-
-fn psync(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
-    Some(Arc::new(
-        PsyncEngine::new(4, queue_depth).expect("psync engine"),
-    ))
-}
-
-fn uring(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
-    match UringEngine::new(queue_depth) {
-        Ok(e) => Some(Arc::new(e)),
-        Err(e) => {
-            uring_unavailable(&e);
-            None
-        }
-    }
-}
 
 fn faulty_psync(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
     Some(Arc::new(FaultyEngine::new(psync(queue_depth)?, Vec::new())))

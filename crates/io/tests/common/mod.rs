@@ -1,6 +1,8 @@
 //! Helpers shared by the engine test binaries.
 
-use kvtier_io::AlignedBuf;
+use std::sync::Arc;
+
+use kvtier_io::{AlignedBuf, IoEngine, IoError, PsyncEngine, UringEngine, uring_unavailable};
 
 /// Alignment and unit of the test files' direct I/O.
 pub const BLOCK: usize = 4096;
@@ -20,4 +22,27 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> AlignedBuf {
         *b = pattern_byte(seed, offset + i as u64);
     }
     buf
+}
+
+/// Builds an engine with the given queue depth, or `None` where the engine
+/// cannot exist on this host (io_uring under a seccomp filter).
+pub type Factory = fn(u32) -> Option<Arc<dyn IoEngine>>;
+
+/// The psync engine (4 threads).
+pub fn psync(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
+    Some(Arc::new(
+        PsyncEngine::new(4, queue_depth).expect("psync engine"),
+    ))
+}
+
+/// The io_uring engine; `None` (said on stderr) where io_uring cannot run.
+pub fn uring(queue_depth: u32) -> Option<Arc<dyn IoEngine>> {
+    match UringEngine::new(queue_depth) {
+        Ok(e) => Some(Arc::new(e)),
+        Err(IoError::EngineSetup { source, .. }) => {
+            uring_unavailable(&source);
+            None
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
 }
