@@ -41,10 +41,11 @@ pub(super) fn plan<T>(
     (range, want_headers): (&Range<u32>, bool),
     runs: bool,
 ) {
-    let mut idx: Vec<usize> = (0..planned.len())
-        .filter(|&i| planned[i].landing.is_some())
+    // (index into `planned`, landing address) of the layer-major requests.
+    let mut idx: Vec<(usize, usize)> = (0..planned.len())
+        .filter_map(|i| planned[i].landing.map(|at| (i, at)))
         .collect();
-    idx.sort_by_key(|&i| {
+    idx.sort_by_key(|&(i, _)| {
         let loc = planned[i].check.entry.loc;
         (loc.dir, loc.region, loc.slot)
     });
@@ -59,15 +60,15 @@ pub(super) fn plan<T>(
         while end < idx.len()
             && end - start < max
             && next_to(
-                planned[idx[end - 1]].check.entry.loc,
-                planned[idx[end]].check.entry.loc,
+                planned[idx[end - 1].0].check.entry.loc,
+                planned[idx[end].0].check.entry.loc,
             )
         {
             end += 1;
         }
         let run = &idx[start..end];
         match run {
-            [one] => plan_alone(shared, plan, &mut planned[*one], range, want_headers),
+            [(one, at)] => plan_alone(shared, plan, (&mut planned[*one], *at), range, want_headers),
             _ => plan_run(shared, plan, planned, run, range, want_headers),
         }
         start = end;
@@ -86,18 +87,18 @@ pub(crate) fn max_run_slots(l: &Layout) -> usize {
     ((MAX_RUN_BYTES / per_slot) as usize).clamp(1, IoBatch::MAX_SEGMENTS / 2)
 }
 
-/// One slot alone: a plain read per piece, and its header on its own.
+/// One slot alone (its plan, its landing address): a plain read per
+/// piece, and its header on its own.
 fn plan_alone<T>(
     shared: &Shared,
     plan: &mut Plan,
-    p: &mut Planned<T>,
+    (p, landing): (&mut Planned<T>, usize),
     range: &Range<u32>,
     want_headers: bool,
 ) {
     let l = &shared.layout;
     let loc = p.check.entry.loc;
     let file = shared.dirs[loc.dir as usize].file;
-    let landing = p.landing.unwrap_or_default();
     let first_op = plan.batch.len();
     for layer in range.clone() {
         let op = IoOp {
@@ -124,18 +125,18 @@ fn piece_at(l: &Layout, range: &Range<u32>, layer: u32) -> usize {
     (layer - range.start) as usize * l.layer_bytes as usize
 }
 
-/// Slots `run` (indices into `planned`, adjacent slots in slot order): one
-/// vectored op per layer, layer 0's bringing the headers.
+/// Slots `run` ((index into `planned`, landing address), adjacent slots in
+/// slot order): one vectored op per layer, layer 0's bringing the headers.
 fn plan_run<T>(
     shared: &Shared,
     plan: &mut Plan,
     planned: &mut [Planned<T>],
-    run: &[usize],
+    run: &[(usize, usize)],
     range: &Range<u32>,
     want_headers: bool,
 ) {
     let l = &shared.layout;
-    let first = planned[run[0]].check.entry.loc;
+    let first = planned[run[0].0].check.entry.loc;
     let file = shared.dirs[first.dir as usize].file;
     let mut ops = Vec::with_capacity(range.len());
     let mut all_planned = true;
@@ -150,7 +151,7 @@ fn plan_run<T>(
         ops.extend(planned_op.map(|(op, _)| op));
         if let (Some((_, Some(buf))), true) = (planned_op, want_headers) {
             let h = l.slot_header_bytes as usize;
-            for (k, &i) in run.iter().enumerate() {
+            for (k, &(i, _)) in run.iter().enumerate() {
                 if planned[i].check.cached_sums.is_none() {
                     planned[i].check.header = Some(HeaderAt::Run { buf, at: k * h });
                 }
@@ -158,13 +159,13 @@ fn plan_run<T>(
         }
     }
     let data_ops = plan.data_ops(ops);
-    for &i in run {
+    for &(i, _) in run {
         planned[i].data_ops = data_ops.clone();
         planned[i].in_run = true;
         planned[i].planned = all_planned;
     }
     if !range.contains(&0) && want_headers {
-        for &i in run {
+        for &(i, _) in run {
             if planned[i].check.cached_sums.is_none() {
                 let loc = planned[i].check.entry.loc;
                 let at = l.header_offset(RegionLayout::Layer, loc.region, loc.slot);
@@ -182,17 +183,16 @@ fn row<T>(
     shared: &Shared,
     plan: &mut Plan,
     planned: &mut [Planned<T>],
-    run: &[usize],
+    run: &[(usize, usize)],
     file: FileId,
     (range, layer): (&Range<u32>, u32),
 ) -> Option<(usize, Option<usize>)> {
     let l = &shared.layout;
-    let first = planned[run[0]].check.entry.loc;
+    let first = planned[run[0].0].check.entry.loc;
     let at = piece_at(l, range, layer);
-    let segments = run.iter().map(|&i| {
-        let landing = planned[i].landing.unwrap_or_default();
-        ((landing + at) as *mut u8, l.layer_bytes as usize)
-    });
+    let segments = run
+        .iter()
+        .map(|&(_, landing)| ((landing + at) as *mut u8, l.layer_bytes as usize));
     let offset = l.piece_offset(RegionLayout::Layer, first.region, layer, first.slot);
     push_readv(shared, plan, file, offset, segments).map(|op| (op, None))
 }
@@ -204,16 +204,16 @@ fn row0<T>(
     shared: &Shared,
     plan: &mut Plan,
     planned: &mut [Planned<T>],
-    run: &[usize],
+    run: &[(usize, usize)],
     file: FileId,
 ) -> Option<(usize, Option<usize>)> {
     let l = &shared.layout;
     let h = l.slot_header_bytes as usize;
-    let first = planned[run[0]].check.entry.loc;
+    let first = planned[run[0].0].check.entry.loc;
     let mut headers = AlignedBuf::zeroed(run.len() * h, shared.align.mem.max(4096));
     let base = headers.as_mut_ptr();
-    let segments = run.iter().enumerate().flat_map(|(k, &i)| {
-        let landing = planned[i].landing.unwrap_or_default() as *mut u8;
+    let segments = run.iter().enumerate().flat_map(|(k, &(_, landing))| {
+        let landing = landing as *mut u8;
         [
             (base.wrapping_add(k * h), h),
             (landing, l.layer_bytes as usize),
