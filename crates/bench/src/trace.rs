@@ -359,6 +359,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             reset: true,
             buffers_per_dir: 2,
             layer_sums_cache: 4096,
+            write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
             layout: config.disk_layout,
             prefill: false,
         };

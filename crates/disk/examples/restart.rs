@@ -64,6 +64,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         reset: true,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
         layout,
         prefill: false,
     };

@@ -64,6 +64,7 @@
 //!     reset: false,
 //!     buffers_per_dir: 2,
 //!     layer_sums_cache: 16384,
+//!     write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
 //!     layout: kvtier_disk::RegionLayout::Block,
 //!     prefill: true,
 //! };
@@ -98,7 +99,7 @@ mod stats;
 mod tier;
 mod writer;
 
-pub use config::{DiskConfig, DiskTierConfig};
+pub use config::{DEFAULT_WRITE_OP_BYTES, DiskConfig, DiskTierConfig};
 pub use error::{DiskError, Result};
 pub use format::RegionLayout;
 pub use reclaim::ReclaimListener;

@@ -330,6 +330,8 @@ impl DiskTier {
                 cfg.dirs.len()
             )));
         }
+        crate::config::check_write_op_bytes(cfg.write_op_bytes)
+            .map_err(|why| DiskError::InvalidConfig(format!("write_op_bytes {why}")))?;
         let layout = Layout::new(&cfg.geometry, cfg.region_size, cfg.capacity_per_dir)?;
         if cfg.layout == RegionLayout::Layer && !layout.layer_eligible() {
             return Err(DiskError::InvalidConfig(format!(

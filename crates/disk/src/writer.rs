@@ -39,10 +39,6 @@ use crate::stats::add;
 use crate::tier::{Dir, DiskPut, Shared};
 use crate::{DiskError, Result};
 
-/// Largest single write op; longer extents are cut into several ops of one
-/// submission. A multiple of 4096.
-const WRITE_OP_BYTES: u64 = 128 << 10;
-
 /// The region currently taking writes in a directory.
 pub(crate) struct OpenRegion {
     pub region: u32,
@@ -431,7 +427,13 @@ fn fill_and_submit(shared: &Shared, dir: &Dir, res: Reservation, places: &[Place
         // lie next to each other in the buffer too) merge into one run.
         runs = merge_sorted(runs);
     }
-    push_runs(&mut batch, dir, l.region_offset(res.region), runs);
+    let op_bytes = shared.cfg.write_op_bytes;
+    push_runs(
+        &mut batch,
+        dir,
+        (l.region_offset(res.region), op_bytes),
+        runs,
+    );
     batch.keep_alive(res.buf.clone());
     let ops = batch.len() as u64;
     add(&shared.stats.write_ios, ops);
@@ -547,14 +549,19 @@ fn merge_sorted(mut runs: Vec<(u64, *const u8, u64)>) -> Vec<(u64, *const u8, u6
 
 /// Adds the writes of `runs` (offset in the region at `region_start`,
 /// memory, length) to `batch`. One submission, but each run is cut into ops
-/// of at most WRITE_OP_BYTES: devices (NVMe, virtio) serve several moderate
-/// writes in parallel faster than one huge one. The caller keeps every
-/// run's memory alive in the batch.
-fn push_runs(batch: &mut IoBatch, dir: &Dir, region_start: u64, runs: Vec<(u64, *const u8, u64)>) {
+/// of at most `write_op_bytes` (the tier's configuration): devices (NVMe,
+/// virtio) serve several moderate writes in parallel faster than one huge
+/// one. The caller keeps every run's memory alive in the batch.
+fn push_runs(
+    batch: &mut IoBatch,
+    dir: &Dir,
+    (region_start, op_bytes): (u64, u64),
+    runs: Vec<(u64, *const u8, u64)>,
+) {
     for (off, ptr, len) in runs {
         let mut done = 0;
         while done < len {
-            let n = WRITE_OP_BYTES.min(len - done);
+            let n = op_bytes.min(len - done);
             let op = IoOp {
                 kind: IoKind::Write,
                 file: dir.file,

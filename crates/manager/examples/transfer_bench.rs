@@ -104,6 +104,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
             reset: false,
             buffers_per_dir: 4,
             layer_sums_cache: 16384,
+            write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
             layout: kvtier_disk::RegionLayout::Block,
             prefill: true,
         },

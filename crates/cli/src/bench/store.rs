@@ -70,6 +70,10 @@ pub struct StoreBenchArgs {
     /// 2 MiB instead of per 4 KiB page. fio keeps its own buffers.
     #[arg(long)]
     huge_pages: bool,
+    /// Largest write op of the disk tier (`[disk] write_op_bytes`), e.g.
+    /// 1MiB with `--huge-pages`.
+    #[arg(long, default_value = "128KiB")]
+    write_op_size: String,
     /// Region layout of the disk tier's lives: block (each block
     /// contiguous) or layer (each layer of a region's blocks contiguous).
     #[arg(long, default_value = "block", value_parser = ["block", "layer"])]
@@ -86,6 +90,7 @@ struct Plan {
     rounds: u64,
     run_blocks: usize,
     layout: RegionLayout,
+    write_op_bytes: u64,
 }
 
 /// Runs the benchmark.
@@ -127,6 +132,11 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         } else {
             args.run_blocks as usize
         },
+        write_op_bytes: args
+            .write_op_size
+            .parse::<kvtier_core::ByteSize>()
+            .context("--write-op-size")?
+            .bytes(),
         layout: match args.disk_layout.as_str() {
             "layer" => RegionLayout::Layer,
             _ => RegionLayout::Block,
@@ -192,6 +202,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             "rounds": plan.rounds,
             "disk_layout": args.disk_layout,
             "huge_pages": args.huge_pages,
+            "write_op_bytes": plan.write_op_bytes,
             "cases": cases,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -367,6 +378,7 @@ async fn disk_cases(
         reset: true,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        write_op_bytes: plan.write_op_bytes,
         layout: plan.layout,
         prefill: true,
     };

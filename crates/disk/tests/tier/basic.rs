@@ -15,6 +15,7 @@ both_engines!(
     wrong_lengths_are_refused,
     concurrent_puts_and_gets,
     odd_sizes_use_bounce_buffers,
+    writes_leave_in_ops_of_at_most_write_op_bytes,
 );
 
 async fn odd_sizes_use_bounce_buffers(kind: Kind) {
@@ -313,3 +314,38 @@ async fn concurrent_puts_and_gets(kind: Kind) {
 }
 
 both_layouts!(periodic_checkpoints_run_in_the_background);
+
+async fn writes_leave_in_ops_of_at_most_write_op_bytes(kind: Kind) {
+    let g = geometry();
+    // One extent of 10 slots (4 KiB header + 16 KiB block each) at a
+    // region's start, after the 4 KiB region header, copied into the region
+    // buffer. Block-major it is one run of 204 KiB; layer-major, row 0 (84
+    // KiB with the region header) and three rows of 40 KiB.
+    let ceil = |n: u64, op: u64| n.div_ceil(op);
+    let block_ops = |op| ceil(4096 + 10 * 20480, op);
+    let layer_ops = |op| ceil(4096 + 10 * 8192, op) + 3 * ceil(10 * 4096, op);
+    for op_bytes in [kvtier_disk::DEFAULT_WRITE_OP_BYTES, 8192, 4096] {
+        let (_t, d) = dirs(1);
+        let mut cfg = config(d, 4 * REGION);
+        cfg.write_op_bytes = op_bytes;
+        let tier = DiskTier::open(cfg, kind.engine()).unwrap();
+        let blocks = Blocks::range(&g, 31, 0..10);
+        let before = tier.stats().write_ios;
+        put_all(&tier, &blocks, 10).await;
+        let ops = tier.stats().write_ios - before;
+        let want = match layout() {
+            kvtier_disk::RegionLayout::Block => block_ops(op_bytes),
+            kvtier_disk::RegionLayout::Layer => layer_ops(op_bytes),
+        };
+        assert_eq!(ops, want, "write_op_bytes {op_bytes}");
+        check_all_hit(&tier, &blocks.keys).await;
+    }
+    // Not a multiple of 4096, or out of range: refused at open.
+    for bad in [0, 1000, 128 << 20] {
+        let (_t, d) = dirs(1);
+        let mut cfg = config(d, 4 * REGION);
+        cfg.write_op_bytes = bad;
+        let e = DiskTier::open(cfg, kind.engine()).unwrap_err();
+        assert!(matches!(e, DiskError::InvalidConfig(_)), "{e}");
+    }
+}

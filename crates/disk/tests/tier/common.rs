@@ -118,6 +118,7 @@ pub fn config(dirs: Vec<PathBuf>, capacity_per_dir: u64) -> DiskTierConfig {
         reset: false,
         buffers_per_dir: 2,
         layer_sums_cache: 16384,
+        write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
         prefill: false,
         layout: layout(),
     }

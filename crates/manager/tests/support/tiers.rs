@@ -69,6 +69,7 @@ pub fn disk_with(
         reset: false,
         buffers_per_dir: 2,
         layer_sums_cache: 1024,
+        write_op_bytes: kvtier_disk::DEFAULT_WRITE_OP_BYTES,
         layout,
         prefill: false,
     };
