@@ -38,6 +38,7 @@
 //! ```
 
 pub mod block_map;
+pub mod chain_order;
 pub mod checksum;
 pub mod config;
 pub mod error;

@@ -16,7 +16,8 @@
 //!   promotes the block to tier 0; room for a request is made before its
 //!   blocks come in, with its hits protected; victims are chosen by the
 //!   tier's policy, **leaves of the prefix tree first** (unless
-//!   `leaf_first` is off), and go to tier k + 1; those evicted from the
+//!   `leaf_first` is off), and go to tier k + 1, each prefix chain among
+//!   them contiguous and root first, as the node writes them; those evicted from the
 //!   last tier are dropped (`engine` lists every step; `kvtier-bench`'s
 //!   agreement test holds the replay to the real manager);
 //! - time: TTL expiry runs at each request's timestamp; the timeline buckets

@@ -8,7 +8,7 @@
 //! tier; room is made in tier 0 for the hits below it and the new blocks,
 //! the hits protected where they were found; victims are the least recent
 //! leaf (else the least recent block) and go one tier down unless a copy is
-//! there; hits move up; then every block of the request is in tier 0, in
+//! there, each chain among them contiguous and root first; hits move up; then every block of the request is in tier 0, in
 //! request order. (Every policy against the real manager: `kvtier-bench`'s
 //! agreement test; every policy's decisions: `kvtier-policy`'s tests.)
 
@@ -105,6 +105,29 @@ impl Model {
         (0..self.tiers.len()).find(|&t| self.tiers[t].holds(k))
     }
 
+    /// `victims` in the order the node moves them down: every chain among
+    /// them contiguous, root first, roots and siblings in victim order.
+    fn chain_ordered(&self, victims: &[Key]) -> Vec<Key> {
+        let among: HashSet<Key> = victims.iter().copied().collect();
+        let mut out = Vec::new();
+        for &v in victims {
+            if self.parent(v).is_none_or(|p| !among.contains(&p)) {
+                self.visit(v, victims, &mut out);
+            }
+        }
+        out
+    }
+
+    /// `v`, then its children among `victims`, depth first.
+    fn visit(&self, v: Key, victims: &[Key], out: &mut Vec<Key>) {
+        out.push(v);
+        for &c in victims {
+            if self.parent(c) == Some(v) {
+                self.visit(c, victims, out);
+            }
+        }
+    }
+
     fn make_room(&mut self, t: usize, n: usize) {
         let free = self.tiers[t].free();
         if free >= n {
@@ -124,6 +147,7 @@ impl Model {
             return;
         }
         victims.retain(|v| !self.tiers[t + 1].holds(*v));
+        let victims = self.chain_ordered(&victims);
         self.make_room(t + 1, victims.len());
         for v in victims {
             if self.tiers[t + 1].free() > 0 {

@@ -44,40 +44,7 @@ pub(crate) fn order_chains<L: PoolLock>(
                 .filter(|&j| j != i && moves[j].path == moves[i].path)
         })
         .collect();
-    // Children as one flat list (compressed rows), each node's children in
-    // planned order.
-    let mut start = vec![0usize; n + 1];
-    for &p in up.iter().flatten() {
-        start[p + 1] += 1;
-    }
-    for i in 0..n {
-        start[i + 1] += start[i];
-    }
-    let mut fill = start.clone();
-    let mut kids = vec![0usize; start[n]];
-    for (i, p) in up.iter().enumerate() {
-        if let Some(p) = *p {
-            kids[fill[p]] = i;
-            fill[p] += 1;
-        }
-    }
-    let mut order = Vec::with_capacity(n);
-    let mut seen = vec![false; n];
-    let mut stack = Vec::new();
-    for root in (0..n).filter(|&i| up[i].is_none()) {
-        stack.push(root);
-        while let Some(i) = stack.pop() {
-            if std::mem::replace(&mut seen[i], true) {
-                continue;
-            }
-            order.push(i);
-            // Reversed onto the stack so the first child is visited first.
-            stack.extend(kids[start[i]..start[i + 1]].iter().rev());
-        }
-    }
-    // Parent links cannot form a cycle (a hash covers its parent's), but
-    // should one appear its moves still go, after the rest.
-    order.extend((0..n).filter(|&i| !seen[i]));
+    let order = kvtier_core::chain_order::preorder(&up);
     let mut slots: Vec<Option<Move<L>>> = moves.into_iter().map(Some).collect();
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }

@@ -323,6 +323,7 @@ impl Engine {
         } else {
             // A copy already below: the victim leaves for free.
             victims.retain(|v| !self.blocks.holds(t + 1, *v));
+            self.chain_order(&mut victims);
             self.make_room(t + 1, victims.len(), now);
             for &v in &victims {
                 if self.tiers[t + 1].len < self.tiers[t + 1].capacity {
@@ -333,6 +334,23 @@ impl Engine {
             }
         }
         self.tiers[t].victims = victims;
+    }
+
+    /// Puts `victims` in the order the node's block manager moves them
+    /// down (`kvtier_core::chain_order`): each prefix chain contiguous,
+    /// root first, so the tier below takes them in the same order.
+    fn chain_order(&self, victims: &mut Vec<u32>) {
+        if victims.len() < 2 {
+            return;
+        }
+        let at: HashMap<u32, usize> = victims.iter().enumerate().map(|(i, v)| (*v, i)).collect();
+        let up: Vec<Option<usize>> = victims
+            .iter()
+            .map(|v| self.blocks.parent_of(*v).and_then(|p| at.get(&p).copied()))
+            .collect();
+        let order = kvtier_core::chain_order::preorder(&up);
+        let moved: Vec<u32> = order.iter().map(|&i| victims[i]).collect();
+        *victims = moved;
     }
 
     /// Tier `t`'s next victim among the blocks no request protects.
