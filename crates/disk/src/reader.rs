@@ -134,7 +134,8 @@ impl Plan {
         self.owners - 1
     }
 
-    /// Adds a read of `slot`'s header into a buffer of its own.
+    /// Adds a read of the slot header at file offset `offset` into a buffer
+    /// of its own.
     fn read_header(&mut self, shared: &Shared, file: FileId, offset: u64) -> HeaderAt {
         let l = &shared.layout;
         let op = self.batch.len();

@@ -16,23 +16,44 @@ use std::time::Instant;
 use super::measure::{Latencies, Run, process_cpu_time};
 use kvtier_io::AlignedBuf;
 
-/// Whether the I/O buffers of both sides are huge-page memory
-/// (`--huge-pages`): set once, before any case runs.
-static HUGE_PAGES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Backs the I/O buffers of both sides with huge pages from now on.
-pub fn use_huge_pages(on: bool) {
-    HUGE_PAGES.store(on, std::sync::atomic::Ordering::Relaxed);
+/// What memory the I/O buffers of both sides are (`--huge-pages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages {
+    /// Ordinary 4 KiB pages.
+    Ordinary,
+    /// Transparent huge pages (2 MiB).
+    Huge,
 }
 
-/// A zeroed I/O buffer of at least `len` bytes, 4 KiB-aligned: huge-page
-/// memory (whole huge pages) under `--huge-pages`, else exactly `len`
-/// bytes of ordinary pages.
-pub fn io_buf(len: usize) -> AlignedBuf {
-    match HUGE_PAGES.load(std::sync::atomic::Ordering::Relaxed) {
-        true => AlignedBuf::zeroed_huge(len),
-        false => AlignedBuf::zeroed(len, 4096),
+impl Pages {
+    /// `Huge` when `huge`.
+    pub fn from_flag(huge: bool) -> Self {
+        match huge {
+            true => Pages::Huge,
+            false => Pages::Ordinary,
+        }
     }
+
+    /// A zeroed I/O buffer of at least `len` bytes, 4 KiB-aligned: whole
+    /// huge pages, or exactly `len` bytes of ordinary pages.
+    pub fn buf(self, len: usize) -> AlignedBuf {
+        match self {
+            Pages::Huge => AlignedBuf::zeroed_huge(len),
+            Pages::Ordinary => AlignedBuf::zeroed(len, 4096),
+        }
+    }
+}
+
+/// A file the raw loop runs on: the file, its size, and the memory of the
+/// loop's buffers.
+#[derive(Clone, Copy)]
+pub struct RawFile<'a> {
+    /// Opened for direct I/O.
+    pub file: &'a File,
+    /// Bytes the loop may touch, from offset 0.
+    pub size: u64,
+    /// What the loop's buffers are.
+    pub pages: Pages,
 }
 
 /// Access pattern of a raw I/O baseline.
@@ -81,13 +102,12 @@ pub fn uring_name(pattern: Pattern) -> String {
     format!("raw io_uring O_DIRECT registered buffers, {pattern:?}")
 }
 
-/// Runs `ops` operations of `object_bytes` on `file` (of `file_size` bytes)
-/// keeping `qd` in flight, with registered buffers, and returns its totals.
+/// Runs `ops` operations of `object_bytes` on `raw` keeping `qd` in
+/// flight, with registered buffers, and returns its totals.
 /// Sequential writes start at operation `first_op` (so rounds continue
 /// where the previous one stopped).
 pub fn uring(
-    file: &File,
-    file_size: u64,
+    raw: &RawFile<'_>,
     object_bytes: u64,
     qd: u32,
     ops: u64,
@@ -99,7 +119,7 @@ pub fn uring(
     // ring (and with it every in-flight operation) is torn down first.
     let mut bufs: Vec<AlignedBuf> = (0..qd)
         .map(|i| {
-            let mut b = io_buf(object_bytes as usize);
+            let mut b = raw.pages.buf(object_bytes as usize);
             b.fill(i as u8 ^ 0x5a);
             b
         })
@@ -115,12 +135,12 @@ pub fn uring(
         IoUring::new(qd.next_power_of_two()).context("io_uring_setup for the baseline")?;
     // SAFETY: the buffers outlive the ring (declared before it, dropped after).
     let fixed = unsafe { ring.submitter().register_buffers(&iov) }.is_ok();
-    let slots = file_size / object_bytes;
+    let slots = raw.size / object_bytes;
     if slots == 0 {
         bail!("file smaller than one object");
     }
     let mut rng = StdRng::seed_from_u64(7 + first_op);
-    let fd = types::Fd(file.as_raw_fd());
+    let fd = types::Fd(raw.file.as_raw_fd());
     let mut started = vec![Instant::now(); qd as usize];
     let mut lat = Latencies::default();
     let (mut submitted, mut done, mut seq) = (0u64, 0u64, first_op);

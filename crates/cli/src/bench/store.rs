@@ -91,6 +91,7 @@ struct Plan {
     run_blocks: usize,
     layout: RegionLayout,
     write_op_bytes: u64,
+    pages: baseline::Pages,
 }
 
 /// Runs the benchmark.
@@ -141,8 +142,8 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
             "layer" => RegionLayout::Layer,
             _ => RegionLayout::Block,
         },
+        pages: baseline::Pages::from_flag(args.huge_pages),
     };
-    baseline::use_huge_pages(args.huge_pages);
     let engine =
         kvtier_io::build_engine(engine_kind, plan.qd, 8).context("building the I/O engine")?;
     if !args.json {
@@ -233,7 +234,7 @@ fn kvtier_first(r: u64) -> bool {
 struct ReadBench<'a> {
     tier: &'a DiskTier,
     engine: &'a dyn IoEngine,
-    raw: (&'a std::fs::File, u64),
+    raw: baseline::RawFile<'a>,
     fio: &'a dyn Fn(u64) -> Option<baseline::FioResult>,
     qd: u32,
     rounds: u64,
@@ -260,12 +261,10 @@ impl ReadBench<'_> {
                 true => Some(read_side(self.tier, pick, targets, self.qd, ops, r).await?),
                 false => None,
             };
-            let (file, extent) = self.raw;
-            let base = baseline::uring(file, extent, object, self.qd, ops, Pattern::RandRead, r)?;
+            let base = baseline::uring(&self.raw, object, self.qd, ops, Pattern::RandRead, r)?;
             let pieces = match per_target {
                 true => Some(baseline::uring(
-                    file,
-                    extent,
+                    &self.raw,
                     targets.len as u64,
                     self.qd,
                     ops * per_object,
@@ -388,18 +387,20 @@ async fn disk_cases(
     // computed up front (the store carries them; it does not hash on write).
     // Pieces of one registered pool, as the node writes demoted blocks from
     // its one registered arena.
-    let sources: Vec<Arc<dyn DmaSource>> = Piece::pool(engine.as_ref(), block as usize, 8)
-        .into_iter()
-        .enumerate()
-        .map(|(s, piece)| {
-            // SAFETY: the piece is ours alone until it becomes a source.
-            let bytes = unsafe { std::slice::from_raw_parts_mut(piece.at as *mut u8, piece.len) };
-            for (i, x) in bytes.iter_mut().enumerate() {
-                *x = (i as u8).wrapping_mul(31) ^ s as u8;
-            }
-            Arc::new(piece) as Arc<dyn DmaSource>
-        })
-        .collect();
+    let sources: Vec<Arc<dyn DmaSource>> =
+        Piece::pool(engine.as_ref(), block as usize, 8, plan.pages)
+            .into_iter()
+            .enumerate()
+            .map(|(s, piece)| {
+                // SAFETY: the piece is ours alone until it becomes a source.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(piece.at as *mut u8, piece.len) };
+                for (i, x) in bytes.iter_mut().enumerate() {
+                    *x = (i as u8).wrapping_mul(31) ^ s as u8;
+                }
+                Arc::new(piece) as Arc<dyn DmaSource>
+            })
+            .collect();
     let keys: Vec<BlockHash> = (0..nblocks)
         .map(|i| BlockHash(0xb10c_0000_0000 + i as u128))
         .collect();
@@ -442,8 +443,11 @@ async fn disk_cases(
             false => None,
         };
         let base = baseline::uring(
-            &file,
-            data_bytes,
+            &baseline::RawFile {
+                file: &file,
+                size: data_bytes,
+                pages: plan.pages,
+            },
             block,
             qd,
             per_round,
@@ -487,13 +491,18 @@ async fn disk_cases(
     let bench = ReadBench {
         tier: &tier,
         engine: engine.as_ref(),
-        raw: (&read_file, read_bytes),
+        raw: baseline::RawFile {
+            file: &read_file,
+            size: read_bytes,
+            pages: plan.pages,
+        },
         fio: &fio_read,
         qd,
         rounds,
     };
     let written = Arc::new(written.to_vec());
-    let mut block_targets = ReadTargets::new(engine.as_ref(), block as usize, batch_of(qd));
+    let mut block_targets =
+        ReadTargets::new(engine.as_ref(), block as usize, batch_of(qd), plan.pages);
     let (reads, _) = bench
         .rounds(
             &Pick::Blocks(written.clone()),
@@ -529,7 +538,8 @@ async fn disk_cases(
         // As many bytes as the other cases: every layer of every block, in
         // random order.
         let layer_ops = per_round * geometry.layers as u64;
-        let mut layer_targets = ReadTargets::new(engine.as_ref(), layer as usize, batch_of(qd));
+        let mut layer_targets =
+            ReadTargets::new(engine.as_ref(), layer as usize, batch_of(qd), plan.pages);
         let pick = Pick::Layers(written.clone(), geometry.layers);
         let (layer_reads, _) = bench
             .rounds(&pick, &mut layer_targets, layer_ops, false)
@@ -685,16 +695,13 @@ async fn engine_case(
     let size = (ops * object).max(64 << 20);
     let path = plan.dir.join(format!("engine-{label}.dat"));
     let file = baseline::open_direct_file(&path, size)?;
-    // Written once so reads hit real data, not unwritten extents.
-    baseline::uring(
-        &file,
+    let raw = baseline::RawFile {
+        file: &file,
         size,
-        1 << 20,
-        plan.qd,
-        size >> 20,
-        Pattern::SeqWrite,
-        0,
-    )?;
+        pages: plan.pages,
+    };
+    // Written once so reads hit real data, not unwritten extents.
+    baseline::uring(&raw, 1 << 20, plan.qd, size >> 20, Pattern::SeqWrite, 0)?;
     let id = engine.register_file(file.try_clone()?)?;
     let align = kvtier_io::dio_alignment(&path);
     let per_round = ops / plan.rounds;
@@ -711,15 +718,7 @@ async fn engine_case(
     }
     let mut rounds = Rounds::default();
     for r in 0..plan.rounds {
-        let base = baseline::uring(
-            &file,
-            size,
-            object,
-            plan.qd,
-            per_round,
-            Pattern::RandRead,
-            r,
-        )?;
+        let base = baseline::uring(&raw, object, plan.qd, per_round, Pattern::RandRead, r)?;
         let reads = EngineReads {
             id,
             object,
@@ -941,9 +940,9 @@ struct ReadTargets {
 impl ReadTargets {
     /// `count` registered targets of `len` bytes for each of the
     /// [`WRITERS`] workers.
-    fn new(engine: &dyn IoEngine, len: usize, count: usize) -> Self {
+    fn new(engine: &dyn IoEngine, len: usize, count: usize, pages: baseline::Pages) -> Self {
         let per_worker = (0..WRITERS)
-            .map(|_| Piece::pool(engine, len, count))
+            .map(|_| Piece::pool(engine, len, count, pages))
             .collect();
         ReadTargets { len, per_worker }
     }
@@ -957,10 +956,10 @@ struct Piece {
 }
 
 impl Piece {
-    /// `count` pieces of `len` bytes of one new pool, registered with
-    /// `engine` (huge-page memory under `--huge-pages`).
-    fn pool(engine: &dyn IoEngine, len: usize, count: usize) -> Vec<Piece> {
-        let mut pool = baseline::io_buf(len * count);
+    /// `count` pieces of `len` bytes of one new pool of `pages`,
+    /// registered with `engine`.
+    fn pool(engine: &dyn IoEngine, len: usize, count: usize, pages: baseline::Pages) -> Vec<Piece> {
+        let mut pool = pages.buf(len * count);
         let base = pool.as_mut_ptr();
         // SAFETY: the pool is leaked right here, so the range outlives the
         // engine, which may use registered memory for its whole life.

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use kvtier_core::BlockHash;
 
 use super::BlockManager;
-use crate::placement::{CascadeMode, Move, order_chains};
+use crate::placement::{CascadeMode, ChainMoves, Move};
 use crate::pool::BlockPool;
 use crate::transfer::{BlockMove, TransferHandle, TransferRequest};
 use crate::{Tier, TransferPath};
@@ -64,8 +64,7 @@ impl BlockManager {
             if !going.is_empty() {
                 self.make_room(to, going.len()).await;
             }
-            let mut moves = Vec::with_capacity(going.len());
-            let mut parents = Vec::with_capacity(going.len());
+            let mut moves = ChainMoves::with_capacity(going.len());
             for source in going {
                 let hash = source.hash();
                 let parent = pool.parent_of(hash).flatten();
@@ -74,15 +73,15 @@ impl BlockManager {
                 };
                 match below_pool.begin_incoming(hash, parent) {
                     Ok(destination) => {
-                        moves.push(Move {
+                        let m = Move {
                             hash,
                             from: tier,
                             to,
                             path,
                             source,
                             destination,
-                        });
-                        parents.push(parent);
+                        };
+                        moves.push(m, parent);
                     }
                     // No room below even now: dropping the guard unfinished
                     // keeps the block here.
@@ -90,7 +89,7 @@ impl BlockManager {
                 }
             }
             // Victims leave leaf first; the disk wants chains root first.
-            let moves = order_chains(moves, &parents);
+            let moves = moves.finish();
             self.counters.lock().offloaded[tier.index()] += moves.len() as u64;
             for h in self.submit_moves(moves) {
                 h.wait().await;

@@ -12,6 +12,36 @@ use kvtier_core::{BlockHash, BlockHashMap};
 use super::Move;
 use crate::pool::PoolLock;
 
+/// A round's moves as they are planned, each beside its block's parent;
+/// [`ChainMoves::finish`] hands them over in chain order. Every planner of
+/// moves into a lower tier collects through it, so none can forget the
+/// order.
+pub(crate) struct ChainMoves<L: PoolLock> {
+    moves: Vec<Move<L>>,
+    parents: Vec<Option<BlockHash>>,
+}
+
+impl<L: PoolLock> ChainMoves<L> {
+    /// Room for `n` moves.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        ChainMoves {
+            moves: Vec::with_capacity(n),
+            parents: Vec::with_capacity(n),
+        }
+    }
+
+    /// Adds a move; `parent` is its block's parent, if known.
+    pub(crate) fn push(&mut self, m: Move<L>, parent: Option<BlockHash>) {
+        self.moves.push(m);
+        self.parents.push(parent);
+    }
+
+    /// The moves, chain-contiguous and root first ([`order_chains`]).
+    pub(crate) fn finish(self) -> Vec<Move<L>> {
+        order_chains(self.moves, &self.parents)
+    }
+}
+
 /// Reorders `moves` so that the moves of one prefix chain (per transfer
 /// path) are contiguous and each parent comes before its children: a
 /// depth-first preorder of the forest the parent links form within the
@@ -19,10 +49,7 @@ use crate::pool::PoolLock;
 /// an unknown parent). Roots keep their planned order, as do siblings, so
 /// the order is deterministic; which moves are in the batch never changes.
 /// O(n).
-pub(crate) fn order_chains<L: PoolLock>(
-    moves: Vec<Move<L>>,
-    parents: &[Option<BlockHash>],
-) -> Vec<Move<L>> {
+fn order_chains<L: PoolLock>(moves: Vec<Move<L>>, parents: &[Option<BlockHash>]) -> Vec<Move<L>> {
     let n = moves.len();
     if n < 2 {
         return moves;

@@ -3,7 +3,7 @@
 
 use kvtier_core::BlockHash;
 
-use super::{CascadeMode, Move, Planner, order_chains};
+use super::{CascadeMode, ChainMoves, Move, Planner};
 use crate::pool::{DefaultLock, OutgoingBlock, PoolError, PoolLock};
 use crate::registry::Registry;
 use crate::{Tier, TransferPath};
@@ -62,13 +62,13 @@ impl Planner {
     /// allocations rarely have to evict.
     ///
     /// The moves come out chain-contiguous and root first (see
-    /// `chain_order::order_chains`): a pool gives up leaves first, so a cold chain
+    /// `chain_order::ChainMoves`): a pool gives up leaves first, so a cold chain
     /// leaves leaf first, but the disk tier puts a batch on consecutive
     /// slots in order and a later prefix hit reads a run of them from the
     /// chain's first block.
     pub fn plan_offload<L: PoolLock>(&self, registry: &Registry<L>) -> OffloadPlan<L> {
         let mut plan = OffloadPlan::default();
-        let mut parents = Vec::new();
+        let mut moves = ChainMoves::with_capacity(0);
         let tiers: Vec<Tier> = registry.tiers().collect();
         for &tier in tiers.iter().rev() {
             let Some(pool) = registry.pool(tier) else {
@@ -83,10 +83,10 @@ impl Planner {
             }
             let excess = used - config.low_blocks();
             for leaving in pool.plan_leaving(excess) {
-                self.route_down(registry, tier, leaving, &mut plan, &mut parents);
+                self.route_down(registry, tier, leaving, &mut plan, &mut moves);
             }
         }
-        plan.moves = order_chains(std::mem::take(&mut plan.moves), &parents);
+        plan.moves = moves.finish();
         plan
     }
 
@@ -105,15 +105,15 @@ impl Planner {
         dropped
     }
 
-    /// Sends one leaving block to the tier below, or lets it go. For each
-    /// move it adds to `plan.moves` it adds the block's parent to `parents`.
+    /// Sends one leaving block to the tier below (a move added to `moves`),
+    /// or lets it go (noted in `plan`).
     fn route_down<L: PoolLock>(
         &self,
         registry: &Registry<L>,
         tier: Tier,
         leaving: OutgoingBlock<L>,
         plan: &mut OffloadPlan<L>,
-        parents: &mut Vec<Option<BlockHash>>,
+        moves: &mut ChainMoves<L>,
     ) {
         let hash = leaving.hash();
         let below = registry.below(tier);
@@ -139,15 +139,15 @@ impl Planner {
         let parent = leaving.pool().parent_of(hash).flatten();
         match below_pool.begin_incoming(hash, parent) {
             Ok(destination) => {
-                plan.moves.push(Move {
+                let m = Move {
                     hash,
                     from: tier,
                     to,
                     path,
                     source: leaving,
                     destination,
-                });
-                parents.push(parent);
+                };
+                moves.push(m, parent);
             }
             Err(PoolError::AlreadyResident(_) | PoolError::InFlight(_)) => {
                 leaving.finish();
@@ -173,17 +173,16 @@ impl Planner {
         tier: Tier,
         hashes: &[BlockHash],
     ) -> Vec<Move<L>> {
-        let mut moves = Vec::new();
-        let mut parents = Vec::new();
+        let mut moves = ChainMoves::with_capacity(hashes.len());
         if self.config.mode != CascadeMode::Inclusive {
-            return moves;
+            return Vec::new();
         }
         let (Some(pool), Some((to, below_pool))) = (registry.pool(tier), registry.below(tier))
         else {
-            return moves;
+            return Vec::new();
         };
         let Some(path) = TransferPath::between(tier, to) else {
-            return moves;
+            return Vec::new();
         };
         for &hash in hashes {
             if below_pool.presence(hash).is_some() || !self.admits(to, hash) {
@@ -194,17 +193,17 @@ impl Planner {
             };
             let parent = pool.parent_of(hash).flatten();
             if let Ok(destination) = below_pool.begin_incoming(hash, parent) {
-                moves.push(Move {
+                let m = Move {
                     hash,
                     from: tier,
                     to,
                     path,
                     source,
                     destination,
-                });
-                parents.push(parent);
+                };
+                moves.push(m, parent);
             }
         }
-        order_chains(moves, &parents)
+        moves.finish()
     }
 }

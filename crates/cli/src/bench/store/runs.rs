@@ -75,7 +75,8 @@ pub(super) async fn run_layer_cases(
     let layer = geometry.layer_bytes();
     let per_batch = batch_of(bench.qd);
     let ops = (layer_ops / run_blocks as u64).max((WRITERS * per_batch) as u64);
-    let mut targets = ReadTargets::new(bench.engine, layer as usize, per_batch * run_blocks);
+    let count = per_batch * run_blocks;
+    let mut targets = ReadTargets::new(bench.engine, layer as usize, count, bench.raw.pages);
     let pick = Pick::RunLayers(Arc::new(runs), geometry.layers);
     let (against_runs, against_layers) = bench.rounds(&pick, &mut targets, ops, true).await?;
     let what = format!(
