@@ -39,19 +39,45 @@ pub const INDEX_FILE: &str = "kvtier-disk.index";
 /// `flock` on it marks the directory as in use).
 pub const LOCK_FILE: &str = "kvtier-disk.lock";
 
-/// Takes the directory's exclusive lock; the returned file holds it until
-/// dropped (or the process dies). With std: the lock file is never written,
-/// only opened and `flock`ed.
-pub fn lock_dir(dir: &Path) -> Result<File> {
+/// A directory's exclusive lock, taken by [`lock_dir`] and held until this
+/// value is dropped (or the process dies).
+#[derive(Debug)]
+pub struct DirLock {
+    file: File,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Unlock explicitly instead of leaving it to close(2). A `flock`
+        // belongs to the open file description, not to our descriptor, and a
+        // child process forked by any thread of this process (a test
+        // harness's sibling test, an embedding server's helper) holds a
+        // copy of every descriptor until it execs: close-on-exec closes them
+        // only then. Closing ours alone would keep the directory locked for
+        // as long as such a child sits between fork and exec, and a re-open
+        // right after the tier is dropped would fail with `Locked`.
+        // `LOCK_UN` releases the lock for every copy of the description.
+        // Nothing to do if it fails: closing the file below still releases
+        // it once no copy is left.
+        let _ = rustix::fs::flock(&self.file, rustix::fs::FlockOperation::Unlock);
+    }
+}
+
+/// Takes the directory's exclusive lock; the returned [`DirLock`] holds it
+/// until dropped (or the process dies), and releases it at that moment even
+/// if a child process forked meanwhile still has a copy of the lock file's
+/// descriptor. With std: the lock file is never written, only opened and
+/// `flock`ed.
+pub fn lock_dir(dir: &Path) -> Result<DirLock> {
     let path = dir.join(LOCK_FILE);
-    let f = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
         .map_err(|e| DiskError::io(&path, e))?;
-    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(f),
+    match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(DirLock { file }),
         Err(rustix::io::Errno::WOULDBLOCK) => Err(DiskError::Locked {
             dir: dir.to_path_buf(),
         }),

@@ -23,8 +23,8 @@ use crate::format::{
 use crate::index::Index;
 use crate::latch::state;
 use crate::meta::{
-    DATA_FILE, INDEX_FILE, META_FILE, Meta, new_creation_id, read_optional, remove_optional,
-    write_atomic,
+    DATA_FILE, DirLock, INDEX_FILE, META_FILE, Meta, new_creation_id, read_optional,
+    remove_optional, write_atomic,
 };
 use crate::pool::BufPool;
 use crate::reclaim::ReclaimListener;
@@ -77,7 +77,7 @@ pub(crate) struct Dir {
     /// once the directory may hold v2 lives).
     pub version: u32,
     /// Holds the directory's exclusive lock while the tier lives.
-    pub _lock: File,
+    pub _lock: DirLock,
     /// Latched after a failed write: no more writes go here.
     pub failed: AtomicBool,
     /// The regions of the data file.
@@ -693,7 +693,7 @@ fn prepare_dir(
     path: &std::path::Path,
     fp: u64,
     (engine, latch): (&dyn IoEngine, &SyncLatch),
-) -> Result<(File, Meta, File)> {
+) -> Result<(DirLock, Meta, File)> {
     // With std: creating a directory moves no data (the engine has no
     // mkdir); the files in it are made durable through the engine (the
     // meta file's atomic write syncs this directory).

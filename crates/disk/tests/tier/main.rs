@@ -10,6 +10,7 @@ mod crash;
 mod direct;
 mod layout;
 mod listener;
+mod lock;
 mod reclaim;
 mod recovery;
 mod runs;
