@@ -30,6 +30,7 @@ fn disk_cfg(dir: &Path) -> DiskTierConfig {
         &cfg,
         vec![dir.to_path_buf()],
         ModelPreset::Tiny.geometry(32),
+        4096,
     )
 }
 

@@ -51,15 +51,74 @@ pub struct DiskConfig {
     /// v2, which older builds refuse.
     pub layout: RegionLayout,
     /// Largest write operation: an extent leaves in ops of at most this
-    /// many bytes (a multiple of 4096, 4KiB to 64MiB). 128KiB suits memory
-    /// in 4 KiB pages; with the arena in huge pages (`[memory] hugepages`)
-    /// 1MiB writes 2 MiB blocks faster and with a third of the CPU
-    /// (docs/benchmarks.md, "Huge pages").
-    pub write_op_bytes: ByteSize,
+    /// many bytes (a multiple of 4096, 4KiB to 64MiB), or `"auto"` (the
+    /// default): [`HUGE_PAGE_WRITE_OP_BYTES`] when the arena blocks are
+    /// written from is in huge pages, else [`DEFAULT_WRITE_OP_BYTES`]
+    /// (see [`WriteOpBytes::resolve`]).
+    pub write_op_bytes: WriteOpBytes,
 }
 
-/// [`DiskConfig::write_op_bytes`]'s default.
+/// The largest write op for memory in 4 KiB pages. Larger ops lost
+/// bandwidth there (a 1 MiB op of such memory is 256 segments, past what
+/// many devices take in one request; docs/benchmarks.md, "Huge pages").
 pub const DEFAULT_WRITE_OP_BYTES: u64 = 128 << 10;
+
+/// The largest write op for memory in huge pages: 1 MiB ops wrote 2 MiB
+/// blocks faster than 128 KiB ones and with a third of the CPU
+/// (docs/benchmarks.md, "Huge pages").
+pub const HUGE_PAGE_WRITE_OP_BYTES: u64 = 1 << 20;
+
+/// [`DiskConfig::write_op_bytes`]: chosen from the memory's page size, or
+/// set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WriteOpBytes {
+    /// By the page size of the memory written from (`"auto"`).
+    #[default]
+    Auto,
+    /// This many bytes.
+    Set(ByteSize),
+}
+
+impl WriteOpBytes {
+    /// The op size for writes from memory in pages of `page_bytes`: a set
+    /// size as it is; `Auto` gives [`HUGE_PAGE_WRITE_OP_BYTES`] for pages
+    /// of 2 MiB or more, else [`DEFAULT_WRITE_OP_BYTES`].
+    pub fn resolve(self, page_bytes: usize) -> u64 {
+        match self {
+            WriteOpBytes::Set(b) => b.bytes(),
+            WriteOpBytes::Auto if page_bytes >= 2 << 20 => HUGE_PAGE_WRITE_OP_BYTES,
+            WriteOpBytes::Auto => DEFAULT_WRITE_OP_BYTES,
+        }
+    }
+}
+
+impl Serialize for WriteOpBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            WriteOpBytes::Auto => s.serialize_str("auto"),
+            WriteOpBytes::Set(b) => b.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for WriteOpBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(WriteOpBytes::Set(ByteSize(n))),
+            Raw::S(s) if s == "auto" => Ok(WriteOpBytes::Auto),
+            Raw::S(s) => s
+                .parse()
+                .map(WriteOpBytes::Set)
+                .map_err(|e| serde::de::Error::custom(format!("{e} (or \"auto\")"))),
+        }
+    }
+}
 
 impl Default for DiskConfig {
     fn default() -> Self {
@@ -77,7 +136,7 @@ impl Default for DiskConfig {
             sync: true,
             prefill: true,
             layout: RegionLayout::Block,
-            write_op_bytes: ByteSize(DEFAULT_WRITE_OP_BYTES),
+            write_op_bytes: WriteOpBytes::Auto,
         }
     }
 }
@@ -98,7 +157,9 @@ impl DiskConfig {
         if self.psync_threads == 0 {
             return bad("disk.psync_threads must be positive");
         }
-        if let Err(why) = check_write_op_bytes(self.write_op_bytes.0) {
+        if let WriteOpBytes::Set(b) = self.write_op_bytes
+            && let Err(why) = check_write_op_bytes(b.bytes())
+        {
             return bad(&format!("disk.write_op_bytes {why}"));
         }
         Ok(())
@@ -162,15 +223,21 @@ pub struct DiskTierConfig {
     pub prefill: bool,
     /// Layout of new region lives ([`DiskConfig::layout`]).
     pub layout: RegionLayout,
-    /// Largest write operation, in bytes ([`DiskConfig::write_op_bytes`];
-    /// [`DEFAULT_WRITE_OP_BYTES`] unless memory is in huge pages).
+    /// Largest write operation, in bytes ([`DiskConfig::write_op_bytes`]
+    /// resolved for the memory written from).
     pub write_op_bytes: u64,
 }
 
 impl DiskTierConfig {
     /// The configuration of the `[disk]` section `cfg` for `dirs` (the
-    /// resolved directories) and `geometry`.
-    pub fn new(cfg: &DiskConfig, dirs: Vec<PathBuf>, geometry: Geometry) -> Self {
+    /// resolved directories) and `geometry`, writing blocks from memory in
+    /// pages of `page_bytes` (the arena's).
+    pub fn new(
+        cfg: &DiskConfig,
+        dirs: Vec<PathBuf>,
+        geometry: Geometry,
+        page_bytes: usize,
+    ) -> Self {
         DiskTierConfig {
             dirs,
             capacity_per_dir: cfg.capacity_per_dir.bytes(),
@@ -186,7 +253,7 @@ impl DiskTierConfig {
             layer_sums_cache: 16384,
             prefill: cfg.prefill,
             layout: cfg.layout,
-            write_op_bytes: cfg.write_op_bytes.bytes(),
+            write_op_bytes: cfg.write_op_bytes.resolve(page_bytes),
         }
     }
 }
@@ -200,14 +267,37 @@ mod tests {
         let mut c = DiskConfig::default();
         assert!(c.validate().is_ok());
         for bad in [0, 1000, 4095, 4097, 128 << 20] {
-            c.write_op_bytes = ByteSize(bad);
+            c.write_op_bytes = WriteOpBytes::Set(ByteSize(bad));
             assert!(c.validate().is_err(), "{bad}");
         }
         for good in [4096, 1 << 20, 64 << 20] {
-            c.write_op_bytes = ByteSize(good);
+            c.write_op_bytes = WriteOpBytes::Set(ByteSize(good));
             assert!(c.validate().is_ok(), "{good}");
         }
         let parsed: DiskConfig = toml::from_str("write_op_bytes = \"1MiB\"").unwrap();
-        assert_eq!(parsed.write_op_bytes, ByteSize(1 << 20));
+        assert_eq!(parsed.write_op_bytes, WriteOpBytes::Set(ByteSize(1 << 20)));
+        let parsed: DiskConfig = toml::from_str("write_op_bytes = 65536").unwrap();
+        assert_eq!(parsed.write_op_bytes, WriteOpBytes::Set(ByteSize(64 << 10)));
+        let err = toml::from_str::<DiskConfig>("write_op_bytes = \"big\"").unwrap_err();
+        assert!(err.to_string().contains("auto"), "{err}");
+    }
+
+    #[test]
+    fn auto_write_op_bytes_follow_the_page_size_and_a_set_size_wins() {
+        let parsed: DiskConfig = toml::from_str("write_op_bytes = \"auto\"").unwrap();
+        assert_eq!(parsed.write_op_bytes, WriteOpBytes::Auto);
+        assert_eq!(DiskConfig::default().write_op_bytes, WriteOpBytes::Auto);
+        let auto = WriteOpBytes::Auto;
+        assert_eq!(auto.resolve(4096), DEFAULT_WRITE_OP_BYTES);
+        assert_eq!(auto.resolve(2 << 20), HUGE_PAGE_WRITE_OP_BYTES);
+        let set = WriteOpBytes::Set(ByteSize(256 << 10));
+        assert_eq!(set.resolve(4096), 256 << 10);
+        assert_eq!(set.resolve(2 << 20), 256 << 10);
+        let geometry = Geometry::raw(4, 16 << 10).unwrap();
+        let huge = DiskTierConfig::new(&parsed, Vec::new(), geometry, 2 << 20);
+        assert_eq!(huge.write_op_bytes, HUGE_PAGE_WRITE_OP_BYTES);
+        // Written back as it was read.
+        let text = toml::to_string(&parsed).unwrap();
+        assert!(text.contains("write_op_bytes = \"auto\""), "{text}");
     }
 }

@@ -99,7 +99,9 @@ mod stats;
 mod tier;
 mod writer;
 
-pub use config::{DEFAULT_WRITE_OP_BYTES, DiskConfig, DiskTierConfig};
+pub use config::{
+    DEFAULT_WRITE_OP_BYTES, DiskConfig, DiskTierConfig, HUGE_PAGE_WRITE_OP_BYTES, WriteOpBytes,
+};
 pub use error::{DiskError, Result};
 pub use format::RegionLayout;
 pub use reclaim::ReclaimListener;

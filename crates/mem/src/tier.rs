@@ -328,6 +328,12 @@ impl MemoryTier {
         self.inner.layout.slot_bytes
     }
 
+    /// The page size the arena was laid out for: 2 MiB when it was created
+    /// for huge pages (`hugepages` set and available), else 4 KiB.
+    pub fn page_bytes(&self) -> usize {
+        self.inner.layout.page_bytes
+    }
+
     /// Bytes of the shared-memory file: header, slot table and slots (what
     /// a daemon announces to clients as the arena's length).
     pub fn file_bytes(&self) -> u64 {

@@ -259,7 +259,7 @@ async fn open_disk(
         // memory.
         unsafe { engine.register_memory(ptr, len) };
     }
-    let cfg = DiskTierConfig::new(&config.disk, dirs, geometry);
+    let cfg = DiskTierConfig::new(&config.disk, dirs, geometry, memory.page_bytes());
     tokio::task::spawn_blocking(move || DiskTier::open(cfg, engine))
         .await
         .map_err(|_| NodeError::TaskLost)?

@@ -56,11 +56,20 @@ pub struct RawFile<'a> {
     pub pages: Pages,
 }
 
+/// The header write of [`Pattern::SeqWriteHeadered`], the disk tier's slot
+/// header size.
+const HEADER_BYTES: u64 = 4096;
+
 /// Access pattern of a raw I/O baseline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
     /// Sequential writes from offset 0, wrapping at the file's end.
     SeqWrite,
+    /// Sequential writes, each object preceded by a write of a 4 KiB
+    /// header right before it (`HEADER_BYTES + object` per object), as the
+    /// disk tier writes block-major slots: the same ops as the tier's, so
+    /// what the tier adds beyond its header op shows apart.
+    SeqWriteHeadered,
     /// Reads at uniformly random aligned offsets.
     RandRead,
 }
@@ -102,8 +111,9 @@ pub fn uring_name(pattern: Pattern) -> String {
     format!("raw io_uring O_DIRECT registered buffers, {pattern:?}")
 }
 
-/// Runs `ops` operations of `object_bytes` on `raw` keeping `qd` in
-/// flight, with registered buffers, and returns its totals.
+/// Runs `ops` operations of `object_bytes` on `raw` keeping `qd` ops in
+/// flight (a headered object takes two), with registered buffers, and
+/// returns its totals (bytes: the objects', headers not counted).
 /// Sequential writes start at operation `first_op` (so rounds continue
 /// where the previous one stopped).
 pub fn uring(
@@ -135,60 +145,83 @@ pub fn uring(
         IoUring::new(qd.next_power_of_two()).context("io_uring_setup for the baseline")?;
     // SAFETY: the buffers outlive the ring (declared before it, dropped after).
     let fixed = unsafe { ring.submitter().register_buffers(&iov) }.is_ok();
-    let slots = raw.size / object_bytes;
+    let headered = pattern == Pattern::SeqWriteHeadered;
+    // Bytes per object on disk, and ops per object.
+    let (stride, ops_per_object) = match headered {
+        true => (HEADER_BYTES + object_bytes, 2),
+        false => (object_bytes, 1),
+    };
+    let slots = raw.size / stride;
     if slots == 0 {
         bail!("file smaller than one object");
     }
     let mut rng = StdRng::seed_from_u64(7 + first_op);
     let fd = types::Fd(raw.file.as_raw_fd());
     let mut started = vec![Instant::now(); qd as usize];
+    // Ops in flight per buffer: it is free again at zero.
+    let mut pending = vec![0u32; qd as usize];
     let mut lat = Latencies::default();
     let (mut submitted, mut done, mut seq) = (0u64, 0u64, first_op);
+    let mut in_flight = 0u32;
     let mut free: Vec<u32> = (0..qd).collect();
     let cpu0 = process_cpu_time();
     let t0 = Instant::now();
     while done < ops {
-        while submitted < ops {
+        // At most `qd` ops in flight, as kvtier's engine allows.
+        while submitted < ops && in_flight + ops_per_object <= qd {
             let Some(slot) = free.pop() else { break };
             let offset = match pattern {
-                Pattern::SeqWrite => {
-                    let o = (seq % slots) * object_bytes;
+                Pattern::SeqWrite | Pattern::SeqWriteHeadered => {
+                    let o = (seq % slots) * stride;
                     seq += 1;
                     o
                 }
                 Pattern::RandRead => rng.random_range(0..slots) * object_bytes,
             };
             let ptr = bufs[slot as usize].as_mut_ptr();
-            let len = object_bytes as u32;
-            let entry = match (pattern, fixed) {
-                (Pattern::SeqWrite, true) => opcode::WriteFixed::new(fd, ptr, len, slot as u16)
-                    .offset(offset)
-                    .build(),
-                (Pattern::SeqWrite, false) => {
-                    opcode::Write::new(fd, ptr, len).offset(offset).build()
-                }
-                (Pattern::RandRead, true) => opcode::ReadFixed::new(fd, ptr, len, slot as u16)
-                    .offset(offset)
-                    .build(),
-                (Pattern::RandRead, false) => {
-                    opcode::Read::new(fd, ptr, len).offset(offset).build()
-                }
-            };
+            let mut entries = Vec::with_capacity(2);
+            if headered {
+                // The header's bytes: the buffer's first 4 KiB (content is
+                // irrelevant to the device).
+                entries.push((
+                    rw_entry(true, fixed, fd, ptr, HEADER_BYTES, slot, offset),
+                    true,
+                ));
+            }
+            let data_at = offset + (stride - object_bytes);
+            let write = pattern != Pattern::RandRead;
+            entries.push((
+                rw_entry(write, fixed, fd, ptr, object_bytes, slot, data_at),
+                false,
+            ));
             started[slot as usize] = Instant::now();
-            // SAFETY: the buffer stays alive and untouched until its CQE.
-            unsafe { ring.submission().push(&entry.user_data(slot as u64)) }
-                .map_err(|_| anyhow::anyhow!("submission queue full"))?;
+            pending[slot as usize] = ops_per_object;
+            in_flight += ops_per_object;
+            for (entry, is_header) in entries {
+                let tag = slot as u64 | (u64::from(is_header) << 32);
+                // SAFETY: the buffer stays alive and untouched until its CQEs.
+                unsafe { ring.submission().push(&entry.user_data(tag)) }
+                    .map_err(|_| anyhow::anyhow!("submission queue full"))?;
+            }
             submitted += 1;
         }
         ring.submit_and_wait(1).context("io_uring_enter")?;
         for cqe in ring.completion() {
             let slot = cqe.user_data() as u32;
-            if cqe.result() != object_bytes as i32 {
+            let want = match cqe.user_data() >> 32 {
+                0 => object_bytes,
+                _ => HEADER_BYTES,
+            };
+            if cqe.result() != want as i32 {
                 bail!("baseline I/O failed: result {}", cqe.result());
             }
-            lat.push(started[slot as usize].elapsed());
-            free.push(slot);
-            done += 1;
+            in_flight -= 1;
+            pending[slot as usize] -= 1;
+            if pending[slot as usize] == 0 {
+                lat.push(started[slot as usize].elapsed());
+                free.push(slot);
+                done += 1;
+            }
         }
     }
     let wall = t0.elapsed();
@@ -207,6 +240,30 @@ pub fn uring(
         cpu,
         lat,
     })
+}
+
+/// One read or write of `len` bytes at `offset` into or from `ptr`, the
+/// buffer registered at index `slot` (used as such when `fixed`).
+fn rw_entry(
+    write: bool,
+    fixed: bool,
+    fd: types::Fd,
+    ptr: *mut u8,
+    len: u64,
+    slot: u32,
+    offset: u64,
+) -> io_uring::squeue::Entry {
+    let len = len as u32;
+    match (write, fixed) {
+        (true, true) => opcode::WriteFixed::new(fd, ptr, len, slot as u16)
+            .offset(offset)
+            .build(),
+        (true, false) => opcode::Write::new(fd, ptr, len).offset(offset).build(),
+        (false, true) => opcode::ReadFixed::new(fd, ptr, len, slot as u16)
+            .offset(offset)
+            .build(),
+        (false, false) => opcode::Read::new(fd, ptr, len).offset(offset).build(),
+    }
 }
 
 /// Direction of a memcpy baseline, matching the tier operation it is the
@@ -317,6 +374,8 @@ pub fn fio(
     let rw = match pattern {
         Pattern::SeqWrite => "write",
         Pattern::RandRead => "randread",
+        // fio has no header-beside-each-object pattern.
+        Pattern::SeqWriteHeadered => return None,
     };
     let out = Command::new("fio")
         .args([

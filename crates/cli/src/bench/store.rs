@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
+use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout, WriteOpBytes};
 use kvtier_io::{AlignedBuf, DioAlignment, DmaSource, FileId, IoBatch, IoEngine, IoKind, IoOp};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
@@ -70,9 +70,10 @@ pub struct StoreBenchArgs {
     /// 2 MiB instead of per 4 KiB page. fio keeps its own buffers.
     #[arg(long)]
     huge_pages: bool,
-    /// Largest write op of the disk tier (`[disk] write_op_bytes`), e.g.
-    /// 1MiB with `--huge-pages`.
-    #[arg(long, default_value = "128KiB")]
+    /// Largest write op of the disk tier (`[disk] write_op_bytes`): a
+    /// size, or auto (1MiB with `--huge-pages`, else 128KiB, as the node
+    /// chooses by its arena's pages).
+    #[arg(long, default_value = "auto")]
     write_op_size: String,
     /// Region layout of the disk tier's lives: block (each block
     /// contiguous) or layer (each layer of a region's blocks contiguous).
@@ -92,6 +93,16 @@ struct Plan {
     layout: RegionLayout,
     write_op_bytes: u64,
     pages: baseline::Pages,
+}
+
+/// `--write-op-size` for buffers of huge pages or not.
+fn write_op_bytes(arg: &str, huge_pages: bool) -> Result<u64> {
+    let setting = match arg {
+        "auto" => WriteOpBytes::Auto,
+        size => WriteOpBytes::Set(size.parse().context("--write-op-size")?),
+    };
+    let page_bytes = if huge_pages { 2 << 20 } else { 4096 };
+    Ok(setting.resolve(page_bytes))
 }
 
 /// Runs the benchmark.
@@ -133,11 +144,7 @@ pub fn run(args: StoreBenchArgs) -> Result<()> {
         } else {
             args.run_blocks as usize
         },
-        write_op_bytes: args
-            .write_op_size
-            .parse::<kvtier_core::ByteSize>()
-            .context("--write-op-size")?
-            .bytes(),
+        write_op_bytes: write_op_bytes(&args.write_op_size, args.huge_pages)?,
         layout: match args.disk_layout.as_str() {
             "layer" => RegionLayout::Layer,
             _ => RegionLayout::Block,
@@ -435,30 +442,36 @@ async fn disk_cases(
         show,
         &format!("sequential writes {label}: raw io_uring{fio_note} vs disk tier"),
     );
-    let mut writes = Rounds::default();
+    let raw = baseline::RawFile {
+        file: &file,
+        size: data_bytes,
+        pages: plan.pages,
+    };
+    // Against the raw loop's plain writes, and against the same loop with a
+    // header write beside each block, as the tier writes block-major slots.
+    let (mut writes, mut headered) = (Rounds::default(), Rounds::default());
     for r in 0..rounds {
         let range = (r * per_round) as usize..((r + 1) * per_round) as usize;
         let first = match kvtier_first(r) {
             true => Some(write_side(&tier, &src, range.clone(), qd).await?),
             false => None,
         };
-        let base = baseline::uring(
-            &baseline::RawFile {
-                file: &file,
-                size: data_bytes,
-                pages: plan.pages,
-            },
+        let first_op = r * per_round;
+        let base = baseline::uring(&raw, block, qd, per_round, Pattern::SeqWrite, first_op)?;
+        let with_headers = baseline::uring(
+            &raw,
             block,
             qd,
             per_round,
-            Pattern::SeqWrite,
-            r * per_round,
+            Pattern::SeqWriteHeadered,
+            first_op,
         )?;
         let fio_round = fio_write(block);
         let ours = match first {
             Some(ours) => ours,
             None => write_side(&tier, &src, range, qd).await?,
         };
+        headered.add(with_headers, ours.clone(), None);
         writes.add(base, ours, fio_round);
     }
     progress(
@@ -518,6 +531,13 @@ async fn disk_cases(
             block,
             qd,
             baseline::uring_name(Pattern::SeqWrite),
+            format!("disk tier put_batch ({batches})"),
+        ),
+        headered.case(
+            &format!("disk_write_{label}_vs_headered"),
+            block,
+            qd,
+            baseline::uring_name(Pattern::SeqWriteHeadered),
             format!("disk tier put_batch ({batches})"),
         ),
         reads.case(
