@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --release -p kvtier-disk --example restart -- [DIR] [BLOCKS] [ENGINE] [LAYOUT]
+//! cargo run --release -p kvtier-disk --example restart -- DIR scan [ENGINE] [LAYOUT] [ROUNDS]
 //! ```
 //!
 //! Writes BLOCKS (default 1,000,000) blocks of 4 KiB (8 KiB slots, so 1M
@@ -11,6 +12,11 @@
 //! is `uring` (default) or `psync`; LAYOUT is `block` (default) or `layer`
 //! (region lives stored layer by layer; with one 4 KiB layer per block the
 //! headers are still 8 KiB apart, so a full scan reads the same runs).
+//!
+//! With `scan` in place of BLOCKS nothing is written: the tier in DIR (made
+//! by an earlier run with the same LAYOUT) is opened ROUNDS times (default
+//! 3) without its checkpoint, each a full scan, and each time printed, so
+//! two builds can be timed in alternation on the same disk contents.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             tmp.path().join("d0")
         }
     };
+    let scan_only = args.get(2).map(String::as_str) == Some("scan");
     let blocks: u64 = args
         .get(2)
         .and_then(|s| s.parse().ok())
@@ -68,6 +75,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         layout,
         prefill: false,
     };
+    if scan_only {
+        let rounds: u32 = args.get(5).and_then(|s| s.parse().ok()).unwrap_or(3);
+        let mut reopen = cfg;
+        reopen.reset = false;
+        for _ in 0..rounds {
+            full_scan(&dir, &reopen, engine()?)?;
+        }
+        return Ok(());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -143,14 +159,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s.recovery_slots_scanned
         );
     }
-    std::fs::remove_file(dir.join("kvtier-disk.index"))?;
+    full_scan(&dir, &reopen, engine()?)
+}
+
+/// Opens the tier in `dir` without its checkpoint (a full slot-header
+/// scan), prints the time, and drops the tier without closing it, so no
+/// new checkpoint is written.
+fn full_scan(
+    dir: &std::path::Path,
+    cfg: &DiskTierConfig,
+    engine: Arc<dyn IoEngine>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    match std::fs::remove_file(dir.join("kvtier-disk.index")) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+        _ => {}
+    }
     let t = Instant::now();
-    let tier = DiskTier::open(reopen, engine()?)?;
+    let tier = DiskTier::open(cfg.clone(), engine)?;
     let el = t.elapsed();
+    let s = tier.stats();
     println!(
-        "restart without checkpoint (full scan): {} blocks in {el:?} ({} slot headers read)",
+        "restart without checkpoint (full scan): {} blocks in {el:?} ({} slot headers in {} reads)",
         tier.len(),
-        tier.stats().recovery_slots_scanned
+        s.recovery_slots_scanned,
+        s.read_ios
     );
     Ok(())
 }

@@ -28,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use kvtier_core::BlockHash;
-use kvtier_io::{AlignedBuf, IoBatch};
+use kvtier_io::{AlignedBuf, Completion, IoBatch, IoKind, IoOp};
 
 use crate::checkpoint::{Checkpoint, CkEntry};
 use crate::format::{
@@ -42,8 +42,12 @@ use crate::stats::add;
 use crate::tier::{Dir, Shared};
 use crate::{DiskError, Result};
 
-/// Reads per I/O batch while scanning.
-const SCAN_BATCH: usize = 512;
+/// Region-header reads (4 KiB each) per I/O batch.
+const REGION_HEADER_BATCH: usize = 512;
+
+/// Reads per I/O batch while scanning slot headers (two batches are in
+/// flight, each read up to [`RUN_BYTES`]).
+const SCAN_BATCH: usize = 32;
 
 /// A block found on disk.
 struct Found {
@@ -216,8 +220,8 @@ fn read_region_headers(shared: &Shared, dir: &Dir) -> Result<Lives> {
     let l = &shared.layout;
     let n = dir.regions.len();
     let mut gens = vec![None; n];
-    for chunk_start in (0..n).step_by(SCAN_BATCH) {
-        let chunk_end = (chunk_start + SCAN_BATCH).min(n);
+    for chunk_start in (0..n).step_by(REGION_HEADER_BATCH) {
+        let chunk_end = (chunk_start + REGION_HEADER_BATCH).min(n);
         let mut batch = IoBatch::with_capacity(chunk_end - chunk_start);
         for r in chunk_start..chunk_end {
             let buf = AlignedBuf::zeroed(REGION_HEADER_BYTES as usize, 4096);
@@ -312,6 +316,12 @@ fn scan_reads(shared: &Shared, gens: &Lives, scan: &[(u32, u32)]) -> Vec<ScanRea
 
 /// Reads the slot headers `[from, slots)` of each `(region, from)` and
 /// collects the slots that verify.
+///
+/// Two batches of [`SCAN_BATCH`] reads are in flight at a time, each into
+/// one buffer that is reused for the whole scan: memory stays at two
+/// buffers however large the disk, and the buffers are huge pages where
+/// the kernel has them, so a 1 MiB read is one device segment rather than
+/// 256 (docs/benchmarks.md, "Huge pages").
 fn scan_slots(
     shared: &Shared,
     dir: &Dir,
@@ -319,44 +329,90 @@ fn scan_slots(
     scan: &[(u32, u32)],
     found: &mut Vec<Found>,
 ) -> Result<()> {
-    let l = &shared.layout;
     let reads = scan_reads(shared, gens, scan);
+    let mut spare: Vec<AlignedBuf> = Vec::new();
+    let mut in_flight: VecDeque<(&[ScanRead], Completion)> = VecDeque::new();
     for chunk in reads.chunks(SCAN_BATCH) {
-        let mut batch = IoBatch::with_capacity(chunk.len());
-        for r in chunk {
-            // From the first slot's header to the end of the last one's.
-            let stride = header_stride(shared, r.layout);
-            let len = (r.count as u64 - 1) * stride + l.slot_header_bytes;
-            let buf = AlignedBuf::zeroed(len as usize, 4096);
-            batch.read_owned(dir.file, l.header_offset(r.layout, r.region, r.first), buf);
+        let buf = spare
+            .pop()
+            .unwrap_or_else(|| AlignedBuf::zeroed_huge(SCAN_BATCH * RUN_BYTES as usize));
+        in_flight.push_back((chunk, submit_scan(shared, dir, chunk, buf)));
+        if in_flight.len() == 2
+            && let Some((chunk, completion)) = in_flight.pop_front()
+        {
+            spare.extend(collect_scan(shared, dir, gens, chunk, completion, found));
         }
-        let slots: u64 = chunk.iter().map(|r| r.count as u64).sum();
-        add(&shared.stats.read_ios, chunk.len() as u64);
-        add(&shared.stats.recovery_slots_scanned, slots);
-        let mut done = shared.engine.submit(batch).wait();
-        for (i, r) in chunk.iter().enumerate() {
-            if done.results.len() <= i || done.check_op(i).is_err() {
-                continue;
-            }
-            let Some(buf) = done.take_owner::<AlignedBuf>(i) else {
-                continue;
-            };
-            let Some((generation, format)) = gens.get(r.region as usize).copied().flatten() else {
-                continue;
-            };
-            let seal = SlotSeal::of(format, dir.creation_id);
-            let stride = header_stride(shared, r.layout);
-            for k in 0..r.count {
-                let at = (k as u64 * stride) as usize;
-                let header = &buf[at..at + l.slot_header_bytes as usize];
-                let place = (dir.index, r.region, r.first + k);
-                if let Some(f) = accept(shared, header, place, (generation, seal)) {
-                    found.push(f);
-                }
+    }
+    while let Some((chunk, completion)) = in_flight.pop_front() {
+        collect_scan(shared, dir, gens, chunk, completion, found);
+    }
+    Ok(())
+}
+
+/// Submits `chunk`'s reads into `buf`, read `i` at `i * RUN_BYTES` (no read
+/// is longer: a run is at most `RUN_BYTES / stride` slots).
+fn submit_scan(shared: &Shared, dir: &Dir, chunk: &[ScanRead], mut buf: AlignedBuf) -> Completion {
+    let l = &shared.layout;
+    let mut batch = IoBatch::with_capacity(chunk.len());
+    for (i, r) in chunk.iter().enumerate() {
+        // From the first slot's header to the end of the last one's.
+        let len = (r.count as u64 - 1) * header_stride(shared, r.layout) + l.slot_header_bytes;
+        debug_assert!(len <= RUN_BYTES);
+        let op = IoOp {
+            kind: IoKind::Read,
+            file: dir.file,
+            offset: l.header_offset(r.layout, r.region, r.first),
+            // SAFETY: `i * RUN_BYTES + len` is within the buffer of
+            // `SCAN_BATCH * RUN_BYTES` bytes (chunks are at most that many).
+            buf: unsafe { buf.as_mut_ptr().add(i * RUN_BYTES as usize) },
+            len: len as u32,
+        };
+        // SAFETY: the batch owns the buffer (below) until every read ends,
+        // and the reads' ranges are disjoint.
+        unsafe { batch.push(op) };
+    }
+    batch.keep_alive(buf);
+    let slots: u64 = chunk.iter().map(|r| r.count as u64).sum();
+    add(&shared.stats.read_ios, chunk.len() as u64);
+    add(&shared.stats.recovery_slots_scanned, slots);
+    shared.engine.submit(batch)
+}
+
+/// Waits for `chunk`'s reads and collects the slots that verify; gives the
+/// buffer back for the next batch.
+fn collect_scan(
+    shared: &Shared,
+    dir: &Dir,
+    gens: &Lives,
+    chunk: &[ScanRead],
+    completion: Completion,
+    found: &mut Vec<Found>,
+) -> Option<AlignedBuf> {
+    let l = &shared.layout;
+    let mut done = completion.wait();
+    let buf = done.take_owner::<AlignedBuf>(0)?;
+    for (i, r) in chunk.iter().enumerate() {
+        // A failed or short read is skipped: its bytes are not what the
+        // disk holds (they may be an earlier batch's).
+        if done.results.len() <= i || done.check_op(i).is_err() {
+            continue;
+        }
+        let Some((generation, format)) = gens.get(r.region as usize).copied().flatten() else {
+            continue;
+        };
+        let seal = SlotSeal::of(format, dir.creation_id);
+        let stride = header_stride(shared, r.layout);
+        let base = i * RUN_BYTES as usize;
+        for k in 0..r.count {
+            let at = base + (k as u64 * stride) as usize;
+            let header = &buf[at..at + l.slot_header_bytes as usize];
+            let place = (dir.index, r.region, r.first + k);
+            if let Some(f) = accept(shared, header, place, (generation, seal)) {
+                found.push(f);
             }
         }
     }
-    Ok(())
+    Some(buf)
 }
 
 /// The block a scanned slot header names, if the header verifies under its

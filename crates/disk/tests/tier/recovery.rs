@@ -10,6 +10,7 @@ use crate::{both_engines, both_layouts};
 both_engines!(
     restart_keeps_blocks,
     restart_without_checkpoint_scans,
+    a_full_scan_of_many_regions_finds_every_block,
     stale_checkpoint_still_finds_later_blocks,
     damaged_checkpoint_is_ignored,
     prefill_runs_only_when_the_data_file_is_created,
@@ -83,6 +84,28 @@ async fn restart_without_checkpoint_scans(kind: Kind) {
     let s = tier.stats();
     assert_eq!(s.recovered_from_checkpoint, 0);
     assert_eq!(s.recovered_from_scan, 200);
+    check_all_hit(&tier, &blocks.keys).await;
+}
+
+/// A scan of more regions than two of its batches hold: its buffers are
+/// reused from batch to batch, and no block may be lost or taken from a
+/// stale buffer.
+async fn a_full_scan_of_many_regions_finds_every_block(kind: Kind) {
+    let (_t, d) = dirs(1);
+    let g = geometry();
+    // 80 regions of 51 slots (one scan read each, at most 32 per batch).
+    let blocks = Blocks::range(&g, 13, 0..80 * 51);
+    {
+        let tier = DiskTier::open(config(d.clone(), 100 * REGION), kind.engine()).unwrap();
+        put_all(&tier, &blocks, 64).await;
+        tier.close().await.unwrap();
+    }
+    std::fs::remove_file(d[0].join("kvtier-disk.index")).unwrap();
+    let tier = DiskTier::open(config(d, 100 * REGION), kind.engine()).unwrap();
+    let s = tier.stats();
+    assert_eq!(s.recovered_from_checkpoint, 0);
+    assert_eq!(s.recovered_from_scan, blocks.keys.len() as u64);
+    assert!(s.recovery_slots_scanned >= blocks.keys.len() as u64);
     check_all_hit(&tier, &blocks.keys).await;
 }
 
