@@ -321,7 +321,9 @@ fn scan_reads(shared: &Shared, gens: &Lives, scan: &[(u32, u32)]) -> Vec<ScanRea
 /// one buffer that is reused for the whole scan: memory stays at two
 /// buffers however large the disk, and the buffers are huge pages where
 /// the kernel has them, so a 1 MiB read is one device segment rather than
-/// 256 (docs/benchmarks.md, "Huge pages").
+/// 256 (docs/benchmarks.md, "Huge pages"). Each read gets the span of the
+/// scan's longest read, so scans of large slots (one 4 KiB header per
+/// read) keep small buffers.
 fn scan_slots(
     shared: &Shared,
     dir: &Dir,
@@ -330,41 +332,60 @@ fn scan_slots(
     found: &mut Vec<Found>,
 ) -> Result<()> {
     let reads = scan_reads(shared, gens, scan);
+    let span = reads
+        .iter()
+        .map(|r| read_len(shared, r))
+        .max()
+        .unwrap_or(0)
+        .next_multiple_of(4096) as usize;
+    let buf_bytes = span * SCAN_BATCH.min(reads.len());
     let mut spare: Vec<AlignedBuf> = Vec::new();
     let mut in_flight: VecDeque<(&[ScanRead], Completion)> = VecDeque::new();
     for chunk in reads.chunks(SCAN_BATCH) {
         let buf = spare
             .pop()
-            .unwrap_or_else(|| AlignedBuf::zeroed_huge(SCAN_BATCH * RUN_BYTES as usize));
-        in_flight.push_back((chunk, submit_scan(shared, dir, chunk, buf)));
+            .unwrap_or_else(|| AlignedBuf::zeroed_huge(buf_bytes));
+        in_flight.push_back((chunk, submit_scan(shared, dir, (chunk, span), buf)));
         if in_flight.len() == 2
             && let Some((chunk, completion)) = in_flight.pop_front()
         {
-            spare.extend(collect_scan(shared, dir, gens, chunk, completion, found));
+            let done = collect_scan(shared, dir, gens, (chunk, span), completion, found);
+            spare.extend(done);
         }
     }
     while let Some((chunk, completion)) = in_flight.pop_front() {
-        collect_scan(shared, dir, gens, chunk, completion, found);
+        collect_scan(shared, dir, gens, (chunk, span), completion, found);
     }
     Ok(())
 }
 
-/// Submits `chunk`'s reads into `buf`, read `i` at `i * RUN_BYTES` (no read
-/// is longer: a run is at most `RUN_BYTES / stride` slots).
-fn submit_scan(shared: &Shared, dir: &Dir, chunk: &[ScanRead], mut buf: AlignedBuf) -> Completion {
+/// Bytes of read `r`: from its first slot's header to the end of its last
+/// one's.
+fn read_len(shared: &Shared, r: &ScanRead) -> u64 {
+    (r.count as u64 - 1) * header_stride(shared, r.layout) + shared.layout.slot_header_bytes
+}
+
+/// Submits `chunk`'s reads into `buf`, read `i` at `i * span` (`span` is at
+/// least the longest read of the scan).
+fn submit_scan(
+    shared: &Shared,
+    dir: &Dir,
+    (chunk, span): (&[ScanRead], usize),
+    mut buf: AlignedBuf,
+) -> Completion {
     let l = &shared.layout;
     let mut batch = IoBatch::with_capacity(chunk.len());
     for (i, r) in chunk.iter().enumerate() {
-        // From the first slot's header to the end of the last one's.
-        let len = (r.count as u64 - 1) * header_stride(shared, r.layout) + l.slot_header_bytes;
-        debug_assert!(len <= RUN_BYTES);
+        let len = read_len(shared, r);
+        debug_assert!(len as usize <= span);
         let op = IoOp {
             kind: IoKind::Read,
             file: dir.file,
             offset: l.header_offset(r.layout, r.region, r.first),
-            // SAFETY: `i * RUN_BYTES + len` is within the buffer of
-            // `SCAN_BATCH * RUN_BYTES` bytes (chunks are at most that many).
-            buf: unsafe { buf.as_mut_ptr().add(i * RUN_BYTES as usize) },
+            // SAFETY: `i * span + len` is within the buffer of at least
+            // `SCAN_BATCH * span` bytes (chunks are at most that many, and
+            // `len <= span`).
+            buf: unsafe { buf.as_mut_ptr().add(i * span) },
             len: len as u32,
         };
         // SAFETY: the batch owns the buffer (below) until every read ends,
@@ -384,7 +405,7 @@ fn collect_scan(
     shared: &Shared,
     dir: &Dir,
     gens: &Lives,
-    chunk: &[ScanRead],
+    (chunk, span): (&[ScanRead], usize),
     completion: Completion,
     found: &mut Vec<Found>,
 ) -> Option<AlignedBuf> {
@@ -402,7 +423,7 @@ fn collect_scan(
         };
         let seal = SlotSeal::of(format, dir.creation_id);
         let stride = header_stride(shared, r.layout);
-        let base = i * RUN_BYTES as usize;
+        let base = i * span;
         for k in 0..r.count {
             let at = base + (k as u64 * stride) as usize;
             let header = &buf[at..at + l.slot_header_bytes as usize];
