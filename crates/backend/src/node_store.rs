@@ -45,11 +45,11 @@ fn name_in_uri(component: &str) -> String {
 
 /// A block a node published to the metadata service itself (its own
 /// blocks, committed by its engines, not written through a write
-/// session): `kvtier://<node>/<instance>/<client key>-<namespace>/<spec>`,
+/// session): `kvtier://<node>/<instance>/<client key>-<stored key>/<spec>`,
 /// both 32 hex digits, instance and spec escaped. The URI alone names the
-/// block: its stored key is the client key XOR the namespace digest
-/// (docs/node-protocol.md, I12), its metadata-service key the client key's
-/// low 64 bits.
+/// block: the node holds it under the stored key (a keyed hash of the
+/// client key that only the node can compute, docs/node-protocol.md
+/// §11.1), and its metadata-service key is the client key's low 64 bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedBlock {
     /// The metadata-service instance.
@@ -58,14 +58,14 @@ pub struct PublishedBlock {
     pub spec: String,
     /// The key the engine stored the block under.
     pub client_key: u128,
-    /// The digest of the engine's namespace.
-    pub namespace: u128,
+    /// The key the node holds the block under.
+    pub stored: u128,
 }
 
 impl PublishedBlock {
     /// The key the node holds the block under.
     pub fn stored(&self) -> BlockHash {
-        BlockHash(self.client_key ^ self.namespace)
+        BlockHash(self.stored)
     }
 
     /// The block's key in the metadata service: the client key's low 64
@@ -78,7 +78,7 @@ impl PublishedBlock {
     pub fn uri(&self, node: &str) -> Result<String, BackendError> {
         let parts = [
             escape_component(&self.instance),
-            format!("{:032x}-{:032x}", self.client_key, self.namespace),
+            format!("{:032x}-{:032x}", self.client_key, self.stored),
             escape_component(&self.spec),
         ];
         for p in &parts {
@@ -138,14 +138,14 @@ fn parse_part_uri(node: &str, uri: &str) -> Result<PartName, BackendError> {
         .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
     if a.len() == 32 && b.len() == 32 {
         let hex = |h: &str| u128::from_str_radix(h, 16).ok();
-        let (Some(client_key), Some(namespace)) = (hex(a), hex(b)) else {
-            return Err(bad(uri, "expected <client key hex>-<namespace hex>"));
+        let (Some(client_key), Some(stored)) = (hex(a), hex(b)) else {
+            return Err(bad(uri, "expected <client key hex>-<stored key hex>"));
         };
         return Ok(PartName::Published(PublishedBlock {
             instance,
             spec,
             client_key,
-            namespace,
+            stored,
         }));
     }
     let key = u64::from_str_radix(b, 16)

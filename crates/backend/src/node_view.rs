@@ -25,7 +25,7 @@ use kvtier_meta::{
     BlockKey, EvictionPolicy, Instance, InstanceGroup, LocationSpecInfo, MetaError, MetaService,
     PublishedPart, Storage, StorageHealth, StorageKind,
 };
-use kvtier_node::{CommitObserver, Node, SessionNamespace};
+use kvtier_node::{CommitObserver, CommittedKey, Node, SessionNamespace};
 use kvtier_protocol::Namespace;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
@@ -100,18 +100,20 @@ pub struct NodeViewStats {
     pub tracked: u64,
 }
 
-/// One (instance, spec, namespace) whose blocks the view publishes.
+/// One (instance, spec) whose blocks the view publishes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Source {
     instance: String,
     spec: String,
-    namespace: u128,
 }
 
 /// A block the view knows.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     source: u32,
+    /// The key the client stored the block under: its metadata-service
+    /// key, which the node's (keyed) stored key does not reveal.
+    client: u128,
     published: bool,
     /// Bumped by every commit, so a stale unpublish does not forget a
     /// block committed again meanwhile.
@@ -162,11 +164,12 @@ impl State {
         any
     }
 
-    fn mark(&mut self, key: BlockHash, source: u32, published: bool) {
+    fn mark(&mut self, key: BlockHash, client: u128, source: u32, published: bool) {
         self.generation += 1;
         let generation = self.generation;
         let e = self.known.entry(key).or_insert(Entry {
             source,
+            client,
             published,
             generation,
         });
@@ -176,6 +179,7 @@ impl State {
             e.source = source;
             e.published = published;
         }
+        e.client = client;
         e.generation = generation;
         self.dirty.insert(key);
     }
@@ -244,7 +248,7 @@ struct Observer {
 }
 
 impl CommitObserver for Observer {
-    fn committed(&self, ns: &SessionNamespace, stored: &[BlockHash]) {
+    fn committed(&self, ns: &SessionNamespace, blocks: &[CommittedKey]) {
         let source = source_of(ns);
         let mut s = self.tracker.state.lock();
         let id = s.intern(source);
@@ -255,8 +259,8 @@ impl CommitObserver for Observer {
             model: ns.namespace.model.clone(),
             tp_size: ns.namespace.tp_size,
         });
-        for &k in stored {
-            s.mark(k, id, false);
+        for b in blocks {
+            s.mark(b.stored, b.client.0, id, false);
         }
         drop(s);
         self.tracker.wake.notify_one();
@@ -274,7 +278,6 @@ fn source_of(ns: &SessionNamespace) -> Source {
     Source {
         instance,
         spec: format!("tp{}", ns.namespace.tp_rank),
-        namespace: ns.digest,
     }
 }
 
@@ -499,10 +502,9 @@ fn take_over_listed(
         let id = s.intern(Source {
             instance: b.instance.clone(),
             spec: b.spec.clone(),
-            namespace: b.namespace,
         });
         s.ready.insert(id);
-        s.mark(b.stored(), id, true);
+        s.mark(b.stored(), b.client_key, id, true);
         listed += 1;
     }
     Ok(listed)
@@ -666,15 +668,16 @@ async fn ensure_instance(shared: &Shared, id: u32, source: &Source) -> bool {
 
 async fn publish(shared: &Shared, id: u32, source: &Source, keys: Vec<BlockHash>) {
     let size = shared.node.geometry().block_bytes();
+    let keys = with_client_keys(shared, keys);
     for chunk in keys.chunks(CHUNK) {
         let parts: Result<Vec<PublishedPart>, _> = chunk
             .iter()
-            .map(|k| {
+            .map(|&(k, client_key)| {
                 let b = PublishedBlock {
                     instance: source.instance.clone(),
                     spec: source.spec.clone(),
-                    client_key: k.0 ^ source.namespace,
-                    namespace: source.namespace,
+                    client_key,
+                    stored: k.0,
                 };
                 Ok::<_, kvtier_meta::BackendError>(PublishedPart {
                     key: b.key(),
@@ -696,23 +699,36 @@ async fn publish(shared: &Shared, id: u32, source: &Source, keys: Vec<BlockHash>
             }
             Err(e) => Err(MetaError::InvalidArgument(e.to_string())),
         };
+        let chunk: Vec<BlockHash> = chunk.iter().map(|(k, _)| *k).collect();
         match result {
-            Ok(_) => published(shared, id, chunk),
+            Ok(_) => published(shared, id, &chunk),
             Err(e @ MetaError::InvalidArgument(_)) => return refuse(shared, id, source, &e),
             Err(e) => {
                 failed(shared, "publish", source, &e);
-                requeue(shared, chunk);
+                requeue(shared, &chunk);
             }
         }
     }
 }
 
+/// Pairs each stored key with its client key, leaving out keys the view
+/// forgot meanwhile.
+fn with_client_keys(shared: &Shared, keys: Vec<BlockHash>) -> Vec<(BlockHash, u128)> {
+    let s = shared.tracker.state.lock();
+    keys.into_iter()
+        .filter_map(|k| Some((k, s.known.get(&k)?.client)))
+        .collect()
+}
+
 async fn unpublish(shared: &Shared, source: &Source, keys: Vec<(BlockHash, u64)>) {
     for chunk in keys.chunks(CHUNK) {
-        let meta_keys: Vec<BlockKey> = chunk
-            .iter()
-            .map(|(k, _)| BlockKey((k.0 ^ source.namespace) as u64))
-            .collect();
+        let meta_keys: Vec<BlockKey> = {
+            let s = shared.tracker.state.lock();
+            chunk
+                .iter()
+                .filter_map(|(k, _)| Some(BlockKey(s.known.get(k)?.client as u64)))
+                .collect()
+        };
         let svc = &shared.svc;
         match svc
             .unpublish_parts(

@@ -96,12 +96,7 @@ fn keys(r: std::ops::Range<u128>) -> Vec<BlockHash> {
 
 /// Which of `keys` the service lists on the node's storage for
 /// `instance`, each checked against the URI it gives.
-async fn listed(
-    svc: &MetaService,
-    instance: &str,
-    ns: &Namespace,
-    keys: &[BlockHash],
-) -> Vec<bool> {
+async fn listed(svc: &MetaService, instance: &str, map: KeyMap, keys: &[BlockHash]) -> Vec<bool> {
     let meta_keys: Vec<BlockKey> = keys.iter().map(|k| BlockKey(k.0 as u64)).collect();
     let found = svc
         .get_cache_location(
@@ -113,7 +108,6 @@ async fn listed(
         )
         .await
         .unwrap();
-    let map = KeyMap::new(ns);
     keys.iter()
         .zip(found.locations)
         .map(|(k, loc)| {
@@ -137,8 +131,8 @@ async fn assert_mirrors(
     keys: &[BlockHash],
 ) {
     run.view.sync().await;
-    let map = KeyMap::new(ns);
-    let listed = listed(svc, instance, ns, keys).await;
+    let map = run.node.key_map(ns);
+    let listed = listed(svc, instance, map, keys).await;
     for (k, l) in keys.iter().zip(listed) {
         assert_eq!(l, run.node.contains(map.stored(*k)), "key {k}");
     }
@@ -168,7 +162,10 @@ async fn committed_blocks_are_listed_while_the_node_holds_them() {
     let first = keys(0..3);
     store(&mut a, &first, len).await;
     run.view.sync().await;
-    assert_eq!(listed(&svc, &derived, &ns, &first).await, [true; 3]);
+    assert_eq!(
+        listed(&svc, &derived, run.node.key_map(&ns), &first).await,
+        [true; 3]
+    );
     let inst = svc.get_instance_info(&derived).await.unwrap();
     // In the node's own group, which no reclaimer pressure reaches.
     assert_eq!(inst.group, "node-node-1");
@@ -196,13 +193,16 @@ async fn committed_blocks_are_listed_while_the_node_holds_them() {
     let second = keys(10..12);
     store(&mut b, &second, len).await;
     assert_mirrors(&run, &svc, "llama-prod", &ns_b, &second).await;
-    assert_eq!(listed(&svc, "llama-prod", &ns_b, &second).await, [true; 2]);
+    assert_eq!(
+        listed(&svc, "llama-prod", run.node.key_map(&ns_b), &second).await,
+        [true; 2]
+    );
 
     // A removal through the node unpublishes.
     a.remove(&first[..1]).await.unwrap();
     assert_mirrors(&run, &svc, &derived, &ns, &first).await;
     assert_eq!(
-        listed(&svc, &derived, &ns, &first).await,
+        listed(&svc, &derived, run.node.key_map(&ns), &first).await,
         [false, true, true]
     );
 
@@ -215,10 +215,10 @@ async fn committed_blocks_are_listed_while_the_node_holds_them() {
         .await
         .unwrap();
     svc.wait_released().await;
-    assert!(!run.node.contains(KeyMap::new(&ns).stored(first[1])));
+    assert!(!run.node.contains(run.node.key_map(&ns).stored(first[1])));
     assert_mirrors(&run, &svc, &derived, &ns, &first).await;
     assert_eq!(
-        listed(&svc, &derived, &ns, &first).await,
+        listed(&svc, &derived, run.node.key_map(&ns), &first).await,
         [false, false, true]
     );
 
@@ -230,7 +230,7 @@ async fn committed_blocks_are_listed_while_the_node_holds_them() {
         store(&mut a, chunk, len).await;
     }
     assert_mirrors(&run, &svc, &derived, &ns, &many).await;
-    let held = listed(&svc, &derived, &ns, &many).await;
+    let held = listed(&svc, &derived, run.node.key_map(&ns), &many).await;
     assert!(
         held.iter().any(|h| *h) && held.iter().any(|h| !*h),
         "some evicted, some held"
@@ -272,7 +272,10 @@ fn a_restart_keeps_what_the_node_adopts_and_drops_what_it_lost() {
     on_runtime(async {
         let run = Running::start(&config, &svc).await;
         assert_mirrors(&run, &svc, &derived, &ns, &stored).await;
-        assert_eq!(listed(&svc, &derived, &ns, &stored).await, [true; 6]);
+        assert_eq!(
+            listed(&svc, &derived, run.node.key_map(&ns), &stored).await,
+            [true; 6]
+        );
         run.stop().await;
     });
     // A node that comes back without its disk log holds none of them.
@@ -280,7 +283,10 @@ fn a_restart_keeps_what_the_node_adopts_and_drops_what_it_lost() {
     on_runtime(async {
         let run = Running::start(&config, &svc).await;
         assert_mirrors(&run, &svc, &derived, &ns, &stored).await;
-        assert_eq!(listed(&svc, &derived, &ns, &stored).await, [false; 6]);
+        assert_eq!(
+            listed(&svc, &derived, run.node.key_map(&ns), &stored).await,
+            [false; 6]
+        );
         assert_eq!(run.view.stats().unpublished, 6);
         run.stop().await;
     });

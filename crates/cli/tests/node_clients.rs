@@ -601,7 +601,7 @@ impl RawConn {
         Self {
             stream,
             arena,
-            keys: KeyMap::new(&namespace()),
+            keys: KeyMap::new(ok.namespace_key),
             next_id: 1,
         }
     }

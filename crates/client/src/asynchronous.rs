@@ -78,7 +78,7 @@ impl AsyncClient {
         let hello = session::hello_reply(msg)?;
         // Opening and mapping a /dev/shm file does not block on a device.
         let arena = session::open_arena(&hello, &config.geometry)?;
-        let key_map = KeyMap::new(&config.namespace);
+        let key_map = KeyMap::new(hello.namespace_key);
         Ok(Self {
             conn,
             session: Session::new(config.geometry.layers),
@@ -92,6 +92,13 @@ impl AsyncClient {
     /// The daemon's `HelloOk`: session id, arena name and sizes.
     pub fn hello(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// How this session's keys map to the keys the arena shows its blocks
+    /// under (from the namespace key in `HelloOk`): what a caller filling
+    /// or reading slots itself seeds checksums with.
+    pub fn key_map(&self) -> KeyMap {
+        self.key_map
     }
 
     /// The mapped arena.

@@ -60,7 +60,7 @@ impl Client {
         write_frame(stream.get_mut(), &session::hello(&config)).map_err(frame_err(timeout))?;
         let hello = session::hello_reply(recv(&mut stream, timeout)?)?;
         let arena = session::open_arena(&hello, &config.geometry)?;
-        let key_map = KeyMap::new(&config.namespace);
+        let key_map = KeyMap::new(hello.namespace_key);
         Ok(Self {
             stream,
             session: Session::new(config.geometry.layers),
@@ -74,6 +74,13 @@ impl Client {
     /// The daemon's `HelloOk`: session id, arena name and sizes.
     pub fn hello(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// How this session's keys map to the keys the arena shows its blocks
+    /// under (from the namespace key in `HelloOk`): what a caller filling
+    /// or reading slots itself seeds checksums with.
+    pub fn key_map(&self) -> KeyMap {
+        self.key_map
     }
 
     /// The mapped arena.

@@ -14,10 +14,10 @@ use crate::session::Ready;
 ///
 /// The bytes are read straight from the arena into the caller's memory
 /// ([`read`](Self::read), [`read_layer`](Self::read_layer)), each copy
-/// verified: a whole block against the checksums the daemon published in
-/// the slot table, a layer against the checksum its `LayerReady` carried
-/// (blocks read from the disk arrive layer by layer and are published when
-/// complete). A layer may be read once the daemon has said it is ready
+/// verified against checksums the daemon sent over the socket, never the
+/// arena's slot table (which clients can write): a resident block's come
+/// with `LoadOk`, an arriving block's layer by layer with each
+/// `LayerReady` (blocks read from the disk arrive layer by layer). A layer may be read once the daemon has said it is ready
 /// (`wait_layer` on the client); a slot a later `LayerReady` leaves out
 /// failed and reads as a miss. The
 /// slots stay pinned until the client releases them
@@ -53,13 +53,13 @@ impl Load {
         let slots =
             results
                 .iter()
-                .map(|r| match r {
-                    LoadResult::Slot(s) => arena.slot_at(s.offset, s.len).map(Some).map_err(|e| {
+                .map(|r| match r.slot() {
+                    Some(s) => arena.slot_at(s.offset, s.len).map(Some).map_err(|e| {
                         ClientError::Unexpected {
                             what: format!("LoadOk names {s:?}: {e}"),
                         }
                     }),
-                    LoadResult::Miss => Ok(None),
+                    None => Ok(None),
                 })
                 .collect::<Result<Vec<_>>>()?;
         Ok(Self {
@@ -144,7 +144,32 @@ impl Load {
         if self.ready.good_slots().is_some_and(|good| index >= good) {
             return Ok(Lookup::Miss);
         }
-        Ok(self.arena.read(slot, self.stored[index], dst)?)
+        let Some(sums) = self.layer_sums(index) else {
+            return Ok(Lookup::Miss);
+        };
+        Ok(self.arena.read(slot, self.stored[index], &sums, dst)?)
+    }
+
+    /// Every layer's checksum of key `index`'s block, as the daemon sent
+    /// them: with `LoadOk` for a resident block, else each layer's
+    /// `LayerReady`. `None` when some layer's is unknown (the daemon
+    /// reported the block failed).
+    fn layer_sums(&self, index: usize) -> Option<Vec<u64>> {
+        if let Some(sums) = self.results.get(index)?.sums() {
+            return Some(sums.layers.clone());
+        }
+        (0..self.layers)
+            .map(|l| self.ready.sums(l)?.get(index).copied())
+            .collect()
+    }
+
+    /// Layer `layer`'s checksum of key `index`'s block, as the daemon sent
+    /// it (see [`layer_sums`](Self::layer_sums)).
+    fn layer_sum(&self, index: usize, layer: u32) -> Option<u64> {
+        match self.results.get(index)?.sums() {
+            Some(sums) => sums.layers.get(layer as usize).copied(),
+            None => self.ready.sums(layer)?.get(index).copied(),
+        }
     }
 
     /// Copies layer `layer` of key `index`'s block into `dst` (exactly that
@@ -156,23 +181,15 @@ impl Load {
             return Ok(Lookup::Miss);
         };
         self.check_ready(layer)?;
-        let key = self.stored[index];
-        match self.ready.sums(layer) {
-            // A block still arriving: verified against the checksum the
-            // daemon sent with the layer.
-            Some(sums) => match sums.get(index) {
-                Some(&sum) => {
-                    Ok(self
-                        .arena
-                        .read_arriving_layer(slot, key, layer as usize, sum, dst)?)
-                }
-                // The daemon reported it failed.
-                None => Ok(Lookup::Miss),
-            },
-            // Layers that arrived as whole blocks: the slot table's sums.
-            None if self.ready.good_slots().is_some_and(|good| index >= good) => Ok(Lookup::Miss),
-            None => Ok(self.arena.read_layer(slot, key, layer as usize, dst)?),
+        if self.ready.good_slots().is_some_and(|good| index >= good) {
+            // The daemon reported it failed.
+            return Ok(Lookup::Miss);
         }
+        let Some(sum) = self.layer_sum(index, layer) else {
+            return Ok(Lookup::Miss);
+        };
+        let key = self.stored[index];
+        Ok(self.arena.read_layer(slot, key, layer as usize, sum, dst)?)
     }
 
     /// Reads keys in order into `dsts` until the first one that is not a

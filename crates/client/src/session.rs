@@ -16,8 +16,7 @@ use kvtier_core::BlockHash;
 use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Counter, Hello, HelloOk, KeysRequest, LayerReady,
-    LoadResult, Message, PROTOCOL_VERSION, ProtocolVersion, ReserveResult, Stats, Tier,
-    WireGeometry,
+    LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, WireGeometry,
 };
 
 use crate::config::ClientConfig;
@@ -413,18 +412,10 @@ mod parse {
     }
 }
 
-/// The handshake's first frame. A client that names no instance speaks
-/// 2.0, whose Hello every 2.x daemon reads; naming one needs 2.1.
+/// The handshake's first frame.
 pub(crate) fn hello(config: &ClientConfig) -> Message {
-    let protocol_version = match config.instance {
-        Some(_) => PROTOCOL_VERSION,
-        None => ProtocolVersion {
-            major: PROTOCOL_VERSION.major,
-            minor: 0,
-        },
-    };
     Message::Hello(Hello {
-        protocol_version,
+        protocol_version: PROTOCOL_VERSION,
         namespace: config.namespace.clone(),
         geometry: config.geometry,
         instance: config.instance.clone(),
@@ -661,7 +652,7 @@ mod tests {
         let load_ok = Message::LoadOk(LoadOk {
             request_id: load.id,
             results: vec![
-                LoadResult::Slot(Slot { offset: 0, len: 1 }),
+                LoadResult::Arriving(Slot { offset: 0, len: 1 }),
                 LoadResult::Miss,
             ],
         });
@@ -735,6 +726,7 @@ mod tests {
             shm_name: "x".into(),
             arena_len: 1,
             slot_size: 1,
+            namespace_key: kvtier_protocol::NamespaceKey::from_bytes([3; 32]),
         };
         assert_eq!(hello_reply(Message::HelloOk(ok.clone())).unwrap(), ok);
         let err = hello_reply(error(0, ErrorCode::GEOMETRY_MISMATCH)).unwrap_err();

@@ -19,7 +19,7 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
-use kvtier_mem::{ArenaClient, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -628,6 +628,7 @@ async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
     let expected = block_content(a[0], block_bytes);
     let memory = m.tiers().memory.clone().expect("memory tier");
     let arena = ArenaClient::open(memory.shm_name()).expect("map the arena");
+    let table = ArenaReader::open(memory.shm_name()).expect("map the arena read-only");
 
     gate.hold.store(true, Ordering::SeqCst);
     let onboarding = m.begin_onboard(&a[..1]).await.expect("begin");
@@ -642,26 +643,20 @@ async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
         .expect("layer 0's checksum");
     let mut dst = vec![0u8; layer_bytes];
     let got = arena
-        .read_arriving_layer(slot, a[0], 0, sum, &mut dst)
+        .read_layer(slot, a[0], 0, sum, &mut dst)
         .expect("read layer 0");
     assert_eq!(got, Lookup::Hit);
     assert!(dst == expected[..layer_bytes], "layer 0 bytes differ");
     // The later layers are still held: the block is neither published in
     // the arena nor readable in the G2 pool.
     let mut whole = vec![0u8; block_bytes];
-    assert_eq!(
-        arena.read(slot, a[0], &mut whole).expect("read"),
-        Lookup::Miss
-    );
+    assert_eq!(table.get(a[0], &mut whole), Lookup::Miss);
     let g2 = m.pool(Tier::G2).expect("g2");
     assert_eq!(g2.presence(a[0]), Some(Presence::Filling));
 
     gate.open();
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
-    assert_eq!(
-        arena.read(slot, a[0], &mut whole).expect("read"),
-        Lookup::Hit
-    );
+    assert_eq!(table.get(a[0], &mut whole), Lookup::Hit);
     assert!(whole == expected, "the published block differs");
 }

@@ -13,23 +13,27 @@ use std::path::Path;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup, combine_layer_checksums};
 
-use crate::arena::view::{Access, ArenaView, Attempt, Part};
+use crate::arena::view::{Access, ArenaView, Part};
 use crate::error::{MemError, Result};
+use crate::verify::{self, Verdict};
 
 /// A read-write mapping of an arena owned by another process (the node
 /// daemon's [`MemoryTier`](crate::MemoryTier)), opened by its
 /// shared-memory name.
 ///
 /// The slot data area is mapped writable; the header and slot table are
-/// mapped read-only, so the client can never change what the daemon
-/// publishes. Slot indices come from [`slot_at`](Self::slot_at), which
-/// checks the `(offset, len)` ranges of the daemon's replies.
+/// mapped read-only, so a well-behaved client never changes what the
+/// daemon publishes (a hostile one with write access to the file could,
+/// which is why reads never trust the table). Slot indices come from
+/// [`slot_at`](Self::slot_at), which checks the `(offset, len)` ranges of
+/// the daemon's replies.
 ///
 /// Writing ([`fill`](Self::fill), [`fill_layer`](Self::fill_layer)) is
 /// `unsafe`: it is sound only into a slot the daemon reserved for this
 /// client. Reading ([`read`](Self::read), [`read_layer`](Self::read_layer))
-/// is safe in every case: it follows the slot table's seqlock and verifies
-/// the copy, so it returns verified bytes or a miss, never anything else.
+/// is safe in every case: it verifies the copy against checksums the
+/// caller got from the daemon, so it returns verified bytes or
+/// [`Lookup::Corrupt`], never anything else.
 #[derive(Debug)]
 pub struct ArenaClient {
     view: ArenaView,
@@ -189,40 +193,46 @@ impl ArenaClient {
     }
 
     /// Copies block `key` out of `slot` into `dst` (exactly `block_bytes`
-    /// long), verifying it against the checksums the daemon published for
-    /// the slot, under the slot table's seqlock.
+    /// long), verifying the copy against `layer_sums`: the checksums the
+    /// daemon sent over the socket for this block (`LoadOk`,
+    /// `LayerReady`), never the slot table, which clients can write. The
+    /// daemon keeps the slot for the caller until it releases it.
     ///
-    /// [`Lookup::Hit`]: `dst` holds the verified block. [`Lookup::Miss`]:
-    /// the slot holds another block or none, or kept changing during the
-    /// copy. [`Lookup::Corrupt`]: the slot was stable and its bytes failed
-    /// verification; `dst` holds garbage. Errors are caller mistakes: a
-    /// slot that does not exist, a `dst` of the wrong length.
-    pub fn read(&self, slot: usize, key: BlockHash, dst: &mut [u8]) -> Result<Lookup> {
-        self.read_part(slot, key, Part::Block, dst)
-    }
-
-    /// Copies layer `layer` of block `key` out of `slot` into `dst`
-    /// (exactly that layer's length), verifying it against the layer's
-    /// published checksum; outcomes as for [`read`](Self::read).
-    pub fn read_layer(
+    /// [`Lookup::Hit`]: `dst` holds the verified block.
+    /// [`Lookup::Corrupt`]: the bytes failed verification (someone wrote
+    /// the slot, or it holds another block); `dst` holds garbage. Errors
+    /// are caller mistakes: a slot that does not exist, a `dst` of the
+    /// wrong length.
+    pub fn read(
         &self,
         slot: usize,
         key: BlockHash,
-        layer: usize,
+        layer_sums: &[u64],
         dst: &mut [u8],
     ) -> Result<Lookup> {
-        self.read_part(slot, key, Part::Layer(layer), dst)
+        let range = self.view.range(Part::Block, dst.len())?;
+        // SAFETY: `range` lies inside the block, so inside the slot.
+        let src = unsafe { self.view.slot_ptr(slot)?.add(range.start) };
+        let layer_bytes = self.view.layout().layer_bytes;
+        // SAFETY: `src` is valid for `dst.len()` bytes of our mapping (the
+        // range checked above) and `dst` is private memory. Whatever a
+        // concurrent writer does, what is hashed is `dst`, so it can only
+        // make the verification fail.
+        let verdict = unsafe { verify::copy_verified(src, dst, key, layer_bytes, layer_sums) };
+        Ok(match verdict {
+            Verdict::Intact => Lookup::Hit,
+            Verdict::Corrupt(layer) => {
+                tracing::warn!(path = %self.path().display(), %key, slot, layer, "arena block failed verification");
+                Lookup::Corrupt
+            }
+        })
     }
 
-    /// Copies layer `layer` of block `key` out of `slot` into `dst`,
-    /// verifying the copy against `layer_sum`, without the slot table: for
-    /// a block still arriving layer by layer (the daemon answered the slot
-    /// of a `Load` and reported the layer ready with its checksum). The
-    /// daemon keeps the slot for the caller until it releases it.
-    ///
-    /// [`Lookup::Hit`]: `dst` holds the verified layer. [`Lookup::Corrupt`]:
-    /// the bytes failed verification. Errors are caller mistakes.
-    pub fn read_arriving_layer(
+    /// Copies layer `layer` of block `key` out of `slot` into `dst`
+    /// (exactly that layer's length), verifying the copy against
+    /// `layer_sum`, the layer's checksum the daemon sent; outcomes as for
+    /// [`read`](Self::read).
+    pub fn read_layer(
         &self,
         slot: usize,
         key: BlockHash,
@@ -233,29 +243,14 @@ impl ArenaClient {
         let range = self.view.range(Part::Layer(layer), dst.len())?;
         // SAFETY: `range` lies inside the block, so inside the slot.
         let src = unsafe { self.view.slot_ptr(slot)?.add(range.start) };
-        // SAFETY: `src` is valid for `dst.len()` bytes of our mapping (the
-        // range checked above) and `dst` is private memory. The daemon
-        // wrote the layer before reporting it and keeps the slot for us;
-        // whatever is copied is hashed from `dst`, so a concurrent writer
-        // could only make the verification fail.
+        // SAFETY: as in `read`: `src` is valid for `dst.len()` bytes and
+        // `dst` is private memory, which is what gets hashed.
         let got = unsafe { kvtier_core::copy_layer_checksum(src, dst, key, layer as u32) };
         Ok(if got == layer_sum {
             Lookup::Hit
         } else {
-            tracing::warn!(path = %self.path().display(), %key, slot, layer, "arriving layer failed verification");
+            tracing::warn!(path = %self.path().display(), %key, slot, layer, "arena layer failed verification");
             Lookup::Corrupt
-        })
-    }
-
-    fn read_part(&self, slot: usize, key: BlockHash, part: Part, dst: &mut [u8]) -> Result<Lookup> {
-        let mut tries = 0;
-        Ok(match self.view.read(slot, key, part, dst, &mut tries)? {
-            Some(Attempt::Hit) => Lookup::Hit,
-            Some(Attempt::Corrupt(layer)) => {
-                tracing::warn!(path = %self.path().display(), %key, slot, layer, "arena block failed verification");
-                Lookup::Corrupt
-            }
-            Some(Attempt::Moved) | None => Lookup::Miss,
         })
     }
 }

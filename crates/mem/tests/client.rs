@@ -8,7 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kvtier_core::{BlockHash, BlockSums, Lookup, layer_checksum};
-use kvtier_mem::{ArenaClient, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
+use kvtier_mem::{
+    ArenaClient, ArenaReader, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve,
+};
 use proptest::prelude::*;
 
 /// Not a multiple of the layer size (the last layer is shorter) nor of the
@@ -63,6 +65,11 @@ fn reserve(
     (r, slot)
 }
 
+/// The checksums of block `k`: what the daemon holds for it and sends.
+fn sums_of(k: u128) -> BlockSums {
+    BlockSums::compute(BlockHash(k), LAYER, &block(k, BLOCK))
+}
+
 /// Stores block `k` through the client; returns its slot.
 fn store(t: &MemoryTier, c: &ArenaClient, k: u128) -> usize {
     let key = BlockHash(k);
@@ -91,19 +98,25 @@ fn a_client_fills_a_reserved_slot_and_reads_it_back() {
     // SAFETY: reserved for us; nothing else touches it until the commit.
     let sums = unsafe { c.fill(slot, key, &block(7, BLOCK)) }.unwrap();
     assert_eq!(sums, BlockSums::compute(key, LAYER, &block(7, BLOCK)));
-    // Not visible before the commit.
+    // Not published before the commit.
+    let table = ArenaReader::open(t.shm_name()).expect("open read-only");
     let mut dst = vec![0u8; BLOCK];
-    assert_eq!(c.read(slot, key, &mut dst).unwrap(), Lookup::Miss);
+    assert_eq!(table.get(key, &mut dst), Lookup::Miss);
     // The owner's strict commit hashes the slot again: the client's bytes
     // and sums agree.
     assert_eq!(r.commit(&sums).unwrap(), PutOutcome::Stored);
+    assert_eq!(table.get(key, &mut dst), Lookup::Hit);
 
-    assert_eq!(c.read(slot, key, &mut dst).unwrap(), Lookup::Hit);
+    assert_eq!(
+        c.read(slot, key, &sums.layers, &mut dst).unwrap(),
+        Lookup::Hit
+    );
     assert_eq!(dst, block(7, BLOCK));
     for (layer, want) in block(7, BLOCK).chunks(LAYER).enumerate() {
         let mut part = vec![0u8; c.layer_len(layer).unwrap()];
         assert_eq!(
-            c.read_layer(slot, key, layer, &mut part).unwrap(),
+            c.read_layer(slot, key, layer, sums.layers[layer], &mut part)
+                .unwrap(),
             Lookup::Hit
         );
         assert_eq!(part, want);
@@ -130,7 +143,10 @@ fn layer_by_layer_fills_give_the_block_sums() {
     assert_eq!(sums, BlockSums::compute(key, LAYER, &data));
     assert_eq!(r.commit(&sums).unwrap(), PutOutcome::Stored);
     let mut dst = vec![0u8; BLOCK];
-    assert_eq!(c.read(slot, key, &mut dst).unwrap(), Lookup::Hit);
+    assert_eq!(
+        c.read(slot, key, &sums.layers, &mut dst).unwrap(),
+        Lookup::Hit
+    );
     assert_eq!(dst, data);
 }
 
@@ -144,34 +160,51 @@ fn a_corrupted_byte_is_corrupt_and_never_served() {
     // copy is in flight.
     unsafe { *arena.add(slot * t.slot_bytes() + 2 * LAYER + 17) ^= 0x40 };
     let key = BlockHash(5);
+    let sums = sums_of(5);
     let mut dst = vec![0u8; BLOCK];
-    assert_eq!(c.read(slot, key, &mut dst).unwrap(), Lookup::Corrupt);
+    assert_eq!(
+        c.read(slot, key, &sums.layers, &mut dst).unwrap(),
+        Lookup::Corrupt
+    );
     let mut part = vec![0u8; LAYER];
     assert_eq!(
-        c.read_layer(slot, key, 2, &mut part).unwrap(),
+        c.read_layer(slot, key, 2, sums.layers[2], &mut part)
+            .unwrap(),
         Lookup::Corrupt
     );
     // The other layers are intact and still served on their own.
-    assert_eq!(c.read_layer(slot, key, 1, &mut part).unwrap(), Lookup::Hit);
+    assert_eq!(
+        c.read_layer(slot, key, 1, sums.layers[1], &mut part)
+            .unwrap(),
+        Lookup::Hit
+    );
     assert_eq!(part, block(5, BLOCK)[LAYER..2 * LAYER]);
 }
 
+/// A read checks the copy against the checksums it is given, seeded by
+/// the key it is given: a slot holding another block, an empty slot, or
+/// another block's checksums never read as a hit.
 #[test]
-fn a_wrong_key_or_an_empty_or_removed_slot_is_a_miss() {
+fn a_wrong_key_wrong_sums_or_an_empty_slot_is_never_a_hit() {
     let t = tier();
     let c = ArenaClient::open(t.shm_name()).unwrap();
     let slot = store(&t, &c, 1);
+    let other = store(&t, &c, 2);
     let mut dst = vec![0u8; BLOCK];
     let mut part = vec![0u8; LAYER];
-    assert_eq!(c.read(slot, BlockHash(2), &mut dst).unwrap(), Lookup::Miss);
+    let (one, two) = (sums_of(1), sums_of(2));
+    let corrupt = |got: kvtier_mem::Result<Lookup>| assert_eq!(got.unwrap(), Lookup::Corrupt);
+    corrupt(c.read(slot, BlockHash(2), &two.layers, &mut dst));
+    corrupt(c.read(slot, BlockHash(1), &two.layers, &mut dst));
+    corrupt(c.read(other, BlockHash(1), &one.layers, &mut dst));
+    corrupt(c.read(slot, BlockHash(1), &one.layers[..LAYERS - 1], &mut dst));
+    corrupt(c.read_layer(slot, BlockHash(2), 0, two.layers[0], &mut part));
+    let empty = (0..4).find(|&s| s != slot && s != other).unwrap();
+    corrupt(c.read(empty, BlockHash(1), &one.layers, &mut dst));
     assert_eq!(
-        c.read_layer(slot, BlockHash(2), 0, &mut part).unwrap(),
-        Lookup::Miss
+        c.read(slot, BlockHash(1), &one.layers, &mut dst).unwrap(),
+        Lookup::Hit
     );
-    let empty = (0..4).find(|&s| s != slot).unwrap();
-    assert_eq!(c.read(empty, BlockHash(1), &mut dst).unwrap(), Lookup::Miss);
-    assert!(t.remove(BlockHash(1)));
-    assert_eq!(c.read(slot, BlockHash(1), &mut dst).unwrap(), Lookup::Miss);
 }
 
 #[test]
@@ -226,16 +259,17 @@ fn ranges_that_are_not_slots_are_refused() {
             })
         ));
     }
+    let sums = sums_of(3);
     assert!(matches!(
-        c.read(4, key, &mut dst),
+        c.read(4, key, &sums.layers, &mut dst),
         Err(MemError::NoSuchSlot { .. })
     ));
     assert!(matches!(
-        c.read(0, key, &mut dst[1..]),
+        c.read(0, key, &sums.layers, &mut dst[1..]),
         Err(MemError::WrongLength { .. })
     ));
     assert!(matches!(
-        c.read_layer(0, key, 9, &mut dst),
+        c.read_layer(0, key, 9, 0, &mut dst),
         Err(MemError::NoSuchLayer { .. })
     ));
     assert!(matches!(
@@ -289,7 +323,7 @@ proptest! {
         prop_assert_eq!(&sums, &BlockSums::compute(key, layer_bytes, &data));
         prop_assert_eq!(r.commit(&sums).unwrap(), PutOutcome::Stored);
         let mut dst = vec![0u8; block_bytes];
-        prop_assert_eq!(c.read(slot, key, &mut dst).unwrap(), Lookup::Hit);
+        prop_assert_eq!(c.read(slot, key, &sums.layers, &mut dst).unwrap(), Lookup::Hit);
         prop_assert_eq!(dst, data);
     }
 }

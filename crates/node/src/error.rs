@@ -55,6 +55,24 @@ pub enum NodeError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The secret file could not be read or made.
+    #[error("{op} the node secret {path}: {source}")]
+    Secret {
+        /// What was attempted.
+        op: &'static str,
+        /// The secret file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The secret file exists but cannot be trusted or used.
+    #[error("the node secret {path} cannot be used: {why}")]
+    BadSecret {
+        /// The secret file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// A background task of the node panicked or was cancelled.
     #[error("a node task stopped unexpectedly")]
     TaskLost,

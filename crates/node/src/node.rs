@@ -12,6 +12,7 @@ use kvtier_manager::events::EventSink;
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_protocol::{KeyMap, Namespace, NamespaceKey, NodeSecret};
 use kvtier_remote::{RemoteConfig, RemoteTier};
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -24,6 +25,8 @@ use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
 /// The node: one block manager for every engine process of the host. See
 /// the [crate docs](crate).
 pub struct Node {
+    /// Keys every namespace (and authenticates the arena's table entries).
+    secret: NodeSecret,
     manager: BlockManager,
     memory: MemoryTier,
     options: NodeOptions,
@@ -58,6 +61,7 @@ impl Node {
         extra_sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Arc<Self>, NodeError> {
         let options = NodeOptions::from_config(config)?;
+        let secret = crate::secret::load_or_create(&config.secret_file())?;
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
@@ -93,6 +97,7 @@ impl Node {
         );
         let (stop_step, stop_rx) = watch::channel(false);
         let node = Arc::new(Self {
+            secret,
             manager,
             memory,
             options,
@@ -106,6 +111,12 @@ impl Node {
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
         Ok(node)
+    }
+
+    /// The key map of `namespace`: what its clients' keys are stored
+    /// under (docs/node-protocol.md §11.1).
+    pub fn key_map(&self, namespace: &Namespace) -> KeyMap {
+        KeyMap::new(NamespaceKey::derive(&self.secret, namespace))
     }
 
     /// The block manager.

@@ -11,15 +11,27 @@ use kvtier_protocol::Namespace;
 pub struct SessionNamespace {
     /// The namespace of every block of the session.
     pub namespace: Namespace,
-    /// `namespace.digest()`: a stored key is the client key XOR this.
+    /// `namespace.digest()`: names the namespace (the instance derived
+    /// for it), never keys its blocks.
     pub digest: u128,
     /// The metadata-service instance the client named, if any.
     pub instance: Option<String>,
 }
 
+/// A committed block's two keys: the client's, and the one the node holds
+/// it under (a keyed hash of the client's; the one cannot be computed from
+/// the other without the namespace key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CommittedKey {
+    /// The key the client named.
+    pub client: BlockHash,
+    /// The key the node stores the block under.
+    pub stored: BlockHash,
+}
+
 /// Told of every block a session committed (it became readable in G2).
 /// Called on the session's task after the commit: it must not block.
 pub trait CommitObserver: Send + Sync {
-    /// `stored` (the node's keys) were committed by a session of `ns`.
-    fn committed(&self, ns: &SessionNamespace, stored: &[BlockHash]);
+    /// `blocks` were committed by a session of `ns`.
+    fn committed(&self, ns: &SessionNamespace, blocks: &[CommittedKey]);
 }

@@ -36,6 +36,11 @@ pub struct ManagerSectionConfig {
     /// The Unix socket engines connect to (created mode 0660). Empty means
     /// `<serve.data_dir>/node.sock`.
     pub socket: PathBuf,
+    /// The daemon's secret (32 random bytes, mode 0600), made at first
+    /// start: it keys every namespace's stored keys, so no client can name
+    /// another namespace's blocks. Nodes sharing a G4 share it. Empty means
+    /// `<serve.data_dir>/node.secret`.
+    pub secret_file: PathBuf,
     /// Eviction policy of every pool: `lru`, `lfu`, `arc`, `s3fifo`, `ttl`
     /// or `cost`.
     pub policy: String,
@@ -85,6 +90,7 @@ impl Default for ManagerSectionConfig {
     fn default() -> Self {
         Self {
             socket: PathBuf::new(),
+            secret_file: PathBuf::new(),
             policy: "lru".into(),
             mode: "exclusive".into(),
             high_watermark: 0.95,
@@ -162,6 +168,15 @@ impl NodeConfig {
             self.serve.data_dir.join("node.sock")
         } else {
             self.manager.socket.clone()
+        }
+    }
+
+    /// The secret file, defaulting to `<data_dir>/node.secret`.
+    pub fn secret_file(&self) -> PathBuf {
+        if self.manager.secret_file.as_os_str().is_empty() {
+            self.serve.data_dir.join("node.secret")
+        } else {
+            self.manager.secret_file.clone()
         }
     }
 

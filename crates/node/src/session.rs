@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, BlockSums};
 use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError, Onboarding};
 use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
@@ -22,7 +22,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use crate::Node;
-use crate::observer::SessionNamespace;
+use crate::observer::{CommittedKey, SessionNamespace};
 use crate::stats::Counters;
 
 /// Bytes a frame buffer grows by at most per read (docs/node-protocol.md,
@@ -64,6 +64,16 @@ impl Place {
         }
     }
 
+    /// What `LoadOk` says of it: a resident block with the checksums the
+    /// daemon holds for it (the client verifies against these, never
+    /// against the slot table, which clients can write).
+    fn answer(&self) -> LoadResult {
+        match self {
+            Self::Resident(r, slot) => LoadResult::Resident(*slot, r.shared_sums().clone()),
+            Self::Arriving(_, slot) => LoadResult::Arriving(*slot),
+        }
+    }
+
     /// The checksum of layer `layer`, once it is in place.
     fn layer_sum(&self, onboarding: &Onboarding, layer: u32) -> Option<u64> {
         match self {
@@ -91,9 +101,9 @@ fn arena_slot(memory: &kvtier_mem::MemoryTier, slot: usize) -> Slot {
     }
 }
 
-/// `LoadOk` with `slots` for the leading keys of `n`, the rest misses.
-fn load_ok(id: u64, n: usize, slots: impl Iterator<Item = Slot>) -> Message {
-    let mut results: Vec<LoadResult> = slots.map(LoadResult::Slot).collect();
+/// `LoadOk` with `found` for the leading keys of `n`, the rest misses.
+fn load_ok(id: u64, n: usize, found: impl Iterator<Item = LoadResult>) -> Message {
+    let mut results: Vec<LoadResult> = found.collect();
     results.resize(n, LoadResult::Miss);
     Message::LoadOk(LoadOk {
         request_id: id,
@@ -305,7 +315,8 @@ impl Session {
                 Next::Close,
             );
         }
-        self.keys = Some(KeyMap::new(&hello.namespace));
+        let keys = self.node.key_map(&hello.namespace);
+        self.keys = Some(keys);
         self.namespace = Some(Arc::new(SessionNamespace {
             digest: hello.namespace.digest(),
             namespace: hello.namespace.clone(),
@@ -328,6 +339,7 @@ impl Session {
             shm_name: memory.shm_name().to_owned(),
             arena_len: memory.file_bytes(),
             slot_size: memory.slot_bytes() as u64,
+            namespace_key: keys.key(),
         };
         (vec![Message::HelloOk(ok)], Next::Continue)
     }
@@ -454,7 +466,13 @@ impl Session {
             let key = keys.stored(entry.key);
             if let Some(r) = self.reservations.remove(&key) {
                 batch.push((r.value, entry.sums));
-                positions.push((i, key));
+                positions.push((
+                    i,
+                    CommittedKey {
+                        client: entry.key,
+                        stored: key,
+                    },
+                ));
             }
         }
         let done = self.node.manager().commit_host(batch).await;
@@ -601,11 +619,18 @@ impl Session {
             .map_err(LoadFailure::BeforeAnswer)?;
         let pinned = self.pin(onboarded.blocks, &[]);
         let last = self.node.geometry().layers.saturating_sub(1);
-        let mut replies = vec![load_ok(id, asked, pinned.iter().map(|p| p.0))];
-        if !pinned.is_empty() {
-            replies.push(layer_ready(id, last, pinned.iter().map(|p| p.1)));
+        let last_sums: Vec<u64> = pinned
+            .iter()
+            .map(|(_, sums)| last_sum(sums, last))
+            .collect();
+        let found = pinned
+            .into_iter()
+            .map(|(slot, sums)| LoadResult::Resident(slot, sums));
+        self.count_load(last_sums.len(), asked);
+        let mut replies = vec![load_ok(id, asked, found)];
+        if !last_sums.is_empty() {
+            replies.push(layer_ready(id, last, last_sums.into_iter()));
         }
-        self.count_load(pinned.len(), asked);
         send(wr, &replies).await.map_err(LoadFailure::Io)
     }
 
@@ -622,7 +647,7 @@ impl Session {
         wr: &mut OwnedWriteHalf,
     ) -> Result<(), LoadFailure> {
         let slots: Vec<Slot> = places.iter().map(Place::slot).collect();
-        let answer = load_ok(id, asked, slots.iter().copied());
+        let answer = load_ok(id, asked, places.iter().map(Place::answer));
         send(wr, &[answer]).await.map_err(LoadFailure::Io)?;
         let layers = self.node.geometry().layers;
         let mut good = places.len();
@@ -652,16 +677,17 @@ impl Session {
         blocks.truncate(good);
         let pinned = self.pin(blocks, &slots);
         self.count_load(pinned.len(), asked);
-        let last = layer_ready(id, layers.saturating_sub(1), pinned.iter().map(|p| p.1));
+        let top = layers.saturating_sub(1);
+        let last = layer_ready(id, top, pinned.iter().map(|(_, sums)| last_sum(sums, top)));
         send(wr, &[last]).await.map_err(LoadFailure::Io)
     }
 
     /// Pins `blocks` for the client, in order, while the arena shows each
     /// (in `slots[i]` when given); returns each pinned block's slot and
-    /// last-layer checksum.
-    fn pin(&mut self, blocks: Vec<ImmutableBlock>, slots: &[Slot]) -> Vec<(Slot, u64)> {
+    /// checksums.
+    fn pin(&mut self, blocks: Vec<ImmutableBlock>, slots: &[Slot]) -> Vec<(Slot, BlockSums)> {
         let memory = self.node.memory();
-        let last = self.node.geometry().layers.saturating_sub(1) as usize;
+        let layers = self.node.geometry().layers as usize;
         let until = Instant::now() + self.node.options().lease;
         let mut out = Vec::with_capacity(blocks.len());
         for (i, block) in blocks.into_iter().enumerate() {
@@ -673,10 +699,11 @@ impl Session {
             if slots.get(i).is_some_and(|announced| *announced != slot) {
                 break;
             }
-            let Some(&sum) = arena.shared_sums().layers.get(last) else {
+            let sums = arena.shared_sums();
+            if sums.layers.len() != layers {
                 break;
-            };
-            out.push((slot, sum));
+            }
+            out.push((slot, sums.clone()));
             let pin = Pin {
                 _block: block,
                 _arena: arena,
@@ -770,6 +797,12 @@ impl Session {
             );
         }
     }
+}
+
+/// Layer `layer`'s checksum in `sums` (`pin` keeps only blocks with every
+/// layer's).
+fn last_sum(sums: &BlockSums, layer: u32) -> u64 {
+    sums.layers.get(layer as usize).copied().unwrap_or(0)
 }
 
 fn ack(request_id: u64) -> Message {

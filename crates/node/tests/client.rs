@@ -214,7 +214,7 @@ fn a_corrupted_block_ends_the_verified_prefix() {
     let blocks: Vec<(u128, Vec<u8>)> = (1..=3).map(|k| (k, block(k, len))).collect();
     client.store(&batch(&blocks)).unwrap();
     let memory = daemon.node.memory();
-    let stored = namespace().block_key(BlockHash(2));
+    let stored = client.key_map().stored(BlockHash(2));
     let slot = memory.get_ref(stored).expect("resident").slot();
     let (arena, _) = memory.arena();
     // SAFETY: `arena()` starts at slot 0; one byte inside a resident slot, which

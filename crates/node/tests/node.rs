@@ -172,7 +172,7 @@ fn leases_lapse_for_a_client_that_stays_connected() {
     // A late commit names no reservation, and the slot went back: another
     // reservation of the key succeeds.
     let len = daemon.len();
-    let stored = namespace().block_key(BlockHash(7));
+    let stored = client.key_map().stored(BlockHash(7));
     let layer = daemon.node.geometry().layer_bytes() as usize;
     let sums = kvtier_core::BlockSums::compute(stored, layer, &block(7, len));
     let late = client

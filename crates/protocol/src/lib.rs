@@ -25,15 +25,17 @@
 
 mod error;
 mod frame;
+mod keys;
 mod message;
 mod wire;
 
 pub use error::{DecodeError, EncodeError, FrameError};
 pub use frame::{LEN_BYTES, Message, read_frame, write_frame};
+pub use keys::{KEY_BYTES, KeyMap, NamespaceKey, NodeSecret};
 pub use message::{
     Ack, Commit, CommitEntry, CommitOk, CommitResult, Counter, Error, ErrorCode, Hello, HelloOk,
-    KeyMap, KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion,
-    ReserveOk, ReserveResult, Slot, Stats, StatsOk, Tier, WireGeometry,
+    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion, ReserveOk,
+    ReserveResult, Slot, Stats, StatsOk, Tier, WireGeometry,
 };
 
 /// The largest frame, counted without the length prefix (type byte and
@@ -42,4 +44,4 @@ pub use message::{
 pub const MAX_FRAME: u32 = 16 << 20;
 
 /// The version this crate speaks.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 2, minor: 1 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 3, minor: 0 };

@@ -8,6 +8,7 @@ use std::fmt;
 use kvtier_core::{BlockHash, BlockSums, Geometry};
 
 use crate::DecodeError;
+use crate::keys::{KEY_BYTES, NamespaceKey};
 use crate::wire::{Reader, Wire, wire_code_enum, wire_struct};
 
 /// A protocol version: peers talk only if their majors are equal; a minor
@@ -60,46 +61,20 @@ wire_struct!(Namespace {
     tenant_salt: Option<Vec<u8>>,
 });
 
-/// Seed of [`Namespace::digest`]; changing it would orphan every stored
-/// block, so it is frozen (docs/node-protocol.md, I12).
+/// Seed of [`Namespace::digest`]; frozen, since the digest names the
+/// metadata-service instance a namespace's blocks are published under when
+/// the client names none (docs/meta-api.md §10).
 const NAMESPACE_SEED: u64 = 0x6b76_7469_6572_6e73; // "kvtierns"
 
 impl Namespace {
     /// 128-bit digest of the namespace: xxh3-128 of its wire encoding
     /// (section 4.1 of docs/node-protocol.md), seeded with a frozen seed.
+    /// It names the namespace (in instance names and logs); it is public,
+    /// so it is never what keys a block: see [`KeyMap`](crate::KeyMap).
     pub fn digest(&self) -> u128 {
         let mut body = Vec::new();
         self.put(&mut body);
         xxhash_rust::xxh3::xxh3_128_with_seed(&body, NAMESPACE_SEED)
-    }
-
-    /// The key a daemon stores the client's block `key` under (see
-    /// [`KeyMap`]; build one to map many keys).
-    pub fn block_key(&self, key: BlockHash) -> BlockHash {
-        KeyMap::new(self).stored(key)
-    }
-}
-
-/// Maps one namespace's client keys to stored keys: `key XOR digest`. Both
-/// sides derive it (a client needs the stored key to fill and verify
-/// slots, whose checksums are seeded by it), and two namespaces map one
-/// client key to different stored keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyMap {
-    digest: u128,
-}
-
-impl KeyMap {
-    /// The map of `namespace` (computes its digest once).
-    pub fn new(namespace: &Namespace) -> Self {
-        Self {
-            digest: namespace.digest(),
-        }
-    }
-
-    /// The stored key of client key `key`.
-    pub fn stored(&self, key: BlockHash) -> BlockHash {
-        BlockHash(key.0 ^ self.digest)
     }
 }
 
@@ -141,8 +116,7 @@ pub struct Hello {
     pub geometry: WireGeometry,
     /// The metadata-service instance this client's blocks belong to in the
     /// cluster-wide view (`None`: one the daemon derives from the
-    /// namespace). Sent from 2.1 on, after the geometry; a 2.0 Hello ends
-    /// before it.
+    /// namespace).
     pub instance: Option<String>,
 }
 
@@ -159,6 +133,22 @@ pub struct HelloOk {
     pub arena_len: u64,
     /// Bytes per arena slot (at least the block size).
     pub slot_size: u64,
+    /// The key of the session's namespace, derived from the daemon's
+    /// secret: the client maps its keys to stored keys with it
+    /// ([`KeyMap`](crate::KeyMap)).
+    pub namespace_key: NamespaceKey,
+}
+
+impl Wire for NamespaceKey {
+    const MIN_SIZE: usize = KEY_BYTES;
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let mut bytes = [0u8; KEY_BYTES];
+        bytes.copy_from_slice(r.take(KEY_BYTES)?);
+        Ok(Self::from_bytes(bytes))
+    }
 }
 
 /// Handshake messages start with the version and are decoded only when its
@@ -175,25 +165,21 @@ fn get_version(r: &mut Reader<'_>) -> Result<ProtocolVersion, DecodeError> {
 }
 
 impl Wire for Hello {
-    const MIN_SIZE: usize =
-        ProtocolVersion::MIN_SIZE + Namespace::MIN_SIZE + WireGeometry::MIN_SIZE;
+    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE
+        + Namespace::MIN_SIZE
+        + WireGeometry::MIN_SIZE
+        + Option::<String>::MIN_SIZE;
     fn put(&self, out: &mut Vec<u8>) {
         self.protocol_version.put(out);
         self.namespace.put(out);
         self.geometry.put(out);
-        if self.protocol_version.minor >= 1 {
-            self.instance.put(out);
-        }
+        self.instance.put(out);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         let protocol_version = get_version(r)?;
         let namespace = Namespace::get(r)?;
         let geometry = WireGeometry::get(r)?;
-        let instance = if protocol_version.minor >= 1 {
-            Option::<String>::get(r)?
-        } else {
-            None
-        };
+        let instance = Option::<String>::get(r)?;
         Ok(Self {
             protocol_version,
             namespace,
@@ -204,13 +190,14 @@ impl Wire for Hello {
 }
 
 impl Wire for HelloOk {
-    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE + 8 + 4 + 8 + 8;
+    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE + 8 + 4 + 8 + 8 + KEY_BYTES;
     fn put(&self, out: &mut Vec<u8>) {
         self.protocol_version.put(out);
         self.session_id.put(out);
         self.shm_name.put(out);
         self.arena_len.put(out);
         self.slot_size.put(out);
+        self.namespace_key.put(out);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(Self {
@@ -219,6 +206,7 @@ impl Wire for HelloOk {
             shm_name: String::get(r)?,
             arena_len: u64::get(r)?,
             slot_size: u64::get(r)?,
+            namespace_key: NamespaceKey::get(r)?,
         })
     }
 }
@@ -388,30 +376,65 @@ pub struct CommitOk {
 wire_struct!(CommitOk { request_id: u64, results: Vec<CommitResult> });
 
 /// What `Load` gives for one key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadResult {
-    /// Resident (or arriving) in this slot, pinned for the client until
-    /// `Release`. Tag 0.
-    Slot(Slot),
+    /// Arriving from a lower tier into this slot, pinned for the client
+    /// until `Release`; each layer's checksums come with its `LayerReady`.
+    /// Tag 0.
+    Arriving(Slot),
     /// Not stored, or failed verification. Tag 1.
     Miss,
+    /// Resident in this slot, pinned for the client until `Release`, with
+    /// the checksums the daemon holds for it: what the client verifies
+    /// its copy against. Tag 2.
+    Resident(Slot, BlockSums),
+}
+
+impl LoadResult {
+    /// The slot, unless a miss.
+    pub fn slot(&self) -> Option<Slot> {
+        match self {
+            Self::Arriving(slot) | Self::Resident(slot, _) => Some(*slot),
+            Self::Miss => None,
+        }
+    }
+
+    /// The block's checksums, when the answer carried them (resident).
+    pub fn sums(&self) -> Option<&BlockSums> {
+        match self {
+            Self::Resident(_, sums) => Some(sums),
+            Self::Arriving(_) | Self::Miss => None,
+        }
+    }
 }
 
 impl Wire for LoadResult {
     const MIN_SIZE: usize = 1;
     fn put(&self, out: &mut Vec<u8>) {
         match self {
-            Self::Slot(slot) => {
+            Self::Arriving(slot) => {
                 out.push(0);
                 slot.put(out);
             }
             Self::Miss => out.push(1),
+            Self::Resident(slot, sums) => {
+                out.push(2);
+                slot.put(out);
+                sums.block.put(out);
+                sums.layers.put(out);
+            }
         }
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         match u8::get(r)? {
-            0 => Ok(Self::Slot(Slot::get(r)?)),
+            0 => Ok(Self::Arriving(Slot::get(r)?)),
             1 => Ok(Self::Miss),
+            2 => {
+                let slot = Slot::get(r)?;
+                let block = u64::get(r)?;
+                let layers = Vec::<u64>::get(r)?;
+                Ok(Self::Resident(slot, BlockSums { block, layers }))
+            }
             _ => Err(r.malformed("unknown LoadResult tag")),
         }
     }
@@ -559,10 +582,16 @@ mod tests {
             ratio::<Tier>(),
             ratio::<ReserveResult>(),
             ratio::<CommitResult>(),
-            ratio::<LoadResult>(),
             ratio::<Counter>(),
         ] {
             assert!(r <= 24, "{r}");
         }
+    }
+
+    #[test]
+    fn load_results_allocate_at_most_64_bytes_per_body_byte() {
+        // A 1-byte `Miss` tag decodes into a value that can hold a
+        // resident block's slot and checksums.
+        assert!(ratio::<LoadResult>() <= 64, "{}", ratio::<LoadResult>());
     }
 }

@@ -73,27 +73,25 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[2, 0, 1, 0], "major 2, minor 1");
+    assert_eq!(&frame[5..9], &[3, 0, 0, 0], "major 3, minor 0");
 }
 
-/// 2.1 appends `instance` to `Hello`; a 2.0 Hello ends before it, and the
-/// decoder reads it only from a peer announcing minor 1 or later.
+/// 3.0 always carries `instance` at the end of `Hello` (2.0 had none, 2.1
+/// had it only when announcing minor 1): a Hello without it is malformed.
 #[test]
-fn hello_carries_the_instance_from_minor_one() {
+fn hello_always_carries_the_instance() {
     let Message::Hello(mut hello) = samples::all()[0].clone() else {
         panic!("not a hello");
     };
-    hello.protocol_version.minor = 0;
     hello.instance = None;
-    let old = Message::Hello(hello.clone()).to_frame().unwrap();
-    assert_eq!(Message::from_frame(&old).unwrap(), Message::Hello(hello));
-    // The same bytes announcing 2.1 lack the instance field.
-    let err = Message::from_frame(&with_version(&old, 2, 1)).unwrap_err();
+    let frame = Message::Hello(hello.clone()).to_frame().unwrap();
+    assert_eq!(Message::from_frame(&frame).unwrap(), Message::Hello(hello));
+    // Drop the absent option's tag: the body ends inside a field.
+    let mut cut = frame[..frame.len() - 1].to_vec();
+    let len = u32::from_le_bytes(cut[..4].try_into().unwrap()) - 1;
+    cut[..4].copy_from_slice(&len.to_le_bytes());
+    let err = Message::from_frame(&cut).unwrap_err();
     assert!(matches!(err, DecodeError::Malformed { .. }), "{err}");
-    // A 2.1 Hello with an instance read as 2.0 has bytes left over.
-    let new = samples::all()[0].to_frame().unwrap();
-    let err = Message::from_frame(&with_version(&new, 2, 0)).unwrap_err();
-    assert!(matches!(err, DecodeError::TrailingBytes { .. }), "{err}");
 }
 
 fn with_version(frame: &[u8], major: u16, minor: u16) -> Vec<u8> {
@@ -106,10 +104,10 @@ fn with_version(frame: &[u8], major: u16, minor: u16) -> Vec<u8> {
 #[test]
 fn another_major_is_a_version_error_for_both_handshake_messages() {
     for msg in &samples::all()[..2] {
-        let frame = with_version(&msg.to_frame().unwrap(), 3, 0);
+        let frame = with_version(&msg.to_frame().unwrap(), 2, 1);
         let err = Message::from_frame(&frame).unwrap_err();
         assert!(
-            matches!(err, DecodeError::WrongVersion { got, .. } if got.major == 3),
+            matches!(err, DecodeError::WrongVersion { got, .. } if got.major == 2),
             "{err}"
         );
     }
@@ -117,8 +115,8 @@ fn another_major_is_a_version_error_for_both_handshake_messages() {
 
 #[test]
 fn a_newer_major_is_refused_whatever_its_body() {
-    // A version-3 hello may have any layout after the version.
-    let frame = [5, 0, 0, 0, 0x01, 3, 0, 9, 9];
+    // A version-4 hello may have any layout after the version.
+    let frame = [5, 0, 0, 0, 0x01, 4, 0, 9, 9];
     assert!(matches!(
         Message::from_frame(&frame),
         Err(DecodeError::WrongVersion { .. })
@@ -127,13 +125,13 @@ fn a_newer_major_is_refused_whatever_its_body() {
 
 #[test]
 fn another_minor_is_accepted() {
-    let frame = with_version(&samples::all()[0].to_frame().unwrap(), 2, 7);
+    let frame = with_version(&samples::all()[0].to_frame().unwrap(), 3, 7);
     let Message::Hello(hello) = Message::from_frame(&frame).unwrap() else {
         panic!("not a hello");
     };
     assert_eq!(
         hello.protocol_version,
-        ProtocolVersion { major: 2, minor: 7 }
+        ProtocolVersion { major: 3, minor: 7 }
     );
 }
 
@@ -259,7 +257,7 @@ fn bad_tags_and_strings_are_malformed() {
     // LookupOk: request id 8, count 4, then the first tier code.
     let bad_tier = corrupt(&all[4], 5 + 8 + 4, 9);
     // LoadOk: request id 8, count 4, then the first result's tag.
-    let bad_tag = corrupt(&all[11], 5 + 8 + 4, 2);
+    let bad_tag = corrupt(&all[11], 5 + 8 + 4, 3);
     for err in [bad_utf8, bad_tier, bad_tag] {
         assert!(matches!(err, Err(DecodeError::Malformed { .. })), "{err:?}");
     }
@@ -353,12 +351,12 @@ fn tier_codes_are_pinned_on_core_tier() {
 #[test]
 fn errors_render_their_detail() {
     let err = DecodeError::WrongVersion {
-        got: ProtocolVersion { major: 3, minor: 1 },
+        got: ProtocolVersion { major: 4, minor: 1 },
         supported: PROTOCOL_VERSION,
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 3.1 is not supported (this side speaks 2.1)"
+        "protocol version 4.1 is not supported (this side speaks 3.0)"
     );
 }
 

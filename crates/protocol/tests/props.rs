@@ -64,24 +64,29 @@ fn hello() -> impl Strategy<Value = Message> {
                     block_bytes: g.1,
                     layer_bytes: g.2,
                 },
-                // A 2.0 Hello has no instance field (§4.1).
-                instance: instance.filter(|_| v.minor >= 1),
+                instance,
             })
         })
 }
 
 fn hello_ok() -> impl Strategy<Value = Message> {
-    (version(), any::<u64>(), text(), any::<(u64, u64)>()).prop_map(
-        |(v, session_id, shm_name, a)| {
+    (
+        version(),
+        any::<u64>(),
+        text(),
+        any::<(u64, u64)>(),
+        any::<[u8; KEY_BYTES]>(),
+    )
+        .prop_map(|(v, session_id, shm_name, a, key)| {
             Message::HelloOk(HelloOk {
                 protocol_version: v,
                 session_id,
                 shm_name,
                 arena_len: a.0,
                 slot_size: a.1,
+                namespace_key: NamespaceKey::from_bytes(key),
             })
-        },
-    )
+        })
 }
 
 fn error() -> impl Strategy<Value = Message> {
@@ -126,7 +131,12 @@ fn commit_result() -> impl Strategy<Value = CommitResult> {
 }
 
 fn load_result() -> impl Strategy<Value = LoadResult> {
-    prop_oneof![slot().prop_map(LoadResult::Slot), Just(LoadResult::Miss)]
+    prop_oneof![
+        slot().prop_map(LoadResult::Arriving),
+        Just(LoadResult::Miss),
+        (slot(), any::<u64>(), vec(any::<u64>(), 0..8))
+            .prop_map(|(s, block, layers)| LoadResult::Resident(s, BlockSums { block, layers })),
+    ]
 }
 
 fn commit_entry() -> impl Strategy<Value = CommitEntry> {

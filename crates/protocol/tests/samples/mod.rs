@@ -55,6 +55,7 @@ pub fn all() -> Vec<Message> {
             shm_name: "/dev/shm/kvtier".into(),
             arena_len: 1 << 30,
             slot_size: 2 << 20,
+            namespace_key: NamespaceKey::from_bytes([0x5a; KEY_BYTES]),
         }),
         Message::Error(Error {
             request_id: 9,
@@ -99,7 +100,17 @@ pub fn all() -> Vec<Message> {
         Message::Load(keys(5)),
         Message::LoadOk(LoadOk {
             request_id: 5,
-            results: vec![LoadResult::Slot(slot(7)), LoadResult::Miss],
+            results: vec![
+                LoadResult::Resident(
+                    slot(6),
+                    BlockSums {
+                        block: 0xfeed,
+                        layers: vec![4, 5, 6],
+                    },
+                ),
+                LoadResult::Arriving(slot(7)),
+                LoadResult::Miss,
+            ],
         }),
         Message::LayerReady(LayerReady {
             request_id: 5,

@@ -145,10 +145,10 @@ impl Worker {
             block_bytes: args.layer_bytes * args.layers as u64,
             layer_bytes: args.layer_bytes,
         };
-        let key_map = KeyMap::new(&namespace);
         let config = ClientConfig::new(args.socket.clone(), namespace, geometry)
             .with_timeout(Duration::from_secs(60));
         let client = Client::connect(config).context("connecting to the daemon")?;
+        let key_map = client.key_map();
         let block = geometry.block_bytes as usize;
         // Keys: run id, worker and range in the high bits, so runs and
         // workers never share a block unless asked to.
