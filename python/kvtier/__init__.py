@@ -23,6 +23,7 @@ from typing import Any
 from kvtier._native import (
     PROTOCOL_VERSION,
     Client,
+    ConnectionBroken,
     DaemonUnavailable,
     HeadShards,
     KvtierError,
@@ -32,6 +33,7 @@ from kvtier._native import (
 __all__ = [
     "PROTOCOL_VERSION",
     "Client",
+    "ConnectionBroken",
     "DaemonUnavailable",
     "HeadShards",
     "KvtierError",

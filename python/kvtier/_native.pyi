@@ -11,7 +11,15 @@ class KvtierError(Exception):
     """A request the node daemon or the arena refused."""
 
 class DaemonUnavailable(KvtierError):
-    """The daemon cannot be reached, went away, or did not answer in time."""
+    """The daemon cannot be reached, went away, or did not answer in time;
+    the base of every error after which a client is unusable (connect
+    again)."""
+
+class ConnectionBroken(DaemonUnavailable):
+    """The connection is unusable after a fatal error: the daemon broke the
+    protocol, answered another request or with the wrong reply, refused in
+    a way that closes the connection, or an earlier such error (or a
+    timeout) left it broken. Connect again."""
 
 class Client:
     """A connection to the node daemon for one namespace; thread-safe."""
@@ -31,7 +39,10 @@ class Client:
         tenant_salt: bytes | None = None,
         instance: str | None = None,
         timeout: float = 10.0,
-    ) -> None: ...
+    ) -> None:
+        """Connects; ``DaemonUnavailable`` when the daemon cannot be reached,
+        ``KvtierError`` when it refuses this client (version, namespace,
+        geometry)."""
     @property
     def layers(self) -> int: ...
     @property

@@ -1,9 +1,17 @@
 """Connections to the node daemon, one per tenant, that survive the daemon
-going away: while it is down every call answers as if the node held
-nothing (one warning). A connection that breaks is replaced on the next
-call (the daemon may have restarted already); after a connect that fails,
-the next try waits ``reconnect_interval`` seconds. The engines' connectors (``kvtier.vllm``,
-``kvtier.sglang``) share it."""
+going away or misbehaving: while it is down every call answers as if the
+node held nothing (one warning for the whole outage, and an info line when
+a call is served again).
+
+Every error after which a connection is unusable (``kvtier.DaemonUnavailable``
+and its subclass ``kvtier.ConnectionBroken``: the daemon gone, no answer in
+time, a protocol violation, a refusal that closes the connection) drops the
+connection. A connection that had served calls and breaks is replaced on the
+next call (the daemon may have restarted already); after a connect that
+fails, or a new connection that breaks before serving a call, the next try
+waits ``reconnect_interval`` seconds, so a daemon that breaks every
+connection costs one connect per interval, not one per call. The engines'
+connectors (``kvtier.vllm``, ``kvtier.sglang``) share it."""
 
 from __future__ import annotations
 
@@ -11,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import kvtier
@@ -18,6 +27,14 @@ import kvtier
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Connection:
+    """A tenant's client, and whether a call on it was answered."""
+
+    client: kvtier.Client
+    served: bool = False
 
 
 class Clients:
@@ -43,10 +60,11 @@ class Clients:
         self._connect = connect
         self._log = log or logger
         self._uncached = uncached
-        self._clients: dict[str | None, kvtier.Client] = {}
-        # When a connect last failed (None: the next call may connect).
+        self._clients: dict[str | None, _Connection] = {}
+        # When a connect last failed, or a new connection broke (None: the
+        # next call may connect).
         self._down_since: float | None = None
-        # Down since the last warning (so that an outage warns once).
+        # Warned since a call was last served (so that an outage warns once).
         self._down = False
         self._refused: str | None = None
         self._lock = threading.Lock()
@@ -63,30 +81,37 @@ class Clients:
 
     def call(self, tenant: str | None, what: str, f: Callable[[kvtier.Client], T], default: T) -> T:
         """``f(client)``, or ``default`` while the daemon is down, refuses this
-        engine, or the call fails (the failure is logged)."""
+        engine, or the call fails (the failure is logged). A call that
+        leaves the connection unusable (``kvtier.DaemonUnavailable``) drops
+        it; the next call connects again."""
         with self._lock:
-            client = self._client(tenant)
-        if client is None:
+            conn = self._connection(tenant)
+        if conn is None:
             return default
         try:
-            return f(client)
+            result = f(conn.client)
         except kvtier.DaemonUnavailable as e:
             with self._lock:
-                self._lost(e, retry_now=True)
+                self._broke(tenant, conn, e)
+            return default
         except kvtier.KvtierError as e:
+            # Refused, but answered: the connection works.
             self._log.warning("kvtier %s failed: %s", what, e)
-        return default
+            self._served(conn)
+            return default
+        self._served(conn)
+        return result
 
-    def _client(self, tenant: str | None) -> kvtier.Client | None:
+    def _connection(self, tenant: str | None) -> _Connection | None:
         if self._refused is not None:
             return None
-        c = self._clients.get(tenant)
-        if c is not None:
-            return c
+        conn = self._clients.get(tenant)
+        if conn is not None:
+            return conn
         if self._down_since is not None and time.monotonic() - self._down_since < self._interval:
             return None
         try:
-            c = self._connect(tenant)
+            client = self._connect(tenant)
         except kvtier.DaemonUnavailable as e:
             self._lost(e, retry_now=False)
             return None
@@ -96,18 +121,36 @@ class Clients:
             self._refused = str(e)
             self._log.warning("kvtier refused this engine's blocks; %s: %s", self._uncached, e)
             return None
-        if self._down:
-            self._log.info("kvtier daemon at %s is back", self._socket)
-        self._down = False
         self._down_since = None
-        self._clients[tenant] = c
-        return c
+        conn = _Connection(client)
+        self._clients[tenant] = conn
+        return conn
+
+    def _served(self, conn: _Connection) -> None:
+        """Notes that the daemon answered a call on ``conn``."""
+        if conn.served:
+            return
+        with self._lock:
+            conn.served = True
+            if self._down:
+                self._log.info("kvtier daemon at %s is back", self._socket)
+                self._down = False
+
+    def _broke(self, tenant: str | None, conn: _Connection, e: kvtier.DaemonUnavailable) -> None:
+        """``conn`` is unusable after ``e``. A connection that had served
+        calls is replaced at once; one that broke before serving any counts
+        as a failed connect (the next one would likely break the same
+        way)."""
+        if self._clients.get(tenant) is not conn:
+            # Already dropped: another call on it failed first.
+            return
+        self._lost(e, retry_now=conn.served)
 
     def _lost(self, e: Exception, *, retry_now: bool) -> None:
-        """Forgets every connection. ``retry_now``: a connection broke, so
-        the next call connects at once (a restarted daemon is back within
-        one call); otherwise a connect failed and the next waits out the
-        interval."""
+        """Forgets every connection (the daemon restarted or misbehaves:
+        the others are likely broken too). ``retry_now``: the next call
+        connects at once (a restarted daemon is back within one call);
+        otherwise it waits out the interval."""
         if not self._down:
             self._log.warning(
                 "kvtier daemon at %s unavailable (%s); %s, retrying every %g s",

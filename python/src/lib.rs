@@ -32,16 +32,48 @@ create_exception!(
     _native,
     DaemonUnavailable,
     KvtierError,
-    "The node daemon cannot be reached, went away, or did not answer in time; connect again."
+    "The node daemon cannot be reached, went away, or did not answer in time; the base of every \
+     error after which a client is unusable: connect again."
+);
+create_exception!(
+    _native,
+    ConnectionBroken,
+    DaemonUnavailable,
+    "The connection to the node daemon is unusable after a fatal error (the daemon broke the \
+     protocol, answered out of turn, or refused in a way that closes the connection); connect again."
 );
 
+/// The Python exception of a client error. Every error after which the
+/// connection is unusable (`ClientError::is_fatal`) is a
+/// `DaemonUnavailable`, so that callers drop the client and connect again:
+/// the daemon unreachable or gone, or no answer in time, is
+/// `DaemonUnavailable` itself; any other fatal error (a protocol violation,
+/// a reply to another request or of the wrong type, a refusal that closes
+/// the connection, a call after one of these) is its subclass
+/// `ConnectionBroken`. The rest (caller mistakes, refusals that keep the
+/// connection) are `KvtierError`.
 fn to_py(e: ClientError) -> PyErr {
+    let message = e.to_string();
+    if !e.is_fatal() {
+        return KvtierError::new_err(message);
+    }
     match e {
         ClientError::Connect { .. }
         | ClientError::Io(_)
         | ClientError::Disconnected
-        | ClientError::Timeout(_) => DaemonUnavailable::new_err(e.to_string()),
-        e => KvtierError::new_err(e.to_string()),
+        | ClientError::Timeout(_) => DaemonUnavailable::new_err(message),
+        _ => ConnectionBroken::new_err(message),
+    }
+}
+
+/// The Python exception of a failed `connect`: as [`to_py`], except that a
+/// refusal of the handshake (a version, namespace or geometry the daemon
+/// does not serve) is a plain `KvtierError`, though the daemon closes the
+/// connection after it: connecting again would be refused the same way.
+fn connect_err(e: ClientError) -> PyErr {
+    match e {
+        ClientError::Refused { .. } => KvtierError::new_err(e.to_string()),
+        e => to_py(e),
     }
 }
 
@@ -233,7 +265,10 @@ impl Client {
     /// Connects to the daemon's socket and opens the arena. The namespace
     /// (model, dtype, layout version, tokens per block, TP rank and size,
     /// tenant salt) keeps these blocks apart from every other namespace's;
-    /// `layers` and `layer_bytes` must be the node's block shape.
+    /// `layers` and `layer_bytes` must be the node's block shape. Raises
+    /// `DaemonUnavailable` when the daemon cannot be reached (try again
+    /// later) and `KvtierError` when it refuses this client (a version,
+    /// namespace or geometry it does not serve).
     #[new]
     #[pyo3(signature = (socket, *, model, dtype, layers, layer_bytes, block_size_tokens,
         layout_version=1, tp_rank=0, tp_size=1, tenant_salt=None, instance=None, timeout=10.0))]
@@ -279,7 +314,7 @@ impl Client {
         }
         let client = py
             .detach(|| kvtier_client::Client::connect(config))
-            .map_err(to_py)?;
+            .map_err(connect_err)?;
         let arena = client.arena();
         Ok(Self {
             layers: arena.layers(),
@@ -688,6 +723,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HeadShards>()?;
     m.add("KvtierError", m.py().get_type::<KvtierError>())?;
     m.add("DaemonUnavailable", m.py().get_type::<DaemonUnavailable>())?;
+    m.add("ConnectionBroken", m.py().get_type::<ConnectionBroken>())?;
     m.add(
         "PROTOCOL_VERSION",
         kvtier_protocol::PROTOCOL_VERSION.to_string(),

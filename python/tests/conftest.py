@@ -27,7 +27,9 @@ class TinyDaemon:
         self.daemon = daemon
         self.socket = daemon.socket
 
-    def client(self, **kw: object) -> kvtier.Client:
+    def client(self, socket: Path | None = None, **kw: object) -> kvtier.Client:
+        """A client of the test namespace, through ``socket`` if given
+        (a proxy's), else at the daemon's."""
         args: dict[str, object] = dict(
             model="pytest",
             dtype="f32",
@@ -36,7 +38,7 @@ class TinyDaemon:
             block_size_tokens=TOKENS,
         )
         args.update(kw)
-        return kvtier.Client(self.socket, **args)  # type: ignore[arg-type]
+        return kvtier.Client(socket or self.socket, **args)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self.daemon.stop()
