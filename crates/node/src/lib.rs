@@ -20,6 +20,7 @@
 //! blocks pinned.
 
 mod config;
+mod conn;
 mod error;
 mod metrics;
 mod node;
@@ -32,6 +33,7 @@ mod stats;
 pub mod test_support;
 
 pub use config::{NodeOptions, node_name};
+pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
 pub use node::Node;
 pub use observer::{CommitObserver, SessionNamespace};
