@@ -112,6 +112,12 @@ async fn clear_stale_socket(path: &Path) -> Result<(), NodeError> {
 async fn accept_loop(node: Arc<Node>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
     let mut a = Acceptor::new(node, listener);
     loop {
+        // Before any accept: a descriptor freed since goes to the spare
+        // first, or the sessions would take every one and no refusal could
+        // be answered.
+        if a.spare.is_none() {
+            a.spare = open_spare();
+        }
         let paused = a.backoff.until;
         tokio::select! {
             accepted = a.listener.accept(), if paused.is_none() => match accepted {
@@ -227,24 +233,24 @@ impl Acceptor {
     }
 
     /// Frees the spare descriptor, takes a waiting connection with it and
-    /// refuses it; whether one was refused.
+    /// refuses it; whether one was refused. The refused connection lingers
+    /// on the freed descriptor, so the spare is opened again only once it
+    /// is closed (until then accepts pause as for any other failure).
     fn refuse_with_spare(&mut self) -> bool {
         let Some(spare) = self.spare.take() else {
-            self.spare = open_spare();
             return false;
         };
         drop(spare);
-        let refused = match try_accept(&self.listener) {
-            Some(stream) => {
-                let why = "the node is out of file descriptors; connect again later".to_owned();
-                // No lingering: the spare descriptor is wanted back at once.
-                self.refuse(stream, why, false);
-                true
-            }
-            None => false,
-        };
+        let refused = try_accept(&self.listener).map(|stream| {
+            let why = "the node is out of file descriptors; connect again later".to_owned();
+            self.refuse(stream, why, true);
+        });
         self.spare = open_spare();
-        refused
+        if refused.is_some() {
+            // A connection left the queue: the next failure starts short.
+            self.backoff.reset();
+        }
+        refused.is_some()
     }
 
     /// Answers `Error { code: BUSY }` and closes `stream`, after the
