@@ -18,6 +18,13 @@
 //! `manager.lease_secs` without a commit or release otherwise, so a
 //! half-filled slot never becomes readable and a dead client never keeps
 //! blocks pinned.
+//!
+//! Every connection is bounded (docs/node-protocol.md §7, I19-I24): writes
+//! to it time out, so a client that stops reading is closed and loses what
+//! it holds; `Hello`, each frame and idle time have timeouts; frames,
+//! `Hello` strings, connections and pins per session are capped, each
+//! refusal with a clear `Error`; and a full descriptor table pauses
+//! accepting instead of spinning.
 
 mod config;
 mod conn;
