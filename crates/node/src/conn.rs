@@ -204,9 +204,15 @@ impl FrameReader {
         self.max_frame = self.limits.frame_after_hello;
     }
 
-    /// A request was just served: the idle time counts from now.
+    /// A request was just served: the idle time counts from now, and so
+    /// does the time of a frame that arrived in part meanwhile (the daemon
+    /// was not reading it while it served the request).
     pub(crate) fn touch(&mut self) {
-        self.quiet_since = Instant::now();
+        let now = Instant::now();
+        self.quiet_since = now;
+        if self.frame_since.is_some() {
+            self.frame_since = Some(now);
+        }
     }
 
     /// Bytes the frame buffer holds on to.
