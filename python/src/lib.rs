@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use kvtier_client::{
-    BlockHash, BlockSource, ClientConfig, ClientError, Lookup, Namespace, StoreOutcome, Tier,
-    WireGeometry,
+    BlockHash, BlockSource, ClientConfig, ClientError, ErrorCode, Lookup, Namespace, StoreOutcome,
+    Tier, WireGeometry,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::create_exception;
@@ -70,8 +70,14 @@ fn to_py(e: ClientError) -> PyErr {
 /// refusal of the handshake (a version, namespace or geometry the daemon
 /// does not serve) is a plain `KvtierError`, though the daemon closes the
 /// connection after it: connecting again would be refused the same way.
+/// `BUSY` (the daemon is at its connection cap or out of descriptors) is
+/// the one refusal that passes: it is `DaemonUnavailable`, so the caller
+/// tries again after its reconnect interval.
 fn connect_err(e: ClientError) -> PyErr {
     match e {
+        ClientError::Refused { code, .. } if code == ErrorCode::BUSY => {
+            DaemonUnavailable::new_err(e.to_string())
+        }
         ClientError::Refused { .. } => KvtierError::new_err(e.to_string()),
         e => to_py(e),
     }

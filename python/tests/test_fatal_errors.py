@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from conftest import TinyDaemon
 
 import kvtier
 from kvtier.clients import Clients
+from kvtier.testing import DaemonError, start_daemon
 
 # Longer than the test: a retry that waits out the interval never comes.
 NEVER = 3600.0
@@ -254,3 +256,36 @@ def test_a_refused_handshake_is_not_retried(daemon: TinyDaemon, proxy: mitm.Prox
         assert lookup(clients) is None
     assert attempts == [None]
     assert clients.refused is not None and "GEOMETRY_MISMATCH" in clients.refused
+
+
+def test_a_daemon_at_its_connection_cap_is_retried_not_refused_for_good(tmp_path: Path) -> None:
+    """``BUSY`` (the daemon is at ``manager.max_connections``) refuses the
+    handshake like a geometry mismatch, but it passes: ``Client(...)``
+    raises ``DaemonUnavailable``, and ``Clients`` warns once and connects
+    again after its interval, once a connection is free."""
+    env = dict(
+        KVTIER_GEOMETRY__PRESET="tiny",
+        KVTIER_GEOMETRY__TOKENS_PER_BLOCK="16",
+        KVTIER_MEMORY__CAPACITY="4MiB",
+        KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
+        KVTIER_DISK__REGION_SIZE="1MiB",
+        KVTIER_MANAGER__MAX_CONNECTIONS="1",
+    )
+    try:
+        d = TinyDaemon(start_daemon(tmp_path / "data", env))
+    except DaemonError as e:
+        pytest.fail(str(e))
+    try:
+        first = d.client()
+        with pytest.raises(kvtier.DaemonUnavailable, match="BUSY"):
+            d.client()
+        clients = Clients(str(d.socket), 0.0, lambda tenant: d.client())
+        assert lookup(clients) is None
+        assert clients.refused is None, "BUSY is not a refusal for good"
+        del first  # closes its connection; the daemon notices in its own time
+        deadline = time.monotonic() + LONG
+        while lookup(clients) is None:
+            assert time.monotonic() < deadline, "no connection freed"
+        assert clients.refused is None
+    finally:
+        d.stop()

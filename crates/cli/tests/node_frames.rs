@@ -1,7 +1,8 @@
 //! Bad bytes at `kvtier serve`'s node socket: malformed, truncated,
-//! oversized and unknown frames, requests before `Hello`, a second
-//! `Hello`, another major version, and a few hundred seeded random byte
-//! strings. Each connection gets the `Error` the protocol names
+//! oversized and unknown frames, frames over the connection's limit before
+//! and after `Hello`, over-long `Hello` strings, requests before `Hello`, a
+//! second `Hello`, another major version, and a few hundred seeded random
+//! byte strings. Each connection gets the `Error` the protocol names
 //! (docs/node-protocol.md, sections 6 and 7) or is closed; the daemon stays
 //! up, counts each bad frame once, changes nothing a bad connection asked
 //! for, and a well-behaved client still stores and loads.
@@ -178,6 +179,17 @@ fn cases() -> Vec<Case> {
     other_shape.block_bytes *= 2;
     other_shape.layer_bytes *= 2;
     let major = |major| frame(&hello_with(ProtocolVersion { major, minor: 0 }, wire));
+    // Past what the connection may send, below MAX_FRAME.
+    let over_hello = (kvtier_node::HELLO_FRAME_MAX as u32).to_le_bytes().to_vec();
+    let over_batch = (request_limit() as u32).to_le_bytes().to_vec();
+    let mut long_model = namespace();
+    long_model.model = "m".repeat(kvtier_node::HELLO_STRING_MAX + 1);
+    let long_hello = frame(&Message::Hello(Hello {
+        protocol_version: PROTOCOL_VERSION,
+        namespace: long_model,
+        geometry: wire,
+        instance: None,
+    }));
     let stats = frame(&Message::Stats(StatsRequest { request_id: 1 }));
     vec![
         case("zero length", vec![0; 4], false, Refused(bad), true),
@@ -190,6 +202,27 @@ fn cases() -> Vec<Case> {
         ),
         case("oversized", oversized.clone(), false, Refused(bad), true),
         case("u32::MAX length", vec![0xff; 4], false, Refused(bad), true),
+        case(
+            "over the Hello limit",
+            over_hello,
+            false,
+            Refused(bad),
+            true,
+        ),
+        case(
+            "over the request limit after Hello",
+            join(&[&hello(), &over_batch]),
+            false,
+            GreetedThenRefused(bad),
+            true,
+        ),
+        case(
+            "an over-long Hello string",
+            long_hello,
+            false,
+            Refused(handshake),
+            false,
+        ),
         case("count past the body", short_list, false, Refused(bad), true),
         case("trailing bytes", trailing, false, Refused(bad), true),
         case("bad option tag", bad_tag, false, Refused(bad), true),
@@ -331,7 +364,7 @@ fn each_bad_frame_gets_its_error_or_a_close_and_changes_nothing() {
     );
     assert_eq!(
         after.get("handshake_refusals") - before.get("handshake_refusals"),
-        1
+        2
     );
     unchanged(&before, &after);
     still_serves(&mut client);
@@ -377,6 +410,17 @@ enum End {
 fn model(mut sent: &[u8]) -> (End, bool) {
     let mut greeted = false;
     loop {
+        let limit = if greeted {
+            request_limit()
+        } else {
+            kvtier_node::HELLO_FRAME_MAX
+        };
+        if let Some(prefix) = sent.first_chunk::<4>() {
+            let len = 4 + u32::from_le_bytes(*prefix) as usize;
+            if len > limit && len <= 4 + MAX_FRAME as usize {
+                return (End::Refused(ErrorCode::BAD_FRAME), true);
+            }
+        }
         let msg = match Message::decode(sent) {
             Ok((msg, used)) => {
                 sent = &sent[used..];
@@ -389,6 +433,9 @@ fn model(mut sent: &[u8]) -> (End, bool) {
             Err(_) => return (End::Refused(ErrorCode::BAD_FRAME), true),
         };
         match (msg, greeted) {
+            (Message::Hello(h), false) if !short_strings(&h) => {
+                return (End::Refused(ErrorCode::HANDSHAKE), false);
+            }
             (Message::Hello(h), false) if acceptable(&h) => greeted = true,
             (Message::Hello(_), false) => {
                 return (End::Refused(ErrorCode::GEOMETRY_MISMATCH), false);
@@ -400,6 +447,21 @@ fn model(mut sent: &[u8]) -> (End, bool) {
             (_, true) => {}
         }
     }
+}
+
+/// The largest frame after `Hello`: a request of `MAX_BATCH` keys.
+fn request_limit() -> usize {
+    kvtier_node::request_frame_limit(MAX_BATCH, geometry().layers)
+}
+
+/// Whether every string of this `Hello` is within the daemon's cap.
+fn short_strings(h: &Hello) -> bool {
+    let ns = &h.namespace;
+    let max = kvtier_node::HELLO_STRING_MAX;
+    ns.model.len() <= max
+        && ns.dtype.len() <= max
+        && ns.tenant_salt.as_ref().is_none_or(|s| s.len() <= max)
+        && h.instance.as_ref().is_none_or(|s| s.len() <= max)
 }
 
 /// Whether the daemon accepts this `Hello`.

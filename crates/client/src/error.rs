@@ -139,6 +139,7 @@ impl ClientError {
                     | ErrorCode::WRONG_VERSION
                     | ErrorCode::HANDSHAKE
                     | ErrorCode::GEOMETRY_MISMATCH
+                    | ErrorCode::BUSY
             ),
             Self::Config(_)
             | Self::Encode(_)
@@ -185,6 +186,8 @@ fn code_name(code: ErrorCode) -> String {
         ErrorCode::GEOMETRY_MISMATCH => "GEOMETRY_MISMATCH",
         ErrorCode::UNEXPECTED => "UNEXPECTED",
         ErrorCode::INTERNAL => "INTERNAL",
+        ErrorCode::BAD_REQUEST => "BAD_REQUEST",
+        ErrorCode::BUSY => "BUSY",
         _ => return format!("code {}", code.0),
     };
     format!("{name}, code {}", code.0)

@@ -36,6 +36,19 @@ pub struct NodeOptions {
     pub g4_capacity_blocks: usize,
     /// Largest batch of keys one request may name.
     pub max_batch: usize,
+    /// Longest one write to a client may take before the connection closes.
+    pub write_timeout: Duration,
+    /// Time from connect within which `Hello` must arrive.
+    pub handshake_timeout: Duration,
+    /// Time a frame may take from its first byte to its last.
+    pub frame_timeout: Duration,
+    /// Quiet time after which a connection holding nothing is closed
+    /// (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Pins one session may hold.
+    pub max_pins_per_session: usize,
     /// NATS server for events, if any.
     pub events_nats_url: Option<String>,
     /// ZMQ endpoint for vLLM-format events, if any.
@@ -49,6 +62,7 @@ impl NodeOptions {
     /// The options of `config` (its `[manager]` section).
     pub fn from_config(config: &NodeConfig) -> Result<Self, NodeError> {
         let m = &config.manager;
+        m.validate()?;
         let policy: PolicyKind = m
             .policy
             .parse()
@@ -79,6 +93,13 @@ impl NodeOptions {
             g4_url: non_empty(&m.g4_url),
             g4_capacity_blocks: m.g4_capacity_blocks,
             max_batch: m.max_batch,
+            write_timeout: Duration::from_millis(m.write_timeout_ms),
+            handshake_timeout: Duration::from_secs(m.handshake_timeout_secs),
+            frame_timeout: Duration::from_secs(m.frame_timeout_secs),
+            idle_timeout: (m.idle_timeout_secs > 0)
+                .then(|| Duration::from_secs(m.idle_timeout_secs)),
+            max_connections: m.max_connections,
+            max_pins_per_session: m.max_pins_per_session,
             events_nats_url: non_empty(&m.events_nats_url),
             events_zmq_endpoint: non_empty(&m.events_zmq_endpoint),
             node_name: node_name(),

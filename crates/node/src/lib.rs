@@ -18,8 +18,16 @@
 //! `manager.lease_secs` without a commit or release otherwise, so a
 //! half-filled slot never becomes readable and a dead client never keeps
 //! blocks pinned.
+//!
+//! Every connection is bounded (docs/node-protocol.md §7, I19-I24): writes
+//! to it time out, so a client that stops reading is closed and loses what
+//! it holds; `Hello`, each frame and idle time have timeouts; frames,
+//! `Hello` strings, connections and pins per session are capped, each
+//! refusal with a clear `Error`; and a full descriptor table pauses
+//! accepting instead of spinning.
 
 mod config;
+mod conn;
 mod error;
 mod metrics;
 mod node;
@@ -33,6 +41,7 @@ mod stats;
 pub mod test_support;
 
 pub use config::{NodeOptions, node_name};
+pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
 pub use node::Node;
 pub use observer::{CommitObserver, CommittedKey, SessionNamespace};

@@ -63,6 +63,11 @@ fn sessions(t: &mut Text, s: &NodeStats) {
         "Engine connections open now.",
         s.sessions_open,
     );
+    t.gauge(
+        "kvtier_node_connections_open",
+        "Connections open now, before and after the handshake.",
+        s.connections_open,
+    );
     for (name, help, value) in [
         (
             "sessions_opened",
@@ -109,6 +114,41 @@ fn sessions(t: &mut Text, s: &NodeStats) {
             "leases_expired",
             "Reservations and pins dropped by lease expiry.",
             s.leases_expired,
+        ),
+        (
+            "connections_refused",
+            "Connections refused with BUSY (connection cap, out of descriptors).",
+            s.connections_refused,
+        ),
+        (
+            "accept_failures",
+            "Failed accepts of the node socket.",
+            s.accept_failures,
+        ),
+        (
+            "write_timeouts",
+            "Connections closed because a write to the client timed out.",
+            s.write_timeouts,
+        ),
+        (
+            "handshake_timeouts",
+            "Connections closed because Hello did not arrive in time.",
+            s.handshake_timeouts,
+        ),
+        (
+            "frame_timeouts",
+            "Connections closed because a started frame did not complete in time.",
+            s.frame_timeouts,
+        ),
+        (
+            "idle_closed",
+            "Idle connections closed while holding nothing.",
+            s.idle_closed,
+        ),
+        (
+            "pin_cap_refusals",
+            "Loads refused at the session's pin cap.",
+            s.pin_cap_refusals,
         ),
     ] {
         t.counter(&format!("kvtier_node_{name}"), help, value);

@@ -71,8 +71,29 @@ pub struct ManagerSectionConfig {
     pub g4_url: String,
     /// Blocks the G4 pool may hold.
     pub g4_capacity_blocks: usize,
-    /// Largest batch of keys one request may name.
+    /// Largest batch of keys one request may name. Also bounds the frames
+    /// a session accepts after `Hello`: none larger than a `Commit` of this
+    /// many blocks.
     pub max_batch: usize,
+    /// Milliseconds one write to a client may take (a client that stops
+    /// reading its replies blocks it); past this the connection is closed
+    /// and everything it holds is dropped. Below `lease_secs`, so a client
+    /// that never reads holds nothing much longer than its lease.
+    pub write_timeout_ms: u64,
+    /// Seconds from connect within which `Hello` must have arrived.
+    pub handshake_timeout_secs: u64,
+    /// Seconds a frame may take from its first byte to its last (a client
+    /// that trickles a frame is closed).
+    pub frame_timeout_secs: u64,
+    /// Seconds without a request after which a connection that holds no
+    /// reservation or pin is closed; 0 keeps quiet connections forever.
+    pub idle_timeout_secs: u64,
+    /// Connections served at once; one more gets `Error { code: BUSY }` and
+    /// is closed.
+    pub max_connections: usize,
+    /// Pins one session may hold; a `Load` that could pass it gets
+    /// `BAD_REQUEST`. At least `max_batch`.
+    pub max_pins_per_session: usize,
     /// NATS server the node publishes its stored / removed events to
     /// (subject `kvtier.events.<node>`); empty for none.
     pub events_nats_url: String,
@@ -102,6 +123,12 @@ impl Default for ManagerSectionConfig {
             g4_url: String::new(),
             g4_capacity_blocks: 1 << 20,
             max_batch: 4096,
+            write_timeout_ms: 5000,
+            handshake_timeout_secs: 10,
+            frame_timeout_secs: 10,
+            idle_timeout_secs: 3600,
+            max_connections: 1024,
+            max_pins_per_session: 65536,
             events_nats_url: String::new(),
             events_zmq_endpoint: String::new(),
             metrics_addr: String::new(),
@@ -123,6 +150,7 @@ impl ManagerSectionConfig {
         if self.step_interval_ms == 0 || self.lease_secs == 0 || self.max_batch == 0 {
             return bad("manager.step_interval_ms, lease_secs and max_batch must be positive");
         }
+        self.validate_bounds()?;
         if !self.g4_url.is_empty() && self.g4_capacity_blocks == 0 {
             return bad("manager.g4_capacity_blocks must be positive when g4_url is set");
         }
@@ -130,6 +158,27 @@ impl ManagerSectionConfig {
             && self.metrics_addr.parse::<std::net::SocketAddr>().is_err()
         {
             return bad("manager.metrics_addr must be an IP address and port, e.g. 127.0.0.1:9400");
+        }
+        Ok(())
+    }
+}
+
+impl ManagerSectionConfig {
+    /// Checks the per-connection bounds (docs/node-protocol.md §7).
+    fn validate_bounds(&self) -> kvtier_core::Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        let lease_ms = self.lease_secs.saturating_mul(1000);
+        if self.write_timeout_ms == 0 || self.write_timeout_ms >= lease_ms {
+            return bad("manager.write_timeout_ms must be positive and below manager.lease_secs");
+        }
+        if self.handshake_timeout_secs == 0 || self.frame_timeout_secs == 0 {
+            return bad("manager.handshake_timeout_secs and frame_timeout_secs must be positive");
+        }
+        if self.max_connections == 0 {
+            return bad("manager.max_connections must be positive");
+        }
+        if self.max_pins_per_session < self.max_batch {
+            return bad("manager.max_pins_per_session must be at least manager.max_batch");
         }
         Ok(())
     }

@@ -12,22 +12,19 @@ use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerE
 use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
 use kvtier_protocol::{
-    Ack, Commit, CommitOk, CommitResult, DecodeError, Error, ErrorCode, Hello, HelloOk, KeyMap,
+    Ack, Commit, CommitOk, CommitResult, DecodeError, ErrorCode, Hello, HelloOk, KeyMap,
     KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, PROTOCOL_VERSION, ReserveOk,
     ReserveResult, Slot, StatsOk, WireGeometry,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 
 use crate::Node;
+use crate::conn::{
+    FrameReader, Limits, ReadFailure, Wait, WriteFailure, Writer, check_hello_strings, clip, error,
+};
 use crate::observer::{CommittedKey, SessionNamespace};
 use crate::stats::Counters;
-
-/// Bytes a frame buffer grows by at most per read (docs/node-protocol.md,
-/// I4: a peer that declares a large frame and sends nothing costs this).
-const READ_CHUNK: usize = 64 << 10;
 
 /// A value that lapses at `until` unless the client uses it first.
 struct Leased<T> {
@@ -85,8 +82,8 @@ impl Place {
 
 /// Why a `Load` ended early.
 enum LoadFailure {
-    /// Writing to the client failed: the connection is gone.
-    Io(std::io::Error),
+    /// Writing to the client failed or timed out: the connection is done.
+    Write(WriteFailure),
     /// The manager failed before the answer went out.
     BeforeAnswer(ManagerError),
     /// The manager failed after `LoadOk`.
@@ -126,56 +123,36 @@ enum Next {
 }
 
 /// Serves one connection until the client leaves, a frame does not decode,
-/// or the server stops.
+/// a bound is passed (docs/node-protocol.md §7), or the server stops.
 pub(crate) async fn serve(
     node: Arc<Node>,
     stream: UnixStream,
     id: u64,
     mut stop: watch::Receiver<bool>,
 ) {
-    let (mut rd, mut wr) = stream.into_split();
-    let mut session = Session::new(node.clone(), id);
-    let mut buf = Vec::new();
+    let limits = Limits::of(node.options(), node.geometry().layers);
+    let (mut rd, wr) = stream.into_split();
+    let mut conn = Conn {
+        session: Session::new(node.clone(), id),
+        reader: FrameReader::new(limits),
+        wr: Writer::new(wr, limits.write),
+    };
     let mut sweep = tokio::time::interval(sweep_period(node.options().lease));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            read = next_message(&mut rd, &mut buf) => match read {
-                Ok(Some(Message::Load(r))) if session.keys.is_some() => {
-                    if session.stream_load(r, &mut wr).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(Some(msg)) => {
-                    let (replies, next) = session.handle(msg).await;
-                    if send(&mut wr, &replies).await.is_err() {
-                        break;
-                    }
-                    if let Next::Close = next {
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(ReadFailure::Decode(e)) => {
-                    Counters::add(&node.counters.bad_frames, 1);
-                    tracing::warn!(session = id, error = %e, "closing a connection on a bad frame");
-                    let code = match e {
-                        DecodeError::WrongVersion { .. } => ErrorCode::WRONG_VERSION,
-                        _ => ErrorCode::BAD_FRAME,
-                    };
-                    let _ = send(&mut wr, &[error(0, code, e.to_string())]).await;
-                    break;
-                }
-                Err(ReadFailure::Io(e)) => {
-                    tracing::info!(session = id, error = %e, "node connection lost");
-                    break;
-                }
-            },
-            _ = sweep.tick() => session.expire(Instant::now()),
-            _ = stop.changed() => break,
+        let next = tokio::select! {
+            read = conn.reader.next(&mut rd) => conn.on_read(read).await,
+            _ = sweep.tick() => {
+                conn.session.expire(Instant::now());
+                Next::Continue
+            }
+            _ = stop.changed() => Next::Close,
+        };
+        if let Next::Close = next {
+            break;
         }
     }
-    session.close();
+    conn.session.close();
 }
 
 /// How often leases are checked: a quarter of their life, at least 10 ms.
@@ -183,62 +160,73 @@ fn sweep_period(lease: Duration) -> Duration {
     (lease / 4).max(Duration::from_millis(10))
 }
 
-enum ReadFailure {
-    Decode(DecodeError),
-    Io(std::io::Error),
+/// A session with its connection's reader and writer.
+struct Conn {
+    session: Session,
+    reader: FrameReader,
+    wr: Writer,
 }
 
-/// The next whole message, `None` at a clean end of stream. Cancel-safe:
-/// bytes read so far stay in `buf` for the next call.
-async fn next_message(
-    rd: &mut OwnedReadHalf,
-    buf: &mut Vec<u8>,
-) -> Result<Option<Message>, ReadFailure> {
-    loop {
-        let want = match Message::decode(buf) {
-            Ok((msg, used)) => {
-                buf.drain(..used);
-                return Ok(Some(msg));
+impl Conn {
+    /// Serves what the reader gave.
+    async fn on_read(&mut self, read: Result<Option<Message>, ReadFailure>) -> Next {
+        match read {
+            Ok(Some(msg)) => self.on_message(msg).await,
+            Ok(None) => Next::Close,
+            Err(failure) => self.on_read_failure(failure).await,
+        }
+    }
+
+    /// Serves one message and sends its replies.
+    async fn on_message(&mut self, msg: Message) -> Next {
+        let sent = match msg {
+            Message::Load(r) if self.session.keys.is_some() => self
+                .session
+                .stream_load(r, &mut self.wr)
+                .await
+                .map(|()| Next::Continue),
+            msg => {
+                let (replies, next) = self.session.handle(msg).await;
+                self.wr.send(&replies).await.map(|()| next)
             }
-            Err(DecodeError::Truncated { needed }) => needed,
-            Err(e) => return Err(ReadFailure::Decode(e)),
         };
-        buf.reserve((want - buf.len()).min(READ_CHUNK));
-        let n = rd.read_buf(buf).await.map_err(ReadFailure::Io)?;
-        if n == 0 {
-            if buf.is_empty() {
-                return Ok(None);
+        if self.session.keys.is_some() {
+            self.reader.greeted();
+        }
+        self.reader.touch();
+        // Leases lapse on time even while requests keep the reader busy.
+        self.session.expire_if_due(Instant::now());
+        sent.unwrap_or_else(|failure| {
+            self.session.write_failed(failure);
+            Next::Close
+        })
+    }
+
+    /// Ends the connection on a read that failed, with an `Error` when the
+    /// client should learn why; an idle timeout ends only a session that
+    /// holds nothing.
+    async fn on_read_failure(&mut self, failure: ReadFailure) -> Next {
+        let reply = match failure {
+            ReadFailure::Io(e) => {
+                tracing::info!(session = self.session.id, error = %e, "node connection lost");
+                return Next::Close;
             }
-            return Err(ReadFailure::Io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
+            ReadFailure::Timeout(Wait::Idle) if !self.session.holds_nothing() => {
+                // Its leases lapse first; it is looked at again then.
+                self.reader.touch();
+                return Next::Continue;
+            }
+            ReadFailure::Timeout(wait) => match self.session.timed_out(wait) {
+                Some(reply) => reply,
+                None => return Next::Close,
+            },
+            ReadFailure::Decode(e) => self.session.bad_frame(e),
+            ReadFailure::TooLarge { len, max } => self.session.too_large(len, max),
+        };
+        // The connection closes whether or not the client takes the reply.
+        let _ = self.wr.send(&[reply]).await;
+        Next::Close
     }
-}
-
-/// Writes `replies` as one buffer.
-async fn send(wr: &mut OwnedWriteHalf, replies: &[Message]) -> std::io::Result<()> {
-    if replies.is_empty() {
-        return Ok(());
-    }
-    let mut out = Vec::new();
-    for r in replies {
-        if let Err(e) = r.encode(&mut out) {
-            // Only a reply over MAX_FRAME can fail; requests are bounded by
-            // manager.max_batch, so this is a daemon bug: say so.
-            tracing::error!(error = %e, reply = r.name(), "a reply did not encode");
-            error(0, ErrorCode::INTERNAL, e.to_string())
-                .encode(&mut out)
-                .ok();
-        }
-    }
-    wr.write_all(&out).await
-}
-
-fn error(request_id: u64, code: ErrorCode, message: String) -> Message {
-    Message::Error(Error {
-        request_id,
-        code,
-        message,
-    })
 }
 
 struct Session {
@@ -250,6 +238,13 @@ struct Session {
     namespace: Option<Arc<SessionNamespace>>,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
     pins: HashMap<BlockHash, Vec<Leased<Pin>>>,
+    /// Pins held, every key's together (the pin cap's count).
+    pinned: usize,
+    /// When leases are next looked at between requests.
+    next_sweep: Instant,
+    /// Why the daemon ends the connection, when it does: said in the one
+    /// line logged at the close.
+    ending: Option<String>,
 }
 
 impl Session {
@@ -261,6 +256,90 @@ impl Session {
             namespace: None,
             reservations: HashMap::new(),
             pins: HashMap::new(),
+            pinned: 0,
+            next_sweep: Instant::now(),
+            ending: None,
+        }
+    }
+
+    /// Whether the session holds no reservation and no pin.
+    fn holds_nothing(&self) -> bool {
+        self.reservations.is_empty() && self.pins.is_empty()
+    }
+
+    /// Counts a wait that ran out and says why the connection ends; the
+    /// `Error` to send, if the client should learn why.
+    fn timed_out(&mut self, wait: Wait) -> Option<Message> {
+        let c = &self.node.counters;
+        let o = self.node.options();
+        let (counter, why, code) = match wait {
+            Wait::Handshake => (
+                &c.handshake_timeouts,
+                format!("no Hello within {:?} of connecting", o.handshake_timeout),
+                Some(ErrorCode::HANDSHAKE),
+            ),
+            Wait::Frame => (
+                &c.frame_timeouts,
+                format!("a frame took longer than {:?}", o.frame_timeout),
+                Some(ErrorCode::BAD_FRAME),
+            ),
+            Wait::Idle => (
+                &c.idle_closed,
+                format!(
+                    "idle for {:?} holding nothing",
+                    o.idle_timeout.unwrap_or_default()
+                ),
+                None,
+            ),
+        };
+        Counters::add(counter, 1);
+        let reply = code.map(|code| error(0, code, why.clone()));
+        self.ending = Some(why);
+        reply
+    }
+
+    /// Counts a frame that did not decode; the `Error` that answers it.
+    fn bad_frame(&mut self, e: DecodeError) -> Message {
+        Counters::add(&self.counters().bad_frames, 1);
+        let code = match e {
+            DecodeError::WrongVersion { .. } => ErrorCode::WRONG_VERSION,
+            _ => ErrorCode::BAD_FRAME,
+        };
+        self.ending = Some(format!("a bad frame: {e}"));
+        error(0, code, e.to_string())
+    }
+
+    /// Counts a frame over the connection's limit; the `Error` that
+    /// answers it.
+    fn too_large(&mut self, len: usize, max: usize) -> Message {
+        Counters::add(&self.counters().bad_frames, 1);
+        let stage = if self.keys.is_some() {
+            "requests of manager.max_batch keys take"
+        } else {
+            "before Hello a frame may take"
+        };
+        let m = format!("a frame of {len} bytes; {stage} at most {max}");
+        self.ending = Some(m.clone());
+        error(0, ErrorCode::BAD_FRAME, m)
+    }
+
+    /// Notes why a write ended the connection.
+    fn write_failed(&mut self, failure: WriteFailure) {
+        self.ending = Some(match failure {
+            WriteFailure::TimedOut => {
+                Counters::add(&self.counters().write_timeouts, 1);
+                let t = self.node.options().write_timeout;
+                format!("the client took no reply bytes for {t:?} (manager.write_timeout_ms)")
+            }
+            WriteFailure::Io(e) => format!("writing failed: {e}"),
+        });
+    }
+
+    /// Runs the lease sweep if it is due (between requests, so a client
+    /// that keeps the reader busy cannot hold it off).
+    fn expire_if_due(&mut self, now: Instant) {
+        if now >= self.next_sweep {
+            self.expire(now);
         }
     }
 
@@ -307,9 +386,14 @@ impl Session {
             let m = format!("{} before Hello", msg.name());
             return (vec![error(0, ErrorCode::HANDSHAKE, m)], Next::Close);
         };
+        if let Err(why) = check_hello_strings(&hello) {
+            Counters::add(&self.counters().handshake_refusals, 1);
+            tracing::warn!(session = self.id, model = clip(&hello.namespace.model), reason = %why, "refused a node client");
+            return (vec![error(0, ErrorCode::HANDSHAKE, why)], Next::Close);
+        }
         if let Err(why) = self.check_hello(&hello) {
             Counters::add(&self.counters().handshake_refusals, 1);
-            tracing::warn!(session = self.id, model = %hello.namespace.model, reason = %why, "refused a node client");
+            tracing::warn!(session = self.id, model = clip(&hello.namespace.model), reason = %why, "refused a node client");
             return (
                 vec![error(0, ErrorCode::GEOMETRY_MISMATCH, why)],
                 Next::Close,
@@ -327,7 +411,7 @@ impl Session {
         let ns = &hello.namespace;
         tracing::info!(
             session = self.id,
-            model = %ns.model,
+            model = clip(&ns.model),
             tp_rank = ns.tp_rank,
             tp_size = ns.tp_size,
             "node client connected"
@@ -521,35 +605,46 @@ impl Session {
     /// connection is gone); a manager failure before `LoadOk` is an error
     /// reply, after it closes the connection (the client would otherwise
     /// wait for layers that never come).
-    async fn stream_load(
-        &mut self,
-        r: KeysRequest,
-        wr: &mut OwnedWriteHalf,
-    ) -> std::io::Result<()> {
+    async fn stream_load(&mut self, r: KeysRequest, wr: &mut Writer) -> Result<(), WriteFailure> {
         let Some(keys) = self.keys else {
             let m = "Load before Hello".to_owned();
-            return send(wr, &[error(0, ErrorCode::HANDSHAKE, m)]).await;
+            return wr.send(&[error(0, ErrorCode::HANDSHAKE, m)]).await;
         };
         Counters::add(&self.counters().requests, 1);
-        if let Some(refused) = self.refuse_oversized(r.request_id, r.keys.len()) {
-            return send(wr, &refused).await;
+        let refused = self
+            .refuse_oversized(r.request_id, r.keys.len())
+            .or_else(|| self.refuse_over_pin_cap(r.request_id, r.keys.len()));
+        if let Some(refused) = refused {
+            return wr.send(&refused).await;
         }
         let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
         match self.load(r.request_id, stored, wr).await {
             Ok(()) => Ok(()),
-            Err(LoadFailure::Io(e)) => Err(e),
+            Err(LoadFailure::Write(e)) => Err(e),
             Err(LoadFailure::BeforeAnswer(e)) => {
-                send(
-                    wr,
-                    &[error(r.request_id, ErrorCode::INTERNAL, e.to_string())],
-                )
-                .await
+                let m = e.to_string();
+                wr.send(&[error(r.request_id, ErrorCode::INTERNAL, m)])
+                    .await
             }
             Err(LoadFailure::AfterAnswer(e)) => {
                 tracing::error!(session = self.id, error = %e, "a load failed after its answer; closing the connection");
-                Err(std::io::Error::other(e.to_string()))
+                Err(WriteFailure::Io(std::io::Error::other(e.to_string())))
             }
         }
+    }
+
+    /// `BAD_REQUEST` for a `Load` that could take the session past
+    /// `manager.max_pins_per_session` (every key it names could be pinned).
+    fn refuse_over_pin_cap(&self, request_id: u64, keys: usize) -> Option<Vec<Message>> {
+        let max = self.node.options().max_pins_per_session;
+        (self.pinned + keys > max).then(|| {
+            Counters::add(&self.counters().pin_cap_refusals, 1);
+            let m = format!(
+                "a Load of {keys} keys could pin more than manager.max_pins_per_session ({max}) with the {} this session holds; release some first",
+                self.pinned
+            );
+            vec![error(request_id, ErrorCode::BAD_REQUEST, m)]
+        })
     }
 
     /// Brings the longest stored prefix of `keys` to G2 and pins it for the
@@ -562,7 +657,7 @@ impl Session {
         &mut self,
         id: u64,
         keys: Vec<BlockHash>,
-        wr: &mut OwnedWriteHalf,
+        wr: &mut Writer,
     ) -> Result<(), LoadFailure> {
         let onboarding = self
             .node
@@ -609,7 +704,7 @@ impl Session {
         id: u64,
         asked: usize,
         onboarding: Onboarding,
-        wr: &mut OwnedWriteHalf,
+        wr: &mut Writer,
     ) -> Result<(), LoadFailure> {
         let onboarded = self
             .node
@@ -631,7 +726,7 @@ impl Session {
         if !last_sums.is_empty() {
             replies.push(layer_ready(id, last, last_sums.into_iter()));
         }
-        send(wr, &replies).await.map_err(LoadFailure::Io)
+        wr.send(&replies).await.map_err(LoadFailure::Write)
     }
 
     /// Answers `LoadOk` at once, then one `LayerReady` per layer as the
@@ -644,11 +739,11 @@ impl Session {
         asked: usize,
         onboarding: Onboarding,
         places: Vec<Place>,
-        wr: &mut OwnedWriteHalf,
+        wr: &mut Writer,
     ) -> Result<(), LoadFailure> {
         let slots: Vec<Slot> = places.iter().map(Place::slot).collect();
         let answer = load_ok(id, asked, places.iter().map(Place::answer));
-        send(wr, &[answer]).await.map_err(LoadFailure::Io)?;
+        wr.send(&[answer]).await.map_err(LoadFailure::Write)?;
         let layers = self.node.geometry().layers;
         let mut good = places.len();
         for layer in 0..layers.saturating_sub(1) {
@@ -665,7 +760,7 @@ impl Session {
                 .collect();
             good = sums.len();
             let ready = layer_ready(id, layer, sums.into_iter());
-            send(wr, &[ready]).await.map_err(LoadFailure::Io)?;
+            wr.send(&[ready]).await.map_err(LoadFailure::Write)?;
         }
         let onboarded = self
             .node
@@ -679,7 +774,7 @@ impl Session {
         self.count_load(pinned.len(), asked);
         let top = layers.saturating_sub(1);
         let last = layer_ready(id, top, pinned.iter().map(|(_, sums)| last_sum(sums, top)));
-        send(wr, &[last]).await.map_err(LoadFailure::Io)
+        wr.send(&[last]).await.map_err(LoadFailure::Write)
     }
 
     /// Pins `blocks` for the client, in order, while the arena shows each
@@ -712,6 +807,7 @@ impl Session {
                 .entry(pin._block.hash())
                 .or_default()
                 .push(Leased { value: pin, until });
+            self.pinned += 1;
         }
         out
     }
@@ -738,6 +834,7 @@ impl Session {
                 }
             }
         }
+        self.pinned -= released as usize;
         Counters::add(&self.counters().released, released);
         Ok(vec![ack(id)])
     }
@@ -754,6 +851,7 @@ impl Session {
 
     /// Drops the reservations and pins whose lease ran out.
     fn expire(&mut self, now: Instant) {
+        self.next_sweep = now + sweep_period(self.node.options().lease);
         let before = self.reservations.len();
         self.reservations.retain(|_, r| r.until > now);
         let aborted = (before - self.reservations.len()) as u64;
@@ -764,6 +862,7 @@ impl Session {
             released += (n - pins.len()) as u64;
             !pins.is_empty()
         });
+        self.pinned -= released as usize;
         if aborted + released > 0 {
             let c = self.counters();
             Counters::add(&c.aborted, aborted);
@@ -787,14 +886,30 @@ impl Session {
         let c = &self.node.counters;
         Counters::add(&c.aborted, aborted);
         Counters::add(&c.released, released);
+        let why = self.ending.as_deref();
         if self.keys.is_some() {
             Counters::sub(&c.sessions_open, 1);
-            tracing::info!(
+        }
+        match (self.keys.is_some(), why) {
+            (true, None) => tracing::info!(
                 session = self.id,
                 reservations_dropped = aborted,
                 pins_dropped = released,
                 "node client left"
-            );
+            ),
+            (true, Some(why)) => tracing::warn!(
+                session = self.id,
+                reservations_dropped = aborted,
+                pins_dropped = released,
+                reason = why,
+                "closed a node connection"
+            ),
+            (false, Some(why)) => tracing::warn!(
+                session = self.id,
+                reason = why,
+                "closed a node connection before its handshake"
+            ),
+            (false, None) => {}
         }
     }
 }

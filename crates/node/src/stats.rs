@@ -82,6 +82,14 @@ node_counters! {
     released: "Pins released (by release, disconnect or lease expiry).",
     removed: "Block copies removed on request.",
     leases_expired: "Reservations and pins dropped by lease expiry.",
+    connections_open: "Connections open now, before and after the handshake.",
+    connections_refused: "Connections refused with BUSY (the connection cap, out of descriptors).",
+    accept_failures: "Failed accepts of the node socket (out of descriptors and the like).",
+    write_timeouts: "Connections closed because a write to the client timed out.",
+    handshake_timeouts: "Connections closed because Hello did not arrive in time.",
+    frame_timeouts: "Connections closed because a started frame did not complete in time.",
+    idle_closed: "Connections closed after the idle timeout while holding nothing.",
+    pin_cap_refusals: "Loads refused because they could pass the session's pin cap.",
 }
 
 impl Counters {

@@ -164,6 +164,7 @@ fn leases_lapse_for_a_client_that_stays_connected() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), 4);
     c.manager.lease_secs = 1;
+    c.manager.write_timeout_ms = 500;
     let daemon = Daemon::start(c);
     let mut client = daemon.client();
     let granted = client.reserve(&[BlockHash(7)]).unwrap();

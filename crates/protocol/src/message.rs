@@ -540,6 +540,10 @@ impl ErrorCode {
     /// A request the daemon refuses as asked (too many keys, a duplicate
     /// key in one batch); the connection stays open.
     pub const BAD_REQUEST: Self = Self(7);
+    /// The daemon cannot take this connection now (its connection cap, or
+    /// out of file descriptors); sent before `Hello` is read, and the
+    /// connection is closed. Connect again later.
+    pub const BUSY: Self = Self(8);
 }
 
 /// An error reply. `request_id` is 0 for a handshake or framing error.

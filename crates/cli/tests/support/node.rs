@@ -188,6 +188,11 @@ impl Daemon {
         }
     }
 
+    /// The process id of the current life.
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("a running daemon").0.id()
+    }
+
     /// The node socket.
     pub fn socket(&self) -> PathBuf {
         self.data.join("node.sock")
