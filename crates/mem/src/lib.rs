@@ -42,6 +42,7 @@
 //!     layer_bytes: 2048,
 //!     hugepages: false,
 //!     policy: PolicyKind::Lru,
+//!     table_key: None,
 //! })?;
 //! let key = BlockHash(42);
 //! let block = vec![7u8; 8192];
@@ -68,11 +69,12 @@ mod reader;
 mod tier;
 mod verify;
 
+pub use arena::mac::TableKey;
 pub use client::ArenaClient;
 pub use config::{MemoryConfig, MemoryTierConfig};
 pub use error::{MemError, Result};
 pub use reader::{ArenaReader, ReaderStats};
 pub use tier::{
-    BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome, Reserve,
-    SlotReservation,
+    ArenaAdoption, BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome,
+    Reserve, SlotReservation,
 };
