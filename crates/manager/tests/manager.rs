@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, Lookup};
+use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
@@ -19,7 +19,7 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
-use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -532,6 +532,74 @@ async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
     drop(granted);
+}
+
+/// After a crash the arena keeps what its dead owner published (kvtier-mem
+/// adopts it; here the blocks are simply in the arena when the manager
+/// starts). The manager registers them in G2 as it registers the disk
+/// log's in G3, up to the pool's room; the rest leave the arena, whose
+/// slots only the pool hands out. Adopted blocks are ordinary: exclusive
+/// mode moves them down to G3 when G2 needs room, and they come back exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
+    let memory = node_arena(6);
+    let layer_bytes = geometry().layer_bytes() as usize;
+    let a = chain(41, 6);
+    for (key, bytes) in with_bytes(&a) {
+        let sums = BlockSums::compute(key, layer_bytes, &bytes);
+        let put = memory.put(key, &bytes, &sums).expect("put");
+        assert_eq!(put, PutOutcome::Stored);
+    }
+    let mut cfg = config(CascadeMode::Exclusive);
+    cfg.hierarchy.g1 = None;
+    let engine = Arc::new(PsyncEngine::new(2, 64).expect("psync engine"));
+    let (_dir, disk) = disk("kvtier-mgr-adopt", 8 << 20, engine);
+    let tiers = ManagerTiers {
+        geometry: geometry(),
+        device: None,
+        memory: Some(memory.clone()),
+        disk: Some(disk),
+        remote: None,
+    };
+    let m = BlockManager::new(cfg, tiers, Vec::new()).expect("manager");
+    let adopted = m.adopt().await.expect("adopt");
+    assert_eq!((adopted.g2, adopted.g3, adopted.skipped), (4, 0, 2));
+    // What the pool took is what the arena keeps.
+    let kept: Vec<BlockHash> = a.iter().copied().filter(|k| memory.contains(*k)).collect();
+    assert_eq!(kept.len(), 4);
+    for k in &a {
+        assert_eq!(
+            m.lookup(&[*k]).count_in(Tier::G2),
+            usize::from(memory.contains(*k))
+        );
+    }
+
+    // Four new blocks: G2 makes room by moving the adopted ones down.
+    for (key, bytes) in with_bytes(&chain(42, 4)) {
+        let stored = m.put_host(key, &bytes).await.expect("put");
+        assert!(
+            matches!(stored, Some(HostCommit::Stored)),
+            "{key}: {stored:?}"
+        );
+    }
+    let len = geometry().block_bytes() as usize;
+    let mut out = vec![0u8; len];
+    for k in &kept {
+        assert_eq!(
+            m.lookup(&[*k]).count_in(Tier::G3),
+            1,
+            "{k} did not move down"
+        );
+        assert!(!memory.contains(*k));
+        let onboarded = m
+            .finish_onboard(m.begin_onboard(&[*k]).await.expect("begin"))
+            .await
+            .expect("finish");
+        assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
+        drop(onboarded);
+        assert_eq!(memory.get(*k, &mut out), Lookup::Hit);
+        assert!(out == block_content(*k, len), "{k} came back other bytes");
+    }
 }
 
 /// A disk engine that, while holding, keeps batches of reads until the
