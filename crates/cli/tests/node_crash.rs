@@ -31,7 +31,7 @@ use support::node::{
 mod support;
 
 /// Daemon kills.
-const ROUNDS: usize = 16;
+const ROUNDS: usize = 20;
 /// Client processes.
 const CLIENTS: u128 = 2;
 /// Batches a client stores per connection; then it only loads, so the
@@ -66,7 +66,7 @@ fn start(data: &std::path::Path) -> Daemon {
         // The default, spelled out: the mode where DRAM-only blocks exist.
         ("KVTIER_MANAGER__MODE", "exclusive"),
         ("KVTIER_MEMORY__CAPACITY", "1MiB"),
-        ("KVTIER_DISK__CAPACITY_PER_DIR", "32MiB"),
+        ("KVTIER_DISK__CAPACITY_PER_DIR", "64MiB"),
     ];
     Daemon::start(data, &shm_name("crash"), &env)
 }
@@ -78,6 +78,8 @@ struct Heard {
     acked: Vec<u128>,
     /// Every block reserved and filled but (so far) never committed.
     uncommitted: Vec<u128>,
+    /// Stores answered `NoSpace` (not acknowledged, so not checked).
+    no_space: usize,
 }
 
 impl Heard {
@@ -88,6 +90,8 @@ impl Heard {
             self.acked.push(key(rest));
         } else if let Some(rest) = line.strip_prefix("uncommitted ") {
             self.uncommitted.push(key(rest));
+        } else if line.starts_with("nospace ") {
+            self.no_space += 1;
         }
     }
 }
@@ -115,11 +119,19 @@ fn daemon_sigkill_under_traffic_loses_no_acknowledged_block() {
     let mut checked = 0;
     // Blocks adopted from the killed daemons' arenas, over all rounds.
     let mut from_dram = 0;
+    // The disk log must never reclaim a region, or misses would be
+    // legitimate. It takes more than the blocks stored: in exclusive mode
+    // blocks move down and back up (each move down a new write), every life
+    // seals the region it had open, and every restart forgets the log's
+    // copies of the blocks the arena kept (which may be writes the kill
+    // tore), to write them again when G2 moves them down. Three slots per
+    // block stored leaves room for all of it.
+    let stored = CLIENTS as usize * ROUNDS * (BATCHES_PER_LIFE + 1) * 3;
     let mut check = daemon.client();
+    let capacity = Stats::of(&mut check).get("capacity_g3");
     assert!(
-        Stats::of(&mut check).get("capacity_g3")
-            > (CLIENTS as usize * ROUNDS * (BATCHES_PER_LIFE + 1) * 3) as u64,
-        "the disk log must hold every block the test stores, or misses would be legitimate"
+        capacity > 3 * stored as u64,
+        "a disk log of {capacity} blocks for up to {stored} blocks stored"
     );
     drop(check);
 
@@ -180,9 +192,10 @@ fn daemon_sigkill_under_traffic_loses_no_acknowledged_block() {
     check_acked(&daemon, &heard.acked, heard.acked.len());
     check_uncommitted(&daemon, &heard.uncommitted);
     eprintln!(
-        "{} blocks acknowledged over {ROUNDS} kills, none lost; {from_dram} adopted from arenas; {} uncommitted fills, none served",
+        "{} blocks acknowledged over {ROUNDS} kills, none lost; {from_dram} adopted from arenas; {} uncommitted fills, none served; {} stores answered NoSpace",
         heard.acked.len(),
-        heard.uncommitted.len()
+        heard.uncommitted.len(),
+        heard.no_space,
     );
     let (status, log) = daemon.terminate();
     assert!(status.success(), "exit {status}; log:\n{}", log.join("\n"));
@@ -238,9 +251,10 @@ fn check_uncommitted(daemon: &Daemon, keys: &[u128]) {
 /// but never committed (the previous one aborted), and loads blocks it
 /// stored (which must read back exact) and blocks of another client (exact
 /// or a miss). Reports `connected` on each connection, `acked <key>` for
-/// each block stored, `uncommitted <key>` for each block reserved (before
-/// filling it), and `lost <error>` when the daemon goes away, which must
-/// be `Disconnected` or `Io`. Stops when the stop file appears.
+/// each block stored, `nospace <key>` for each store refused for room,
+/// `uncommitted <key>` for each block reserved (before filling it), and
+/// `lost <error>` when the daemon goes away, which must be `Disconnected`
+/// or `Io`. Stops when the stop file appears.
 fn traffic() {
     let stop: PathBuf = param("stop");
     let mut rng = StdRng::seed_from_u64(param("seed"));
@@ -314,7 +328,11 @@ impl Traffic {
         if !self.mine.is_empty() {
             let key = self.mine[rng.random_range(0..self.mine.len())];
             let got = try_read_held_block(client, key)?;
-            assert!(got.is_some(), "block {key} it stored is not readable");
+            if got.is_none() {
+                let held = client.lookup(&[BlockHash(key)])?;
+                let stats = client.stats()?;
+                panic!("block {key} it stored is not readable; lookup {held:?}; {stats:?}");
+            }
             assert!(got == Some(block(key)), "block {key} read back wrong bytes");
         }
         let other = self.others + rng.random_range(0..64);
@@ -362,9 +380,19 @@ impl Traffic {
             .map(|(k, b)| (BlockHash(*k), b.as_slice()))
             .collect();
         for (key, outcome) in keys.iter().zip(client.store(&pairs)?) {
-            assert_eq!(outcome, StoreOutcome::Stored, "new block {key}");
-            report(format!("acked {key}"));
-            self.mine.push(*key);
+            match outcome {
+                StoreOutcome::Stored => {
+                    report(format!("acked {key}"));
+                    self.mine.push(*key);
+                }
+                // Every G2 slot is held or being moved down and the room
+                // made for this store went to other requests first (the
+                // parent's checks load many blocks right after a restart,
+                // into a G2 the adoption filled): not stored, and not
+                // acknowledged, which a store may answer.
+                StoreOutcome::NoSpace => report(format!("nospace {key}")),
+                other => panic!("new block {key}: {other:?}"),
+            }
         }
         Ok(())
     }

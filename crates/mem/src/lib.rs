@@ -24,6 +24,12 @@
 //! - [`MemoryTierConfig`] comes from the `[memory]` configuration and the
 //!   model [`Geometry`](kvtier_core::Geometry).
 //!
+//! An owner given a [`TableKey`] authenticates every slot table entry it
+//! publishes (a keyed BLAKE3 MAC), and after a crash the next owner with
+//! the same key adopts the arena instead of replacing it, keeping exactly
+//! the published blocks whose entries authenticate and whose bytes verify
+//! ([`MemoryTier::adoption`], [`ArenaAdoption`]).
+//!
 //! Every block carries the [`BlockSums`](kvtier_core::BlockSums) it was
 //! first stored with; every copy out of shared memory is hashed as it is
 //! copied, and a block that fails is a miss, never an answer. The shared

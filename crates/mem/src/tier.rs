@@ -225,6 +225,13 @@ impl MemoryTier {
     /// content ([`MemError::NotAnArena`]) is left alone. The whole arena is reserved
     /// up front, so a `/dev/shm` too small fails here
     /// ([`MemError::ShmFull`]) rather than with a `SIGBUS` later.
+    ///
+    /// With a [`table_key`](MemoryTierConfig::table_key), an arena of
+    /// exactly this layout whose owner is gone (a crash) is adopted
+    /// instead of replaced: the blocks it published under that key whose
+    /// bytes still verify stay resident, everything else is emptied
+    /// ([`adoption`](Self::adoption) says what; docs/memory-arena.md,
+    /// "Adoption after a crash").
     pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
         let kind = cfg.policy;
         Self::create_evicting(cfg, Some(kind))

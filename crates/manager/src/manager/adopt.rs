@@ -3,6 +3,8 @@
 //! when the manager starts are registered in the G2, G3 and G4 pools, so
 //! lookups find them without the engine computing them again.
 
+use std::collections::HashSet;
+
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
@@ -31,8 +33,16 @@ impl BlockManager {
     /// once, right after [`new`](Self::new), before serving. Publishes a
     /// stored event per adopted block, so the cluster's view learns what
     /// the node holds.
+    ///
+    /// A block adopted into G2 is not adopted from the disk log, whose copy
+    /// is forgotten: the arena's copy was verified when the arena was
+    /// adopted, while the log's may be a write the crash cut short, which
+    /// recovery accepts and only a read finds torn (docs/disk-format.md
+    /// §12, case 2). Kept, that copy would let G2 drop its good one as
+    /// "already below" when it makes room.
     pub async fn adopt(&self) -> Result<Adopted, ManagerError> {
         let mut adopted = Adopted::default();
+        let mut in_g2 = HashSet::new();
         if let (Some(pool), Some(memory)) = (self.registry.pool(Tier::G2), &self.tiers.memory) {
             let (n, left) = adopt_into(pool, memory.keys());
             // The pool is the arena's only authority: a block it does not
@@ -40,11 +50,17 @@ impl BlockManager {
             for key in &left {
                 memory.remove(*key);
             }
+            in_g2.extend(memory.keys());
             adopted.g2 = n;
             adopted.skipped += left.len();
         }
         if let (Some(pool), Some(disk)) = (self.registry.pool(Tier::G3), &self.tiers.disk) {
-            let (n, left) = adopt_into(pool, disk.keys());
+            let (above, keys): (Vec<BlockHash>, Vec<BlockHash>) =
+                disk.keys().into_iter().partition(|k| in_g2.contains(k));
+            for key in above {
+                disk.remove(key);
+            }
+            let (n, left) = adopt_into(pool, keys);
             adopted.g3 = n;
             adopted.skipped += left.len();
         }
