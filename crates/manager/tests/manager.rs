@@ -552,7 +552,7 @@ async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
         assert_eq!(put, PutOutcome::Stored);
     }
     let (_dir, disk) = disk("kvtier-mgr-adopt", 8 << 20, psync());
-    let m = restarted_host(&memory, disk);
+    let m = restarted_host(&memory, disk, CascadeMode::Exclusive);
     let adopted = m.adopt().await.expect("adopt");
     assert_eq!((adopted.g2, adopted.g3, adopted.skipped), (4, 0, 2));
     // What the pool took is what the arena keeps.
@@ -598,21 +598,48 @@ async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
         pinned: None,
     };
     assert!(disk.put_batch(&[put]).await[0].is_ok());
-    let m = restarted_host(&memory, disk.clone());
+    let m = restarted_host(&memory, disk.clone(), CascadeMode::Exclusive);
     let adopted = m.adopt().await.expect("adopt");
     assert_eq!((adopted.g2, adopted.g3), (4, 0));
     assert!(!disk.contains(a[0]), "the log's copy is still indexed");
     push_down_and_read_back(&m, &memory, &a, 44).await;
 }
 
+/// In inclusive mode the copies below are what the mode promises, and a
+/// committed block's was written through before its commit was answered:
+/// adoption keeps both copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inclusive_mode_adopts_both_copies() {
+    let memory = node_arena(4);
+    let (_dir, disk) = disk("kvtier-mgr-adopt-incl", 8 << 20, psync());
+    let g = geometry();
+    let (key, bytes) = with_bytes(&chain(45, 1)).remove(0);
+    let sums = BlockSums::compute(key, g.layer_bytes() as usize, &bytes);
+    assert_eq!(
+        memory.put(key, &bytes, &sums).expect("put"),
+        PutOutcome::Stored
+    );
+    let put = DiskPut {
+        key,
+        data: &bytes,
+        sums: &sums,
+        pinned: None,
+    };
+    assert!(disk.put_batch(&[put]).await[0].is_ok());
+    let m = restarted_host(&memory, disk.clone(), CascadeMode::Inclusive);
+    let adopted = m.adopt().await.expect("adopt");
+    assert_eq!((adopted.g2, adopted.g3), (1, 1));
+    assert!(disk.contains(key));
+}
+
 fn psync() -> Arc<dyn IoEngine> {
     Arc::new(PsyncEngine::new(2, 64).expect("psync engine"))
 }
 
-/// A node's manager (exclusive, no device, G2 of 4 blocks) started over
+/// A node's manager (no device, G2 of 4 blocks) started over
 /// an arena and a disk log that already hold blocks, as after a restart.
-fn restarted_host(memory: &MemoryTier, disk: Arc<DiskTier>) -> BlockManager {
-    let mut cfg = config(CascadeMode::Exclusive);
+fn restarted_host(memory: &MemoryTier, disk: Arc<DiskTier>, mode: CascadeMode) -> BlockManager {
+    let mut cfg = config(mode);
     cfg.hierarchy.g1 = None;
     let tiers = ManagerTiers {
         geometry: geometry(),

@@ -9,6 +9,7 @@ use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
 use crate::Tier;
+use crate::placement::CascadeMode;
 use crate::pool::BlockPool;
 
 /// What [`BlockManager::adopt`] registered, per tier.
@@ -34,12 +35,15 @@ impl BlockManager {
     /// stored event per adopted block, so the cluster's view learns what
     /// the node holds.
     ///
-    /// A block adopted into G2 is not adopted from the disk log, whose copy
-    /// is forgotten: the arena's copy was verified when the arena was
-    /// adopted, while the log's may be a write the crash cut short, which
-    /// recovery accepts and only a read finds torn (docs/disk-format.md
-    /// §12, case 2). Kept, that copy would let G2 drop its good one as
-    /// "already below" when it makes room.
+    /// In exclusive mode, a block adopted into G2 is not adopted from the
+    /// disk log, whose copy is forgotten: the arena's copy was verified when
+    /// the arena was adopted, while the log's may be the move down the crash
+    /// cut short, which recovery accepts and only a read finds torn
+    /// (docs/disk-format.md §12, case 2). Kept, that copy would let G2 drop
+    /// its good one as "already below" when it makes room. In inclusive
+    /// mode both stay: a committed block's copy below was written through
+    /// before its commit was answered, so only a commit never answered can
+    /// have a torn one, and the copies below are what the mode promises.
     pub async fn adopt(&self) -> Result<Adopted, ManagerError> {
         let mut adopted = Adopted::default();
         let mut in_g2 = HashSet::new();
@@ -55,8 +59,11 @@ impl BlockManager {
             adopted.skipped += left.len();
         }
         if let (Some(pool), Some(disk)) = (self.registry.pool(Tier::G3), &self.tiers.disk) {
-            let (above, keys): (Vec<BlockHash>, Vec<BlockHash>) =
-                disk.keys().into_iter().partition(|k| in_g2.contains(k));
+            let exclusive = self.planner.config().mode == CascadeMode::Exclusive;
+            let (above, keys): (Vec<BlockHash>, Vec<BlockHash>) = disk
+                .keys()
+                .into_iter()
+                .partition(|k| exclusive && in_g2.contains(k));
             for key in above {
                 disk.remove(key);
             }

@@ -15,7 +15,7 @@
 //!  64     8  slot table offset
 //!  72     8  slot data offset
 //!  80     8  file bytes
-//!  88     4  owner pid (informational)
+//!  88     4  owner pid (informational: the creator's, kept by an adopting owner)
 //!  92     4  reserved, zero
 //!  96     8  checksum: xxh3_64(bytes 0..96, seed 0)
 //! 104  3992  zero
