@@ -162,9 +162,12 @@ def inclusive_daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
 def test_daemon_restart_reconnects_and_serves_from_disk(
     inclusive_daemon: list[Daemon], model_dir: Path, tmp_path: Path
 ) -> None:
-    """The daemon killed (SIGKILL) while the engine runs: the engine runs
-    uncached; restarted, it serves the prompt from the disk tier (G3), and
-    the blocks' KV events move from "CPU" to "STORAGE"."""
+    """The daemon killed (SIGKILL) while the engine runs, its arena lost
+    with it (as in a reboot): the engine runs uncached; restarted, it serves
+    the prompt from the disk tier (G3), and the blocks' KV events move from
+    "CPU" to "STORAGE". (A plain SIGKILL leaves the arena, which the
+    restarted daemon adopts: the blocks would then come from host memory
+    again; crates/cli/tests/node_crash.rs checks that side.)"""
     blocks = usable_tokens(PROMPT) // BLOCK_TOKENS
     events = Events()
     llm = events.attach(
@@ -179,6 +182,7 @@ def test_daemon_restart_reconnects_and_serves_from_disk(
     assert node_stats(inclusive_daemon[0]).get("blocks_g3", 0) >= blocks
 
     inclusive_daemon[0].kill()
+    (Path("/dev/shm") / inclusive_daemon[0].env["KVTIER_MEMORY__SHM_NAME"]).unlink()
     reset(llm)
     tokens, cached = run(llm, PROMPT)
     assert tokens == expected and cached == 0, "the daemon is down: nothing can be loaded"

@@ -100,9 +100,9 @@ def test_daemon_and_engine_restarts(tmp_path: Path, model_dir: Path) -> None:
     """The daemon killed (SIGKILL) while the engine runs: the engine serves
     uncached, then reconnects to the restarted daemon and is served from it
     again; after a clean restart of the daemon, a restarted engine loads the
-    prompt from the disk tier. (Blocks still in the disk log's open region
-    when the daemon is killed are lost with it, so which blocks survive a
-    SIGKILL is not pinned here.)"""
+    prompt from the disk tier. (A SIGKILL loses no acknowledged block:
+    crates/cli/tests/node_crash.rs checks that; this test checks the
+    engine's side of a restart.)"""
     expected = uncached_outputs(model_dir, [PROMPT])[0]
     daemon = start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))
     try:

@@ -108,6 +108,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             socket = %server.path().display(),
             shm = %node.memory().shm_path().display(),
             dram_blocks = node.memory().capacity_blocks(),
+            adopted_g2 = adopted.g2,
             adopted_g3 = adopted.g3,
             adopted_g4 = adopted.g4,
             metrics = %http.as_ref().map_or("off".into(), |h| h.addr().to_string()),

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, Lookup};
+use kvtier_core::{BlockHash, BlockSums, Lookup};
+use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
@@ -19,7 +20,7 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
-use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -464,6 +465,7 @@ fn node_arena(blocks: u64) -> MemoryTier {
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        table_key: None,
     };
     MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
 }
@@ -531,6 +533,162 @@ async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 1, "failed: {:?}", onboarded.failed);
     drop(granted);
+}
+
+/// After a crash the arena keeps what its dead owner published (kvtier-mem
+/// adopts it; here the blocks are simply in the arena when the manager
+/// starts). The manager registers them in G2 as it registers the disk
+/// log's in G3, up to the pool's room; the rest leave the arena, whose
+/// slots only the pool hands out. Adopted blocks are ordinary: exclusive
+/// mode moves them down to G3 when G2 needs room, and they come back exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
+    let memory = node_arena(6);
+    let layer_bytes = geometry().layer_bytes() as usize;
+    let a = chain(41, 6);
+    for (key, bytes) in with_bytes(&a) {
+        let sums = BlockSums::compute(key, layer_bytes, &bytes);
+        let put = memory.put(key, &bytes, &sums).expect("put");
+        assert_eq!(put, PutOutcome::Stored);
+    }
+    let (_dir, disk) = disk("kvtier-mgr-adopt", 8 << 20, psync());
+    let m = restarted_host(&memory, disk, CascadeMode::Exclusive);
+    let adopted = m.adopt().await.expect("adopt");
+    assert_eq!((adopted.g2, adopted.g3, adopted.skipped), (4, 0, 2));
+    // What the pool took is what the arena keeps.
+    let kept: Vec<BlockHash> = a.iter().copied().filter(|k| memory.contains(*k)).collect();
+    assert_eq!(kept.len(), 4);
+    for k in &a {
+        assert_eq!(
+            m.lookup(&[*k]).count_in(Tier::G2),
+            usize::from(memory.contains(*k))
+        );
+    }
+
+    push_down_and_read_back(&m, &memory, &kept, 42).await;
+}
+
+/// A crash in the middle of a move down leaves the block whole in the
+/// arena and torn in the disk log, whose recovery accepts it (only a read
+/// finds it torn: docs/disk-format.md §12, case 2). Adoption keeps the
+/// arena's copy, verified when the arena was adopted, and forgets the
+/// log's: G2 making room then moves the good copy down again instead of
+/// dropping it as "already below".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
+    let memory = node_arena(4);
+    let (_dir, disk) = disk("kvtier-mgr-adopt-torn", 8 << 20, psync());
+    let g = geometry();
+    let (len, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
+    let a = chain(43, 4);
+    for (key, bytes) in with_bytes(&a) {
+        let sums = BlockSums::compute(key, layer_bytes, &bytes);
+        assert_eq!(
+            memory.put(key, &bytes, &sums).expect("put"),
+            PutOutcome::Stored
+        );
+    }
+    // The torn copy: the block's own sums over bytes the write never put.
+    let sums = BlockSums::compute(a[0], layer_bytes, &block_content(a[0], len));
+    let torn = vec![0u8; len];
+    let put = DiskPut {
+        key: a[0],
+        data: &torn,
+        sums: &sums,
+        pinned: None,
+    };
+    assert!(disk.put_batch(&[put]).await[0].is_ok());
+    let m = restarted_host(&memory, disk.clone(), CascadeMode::Exclusive);
+    let adopted = m.adopt().await.expect("adopt");
+    assert_eq!((adopted.g2, adopted.g3), (4, 0));
+    assert!(!disk.contains(a[0]), "the log's copy is still indexed");
+    push_down_and_read_back(&m, &memory, &a, 44).await;
+}
+
+/// In inclusive mode the copies below are what the mode promises, and a
+/// committed block's was written through before its commit was answered:
+/// adoption keeps both copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inclusive_mode_adopts_both_copies() {
+    let memory = node_arena(4);
+    let (_dir, disk) = disk("kvtier-mgr-adopt-incl", 8 << 20, psync());
+    let g = geometry();
+    let (key, bytes) = with_bytes(&chain(45, 1)).remove(0);
+    let sums = BlockSums::compute(key, g.layer_bytes() as usize, &bytes);
+    assert_eq!(
+        memory.put(key, &bytes, &sums).expect("put"),
+        PutOutcome::Stored
+    );
+    let put = DiskPut {
+        key,
+        data: &bytes,
+        sums: &sums,
+        pinned: None,
+    };
+    assert!(disk.put_batch(&[put]).await[0].is_ok());
+    let m = restarted_host(&memory, disk.clone(), CascadeMode::Inclusive);
+    let adopted = m.adopt().await.expect("adopt");
+    assert_eq!((adopted.g2, adopted.g3), (1, 1));
+    assert!(disk.contains(key));
+}
+
+fn psync() -> Arc<dyn IoEngine> {
+    Arc::new(PsyncEngine::new(2, 64).expect("psync engine"))
+}
+
+/// A node's manager (no device, G2 of 4 blocks) started over
+/// an arena and a disk log that already hold blocks, as after a restart.
+fn restarted_host(memory: &MemoryTier, disk: Arc<DiskTier>, mode: CascadeMode) -> BlockManager {
+    let mut cfg = config(mode);
+    cfg.hierarchy.g1 = None;
+    let tiers = ManagerTiers {
+        geometry: geometry(),
+        device: None,
+        memory: Some(memory.clone()),
+        disk: Some(disk),
+        remote: None,
+    };
+    BlockManager::new(cfg, tiers, Vec::new()).expect("manager")
+}
+
+/// Stores four new blocks (chain `seed`), which moves `keys` from G2 down
+/// to G3, then loads each of `keys` back and checks its bytes.
+async fn push_down_and_read_back(
+    m: &BlockManager,
+    memory: &MemoryTier,
+    keys: &[BlockHash],
+    seed: u128,
+) {
+    for (key, bytes) in with_bytes(&chain(seed, 4)) {
+        let stored = m.put_host(key, &bytes).await.expect("put");
+        assert!(
+            matches!(stored, Some(HostCommit::Stored)),
+            "{key}: {stored:?}"
+        );
+    }
+    let len = geometry().block_bytes() as usize;
+    let mut out = vec![0u8; len];
+    for k in keys {
+        assert_eq!(
+            m.lookup(&[*k]).count_in(Tier::G3),
+            1,
+            "{k} did not move down"
+        );
+        assert!(!memory.contains(*k));
+        let onboarded = m
+            .finish_onboard(m.begin_onboard(&[*k]).await.expect("begin"))
+            .await
+            .expect("finish");
+        assert_eq!(
+            onboarded.blocks.len(),
+            1,
+            "{k} failed: {:?}",
+            onboarded.failed
+        );
+        drop(onboarded);
+        assert_eq!(memory.get(*k, &mut out), Lookup::Hit);
+        assert!(out == block_content(*k, len), "{k} came back other bytes");
+    }
 }
 
 /// A disk engine that, while holding, keeps batches of reads until the

@@ -11,6 +11,7 @@
 //! from it. `docs/memory-arena.md` is the byte-level description.
 
 pub(crate) mod header;
+pub(crate) mod mac;
 pub(crate) mod seqlock;
 pub(crate) mod shm;
 pub(crate) mod table;

@@ -5,6 +5,8 @@ use kvtier_core::{ByteSize, CoreError, Geometry};
 use kvtier_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
+use crate::arena::mac::TableKey;
+
 /// `[memory]`: the shared-memory DRAM tier (G2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -73,6 +75,13 @@ pub struct MemoryTierConfig {
     pub hugepages: bool,
     /// Which eviction policy orders the blocks.
     pub policy: PolicyKind,
+    /// The key that authenticates the owner's slot table entries (a MAC
+    /// per entry, docs/memory-arena.md). With a key, an arena of the same
+    /// geometry that a crashed owner left at the name is adopted: its
+    /// entries that verify under this key, with bytes that verify against
+    /// their sums, stay resident. Without one, entries carry no MAC and any
+    /// arena left at the name is replaced.
+    pub table_key: Option<TableKey>,
 }
 
 impl MemoryTierConfig {
@@ -85,7 +94,15 @@ impl MemoryTierConfig {
             layer_bytes: usize::try_from(geometry.layer_bytes()).unwrap_or(usize::MAX),
             hugepages: cfg.hugepages,
             policy: cfg.policy,
+            table_key: None,
         }
+    }
+
+    /// The same configuration with entries authenticated under `key` (and
+    /// a crashed owner's arena adopted); see [`table_key`](Self::table_key).
+    pub fn with_table_key(mut self, key: TableKey) -> Self {
+        self.table_key = Some(key);
+        self
     }
 
     /// Layers per block: `ceil(block_bytes / layer_bytes)`.

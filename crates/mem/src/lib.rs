@@ -24,6 +24,12 @@
 //! - [`MemoryTierConfig`] comes from the `[memory]` configuration and the
 //!   model [`Geometry`](kvtier_core::Geometry).
 //!
+//! An owner given a [`TableKey`] authenticates every slot table entry it
+//! publishes (a keyed BLAKE3 MAC), and after a crash the next owner with
+//! the same key adopts the arena instead of replacing it, keeping exactly
+//! the published blocks whose entries authenticate and whose bytes verify
+//! ([`MemoryTier::adoption`], [`ArenaAdoption`]).
+//!
 //! Every block carries the [`BlockSums`](kvtier_core::BlockSums) it was
 //! first stored with; every copy out of shared memory is hashed as it is
 //! copied, and a block that fails is a miss, never an answer. The shared
@@ -42,6 +48,7 @@
 //!     layer_bytes: 2048,
 //!     hugepages: false,
 //!     policy: PolicyKind::Lru,
+//!     table_key: None,
 //! })?;
 //! let key = BlockHash(42);
 //! let block = vec![7u8; 8192];
@@ -68,11 +75,12 @@ mod reader;
 mod tier;
 mod verify;
 
+pub use arena::mac::TableKey;
 pub use client::ArenaClient;
 pub use config::{MemoryConfig, MemoryTierConfig};
 pub use error::{MemError, Result};
 pub use reader::{ArenaReader, ReaderStats};
 pub use tier::{
-    BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome, Reserve,
-    SlotReservation,
+    ArenaAdoption, BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome,
+    Reserve, SlotReservation,
 };

@@ -78,7 +78,8 @@ impl ArenaReader {
         self.view.layout().slot_count
     }
 
-    /// The pid of the process that created the arena.
+    /// The pid of the process that created the arena (an owner that adopted
+    /// it after a crash keeps the creator's: the header never changes).
     pub fn owner_pid(&self) -> u32 {
         self.view.owner_pid()
     }

@@ -8,6 +8,7 @@
 //! its filler alone, and a resident slot cannot be reused while a reference
 //! (a [`BlockRef`], or a `get` in progress) holds it.
 
+mod adopt;
 mod block_ref;
 mod book;
 mod reservation;
@@ -21,6 +22,7 @@ use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_policy::{PolicyConfig, PolicyKind};
 use parking_lot::Mutex;
 
+use crate::arena::mac::EntryMac;
 use crate::arena::shm::{self, Mapping, OwnedShm, PendingShm};
 use crate::arena::table::SlotTable;
 use crate::arena::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES, header};
@@ -30,6 +32,7 @@ use crate::verify;
 use book::{Acquired, Book, Claim};
 use stats::Counters;
 
+pub use adopt::ArenaAdoption;
 pub use block_ref::BlockRef;
 pub use reservation::SlotReservation;
 pub use stats::MemoryStats;
@@ -83,6 +86,11 @@ pub(crate) struct Inner {
     /// except the bounded scans, and no copy happens while holding it.
     book: Mutex<Book>,
     counters: Counters,
+    /// Computes the MAC of each entry published (`None`: no table key, the
+    /// MAC words stay 0).
+    mac: Option<EntryMac>,
+    /// What adopting a crashed owner's arena kept, if this tier did.
+    adoption: Option<ArenaAdoption>,
     /// Declared after `table` and `data`, which point into it.
     _map: Mapping,
     /// Unlinks the file on drop; declared last so it goes after the mapping.
@@ -149,9 +157,15 @@ impl Inner {
     /// Publishes a filled slot (no verification). Returns what happened.
     pub(crate) fn publish(&self, slot: usize, key: BlockHash, sums: &BlockSums) -> PutOutcome {
         let shared = Arc::new(sums.clone());
+        let len = self.layout.block_bytes;
+        // Hashed before taking the lock: it depends on nothing the lock guards.
+        let mac = self
+            .mac
+            .as_ref()
+            .map_or([0, 0], |m| m.compute(slot, key, len as u64, sums));
         let mut book = self.book.lock();
         if book.publish(slot, key, shared) {
-            self.table.publish(slot, key, self.layout.block_bytes, sums);
+            self.table.publish(slot, key, len, sums, mac);
             drop(book);
             Counters::add(&self.counters.puts, 1);
             Counters::add(&self.counters.bytes_in, self.layout.block_bytes as u64);
@@ -211,6 +225,13 @@ impl MemoryTier {
     /// content ([`MemError::NotAnArena`]) is left alone. The whole arena is reserved
     /// up front, so a `/dev/shm` too small fails here
     /// ([`MemError::ShmFull`]) rather than with a `SIGBUS` later.
+    ///
+    /// With a [`table_key`](MemoryTierConfig::table_key), an arena of
+    /// exactly this layout whose owner is gone (a crash) is adopted
+    /// instead of replaced: the blocks it published under that key whose
+    /// bytes still verify stay resident, everything else is emptied
+    /// ([`adoption`](Self::adoption) says what; docs/memory-arena.md,
+    /// "Adoption after a crash").
     pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
         let kind = cfg.policy;
         Self::create_evicting(cfg, Some(kind))
@@ -225,44 +246,28 @@ impl MemoryTier {
         Self::create_evicting(cfg, None)
     }
 
-    /// Creates the arena, evicting by `policy` (none: the owner's).
+    /// Creates (or, after a crash, adopts) the arena, evicting by `policy`
+    /// (none: the owner's).
     fn create_evicting(cfg: MemoryTierConfig, policy: Option<PolicyKind>) -> Result<Self> {
         let path = shm::shm_path(&cfg.shm_name)?;
-        let page = if cfg.hugepages {
-            match shm::hugepages_unavailable() {
-                None => HUGE_PAGE_BYTES,
-                Some(why) => {
-                    tracing::info!(reason = %why, "huge pages unavailable for the memory tier; using 4 KiB pages");
-                    PAGE_BYTES
-                }
-            }
-        } else {
-            PAGE_BYTES
-        };
+        let page = page_bytes(cfg.hugepages);
         let layout =
             ArenaLayout::compute(cfg.block_bytes, cfg.layer_bytes, cfg.capacity_bytes, page)?;
-        let pending = PendingShm::create(&path, layout.file_bytes as u64)?;
-        let map = Mapping::map(pending.file(), layout.file_bytes, true, page, true).map_err(
-            |source| MemError::Io {
-                path: path.clone(),
-                op: "mmap",
-                source,
-            },
-        )?;
-        if page == HUGE_PAGE_BYTES
-            && let Err(e) = map.advise_hugepages(0, map.len())
-        {
-            tracing::info!(error = %e, "madvise(MADV_HUGEPAGE) refused; the arena may use 4 KiB pages");
-        }
-        let encoded = header::encode(&layout, std::process::id());
-        // SAFETY: the mapping is ours, writable and at least HEADER_BYTES long;
-        // the file has no name yet, so nothing else can see it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(encoded.as_ptr(), map.ptr().as_ptr(), encoded.len());
-        }
-        // Only a complete arena gets the name readers and later owners look
-        // for (invariant 12 of docs/memory-arena.md).
-        let shm = pending.publish()?;
+        let mac = cfg.table_key.as_ref().map(|k| EntryMac::new(k, &layout));
+        // Only an owner with a key can tell its own entries from forged
+        // ones, so only it adopts; without one the old arena is replaced.
+        let adoptable = match &mac {
+            Some(_) => OwnedShm::adopt(&path, &layout)?,
+            None => None,
+        };
+        let adopting = adoptable.is_some();
+        let (shm, map) = match adoptable {
+            Some(shm) => {
+                let map = map_arena(shm.file(), &layout, &path)?;
+                (shm, map)
+            }
+            None => create_arena(&path, &layout)?,
+        };
         // SAFETY: the table lies inside the mapping at an offset that is a
         // multiple of 4096 (so 8-aligned), spans slot_count entries by
         // construction of the layout, lives as long as `Inner` (which owns the
@@ -284,15 +289,26 @@ impl MemoryTier {
             ),
             None => None,
         };
-        let book = Book::new(layout.slot_count, policy, DEFAULT_EVICTION_SCAN_LIMIT);
-        tracing::info!(
-            path = %path.display(),
-            bytes = layout.file_bytes,
-            slots = layout.slot_count,
-            slot_bytes = layout.slot_bytes,
-            page_bytes = page,
-            "memory tier created"
-        );
+        let (book, adoption) = match &mac {
+            Some(mac) if adopting => {
+                // SAFETY: `data` is the slot data area of the live mapping
+                // of `layout`, and `table` its table.
+                let kept = unsafe { adopt::adopt_slots(&table, data, &layout, mac) };
+                let book = Book::adopting(
+                    layout.slot_count,
+                    policy,
+                    DEFAULT_EVICTION_SCAN_LIMIT,
+                    kept.resident,
+                    &kept.unfinished,
+                );
+                (book, Some(kept.report))
+            }
+            _ => (
+                Book::new(layout.slot_count, policy, DEFAULT_EVICTION_SCAN_LIMIT),
+                None,
+            ),
+        };
+        log_opened(&path, &layout, adoption.as_ref());
         Ok(Self {
             inner: Arc::new(Inner {
                 name: cfg.shm_name,
@@ -301,10 +317,19 @@ impl MemoryTier {
                 data,
                 book: Mutex::new(book),
                 counters: Counters::default(),
+                mac,
+                adoption,
                 _map: map,
                 shm,
             }),
         })
+    }
+
+    /// What adopting a crashed owner's arena kept and dropped, when this
+    /// tier adopted one (it had a table key and found an arena of its
+    /// layout whose owner was gone); `None` for a fresh arena.
+    pub fn adoption(&self) -> Option<ArenaAdoption> {
+        self.inner.adoption
     }
 
     /// The shared-memory file other processes open.
@@ -574,6 +599,77 @@ impl MemoryTier {
         s.pinned = book.pinned() as u64;
         s.capacity = self.inner.layout.slot_count as u64;
         s
+    }
+}
+
+/// The page size to lay the arena out for: huge pages when asked for and
+/// the kernel gives them to shared memory, else 4 KiB (with a log line).
+fn page_bytes(hugepages: bool) -> usize {
+    if !hugepages {
+        return PAGE_BYTES;
+    }
+    match shm::hugepages_unavailable() {
+        None => HUGE_PAGE_BYTES,
+        Some(why) => {
+            tracing::info!(reason = %why, "huge pages unavailable for the memory tier; using 4 KiB pages");
+            PAGE_BYTES
+        }
+    }
+}
+
+/// Maps the whole arena file read-write, populated, advised for huge pages
+/// when laid out for them.
+fn map_arena(file: &std::fs::File, layout: &ArenaLayout, path: &Path) -> Result<Mapping> {
+    let map =
+        Mapping::map(file, layout.file_bytes, true, layout.page_bytes, true).map_err(|source| {
+            MemError::Io {
+                path: path.to_owned(),
+                op: "mmap",
+                source,
+            }
+        })?;
+    if layout.page_bytes == HUGE_PAGE_BYTES
+        && let Err(e) = map.advise_hugepages(0, map.len())
+    {
+        tracing::info!(error = %e, "madvise(MADV_HUGEPAGE) refused; the arena may use 4 KiB pages");
+    }
+    Ok(map)
+}
+
+/// Makes a fresh arena of `layout` and gives it the name `path`: built
+/// unnamed, header written, then linked (replacing a stale file there).
+fn create_arena(path: &Path, layout: &ArenaLayout) -> Result<(OwnedShm, Mapping)> {
+    let pending = PendingShm::create(path, layout.file_bytes as u64)?;
+    let map = map_arena(pending.file(), layout, path)?;
+    let encoded = header::encode(layout, std::process::id());
+    // SAFETY: the mapping is ours, writable and at least HEADER_BYTES long;
+    // the file has no name yet, so nothing else can see it.
+    unsafe {
+        std::ptr::copy_nonoverlapping(encoded.as_ptr(), map.ptr().as_ptr(), encoded.len());
+    }
+    // Only a complete arena gets the name readers and later owners look
+    // for (invariant 12 of docs/memory-arena.md).
+    let shm = pending.publish()?;
+    Ok((shm, map))
+}
+
+fn log_opened(path: &Path, layout: &ArenaLayout, adoption: Option<&ArenaAdoption>) {
+    let (path, bytes, slots) = (path.display(), layout.file_bytes, layout.slot_count);
+    let (slot_bytes, page_bytes) = (layout.slot_bytes, layout.page_bytes);
+    match adoption {
+        None => tracing::info!(
+            path = %path, bytes, slots, slot_bytes, page_bytes,
+            "memory tier created"
+        ),
+        Some(a) => tracing::info!(
+            path = %path, bytes, slots, slot_bytes, page_bytes,
+            kept = a.kept,
+            unfinished = a.unfinished,
+            unauthentic = a.unauthentic,
+            corrupt = a.corrupt,
+            duplicates = a.duplicates,
+            "memory tier adopted the arena its crashed owner left"
+        ),
     }
 }
 

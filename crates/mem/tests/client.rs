@@ -33,6 +33,7 @@ fn tier_with(block: usize, layer: usize, slots: u64) -> MemoryTier {
         layer_bytes: layer,
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
+        table_key: None,
     })
     .expect("create tier")
 }

@@ -153,6 +153,17 @@ fn sessions(t: &mut Text, s: &NodeStats) {
     ] {
         t.counter(&format!("kvtier_node_{name}"), help, value);
     }
+    t.labelled(
+        "kvtier_node_adopted_blocks",
+        "gauge",
+        "Blocks adopted into a tier at start (G2: a crashed daemon's arena; G3: the disk log; G4: the remote prefix).",
+        "tier",
+        &[
+            ("g2".to_owned(), s.adopted_g2 as f64),
+            ("g3".to_owned(), s.adopted_g3 as f64),
+            ("g4".to_owned(), s.adopted_g4 as f64),
+        ],
+    );
 }
 
 fn tiers(t: &mut Text, m: &ManagerStats) {

@@ -11,7 +11,7 @@ use kvtier_io::IoEngine;
 use kvtier_manager::events::EventSink;
 use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
 use kvtier_manager::placement::CascadeMode;
-use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, TableKey};
 use kvtier_protocol::{KeyMap, Namespace, NamespaceKey, NodeSecret};
 use kvtier_remote::{RemoteConfig, RemoteTier};
 use parking_lot::Mutex;
@@ -50,10 +50,11 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     /// Builds the node from a whole configuration: the arena (`[memory]`,
-    /// evicted only by the manager), the disk log (`[disk]`, recovered),
+    /// evicted only by the manager; after a crash, the dead daemon's arena
+    /// with what it had committed), the disk log (`[disk]`, recovered),
     /// the remote tier (`manager.g4_url`) and the manager over them
-    /// (`[manager]`); then adopts what the disk log and the remote prefix
-    /// hold and starts the background step. Events go to the configured
+    /// (`[manager]`); then adopts what the arena, the disk log and the
+    /// remote prefix hold and starts the background step. Events go to the configured
     /// sinks (`manager.events_nats_url`, `manager.events_zmq_endpoint`) and
     /// to `extra_sinks`. Must run inside a tokio runtime.
     pub async fn open(
@@ -65,7 +66,11 @@ impl Node {
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
-        let memory = MemoryTier::create_owned(MemoryTierConfig::new(&config.memory, &geometry))?;
+        // With the table key, an arena a crashed daemon left is adopted:
+        // what it had committed stays (docs/memory-arena.md).
+        let arena = MemoryTierConfig::new(&config.memory, &geometry)
+            .with_table_key(TableKey::from_bytes(secret.table_key()));
+        let memory = MemoryTier::create_owned(arena)?;
         let disk = open_disk(config, geometry, &memory).await?;
         let remote = match &options.g4_url {
             Some(url) => Some(Arc::new(open_remote(url, geometry)?)),
@@ -90,10 +95,11 @@ impl Node {
         let manager = BlockManager::new(manager_config, tiers, sinks)?;
         let adopted = manager.adopt().await?;
         tracing::info!(
+            g2 = adopted.g2,
             g3 = adopted.g3,
             g4 = adopted.g4,
             skipped = adopted.skipped,
-            "adopted the blocks the lower tiers still hold"
+            "adopted the blocks the arena (after a crash) and the lower tiers still hold"
         );
         let (stop_step, stop_rx) = watch::channel(false);
         let node = Arc::new(Self {
@@ -139,7 +145,7 @@ impl Node {
         &self.options
     }
 
-    /// What the start adopted from the lower tiers.
+    /// What the start adopted from the arena and the lower tiers.
     pub fn adopted(&self) -> Adopted {
         self.adopted
     }
@@ -147,6 +153,7 @@ impl Node {
     /// A snapshot of the node's counters and pool occupancy.
     pub fn stats(&self) -> NodeStats {
         let mut s = self.counters.snapshot(&self.manager.stats());
+        s.adopted_g2 = self.adopted.g2 as u64;
         s.adopted_g3 = self.adopted.g3 as u64;
         s.adopted_g4 = self.adopted.g4 as u64;
         s

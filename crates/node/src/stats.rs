@@ -22,6 +22,8 @@ macro_rules! node_counters {
             pub tier_blocks: Vec<(String, u64)>,
             /// Capacity per tier, in blocks.
             pub tier_capacity: Vec<(String, u64)>,
+            /// Blocks of a crashed daemon's arena adopted into G2 at start.
+            pub adopted_g2: u64,
             /// Blocks of the disk log adopted into G3 at start.
             pub adopted_g3: u64,
             /// Objects of the remote prefix adopted into G4 at start.
@@ -49,6 +51,7 @@ macro_rules! node_counters {
                 let mut out = vec![
                     $( Counter { name: stringify!($name).into(), value: self.$name }, )*
                 ];
+                out.push(Counter { name: "adopted_g2".into(), value: self.adopted_g2 });
                 out.push(Counter { name: "adopted_g3".into(), value: self.adopted_g3 });
                 out.push(Counter { name: "adopted_g4".into(), value: self.adopted_g4 });
                 for (tier, n) in &self.tier_blocks {

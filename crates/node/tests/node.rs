@@ -114,9 +114,17 @@ fn a_restart_adopts_what_the_disk_log_holds() {
     store(&mut client, 0..3, len);
     drop(client);
     let config = daemon.stop();
-    // The clean stop moved G2 to the disk log; the new node adopts it.
+    // The clean stop moved G2 to the disk log and removed the arena: the
+    // new node adopts the disk log's blocks, and no arena (adopting an
+    // arena is for crashes, crates/cli/tests/node_crash.rs).
+    let arena = Path::new("/dev/shm").join(&config.memory.shm_name);
+    assert!(!arena.exists(), "a clean stop left {arena:?}");
     let daemon = Daemon::start(config);
     assert_eq!(daemon.node.adopted().g3, 3);
+    assert_eq!(daemon.node.adopted().g2, 0);
+    assert_eq!(daemon.node.memory().adoption(), None);
+    let stats = daemon.node.stats();
+    assert_eq!((stats.adopted_g2, stats.adopted_g3), (0, 3));
     let mut client = daemon.client();
     let tiers = client
         .lookup(&(0..3).map(BlockHash).collect::<Vec<_>>())

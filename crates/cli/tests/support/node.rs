@@ -211,11 +211,18 @@ impl Daemon {
     /// Blocks of the disk log the current life adopted at its start, as
     /// its ready line says.
     pub fn adopted_g3(&self) -> u64 {
+        self.adopted("g3")
+    }
+
+    /// Blocks the current life adopted into `tier` (`g2`: from the arena a
+    /// killed daemon left; `g3`, `g4`) at its start, as its ready line says.
+    pub fn adopted(&self, tier: &str) -> u64 {
+        let field = format!("adopted_{tier}=");
         self.ready
             .split_whitespace()
-            .find_map(|w| w.strip_prefix("adopted_g3="))
+            .find_map(|w| w.strip_prefix(field.as_str()))
             .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no adopted_g3 in the ready line: {}", self.ready))
+            .unwrap_or_else(|| panic!("no {field} in the ready line: {}", self.ready))
     }
 
     /// The log lines of the current life so far.

@@ -15,7 +15,7 @@
 //!  64     8  slot table offset
 //!  72     8  slot data offset
 //!  80     8  file bytes
-//!  88     4  owner pid (informational)
+//!  88     4  owner pid (informational: the creator's, kept by an adopting owner)
 //!  92     4  reserved, zero
 //!  96     8  checksum: xxh3_64(bytes 0..96, seed 0)
 //! 104  3992  zero
@@ -31,8 +31,9 @@ use crate::error::{MemError, Result};
 
 /// The first 8 bytes of every arena.
 pub(crate) const MAGIC: [u8; 8] = *b"KVTIERG2";
-/// Version of the layout described here; bumped on any change.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Version of the layout described here and of the slot table's
+/// (table.rs); bumped on any change. 2: table entries carry a MAC.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Bytes covered by the header checksum (the checksum follows them).
 pub(crate) const CHECKED_BYTES: usize = 96;
 /// Bytes of the encoded header fields including the checksum.

@@ -13,15 +13,15 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags};
 use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
 
-use super::header::{ENCODED_BYTES, MAGIC};
-use super::{HEADER_BYTES, PAGE_BYTES};
+use super::header::{self, ENCODED_BYTES, MAGIC};
+use super::{ArenaLayout, HEADER_BYTES, PAGE_BYTES};
 use crate::error::{MemError, Result};
 
 /// Where shared-memory files live.
@@ -151,6 +151,86 @@ pub(crate) struct OwnedShm {
 }
 
 impl OwnedShm {
+    /// Takes over the arena a dead owner left at `path`, if this owner may
+    /// keep it: a regular file of this user that others cannot open, whose
+    /// lock is free (the owner is gone) and whose header is complete, of
+    /// this format version and of exactly `layout`. Returns it locked by
+    /// us, name and contents untouched (the caller vets the slot table).
+    ///
+    /// `Ok(None)`: nothing there, or a file not to keep (another layout or
+    /// version, a damaged or unfinished header, someone else's file);
+    /// creation then judges it as before (replaces it or refuses it). A
+    /// live owner is [`MemError::InUse`].
+    pub(crate) fn adopt(path: &Path, layout: &ArenaLayout) -> Result<Option<Self>> {
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            // A link planted at the name is not our arena.
+            .custom_flags(OFlags::NOFOLLOW.bits() as i32)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                tracing::info!(path = %path.display(), error = %e, "cannot open the file at the arena's name to adopt it");
+                return Ok(None);
+            }
+        };
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(MemError::InUse {
+                    path: path.to_owned(),
+                });
+            }
+            Err(e) => return Err(io_err(path, "flock")(e.into())),
+        }
+        let meta = file.metadata().map_err(io_err(path, "fstat"))?;
+        // Replaced since we opened it: creation judges the new one.
+        if !std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) {
+            return Ok(None);
+        }
+        if let Some(why) = not_ours_to_keep(&meta) {
+            tracing::warn!(path = %path.display(), reason = why, "not adopting the arena left at the name");
+            return Ok(None);
+        }
+        let mut head = [0u8; ENCODED_BYTES];
+        let n = file
+            .read_at(&mut head, 0)
+            .map_err(io_err(path, "read header"))?;
+        let why = match header::decode(&head[..n], meta.len(), path) {
+            Ok(d) if d.layout == *layout && meta.len() == layout.file_bytes as u64 => {
+                return Ok(Some(Self {
+                    path: path.to_owned(),
+                    _file: file,
+                    dev: meta.dev(),
+                    ino: meta.ino(),
+                }));
+            }
+            Ok(d) => format!(
+                "its layout differs ({} slots of {} bytes for blocks of {} in layers of {}, pages of {}; now {} of {} for {} in {}, pages of {})",
+                d.layout.slot_count,
+                d.layout.slot_bytes,
+                d.layout.block_bytes,
+                d.layout.layer_bytes,
+                d.layout.page_bytes,
+                layout.slot_count,
+                layout.slot_bytes,
+                layout.block_bytes,
+                layout.layer_bytes,
+                layout.page_bytes,
+            ),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(path = %path.display(), reason = %why, "the arena a dead owner left cannot be adopted; replacing it");
+        Ok(None)
+    }
+
+    /// The file (to map it).
+    pub(crate) fn file(&self) -> &File {
+        &self._file
+    }
+
     /// The file's path.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -171,6 +251,23 @@ impl Drop for OwnedShm {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the shared-memory arena");
         }
     }
+}
+
+/// Why a file at the arena's name must not be adopted even if it holds an
+/// arena: someone else's file (its owner could read or change it at any
+/// time), or one others may open. Such a file is left to creation, which
+/// replaces it (or fails to remove it, and says so).
+fn not_ours_to_keep(meta: &std::fs::Metadata) -> Option<&'static str> {
+    if !meta.file_type().is_file() {
+        return Some("not a regular file");
+    }
+    if meta.uid() != rustix::process::geteuid().as_raw() {
+        return Some("owned by another user");
+    }
+    if meta.mode() & 0o007 != 0 {
+        return Some("others may open it");
+    }
+    None
 }
 
 /// An unnamed file in `dir` (`O_TMPFILE`), mode 0660.

@@ -9,15 +9,20 @@
 //!    3   24  block checksum
 //!    4   32  length of the block in bytes; 0 = the slot holds nothing visible
 //!    5   40  number of layer checksums that follow (low 32 bits; high 32 zero)
-//!    6   48  layer checksum 0
+//!    6   48  MAC, low 64 bits  (see mac.rs; 0 when the owner has no table key)
+//!    7   56  MAC, high 64 bits
+//!    8   64  layer checksum 0
 //!  ...
-//!  6+L-1     layer checksum L-1
-//!            zero padding up to entry_bytes = round_up(48 + 8 L, 64)
+//!  8+L-1     layer checksum L-1
+//!            zero padding up to entry_bytes = round_up(64 + 8 L, 64)
 //! ```
 //!
 //! Words are native-endian `u64`s accessed atomically (every supported target
 //! is little-endian). Only the owner writes them, following
-//! [`seqlock`]; readers map the file read-only.
+//! [`seqlock`]; readers map the file read-only. The MAC lets a later owner
+//! tell the entries an owner published from entries someone else wrote
+//! (clients can write the file): it is checked when an arena is adopted after
+//! a crash, never by readers, who do not have the key.
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +40,9 @@ const KEY_HI: usize = 2;
 const BLOCK_SUM: usize = 3;
 const LEN: usize = 4;
 const LAYERS: usize = 5;
-const LAYER_SUMS: usize = 6;
+const MAC_LO: usize = 6;
+const MAC_HI: usize = 7;
+const LAYER_SUMS: usize = 8;
 
 /// Bytes of one entry for blocks of `layers` layers.
 pub(crate) const fn entry_bytes(layers: usize) -> usize {
@@ -137,14 +144,43 @@ impl SlotTable {
         seqlock::begin_write(self.version(slot));
     }
 
+    /// The entry's MAC words (no version check).
+    pub(crate) fn mac(&self, slot: usize) -> [u64; 2] {
+        let load = |w| self.word(slot, w).load(Ordering::Relaxed);
+        [load(MAC_LO), load(MAC_HI)]
+    }
+
+    /// The entry's layer-count word as stored, unclamped (no version check):
+    /// [`snapshot`](Self::snapshot) clamps it to the arena's layers, which
+    /// an adopting owner must not take for a valid count.
+    pub(crate) fn layer_count(&self, slot: usize) -> u64 {
+        self.word(slot, LAYERS).load(Ordering::Relaxed)
+    }
+
+    /// Whether every word of the entry but the version is 0 (no version
+    /// check): an empty slot nothing has scribbled on.
+    pub(crate) fn is_blank(&self, slot: usize) -> bool {
+        (KEY_LO..LAYER_SUMS + self.layers).all(|w| self.word(slot, w).load(Ordering::Relaxed) == 0)
+    }
+
     /// Owner: a fill started with [`begin_fill`](Self::begin_fill) is
-    /// published as block `key` of `len` bytes (version even).
-    pub(crate) fn publish(&self, slot: usize, key: BlockHash, len: usize, sums: &BlockSums) {
+    /// published as block `key` of `len` bytes (version even), with `mac`
+    /// over what the entry asserts (see `mac.rs`; zeros without a key).
+    pub(crate) fn publish(
+        &self,
+        slot: usize,
+        key: BlockHash,
+        len: usize,
+        sums: &BlockSums,
+        mac: [u64; 2],
+    ) {
         let store = |w, v| self.word(slot, w).store(v, Ordering::Relaxed);
         store(KEY_LO, key.0 as u64);
         store(KEY_HI, (key.0 >> 64) as u64);
         store(BLOCK_SUM, sums.block);
         store(LAYERS, sums.layers.len().min(self.layers) as u64);
+        store(MAC_LO, mac[0]);
+        store(MAC_HI, mac[1]);
         for (l, s) in sums.layers.iter().take(self.layers).enumerate() {
             store(LAYER_SUMS + l, *s);
         }
@@ -164,6 +200,18 @@ impl SlotTable {
         seqlock::begin_write(self.version(slot));
         self.zero(slot);
         seqlock::end_write(self.version(slot));
+    }
+
+    /// Owner, adopting an arena: empties the entry whatever state the dead
+    /// owner (or a scribbler) left its version in, moving the version
+    /// through an odd value to the next even one, as every change must.
+    pub(crate) fn reset(&self, slot: usize) {
+        let version = self.version(slot);
+        let odd = version.load(Ordering::Relaxed) | 1;
+        version.store(odd, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        self.zero(slot);
+        version.store(odd.wrapping_add(1), Ordering::Release);
     }
 
     fn zero(&self, slot: usize) {
@@ -192,16 +240,35 @@ mod tests {
         let key = BlockHash(u128::MAX - 5);
         t.begin_fill(2);
         assert!(seqlock::is_writing(t.version(2)));
-        t.publish(2, key, 100, &sums);
+        t.publish(2, key, 100, &sums, [11, 12]);
         assert!(!seqlock::is_writing(t.version(2)));
         let s = t.snapshot(2);
         assert_eq!((s.key, s.len, &s.sums), (key, 100, &sums));
+        assert_eq!((t.mac(2), t.layer_count(2)), ([11, 12], 3));
         assert_eq!(t.key_if_used(2), Some(key));
         assert_eq!(t.key_if_used(1), None);
+        assert!(!t.is_blank(2) && t.is_blank(1));
         t.clear(2);
         assert_eq!(t.key_if_used(2), None);
+        assert!(t.is_blank(2));
         assert_eq!(t.version(2).load(Ordering::Relaxed), 4);
+        // A reset ends even from either parity.
+        t.begin_fill(2);
+        t.reset(2);
+        assert_eq!(t.version(2).load(Ordering::Relaxed), 6);
+        t.reset(2);
+        assert_eq!(t.version(2).load(Ordering::Relaxed), 8);
         assert_eq!(entry_bytes(3), 128);
-        assert_eq!(entry_bytes(2), 64);
+        assert_eq!(entry_bytes(0), 64);
+        assert_eq!(entry_bytes(4), 128);
+        assert_eq!(entry_bytes(8), 128);
+        assert_eq!(entry_bytes(9), 192);
+        // The documented word offsets (docs/memory-arena.md), read once the
+        // table is no longer used.
+        t.begin_fill(3);
+        t.publish(3, key, 100, &sums, [11, 12]);
+        let words = &mem[entry_bytes(layers) / 8 * 3..];
+        let (lo, hi) = (key.0 as u64, (key.0 >> 64) as u64);
+        assert_eq!(&words[..11], &[2, lo, hi, 7, 100, 3, 11, 12, 1, 2, 3]);
     }
 }

@@ -135,6 +135,46 @@ impl Book {
         }
     }
 
+    /// A book of `slots` slots, ordered by `policy`, whose `resident`
+    /// slots hold the blocks an adopted arena kept (slot, key, sums: each
+    /// unpinned, unreferenced, not persisted). Of the free slots, those in
+    /// `last` are handed out after every other: a client that was filling
+    /// one when its owner died may still be writing it.
+    pub(crate) fn adopting(
+        slots: usize,
+        policy: Option<Box<dyn EvictionPolicy<usize>>>,
+        scan_limit: usize,
+        resident: Vec<(usize, BlockHash, Arc<BlockSums>)>,
+        last: &[usize],
+    ) -> Self {
+        let mut book = Self::new(slots, policy, scan_limit);
+        for (slot, key, sums) in resident {
+            book.slots[slot] = SlotMeta {
+                state: SlotState::Resident,
+                key,
+                sums: Some(sums),
+                ..SlotMeta::FREE
+            };
+            book.index.insert(key, slot as u32);
+            if let Some(p) = &mut book.policy {
+                p.insert(slot, &Use::at(0));
+            }
+        }
+        let mut late = vec![false; slots];
+        for &s in last {
+            late[s] = true;
+        }
+        let free = |s: &u32| book.slots[*s as usize].state == SlotState::Free;
+        // `claim` pops from the end: the late slots go first in the vector.
+        let (mut order, rest): (Vec<u32>, Vec<u32>) = (0..slots as u32)
+            .rev()
+            .filter(free)
+            .partition(|s| late[*s as usize]);
+        order.extend(rest);
+        book.free = order;
+        book
+    }
+
     /// Sets how many of the coldest blocks a claim examines for a victim.
     pub(crate) fn set_scan_limit(&mut self, limit: usize) {
         self.scan_limit = limit.max(1);
@@ -458,6 +498,26 @@ mod tests {
         assert!(b.release(s));
         assert_eq!(b.state(s), SlotState::Free);
         assert_eq!(b.free_len(), 2);
+    }
+
+    #[test]
+    fn an_adopted_book_holds_its_blocks_and_hands_late_slots_out_last() {
+        let lru = PolicyConfig::of(PolicyKind::Lru).build::<usize>(5).unwrap();
+        let resident = vec![(1, BlockHash(10), sums()), (3, BlockHash(30), sums())];
+        let mut b = Book::adopting(5, Some(lru), usize::MAX, resident, &[0]);
+        assert_eq!((b.len(), b.free_len()), (2, 3));
+        assert!(b.contains(BlockHash(10)) && b.contains(BlockHash(30)));
+        assert_eq!(b.state(3), SlotState::Resident);
+        let claimed: Vec<usize> = (100..103)
+            .map(|k| match b.claim(BlockHash(k)) {
+                Claim::Slot { slot, .. } => slot,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(claimed, vec![2, 4, 0]);
+        // Adopted blocks are ordinary residents: persisted, they go.
+        b.set_persisted(BlockHash(10), true);
+        assert_eq!(b.evict(5), vec![(1, BlockHash(10))]);
     }
 
     #[test]
