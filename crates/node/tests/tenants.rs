@@ -191,7 +191,7 @@ fn rewritten_slot_bytes_or_table_entries_are_never_served() {
     file.write_all_at(&sums.block.to_le_bytes(), entry_at + 24)
         .expect("forge the block sum");
     for (l, s) in sums.layers.iter().enumerate() {
-        file.write_all_at(&s.to_le_bytes(), entry_at + 48 + 8 * l as u64)
+        file.write_all_at(&s.to_le_bytes(), entry_at + 64 + 8 * l as u64)
             .expect("forge a layer sum");
     }
     // The forgery is complete: a reader that trusted the table would take
