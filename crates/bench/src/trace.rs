@@ -318,6 +318,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             layer_bytes: g.layer_bytes() as usize,
             hugepages: false,
             policy: PolicyKind::Lru,
+            access_group: None,
         };
         Some(MemoryTier::create_owned(arena)?)
     } else {

@@ -86,6 +86,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     })?;
     let tmp = tempfile::Builder::new()
         .prefix("kvtier-transfer-bench")

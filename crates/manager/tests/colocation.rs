@@ -52,6 +52,7 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     })
     .expect("memory tier in /dev/shm");
     let (dir, disk) = disk_with(

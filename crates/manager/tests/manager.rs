@@ -464,6 +464,7 @@ fn node_arena(blocks: u64) -> MemoryTier {
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     };
     MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
 }

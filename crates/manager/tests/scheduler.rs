@@ -64,6 +64,7 @@ fn rig(policy: PolicyConfig) -> Rig {
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     })
     .expect("memory tier");
     let engine = TransferEngine::builder(g)

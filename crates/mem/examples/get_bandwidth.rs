@@ -31,6 +31,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         layer_bytes: layer,
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
+        access_group: None,
     })?;
     let n = tier.capacity_blocks();
     let mut data = vec![0u8; block];

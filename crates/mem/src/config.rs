@@ -73,10 +73,17 @@ pub struct MemoryTierConfig {
     pub hugepages: bool,
     /// Which eviction policy orders the blocks.
     pub policy: PolicyKind,
+    /// The group whose processes may open the arena besides its owner's
+    /// user: `None` makes it mode 0600 (the owner's user only), `Some(gid)`
+    /// mode 0660 with that group, for engines that run as another user.
+    /// Set explicitly (`fchmod`, `fchown`), whatever the umask.
+    pub access_group: Option<u32>,
 }
 
 impl MemoryTierConfig {
-    /// The tier described by `[memory]` for blocks of `geometry`.
+    /// The tier described by `[memory]` for blocks of `geometry`, private
+    /// to the owner's user (the node sets
+    /// [`access_group`](Self::access_group) from `[manager]`).
     pub fn new(cfg: &MemoryConfig, geometry: &Geometry) -> Self {
         Self {
             shm_name: cfg.shm_name.clone(),
@@ -85,6 +92,7 @@ impl MemoryTierConfig {
             layer_bytes: usize::try_from(geometry.layer_bytes()).unwrap_or(usize::MAX),
             hugepages: cfg.hugepages,
             policy: cfg.policy,
+            access_group: None,
         }
     }
 

@@ -42,6 +42,7 @@
 //!     layer_bytes: 2048,
 //!     hugepages: false,
 //!     policy: PolicyKind::Lru,
+//!     access_group: None,
 //! })?;
 //! let key = BlockHash(42);
 //! let block = vec![7u8; 8192];

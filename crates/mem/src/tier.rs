@@ -241,7 +241,7 @@ impl MemoryTier {
         };
         let layout =
             ArenaLayout::compute(cfg.block_bytes, cfg.layer_bytes, cfg.capacity_bytes, page)?;
-        let pending = PendingShm::create(&path, layout.file_bytes as u64)?;
+        let pending = PendingShm::create(&path, layout.file_bytes as u64, cfg.access_group)?;
         let map = Mapping::map(pending.file(), layout.file_bytes, true, page, true).map_err(
             |source| MemError::Io {
                 path: path.clone(),

@@ -41,6 +41,7 @@ fn tier(tag: &str) -> MemoryTier {
         layer_bytes: LAYER,
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
+        access_group: None,
     })
     .unwrap()
 }

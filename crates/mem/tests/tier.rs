@@ -29,6 +29,7 @@ fn config(tag: &str, slots: u64) -> MemoryTierConfig {
         layer_bytes: LAYER,
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
+        access_group: None,
     }
 }
 

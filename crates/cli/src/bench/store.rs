@@ -1100,6 +1100,7 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
         layer_bytes: geometry.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     };
     let mem = MemoryTier::create(cfg).context("creating the memory tier")?;
     let nslots = mem.capacity_blocks();

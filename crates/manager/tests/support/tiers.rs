@@ -31,6 +31,7 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
+        access_group: None,
     })
     .expect("memory tier in /dev/shm")
 }

@@ -76,13 +76,17 @@ impl PendingShm {
     /// sparse: `/dev/shm` running out shows up here as
     /// [`MemError::ShmFull`], not later as a `SIGBUS` on first touch).
     ///
+    /// The file is mode 0600, or 0660 with group `access_group` when one is
+    /// given (see [`create_anonymous`]).
+    ///
     /// A stale file at `path` (see [`remove_stale`]) is removed first; a live
     /// owner ([`MemError::InUse`]) or foreign content
     /// ([`MemError::NotAnArena`]) is refused before any memory is reserved.
-    pub(crate) fn create(path: &Path, len: u64) -> Result<Self> {
+    pub(crate) fn create(path: &Path, len: u64, access_group: Option<u32>) -> Result<Self> {
         remove_stale(path)?;
         let dir = path.parent().unwrap_or(Path::new(SHM_DIR));
-        let file = create_anonymous(dir).map_err(io_err(path, "create (O_TMPFILE)"))?;
+        let file =
+            create_anonymous(dir, access_group).map_err(io_err(path, "create (O_TMPFILE)"))?;
         // Locked before it can have a name: a published arena's lock is held
         // from its first instant, so "lock free" always means "owner gone".
         match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -173,16 +177,24 @@ impl Drop for OwnedShm {
     }
 }
 
-/// An unnamed file in `dir` (`O_TMPFILE`), mode 0660.
-fn create_anonymous(dir: &Path) -> io::Result<File> {
-    // Owner and group read and write: engine processes run under a shared
-    // group and fill the slots the daemon reserves for them in place
-    // (`ArenaClient`). Others get nothing: KV blocks reveal prompts.
-    let mode = Mode::from_raw_mode(0o660);
+/// An unnamed file in `dir` (`O_TMPFILE`): mode 0600, or 0660 owned by
+/// group `access_group` when one is given.
+fn create_anonymous(dir: &Path, access_group: Option<u32>) -> io::Result<File> {
+    // KV blocks reveal prompts: only the owner's user reads them, unless
+    // the operator names a group of engine processes that run as other
+    // users and fill the slots the daemon reserves for them in place
+    // (`ArenaClient`). Others never get anything.
+    let mode = Mode::from_raw_mode(if access_group.is_some() { 0o660 } else { 0o600 });
     let fd = rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode)?;
     // The mode given to open is filtered by the umask (022 typically takes
     // the group's write away); fchmod is not, so set it again explicitly.
     rustix::fs::fchmod(&fd, mode)?;
+    if let Some(gid) = access_group {
+        // Before the file has a name: no process of the group can open it
+        // before its group and mode are final.
+        let gid = rustix::fs::Gid::from_raw(gid);
+        rustix::fs::fchown(&fd, None, Some(gid))?;
+    }
     Ok(File::from(fd))
 }
 
@@ -482,7 +494,7 @@ mod tests {
     }
 
     fn create_published(path: &Path, len: u64) -> Result<OwnedShm> {
-        PendingShm::create(path, len)?.publish()
+        PendingShm::create(path, len, None)?.publish()
     }
 
     #[test]
@@ -554,7 +566,7 @@ mod tests {
     #[test]
     fn an_unpublished_arena_has_no_name_and_leaves_nothing() {
         let path = test_path("pending");
-        let pending = PendingShm::create(&path, 1 << 20).unwrap();
+        let pending = PendingShm::create(&path, 1 << 20, None).unwrap();
         pending.file().write_all_at(&MAGIC, 0).unwrap();
         // Sized, reserved, locked and being written: still invisible, so no
         // reader can open it and no restart can trip over it.
@@ -574,13 +586,13 @@ mod tests {
         let owner = create_published(&path, 4096).unwrap();
         let ino = std::fs::metadata(&path).unwrap().ino();
         assert!(matches!(
-            PendingShm::create(&path, 4096),
+            PendingShm::create(&path, 4096, None),
             Err(MemError::InUse { .. })
         ));
         // A creator that got past the first check while the name was free
         // still cannot publish over the live owner.
         drop(owner);
-        let late = PendingShm::create(&path, 4096).unwrap();
+        let late = PendingShm::create(&path, 4096, None).unwrap();
         let owner = create_published(&path, 4096).unwrap();
         let ino2 = std::fs::metadata(&path).unwrap().ino();
         assert_ne!(ino, ino2);
@@ -604,7 +616,7 @@ mod tests {
             std::fs::write(&path, content).unwrap();
             assert!(
                 matches!(
-                    PendingShm::create(&path, 4096),
+                    PendingShm::create(&path, 4096, None),
                     Err(MemError::NotAnArena { .. })
                 ),
                 "{content:?}"
