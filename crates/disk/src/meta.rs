@@ -357,6 +357,16 @@ fn create_private(path: &Path) -> std::io::Result<File> {
     Ok(f)
 }
 
+/// Gives the file at `path`, if there is one, mode 0600.
+pub(crate) fn narrow_if_present(path: &Path) -> Result<()> {
+    match File::open(path) {
+        Ok(f) => kvtier_io::restrict_mode(&f, kvtier_io::PRIVATE_FILE_MODE)
+            .map_err(|e| DiskError::io(path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(DiskError::io(path, e)),
+    }
+}
+
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".tmp");

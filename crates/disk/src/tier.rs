@@ -702,6 +702,11 @@ fn prepare_dir(
     let lock = crate::meta::lock_dir(path)?;
     let meta_path = path.join(META_FILE);
     let data_path = path.join(DATA_FILE);
+    // An older build made these 0644; they are read before being written
+    // again, so they are narrowed here (the data file by `open_direct`).
+    for small in [&meta_path, &path.join(INDEX_FILE)] {
+        crate::meta::narrow_if_present(small)?;
+    }
     let existing = match read_optional(&meta_path)? {
         None => None,
         Some(bytes) => {
