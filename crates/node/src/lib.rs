@@ -19,6 +19,7 @@
 //! half-filled slot never becomes readable and a dead client never keeps
 //! blocks pinned.
 
+pub mod access;
 mod config;
 mod error;
 mod metrics;
@@ -31,6 +32,7 @@ mod stats;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
+pub use access::check_dirs;
 pub use config::{NodeOptions, node_name};
 pub use error::NodeError;
 pub use node::Node;

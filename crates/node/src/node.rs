@@ -46,8 +46,11 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// Builds the node from a whole configuration: the arena (`[memory]`,
-    /// evicted only by the manager), the disk log (`[disk]`, recovered),
+    /// Builds the node from a whole configuration: first the data, disk
+    /// and socket directories, checked and made private
+    /// ([`access`](crate::access): one another user can write stops the
+    /// start with nothing changed); then the arena (`[memory]`, mode 0600
+    /// or 0660 with `manager.access_group`, evicted only by the manager), the disk log (`[disk]`, recovered),
     /// the remote tier (`manager.g4_url`) and the manager over them
     /// (`[manager]`); then adopts what the disk log and the remote prefix
     /// hold and starts the background step. Events go to the configured
@@ -58,10 +61,16 @@ impl Node {
         extra_sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Arc<Self>, NodeError> {
         let options = NodeOptions::from_config(config)?;
+        // Before anything is made in them: a directory another user can
+        // write stops the start with nothing created or changed.
+        crate::access::prepare_dirs(config, options.access_group)?;
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
-        let memory = MemoryTier::create_owned(MemoryTierConfig::new(&config.memory, &geometry))?;
+        let memory = MemoryTier::create_owned(MemoryTierConfig {
+            access_group: options.access_group,
+            ..MemoryTierConfig::new(&config.memory, &geometry)
+        })?;
         let disk = open_disk(config, geometry, &memory).await?;
         let remote = match &options.g4_url {
             Some(url) => Some(Arc::new(open_remote(url, geometry)?)),
@@ -237,14 +246,8 @@ async fn open_disk(
     geometry: Geometry,
     memory: &MemoryTier,
 ) -> Result<DiskTier, NodeError> {
+    // Made and checked by `prepare_dirs` at the start of `Node::open`.
     let dirs = config.disk_dirs();
-    for dir in &dirs {
-        std::fs::create_dir_all(dir).map_err(|source| NodeError::Socket {
-            op: "creating the disk directory",
-            path: dir.clone(),
-            source,
-        })?;
-    }
     let engine: Arc<dyn IoEngine> = kvtier_io::build_engine(
         config.disk.io_engine,
         config.disk.queue_depth,
