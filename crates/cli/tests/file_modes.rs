@@ -17,7 +17,7 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -104,15 +104,25 @@ impl Serving {
     }
 }
 
-/// Runs `cmd`, which must refuse to start; its output.
-fn refused(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run kvtier serve");
-    assert!(
-        !out.status.success(),
-        "kvtier serve started: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+/// Runs `cmd`, which must refuse to start; its log. A daemon that starts
+/// instead fails the test at its ready line (and is stopped), so a missing
+/// refusal cannot hang it.
+fn refused(cmd: &mut Command) -> String {
+    let mut child = cmd.spawn().expect("start kvtier serve");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let proc = Proc(child);
+    let mut log = String::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        log.push_str(&line);
+        log.push('\n');
+        assert!(
+            !line.contains("kvtier serving"),
+            "kvtier serve started:\n{log}"
+        );
+    }
+    let status = proc.terminate();
+    assert!(!status.success(), "kvtier serve exited 0:\n{log}");
+    log
 }
 
 /// Stores one block through a client of the daemon at `data`.
@@ -301,10 +311,9 @@ fn an_unknown_access_group_stops_the_start_with_nothing_made() {
     let base = tempfile::tempdir().unwrap();
     let data = base.path().join("data");
     let shm = shm_name("modes-nogroup");
-    let out = refused(
+    let err = refused(
         serve(&data, &shm, 0o022).env("KVTIER_MANAGER__ACCESS_GROUP", "no-such-group-kvtier"),
     );
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("manager.access_group") && err.contains("no-such-group-kvtier"),
         "{err}"
@@ -347,8 +356,7 @@ fn a_data_directory_others_can_write_is_refused_with_nothing_made() {
     let shm = shm_name("modes-unsafe");
     for bits in [0o777, 0o770] {
         std::fs::set_permissions(&data, std::fs::Permissions::from_mode(bits)).unwrap();
-        let out = refused(&mut serve(&data, &shm, 0o022));
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(&mut serve(&data, &shm, 0o022));
         let named = format!("{}: its group or other users may write it", data.display());
         assert!(err.contains(&named), "{err}");
         assert!(err.contains(&format!("mode {bits:04o}")), "{err}");
@@ -363,8 +371,7 @@ fn a_data_directory_others_can_write_is_refused_with_nothing_made() {
     require_root();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::chown(&data, Some(OTHER), Some(OTHER)).unwrap();
-    let out = refused(&mut serve(&data, &shm, 0o022));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(&mut serve(&data, &shm, 0o022));
     assert!(
         err.contains("owned by another user") && err.contains(&format!("owner uid {OTHER}")),
         "{err}"
@@ -382,8 +389,7 @@ fn a_disk_directory_others_can_write_is_refused_with_nothing_made() {
     std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o777)).unwrap();
     let shm = shm_name("modes-unsafe-disk");
     let dirs = format!("[{:?}]", disk.display().to_string());
-    let out = refused(serve(&data, &shm, 0o022).env("KVTIER_DISK__DIRS", dirs));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(serve(&data, &shm, 0o022).env("KVTIER_DISK__DIRS", dirs));
     assert!(err.contains(&disk.display().to_string()), "{err}");
     assert_untouched(&disk, 0o777);
     assert!(!data.exists(), "a refused start made the data directory");
@@ -404,8 +410,7 @@ fn an_impostor_socket_is_refused_and_left_in_place() {
     let ino = std::fs::symlink_metadata(&socket).unwrap().ino();
     let shm = shm_name("modes-impostor");
     for live in [true, false] {
-        let out = refused(&mut serve(&data, &shm, 0o022));
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = refused(&mut serve(&data, &shm, 0o022));
         assert!(
             err.contains(&socket.display().to_string()) && err.contains(&format!("uid {OTHER}")),
             "{err}"

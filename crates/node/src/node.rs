@@ -50,8 +50,9 @@ impl Node {
     /// and socket directories, checked and made private
     /// ([`access`](crate::access): one another user can write stops the
     /// start with nothing changed); then the arena (`[memory]`, mode 0600
-    /// or 0660 with `manager.access_group`, evicted only by the manager), the disk log (`[disk]`, recovered),
-    /// the remote tier (`manager.g4_url`) and the manager over them
+    /// or 0660 with `manager.access_group`, evicted only by the manager),
+    /// the disk log (`[disk]`, recovered), the remote tier
+    /// (`manager.g4_url`) and the manager over them
     /// (`[manager]`); then adopts what the disk log and the remote prefix
     /// hold and starts the background step. Events go to the configured
     /// sinks (`manager.events_nats_url`, `manager.events_zmq_endpoint`) and
