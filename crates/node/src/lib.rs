@@ -18,6 +18,11 @@
 //! `manager.lease_secs` without a commit or release otherwise, so a
 //! half-filled slot never becomes readable and a dead client never keeps
 //! blocks pinned.
+//!
+//! Who may reach what the node keeps is decided at start ([`access`]): the
+//! data, disk and socket directories are refused if another user can write
+//! them and made private otherwise; the socket and the arena are the
+//! daemon's user's alone, or shared with `manager.access_group`.
 
 pub mod access;
 mod config;

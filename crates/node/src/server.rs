@@ -117,6 +117,12 @@ fn bind_private(
     mode: u32,
     group: Option<u32>,
 ) -> Result<UnixListener, NodeError> {
+    // The staging name is per process: two servers of one process (tests)
+    // binding in the same directory take turns with it.
+    static STAGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = STAGING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let staging = dir.join(format!(".b{}", base36(std::process::id())));
     // A staging directory of an earlier process with our pid that died
     // between its mkdir and its rename.
