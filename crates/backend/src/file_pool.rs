@@ -16,7 +16,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -30,6 +30,11 @@ use crate::uri::{Uri, bad};
 
 /// Alignment and granularity of extents (bytes).
 pub const EXTENT_ALIGN: u64 = 4096;
+
+/// Mode of the pool files a pool creates: its owner's user only.
+pub const POOL_FILE_MODE: u32 = 0o600;
+/// Mode of the directories a pool creates.
+pub const POOL_DIR_MODE: u32 = 0o700;
 
 /// Settings of a [`FilePool`].
 #[derive(Debug, Clone)]
@@ -130,7 +135,13 @@ impl FilePool {
             // Refuse before creating anything when the space is not there.
             check_space(&dir, &paths, file_size)?;
         }
-        std::fs::create_dir_all(&dir)?;
+        // New directories and files are the daemon's user's alone: the
+        // pool holds every tenant's blocks (existing ones keep the mode
+        // their owner gave them).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(POOL_DIR_MODE)
+            .create(&dir)?;
         let mut created = Vec::new();
         for path in &paths {
             if let Err(e) = open_pool_file(path, file_size, opts.preallocate, &mut created) {
@@ -396,7 +407,11 @@ impl FilePool {
         ));
         let data: Vec<u8> = (0..EXTENT_ALIGN).map(|_| rand::random::<u8>()).collect();
         let result = (|| {
-            let mut f = File::create(&path)?;
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(POOL_FILE_MODE)
+                .open(&path)?;
             f.write_all(&data)?;
             f.sync_all()?;
             let mut back = Vec::with_capacity(data.len());
@@ -506,6 +521,20 @@ fn check_space(dir: &Path, paths: &[PathBuf], file_size: u64) -> Result<(), Back
     Ok(())
 }
 
+/// Gives `f`, a pool file of an earlier start, mode [`POOL_FILE_MODE`] if
+/// it is this user's and wider (an older build made them 0644); another
+/// user's file on a shared file system keeps the mode its owner chose.
+fn narrow_if_ours(f: &File, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = f.metadata()?;
+    let ours = meta.uid() == rustix::process::geteuid().as_raw();
+    if ours && meta.mode() & 0o7777 != POOL_FILE_MODE {
+        f.set_permissions(std::fs::Permissions::from_mode(POOL_FILE_MODE))?;
+        tracing::info!(file = %path.display(), "file pool: narrowed a pool file to mode 0600");
+    }
+    Ok(())
+}
+
 /// Opens or creates one pool file at `file_size` bytes, reserving its blocks
 /// if `preallocate`; records it in `created` if this call created it.
 fn open_pool_file(
@@ -519,12 +548,16 @@ fn open_pool_file(
         o.read(true).write(true);
         o
     };
-    let f = match opts().create_new(true).open(path) {
+    let f = match opts().create_new(true).mode(POOL_FILE_MODE).open(path) {
         Ok(f) => {
             created.push(path.to_owned());
             f
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => opts().open(path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let f = opts().open(path)?;
+            narrow_if_ours(&f, path)?;
+            f
+        }
         Err(e) => return Err(e.into()),
     };
     if f.metadata()?.len() < file_size {

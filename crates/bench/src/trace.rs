@@ -319,6 +319,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             hugepages: false,
             policy: PolicyKind::Lru,
             table_key: None,
+            access_group: None,
         };
         Some(MemoryTier::create_owned(arena)?)
     } else {

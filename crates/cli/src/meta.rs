@@ -210,8 +210,12 @@ fn open_index(config: &Config) -> Result<OpenIndex> {
         "memory" => OpenIndex::local(Arc::new(MemoryIndex::new())),
         "embedded" => {
             let dir = &config.serve.data_dir;
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            // Made 0700 if missing; an existing one keeps the mode
+            // `kvtier serve` gave it (0710 with manager.access_group).
+            kvtier_io::create_private_dir_all(dir)
+                .with_context(|| format!("creating {}", dir.display()))?;
             let path = dir.join("meta.redb");
+            private_file(&path)?;
             OpenIndex::local(Arc::new(RedbIndex::open(&path, 256 << 20).with_context(
                 || format!("opening the metadata index {}", path.display()),
             )?))
@@ -223,6 +227,23 @@ fn open_index(config: &Config) -> Result<OpenIndex> {
             OpenIndex::redis(url, &m.redis_prefix, fenced)?
         }
     })
+}
+
+/// Makes `path` a file of this user's alone before a library opens it
+/// with its own mode (redb creates files 0644 under umask 022): created
+/// empty with mode 0600 if missing, narrowed to 0600 if wider (a file of an
+/// older build).
+fn private_file(path: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(kvtier_io::PRIVATE_FILE_MODE)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    kvtier_io::restrict_mode(&file, kvtier_io::PRIVATE_FILE_MODE)
+        .with_context(|| format!("setting the mode of {}", path.display()))
 }
 
 fn server_config(config: &Config) -> Result<ServerConfig> {
@@ -324,7 +345,9 @@ fn default_storage(config: &Config) -> Result<Storage> {
     let m = &config.meta;
     let (kind, uri) = if m.default_storage.is_empty() {
         let dir = absolute(&config.pool_dir())?;
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Engines that use it directly must run as the daemon's user: the
+        // pool holds every tenant's blocks.
+        kvtier_node::access::make_private_dir(&dir)?;
         (StorageKind::FilePool, format!("file://{}", dir.display()))
     } else {
         let uri = m.default_storage.clone();

@@ -48,6 +48,10 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    // Before anything opens or makes a file in them: a data, disk or
+    // socket directory another user can write, or an unknown
+    // manager.access_group, stops the start with nothing changed.
+    kvtier_node::check_dirs(&config.node())?;
     if config.meta.enabled {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.

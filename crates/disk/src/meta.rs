@@ -20,6 +20,7 @@
 //! ```
 
 use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use kvtier_io::{AlignedBuf, FileId, IoBatch, IoEngine, IoKind};
@@ -74,7 +75,10 @@ pub fn lock_dir(dir: &Path) -> Result<DirLock> {
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(kvtier_io::PRIVATE_FILE_MODE)
         .open(&path)
+        .map_err(|e| DiskError::io(&path, e))?;
+    kvtier_io::restrict_mode(&file, kvtier_io::PRIVATE_FILE_MODE)
         .map_err(|e| DiskError::io(&path, e))?;
     match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(DirLock { file }),
@@ -260,6 +264,9 @@ const SMALL_FILE_OP_BYTES: usize = 1 << 20;
 /// a temporary file beside it, written and `fdatasync`ed, renamed over
 /// `path`, then the directory `fsync`ed. A failed sync latches the tier.
 ///
+/// The file is mode 0600 (`kvtier_io::PRIVATE_FILE_MODE`) whatever the
+/// umask, and whatever mode a temporary file a crash left behind had.
+///
 /// The std calls left are not device I/O on data: `File::create` and
 /// `File::open` only name and open files, and `rename` moves a directory
 /// entry (the trait has no rename). Each returns its error before anything
@@ -275,7 +282,7 @@ pub(crate) fn write_atomic(
     latch.check()?;
     let tmp = tmp_path(path);
     // Buffered, not O_DIRECT: a small file of any length, written once.
-    let f = File::create(&tmp).map_err(|e| DiskError::io(&tmp, e))?;
+    let f = create_private(&tmp).map_err(|e| DiskError::io(&tmp, e))?;
     let file = Registered::new(engine, f, &tmp)?;
     write_all(engine, file.id, bytes, &tmp)?;
     latch.sync(engine, file.id, IoKind::Fdatasync, &tmp)?;
@@ -335,6 +342,29 @@ fn write_all(engine: &dyn IoEngine, file: FileId, bytes: &[u8], path: &Path) -> 
         return Err(engine_err(kvtier_io::IoError::Closed));
     }
     done.check().map_err(engine_err)
+}
+
+/// Creates or truncates `path`, mode 0600. A truncated file keeps its old
+/// mode through the open, so the mode is set again.
+fn create_private(path: &Path) -> std::io::Result<File> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(kvtier_io::PRIVATE_FILE_MODE)
+        .open(path)?;
+    kvtier_io::restrict_mode(&f, kvtier_io::PRIVATE_FILE_MODE)?;
+    Ok(f)
+}
+
+/// Gives the file at `path`, if there is one, mode 0600.
+pub(crate) fn narrow_if_present(path: &Path) -> Result<()> {
+    match File::open(path) {
+        Ok(f) => kvtier_io::restrict_mode(&f, kvtier_io::PRIVATE_FILE_MODE)
+            .map_err(|e| DiskError::io(path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(DiskError::io(path, e)),
+    }
 }
 
 fn tmp_path(path: &Path) -> PathBuf {
@@ -465,6 +495,29 @@ mod tests {
         // Per file: its data sync and the directory's sync.
         assert_eq!(s.syncs, 6);
         assert_eq!(s.writes, 1 + 3 + 1);
+    }
+
+    #[test]
+    fn atomic_writes_and_the_lock_file_are_private() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        // A temporary file a crash left behind, readable by everyone: the
+        // truncating open keeps its mode unless it is set again.
+        let tmp = dir.path().join("f.tmp");
+        std::fs::write(&tmp, b"old").unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let engine = kvtier_io::PsyncEngine::new(1, 8).unwrap();
+        write_atomic(&engine, &SyncLatch::default(), &p, b"one").unwrap();
+        assert_eq!(mode(&p), 0o600);
+        // A lock file an older build made 0644.
+        let lock = dir.path().join(LOCK_FILE);
+        std::fs::write(&lock, b"").unwrap();
+        std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let held = lock_dir(dir.path()).unwrap();
+        assert_eq!(mode(&lock), 0o600);
+        drop(held);
     }
 
     #[test]

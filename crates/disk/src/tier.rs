@@ -696,11 +696,17 @@ fn prepare_dir(
 ) -> Result<(DirLock, Meta, File)> {
     // With std: creating a directory moves no data (the engine has no
     // mkdir); the files in it are made durable through the engine (the
-    // meta file's atomic write syncs this directory).
-    std::fs::create_dir_all(path).map_err(|e| DiskError::io(path, e))?;
+    // meta file's atomic write syncs this directory). New directories are
+    // the owner's user's only, like every file in them.
+    kvtier_io::create_private_dir_all(path).map_err(|e| DiskError::io(path, e))?;
     let lock = crate::meta::lock_dir(path)?;
     let meta_path = path.join(META_FILE);
     let data_path = path.join(DATA_FILE);
+    // An older build made these 0644; they are read before being written
+    // again, so they are narrowed here (the data file by `open_direct`).
+    for small in [&meta_path, &path.join(INDEX_FILE)] {
+        crate::meta::narrow_if_present(small)?;
+    }
     let existing = match read_optional(&meta_path)? {
         None => None,
         Some(bytes) => {

@@ -1,9 +1,10 @@
-//! Opening files for direct I/O and asking the file system what alignment
-//! direct I/O needs there.
+//! Opening files for direct I/O, asking the file system what alignment
+//! direct I/O needs there, and keeping the files and directories made for
+//! them private to their owner's user.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use rustix::fs::{AtFlags, CWD, FallocateFlags, StatxFlags};
@@ -73,12 +74,50 @@ pub fn dio_alignment(path: &Path) -> DioAlignment {
     DioAlignment::FALLBACK
 }
 
+/// Mode of the data files made here and by the disk tier: read and write
+/// for the owner's user only. Stored KV blocks reveal prompts.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Mode of the directories made for them: the owner's user only.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Gives `file` exactly `mode` unless it already has it. A file made by an
+/// older build (0644) or before a change of settings must not keep a wider
+/// mode; the umask only ever filters the mode of a new file, so one just
+/// created with `mode` needs no change, and none is made.
+///
+/// # Errors
+/// The `fstat` or `fchmod` failure.
+pub fn restrict_mode(file: &File, mode: u32) -> io::Result<()> {
+    if file.metadata()?.mode() & 0o7777 != mode {
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` and its missing parents, each new one with mode
+/// [`PRIVATE_DIR_MODE`] (narrower if the umask takes owner bits away,
+/// never wider). Directories that exist are left as they are: who may
+/// reach an existing directory is its owner's choice, checked where a
+/// daemon starts.
+///
+/// # Errors
+/// The `mkdir` failure.
+pub fn create_private_dir_all(dir: &Path) -> io::Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR_MODE)
+        .create(dir)
+}
+
 /// Opens (creating it and its parent directories if missing) `path` for
 /// reading and writing with `O_DIRECT`, and makes sure it is at least `size`
 /// bytes long with its blocks reserved (`fallocate`), so later writes cannot
 /// fail for lack of space. An existing file longer than `size` is never
 /// shrunk. Where the file system cannot `fallocate`, the file is grown with
-/// `ftruncate` instead (sparse: space is then not reserved).
+/// `ftruncate` instead (sparse: space is then not reserved). The file is
+/// mode [`PRIVATE_FILE_MODE`] (an existing one is narrowed to it) and new
+/// parent directories [`PRIVATE_DIR_MODE`].
 ///
 /// # Errors
 /// [`IoError::NoSpace`] when the file system cannot hold `size` bytes,
@@ -89,7 +128,7 @@ pub fn open_direct(path: &Path, size: u64) -> Result<File> {
         source,
     };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(file_err)?;
+        create_private_dir_all(dir).map_err(file_err)?;
     }
     // std already adds O_CLOEXEC; naming it keeps the intent visible.
     let file = OpenOptions::new()
@@ -97,10 +136,11 @@ pub fn open_direct(path: &Path, size: u64) -> Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
-        .mode(0o644)
+        .mode(PRIVATE_FILE_MODE)
         .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC)
         .open(path)
         .map_err(file_err)?;
+    restrict_mode(&file, PRIVATE_FILE_MODE).map_err(file_err)?;
     if size == 0 {
         return Ok(file);
     }
@@ -195,6 +235,21 @@ mod tests {
         drop(f);
         let f = open_direct(&path, 2 << 20).expect("reopen larger");
         assert_eq!(f.metadata().expect("meta").len(), 2 << 20);
+    }
+
+    #[test]
+    fn open_direct_makes_private_files_and_narrows_older_ones() {
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").mode() & 0o7777;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("new/sub/file.dat");
+        drop(open_direct(&path, 4096).expect("open"));
+        assert_eq!(mode(&path), PRIVATE_FILE_MODE);
+        assert_eq!(mode(&dir.path().join("new")), PRIVATE_DIR_MODE);
+        assert_eq!(mode(&dir.path().join("new/sub")), PRIVATE_DIR_MODE);
+        // A file an older build left readable by everyone.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        drop(open_direct(&path, 4096).expect("reopen"));
+        assert_eq!(mode(&path), PRIVATE_FILE_MODE);
     }
 
     #[test]

@@ -64,7 +64,10 @@ pub use batch::{
 pub use engine::{FileId, IoEngine, IoStats, build_engine};
 pub use error::{IoError, Result};
 pub use fault::{Fault, FaultyEngine};
-pub use file::{DioAlignment, dio_alignment, open_direct, prefill};
+pub use file::{
+    DioAlignment, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, create_private_dir_all, dio_alignment,
+    open_direct, prefill, restrict_mode,
+};
 pub use psync::PsyncEngine;
 pub use uring::{DISABLE_IO_URING_ENV, REQUIRE_IO_URING_ENV, UringEngine, uring_unavailable};
 pub use vectored::VectoredError;

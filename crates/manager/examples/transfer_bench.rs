@@ -87,6 +87,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })?;
     let tmp = tempfile::Builder::new()
         .prefix("kvtier-transfer-bench")

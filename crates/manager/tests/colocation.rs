@@ -53,6 +53,7 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })
     .expect("memory tier in /dev/shm");
     let (dir, disk) = disk_with(

@@ -466,6 +466,7 @@ fn node_arena(blocks: u64) -> MemoryTier {
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     };
     MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
 }

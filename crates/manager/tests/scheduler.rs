@@ -65,6 +65,7 @@ fn rig(policy: PolicyConfig) -> Rig {
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })
     .expect("memory tier");
     let engine = TransferEngine::builder(g)

@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })?;
     let n = tier.capacity_blocks();
     let mut data = vec![0u8; block];

@@ -41,8 +41,9 @@ pub struct ArenaClient {
 
 impl ArenaClient {
     /// Opens the arena `/dev/shm/<shm_name>` read-write and checks its
-    /// header. The file is created mode 0660, so the client must run as
-    /// the daemon's user or in its group.
+    /// header. The file is mode 0600, or 0660 with the group the daemon is
+    /// configured with (`manager.access_group`), so the client must run as
+    /// the daemon's user or in that group.
     pub fn open(shm_name: &str) -> Result<Self> {
         Ok(Self {
             view: ArenaView::open(shm_name, Access::SlotsWritable)?,

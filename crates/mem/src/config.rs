@@ -82,10 +82,17 @@ pub struct MemoryTierConfig {
     /// their sums, stay resident. Without one, entries carry no MAC and any
     /// arena left at the name is replaced.
     pub table_key: Option<TableKey>,
+    /// The group whose processes may open the arena besides its owner's
+    /// user: `None` makes it mode 0600 (the owner's user only), `Some(gid)`
+    /// mode 0660 with that group, for engines that run as another user.
+    /// Set explicitly (`fchmod`, `fchown`), whatever the umask.
+    pub access_group: Option<u32>,
 }
 
 impl MemoryTierConfig {
-    /// The tier described by `[memory]` for blocks of `geometry`.
+    /// The tier described by `[memory]` for blocks of `geometry`, private
+    /// to the owner's user (the node sets
+    /// [`access_group`](Self::access_group) from `[manager]`).
     pub fn new(cfg: &MemoryConfig, geometry: &Geometry) -> Self {
         Self {
             shm_name: cfg.shm_name.clone(),
@@ -95,6 +102,7 @@ impl MemoryTierConfig {
             hugepages: cfg.hugepages,
             policy: cfg.policy,
             table_key: None,
+            access_group: None,
         }
     }
 

@@ -49,6 +49,7 @@
 //!     hugepages: false,
 //!     policy: PolicyKind::Lru,
 //!     table_key: None,
+//!     access_group: None,
 //! })?;
 //! let key = BlockHash(42);
 //! let block = vec![7u8; 8192];

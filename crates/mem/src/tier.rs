@@ -257,7 +257,7 @@ impl MemoryTier {
         // Only an owner with a key can tell its own entries from forged
         // ones, so only it adopts; without one the old arena is replaced.
         let adoptable = match &mac {
-            Some(_) => OwnedShm::adopt(&path, &layout)?,
+            Some(_) => OwnedShm::adopt(&path, &layout, cfg.access_group)?,
             None => None,
         };
         let adopting = adoptable.is_some();
@@ -266,7 +266,7 @@ impl MemoryTier {
                 let map = map_arena(shm.file(), &layout, &path)?;
                 (shm, map)
             }
-            None => create_arena(&path, &layout)?,
+            None => create_arena(&path, &layout, cfg.access_group)?,
         };
         // SAFETY: the table lies inside the mapping at an offset that is a
         // multiple of 4096 (so 8-aligned), spans slot_count entries by
@@ -638,8 +638,12 @@ fn map_arena(file: &std::fs::File, layout: &ArenaLayout, path: &Path) -> Result<
 
 /// Makes a fresh arena of `layout` and gives it the name `path`: built
 /// unnamed, header written, then linked (replacing a stale file there).
-fn create_arena(path: &Path, layout: &ArenaLayout) -> Result<(OwnedShm, Mapping)> {
-    let pending = PendingShm::create(path, layout.file_bytes as u64)?;
+fn create_arena(
+    path: &Path,
+    layout: &ArenaLayout,
+    access_group: Option<u32>,
+) -> Result<(OwnedShm, Mapping)> {
+    let pending = PendingShm::create(path, layout.file_bytes as u64, access_group)?;
     let map = map_arena(pending.file(), layout, path)?;
     let encoded = header::encode(layout, std::process::id());
     // SAFETY: the mapping is ours, writable and at least HEADER_BYTES long;

@@ -60,6 +60,7 @@ fn config(name: &str, slots: u64, table_key: Option<TableKey>) -> MemoryTierConf
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
         table_key,
+        access_group: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn tier_with(block: usize, layer: usize, slots: u64) -> MemoryTier {
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })
     .expect("create tier")
 }
@@ -280,13 +281,32 @@ fn ranges_that_are_not_slots_are_refused() {
 }
 
 #[test]
-fn the_arena_is_group_writable_and_only_an_arena_opens() {
+fn the_arena_is_private_unless_a_group_is_named_and_only_an_arena_opens() {
+    use std::os::unix::fs::MetadataExt;
     let t = tier();
-    let mode = std::fs::metadata(t.shm_path())
-        .unwrap()
-        .permissions()
-        .mode();
-    assert_eq!(mode & 0o777, 0o660);
+    let meta = std::fs::metadata(t.shm_path()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    // A group of engine processes: another group than ours where we may
+    // give the file to one (as root), else our own (a member may).
+    let group = if rustix::process::geteuid().is_root() {
+        65534
+    } else {
+        rustix::process::getegid().as_raw()
+    };
+    let shared = MemoryTier::create(MemoryTierConfig {
+        shm_name: format!("kvtier-mem-client-group-{}", std::process::id()),
+        capacity_bytes: 4096 * 4,
+        block_bytes: 4096,
+        layer_bytes: 4096,
+        hugepages: false,
+        policy: kvtier_policy::PolicyKind::Lru,
+        table_key: None,
+        access_group: Some(group),
+    })
+    .expect("create tier");
+    let meta = std::fs::metadata(shared.shm_path()).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+    assert_eq!(meta.gid(), group);
     let missing = format!("kvtier-mem-client-missing-{}", std::process::id());
     assert!(matches!(
         ArenaClient::open(&missing),

@@ -42,6 +42,7 @@ fn tier(tag: &str) -> MemoryTier {
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })
     .unwrap()
 }

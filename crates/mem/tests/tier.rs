@@ -30,6 +30,7 @@ fn config(tag: &str, slots: u64) -> MemoryTierConfig {
         hugepages: false,
         policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     }
 }
 

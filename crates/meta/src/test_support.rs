@@ -226,7 +226,7 @@ pub struct Tmpfs {
 const FILLER: &str = "filler";
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `bytes` bytes.
+    /// Mounts a tmpfs of `bytes` bytes, its root mode 0700.
     pub fn mount(bytes: u64) -> std::io::Result<Self> {
         let dir = std::env::temp_dir().join(format!(
             "kvtier-tmpfs-{}-{:x}",
@@ -235,7 +235,15 @@ impl Tmpfs {
         ));
         std::fs::create_dir_all(&dir)?;
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            // 0700 like a directory `kvtier serve` makes itself: it refuses
+            // a data directory others may write (tmpfs defaults to 1777).
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes},mode=0700"),
+                "tmpfs",
+            ])
             .arg(&dir)
             .output()?;
         if !out.status.success() {

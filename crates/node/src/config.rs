@@ -16,6 +16,9 @@ use crate::{NodeConfig, NodeError};
 pub struct NodeOptions {
     /// The Unix socket engines connect to.
     pub socket: PathBuf,
+    /// `manager.access_group` resolved: the gid whose members may reach the
+    /// socket and the arena, `None` for the daemon's user alone.
+    pub access_group: Option<u32>,
     /// Eviction policy of every pool.
     pub policy: PolicyKind,
     /// Inclusive or exclusive cascade.
@@ -83,6 +86,7 @@ impl NodeOptions {
         };
         Ok(Self {
             socket: config.node_socket(),
+            access_group: crate::access::resolve_group(&m.access_group)?,
             policy,
             mode,
             watermarks: (m.low_watermark, m.high_watermark),

@@ -45,6 +45,50 @@ pub enum NodeError {
         /// The path.
         path: PathBuf,
     },
+    /// A socket owned by another user is at the socket path. It is not
+    /// connected to (it may be an impostor's listener) nor removed (it is
+    /// not ours).
+    #[error(
+        "{path}: a socket owned by uid {owner}, not by this daemon's user (uid {euid}); it is not trusted and left alone: have its owner or root remove it, or set manager.socket"
+    )]
+    ForeignSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// The socket file's owner.
+        owner: u32,
+        /// This process's effective uid.
+        euid: u32,
+    },
+    /// A directory the daemon keeps its data or its socket in is owned by
+    /// another user, or its group or others may write it: they could
+    /// replace what the daemon reads back or what engines connect to.
+    /// Nothing was created or changed.
+    #[error(
+        "{path}: {why} (owner uid {owner}, mode {mode:04o}); the node keeps its data and socket only in directories no other user can write. Fix: `chown {euid} {path} && chmod 0700 {path}` (as root if needed), or set serve.data_dir, disk.dirs or manager.socket to such a directory"
+    )]
+    UnsafeDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// Its permission bits.
+        mode: u32,
+        /// This process's effective uid.
+        euid: u32,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A directory of the node could not be created, or its mode or group
+    /// set.
+    #[error("{op} {path}: {source}")]
+    Dir {
+        /// What was attempted.
+        op: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// A file system call on the socket path failed.
     #[error("{op} {path}: {source}")]
     Socket {

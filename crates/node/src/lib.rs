@@ -25,7 +25,13 @@
 //! `Hello` strings, connections and pins per session are capped, each
 //! refusal with a clear `Error`; and a full descriptor table pauses
 //! accepting instead of spinning.
+//!
+//! Who may reach what the node keeps is decided at start ([`access`]): the
+//! data, disk and socket directories are refused if another user can write
+//! them and made private otherwise; the socket and the arena are the
+//! daemon's user's alone, or shared with `manager.access_group`.
 
+pub mod access;
 mod config;
 mod conn;
 mod error;
@@ -40,6 +46,7 @@ mod stats;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 
+pub use access::check_dirs;
 pub use config::{NodeOptions, node_name};
 pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;

@@ -49,10 +49,14 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    /// Builds the node from a whole configuration: the arena (`[memory]`,
-    /// evicted only by the manager; after a crash, the dead daemon's arena
-    /// with what it had committed), the disk log (`[disk]`, recovered),
-    /// the remote tier (`manager.g4_url`) and the manager over them
+    /// Builds the node from a whole configuration: first the data, disk
+    /// and socket directories, checked and made private
+    /// ([`access`](crate::access): one another user can write stops the
+    /// start with nothing changed) and the secret; then the arena
+    /// (`[memory]`, mode 0600 or 0660 with `manager.access_group`, evicted
+    /// only by the manager; after a crash, the dead daemon's arena with
+    /// what it had committed), the disk log (`[disk]`, recovered), the
+    /// remote tier (`manager.g4_url`) and the manager over them
     /// (`[manager]`); then adopts what the arena, the disk log and the
     /// remote prefix hold and starts the background step. Events go to the configured
     /// sinks (`manager.events_nats_url`, `manager.events_zmq_endpoint`) and
@@ -62,14 +66,20 @@ impl Node {
         extra_sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Arc<Self>, NodeError> {
         let options = NodeOptions::from_config(config)?;
+        // Before anything is made in them: a directory another user can
+        // write stops the start with nothing created or changed.
+        crate::access::prepare_dirs(config, options.access_group)?;
         let secret = crate::secret::load_or_create(&config.secret_file())?;
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
         let geometry = config.geometry.resolve()?;
         // With the table key, an arena a crashed daemon left is adopted:
         // what it had committed stays (docs/memory-arena.md).
-        let arena = MemoryTierConfig::new(&config.memory, &geometry)
-            .with_table_key(TableKey::from_bytes(secret.table_key()));
+        let arena = MemoryTierConfig {
+            access_group: options.access_group,
+            ..MemoryTierConfig::new(&config.memory, &geometry)
+        }
+        .with_table_key(TableKey::from_bytes(secret.table_key()));
         let memory = MemoryTier::create_owned(arena)?;
         let disk = open_disk(config, geometry, &memory).await?;
         let remote = match &options.g4_url {
@@ -255,14 +265,8 @@ async fn open_disk(
     geometry: Geometry,
     memory: &MemoryTier,
 ) -> Result<DiskTier, NodeError> {
+    // Made and checked by `prepare_dirs` at the start of `Node::open`.
     let dirs = config.disk_dirs();
-    for dir in &dirs {
-        std::fs::create_dir_all(dir).map_err(|source| NodeError::Socket {
-            op: "creating the disk directory",
-            path: dir.clone(),
-            source,
-        })?;
-    }
     let engine: Arc<dyn IoEngine> = kvtier_io::build_engine(
         config.disk.io_engine,
         config.disk.queue_depth,

@@ -33,14 +33,20 @@ impl Default for ServeConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ManagerSectionConfig {
-    /// The Unix socket engines connect to (created mode 0660). Empty means
-    /// `<serve.data_dir>/node.sock`.
+    /// The Unix socket engines connect to (mode 0600, or 0660 with
+    /// `access_group`). Empty means `<serve.data_dir>/node.sock`.
     pub socket: PathBuf,
     /// The daemon's secret (32 random bytes, mode 0600), made at first
     /// start: it keys every namespace's stored keys, so no client can name
     /// another namespace's blocks. Nodes sharing a G4 share it. Empty means
     /// `<serve.data_dir>/node.secret`.
     pub secret_file: PathBuf,
+    /// The group of engine processes that run as another user than the
+    /// daemon: a group name or a numeric gid. Set, the socket and the arena
+    /// are mode 0660 with this group and the data directory 0710 with it;
+    /// empty (the default), they are 0600 and 0700, the daemon's user's
+    /// only. An unknown name stops the start.
+    pub access_group: String,
     /// Eviction policy of every pool: `lru`, `lfu`, `arc`, `s3fifo`, `ttl`
     /// or `cost`.
     pub policy: String,
@@ -112,6 +118,7 @@ impl Default for ManagerSectionConfig {
         Self {
             socket: PathBuf::new(),
             secret_file: PathBuf::new(),
+            access_group: String::new(),
             policy: "lru".into(),
             mode: "exclusive".into(),
             high_watermark: 0.95,
@@ -146,6 +153,9 @@ impl ManagerSectionConfig {
         }
         if self.mode != "exclusive" && self.mode != "inclusive" {
             return bad("manager.mode must be exclusive or inclusive");
+        }
+        if self.access_group.trim() != self.access_group || self.access_group.contains('\0') {
+            return bad("manager.access_group must be a group name or gid without spaces or NUL");
         }
         if self.step_interval_ms == 0 || self.lease_secs == 0 || self.max_batch == 0 {
             return bad("manager.step_interval_ms, lease_secs and max_batch must be positive");

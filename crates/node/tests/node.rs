@@ -3,6 +3,7 @@
 //! blocks moved to the disk log and loaded back), what survives a restart
 //! (adoption), and what a session's end releases.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -228,12 +229,103 @@ fn a_live_socket_is_refused_and_a_stale_one_replaced() {
     let stale = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     drop(stale);
     assert!(socket.exists());
+    let stale_ino = std::fs::metadata(&socket).unwrap().ino();
     let daemon = Daemon::start(config);
     let mut client = daemon.client();
     assert!(client.lookup(&[BlockHash(1)]).unwrap().is_empty());
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode, 0o660);
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert_ne!(meta.ino(), stale_ino, "the stale socket was replaced");
+    assert_eq!(meta.mode() & 0o7777, 0o600);
+    // Bound in a staging directory and renamed: nothing of it is left.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.starts_with(".b")),
+        "a staging directory was left: {names:?}"
+    );
+}
+
+/// Opens a node on `config` and binds its socket, which must be refused;
+/// returns why.
+fn refused_bind(config: &Config) -> kvtier_node::NodeError {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let node = kvtier_node::Node::open(config, Vec::new())
+            .await
+            .expect("open the node");
+        let e = NodeServer::bind(node.clone(), &config.node_socket())
+            .await
+            .expect_err("the bind must be refused");
+        node.close().await.expect("close the node");
+        e
+    })
+}
+
+/// Gives `path` (not following a link) to uid and gid 65534, as another
+/// local user's file would be. Only root may: CI runs the tests as root,
+/// and elsewhere this test fails rather than pass without checking.
+fn give_to_another_user(path: &Path) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "this test must run as root to make a socket of another user (CI runs as root)"
+    );
+    std::os::unix::fs::lchown(path, Some(65534), Some(65534)).unwrap();
+}
+
+/// A socket of another user at the path, dead or live, is an impostor's:
+/// the daemon neither connects to it nor removes it.
+#[test]
+fn a_socket_of_another_user_is_never_trusted_nor_removed() {
+    use std::io::ErrorKind;
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), 4);
+    let socket = config.node_socket();
+    // A live listener of another user: an impostor waiting for engines.
+    let impostor = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    impostor.set_nonblocking(true).unwrap();
+    give_to_another_user(&socket);
+    let ino = std::fs::metadata(&socket).unwrap().ino();
+    let e = refused_bind(&config);
+    assert!(
+        matches!(
+            e,
+            kvtier_node::NodeError::ForeignSocket { owner: 65534, .. }
+        ),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.contains(&socket.display().to_string()) && text.contains("uid 65534"),
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::metadata(&socket).unwrap().ino(),
+        ino,
+        "left in place"
+    );
+    match impostor.accept() {
+        Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("the daemon connected to the impostor: {other:?}"),
+    }
+    // Nobody listens on it any more: still another user's, still refused.
+    drop(impostor);
+    let e = refused_bind(&config);
+    assert!(
+        matches!(e, kvtier_node::NodeError::ForeignSocket { .. }),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::metadata(&socket).unwrap().ino(),
+        ino,
+        "left in place"
+    );
 }
 
 #[test]

@@ -1101,6 +1101,7 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     };
     let mem = MemoryTier::create(cfg).context("creating the memory tier")?;
     let nslots = mem.capacity_blocks();

@@ -66,7 +66,10 @@ fn lease_store(config: &Config, lease: Duration) -> Result<Arc<dyn LeaseStore>> 
     }
     if let Some(dir) = lock.strip_prefix("file://") {
         let dir = Path::new(dir);
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        // New directories 0700; an existing one (the data directory by
+        // default) keeps its mode. The lock file itself is 0600.
+        kvtier_io::create_private_dir_all(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
         return Ok(Arc::new(FileLease::new(lock_path(dir))));
     }
     // Each call gives up well before the lease could lapse unnoticed.

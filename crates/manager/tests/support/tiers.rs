@@ -32,6 +32,7 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
         hugepages: false,
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
+        access_group: None,
     })
     .expect("memory tier in /dev/shm")
 }

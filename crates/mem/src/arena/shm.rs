@@ -76,13 +76,17 @@ impl PendingShm {
     /// sparse: `/dev/shm` running out shows up here as
     /// [`MemError::ShmFull`], not later as a `SIGBUS` on first touch).
     ///
+    /// The file is mode 0600, or 0660 with group `access_group` when one is
+    /// given (see [`create_anonymous`]).
+    ///
     /// A stale file at `path` (see [`remove_stale`]) is removed first; a live
     /// owner ([`MemError::InUse`]) or foreign content
     /// ([`MemError::NotAnArena`]) is refused before any memory is reserved.
-    pub(crate) fn create(path: &Path, len: u64) -> Result<Self> {
+    pub(crate) fn create(path: &Path, len: u64, access_group: Option<u32>) -> Result<Self> {
         remove_stale(path)?;
         let dir = path.parent().unwrap_or(Path::new(SHM_DIR));
-        let file = create_anonymous(dir).map_err(io_err(path, "create (O_TMPFILE)"))?;
+        let file =
+            create_anonymous(dir, access_group).map_err(io_err(path, "create (O_TMPFILE)"))?;
         // Locked before it can have a name: a published arena's lock is held
         // from its first instant, so "lock free" always means "owner gone".
         match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
@@ -160,8 +164,13 @@ impl OwnedShm {
     /// `Ok(None)`: nothing there, or a file not to keep (another layout or
     /// version, a damaged or unfinished header, someone else's file);
     /// creation then judges it as before (replaces it or refuses it). A
-    /// live owner is [`MemError::InUse`].
-    pub(crate) fn adopt(path: &Path, layout: &ArenaLayout) -> Result<Option<Self>> {
+    /// live owner is [`MemError::InUse`]. A kept file gets the mode and
+    /// group a new arena would get (`access_group`), whatever its old ones.
+    pub(crate) fn adopt(
+        path: &Path,
+        layout: &ArenaLayout,
+        access_group: Option<u32>,
+    ) -> Result<Option<Self>> {
         let file = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -200,6 +209,7 @@ impl OwnedShm {
             .map_err(io_err(path, "read header"))?;
         let why = match header::decode(&head[..n], meta.len(), path) {
             Ok(d) if d.layout == *layout && meta.len() == layout.file_bytes as u64 => {
+                set_access(&file, access_group).map_err(io_err(path, "set the mode of"))?;
                 return Ok(Some(Self {
                     path: path.to_owned(),
                     _file: file,
@@ -270,17 +280,35 @@ fn not_ours_to_keep(meta: &std::fs::Metadata) -> Option<&'static str> {
     None
 }
 
-/// An unnamed file in `dir` (`O_TMPFILE`), mode 0660.
-fn create_anonymous(dir: &Path) -> io::Result<File> {
-    // Owner and group read and write: engine processes run under a shared
-    // group and fill the slots the daemon reserves for them in place
-    // (`ArenaClient`). Others get nothing: KV blocks reveal prompts.
-    let mode = Mode::from_raw_mode(0o660);
+/// An unnamed file in `dir` (`O_TMPFILE`): mode 0600, or 0660 owned by
+/// group `access_group` when one is given.
+fn create_anonymous(dir: &Path, access_group: Option<u32>) -> io::Result<File> {
+    // KV blocks reveal prompts: only the owner's user reads them, unless
+    // the operator names a group of engine processes that run as other
+    // users and fill the slots the daemon reserves for them in place
+    // (`ArenaClient`). Others never get anything.
+    let mode = Mode::from_raw_mode(if access_group.is_some() { 0o660 } else { 0o600 });
     let fd = rustix::fs::open(dir, OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC, mode)?;
-    // The mode given to open is filtered by the umask (022 typically takes
-    // the group's write away); fchmod is not, so set it again explicitly.
-    rustix::fs::fchmod(&fd, mode)?;
-    Ok(File::from(fd))
+    let file = File::from(fd);
+    // Before the file has a name: no process of the group can open it
+    // before its group and mode are final.
+    set_access(&file, access_group)?;
+    Ok(file)
+}
+
+/// Gives the arena file its mode and group: 0600, or 0660 owned by group
+/// `access_group`. Explicit, because the mode given to `open` is filtered
+/// by the umask (022 typically takes the group's write away) and an
+/// adopted file keeps whatever an earlier configuration gave it.
+fn set_access(file: &File, access_group: Option<u32>) -> io::Result<()> {
+    // Private first, so a change of group never opens the file to the
+    // new group under the old mode's bits for a moment.
+    rustix::fs::fchmod(file, Mode::from_raw_mode(0o600))?;
+    if let Some(gid) = access_group {
+        rustix::fs::fchown(file, None, Some(rustix::fs::Gid::from_raw(gid)))?;
+        rustix::fs::fchmod(file, Mode::from_raw_mode(0o660))?;
+    }
+    Ok(())
 }
 
 /// Links the unnamed `file` at `path`; fails with `AlreadyExists` if the
@@ -579,7 +607,7 @@ mod tests {
     }
 
     fn create_published(path: &Path, len: u64) -> Result<OwnedShm> {
-        PendingShm::create(path, len)?.publish()
+        PendingShm::create(path, len, None)?.publish()
     }
 
     #[test]
@@ -651,7 +679,7 @@ mod tests {
     #[test]
     fn an_unpublished_arena_has_no_name_and_leaves_nothing() {
         let path = test_path("pending");
-        let pending = PendingShm::create(&path, 1 << 20).unwrap();
+        let pending = PendingShm::create(&path, 1 << 20, None).unwrap();
         pending.file().write_all_at(&MAGIC, 0).unwrap();
         // Sized, reserved, locked and being written: still invisible, so no
         // reader can open it and no restart can trip over it.
@@ -671,13 +699,13 @@ mod tests {
         let owner = create_published(&path, 4096).unwrap();
         let ino = std::fs::metadata(&path).unwrap().ino();
         assert!(matches!(
-            PendingShm::create(&path, 4096),
+            PendingShm::create(&path, 4096, None),
             Err(MemError::InUse { .. })
         ));
         // A creator that got past the first check while the name was free
         // still cannot publish over the live owner.
         drop(owner);
-        let late = PendingShm::create(&path, 4096).unwrap();
+        let late = PendingShm::create(&path, 4096, None).unwrap();
         let owner = create_published(&path, 4096).unwrap();
         let ino2 = std::fs::metadata(&path).unwrap().ino();
         assert_ne!(ino, ino2);
@@ -701,7 +729,7 @@ mod tests {
             std::fs::write(&path, content).unwrap();
             assert!(
                 matches!(
-                    PendingShm::create(&path, 4096),
+                    PendingShm::create(&path, 4096, None),
                     Err(MemError::NotAnArena { .. })
                 ),
                 "{content:?}"

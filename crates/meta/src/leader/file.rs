@@ -6,6 +6,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -16,6 +17,9 @@ use super::store::{Holder, LeaseError, LeaseResult, LeaseStore, decode, encode};
 
 /// Bytes of the lock file's record (longer node ids make it longer).
 const RECORD_WIDTH: usize = 256;
+
+/// Mode of a lock file this process creates.
+const LOCK_FILE_MODE: u32 = 0o600;
 
 /// The leader lease as a lock file.
 #[derive(Debug)]
@@ -41,14 +45,26 @@ impl FileLease {
         }
     }
 
+    /// Opens the lock file, made mode 0600 (its owner's user only) if
+    /// missing. One of ours with a wider mode (an older build's 0644) is
+    /// narrowed; another user's is left as its owner made it.
     fn open(&self) -> LeaseResult<File> {
-        OpenOptions::new()
+        let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(LOCK_FILE_MODE)
             .open(&self.path)
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.err(e))?;
+        let meta = f.metadata().map_err(|e| self.err(e))?;
+        if meta.uid() == rustix::process::geteuid().as_raw()
+            && meta.mode() & 0o7777 != LOCK_FILE_MODE
+        {
+            f.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE))
+                .map_err(|e| self.err(e))?;
+        }
+        Ok(f)
     }
 
     /// The file's `<epoch>|<node>`, if it has one.
