@@ -36,8 +36,9 @@ impl std::fmt::Debug for NodeServer {
 
 impl NodeServer {
     /// Listens on `path` for `node`: mode 0600, or 0660 with the group of
-    /// `manager.access_group`, from its first instant under that name (see
-    /// [`bind_private`]). Its directory is refused if another user can
+    /// `manager.access_group`, from its first instant under that name (it
+    /// is bound in a private staging directory, given its mode and group,
+    /// then renamed into place). Its directory is refused if another user can
     /// write it ([`NodeError::UnsafeDir`]) and made if missing. A socket
     /// file of this user nobody answers on (a daemon that is gone) is
     /// replaced; one a live daemon answers on ([`NodeError::SocketInUse`]),
