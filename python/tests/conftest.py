@@ -44,8 +44,9 @@ class TinyDaemon:
         self.daemon.stop()
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[TinyDaemon]:
+def start_tiny(data: Path, **settings: str) -> TinyDaemon:
+    """The tiny daemon in ``data``, with ``KVTIER_*`` ``settings`` on top;
+    a daemon that does not start fails the test."""
     env = dict(
         KVTIER_GEOMETRY__PRESET="tiny",
         KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(TOKENS),
@@ -53,9 +54,15 @@ def daemon(tmp_path: Path) -> Iterator[TinyDaemon]:
         KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
         KVTIER_DISK__REGION_SIZE="1MiB",
     )
+    env.update(settings)
     try:
-        d = TinyDaemon(start_daemon(tmp_path / "data", env))
+        return TinyDaemon(start_daemon(data, env))
     except DaemonError as e:
         pytest.fail(str(e))
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[TinyDaemon]:
+    d = start_tiny(tmp_path / "data")
     yield d
     d.stop()

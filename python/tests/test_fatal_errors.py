@@ -19,11 +19,10 @@ from pathlib import Path
 
 import mitm
 import pytest
-from conftest import TinyDaemon
+from conftest import TinyDaemon, start_tiny
 
 import kvtier
 from kvtier.clients import Clients
-from kvtier.testing import DaemonError, start_daemon
 
 # Longer than the test: a retry that waits out the interval never comes.
 NEVER = 3600.0
@@ -263,18 +262,7 @@ def test_a_daemon_at_its_connection_cap_is_retried_not_refused_for_good(tmp_path
     handshake like a geometry mismatch, but it passes: ``Client(...)``
     raises ``DaemonUnavailable``, and ``Clients`` warns once and connects
     again after its interval, once a connection is free."""
-    env = dict(
-        KVTIER_GEOMETRY__PRESET="tiny",
-        KVTIER_GEOMETRY__TOKENS_PER_BLOCK="16",
-        KVTIER_MEMORY__CAPACITY="4MiB",
-        KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
-        KVTIER_DISK__REGION_SIZE="1MiB",
-        KVTIER_MANAGER__MAX_CONNECTIONS="1",
-    )
-    try:
-        d = TinyDaemon(start_daemon(tmp_path / "data", env))
-    except DaemonError as e:
-        pytest.fail(str(e))
+    d = start_tiny(tmp_path / "data", KVTIER_MANAGER__MAX_CONNECTIONS="1")
     try:
         first = d.client()
         with pytest.raises(kvtier.DaemonUnavailable, match="BUSY"):

@@ -185,20 +185,10 @@ impl OwnedShm {
                 return Ok(None);
             }
         };
-        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(MemError::InUse {
-                    path: path.to_owned(),
-                });
-            }
-            Err(e) => return Err(io_err(path, "flock")(e.into())),
-        }
-        let meta = file.metadata().map_err(io_err(path, "fstat"))?;
         // Replaced since we opened it: creation judges the new one.
-        if !std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) {
+        let Some(meta) = lock_if_current(&file, path)? else {
             return Ok(None);
-        }
+        };
         if let Some(why) = not_ours_to_keep(&meta) {
             tracing::warn!(path = %path.display(), reason = why, "not adopting the arena left at the name");
             return Ok(None);
@@ -328,6 +318,28 @@ fn link_anonymous(file: &File, path: &Path) -> io::Result<()> {
     .map_err(Into::into)
 }
 
+/// Takes the lock of `file`, opened at `path`, without waiting; its
+/// metadata, or `None` when `path` names another file by now (replaced
+/// since it was opened).
+///
+/// # Errors
+/// [`MemError::InUse`] when a live owner holds the lock.
+fn lock_if_current(file: &File, path: &Path) -> Result<Option<std::fs::Metadata>> {
+    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            return Err(MemError::InUse {
+                path: path.to_owned(),
+            });
+        }
+        Err(e) => return Err(io_err(path, "flock")(e.into())),
+    }
+    let meta = file.metadata().map_err(io_err(path, "fstat"))?;
+    let current =
+        std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino());
+    Ok(current.then_some(meta))
+}
+
 /// Removes the file at `path` if its owner is gone (its lock is free) and
 /// its content is a kvtier arena or what a creator killed before finishing
 /// the header leaves (see [`is_arena_or_unfinished`]). Nothing there is
@@ -340,21 +352,11 @@ fn remove_stale(path: &Path) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io_err(path, "open existing")(e)),
     };
-    match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => {}
-        Err(rustix::io::Errno::WOULDBLOCK) => {
-            return Err(MemError::InUse {
-                path: path.to_owned(),
-            });
-        }
-        Err(e) => return Err(io_err(path, "flock")(e.into())),
-    }
-    let meta = file.metadata().map_err(io_err(path, "fstat"))?;
     // Another process removed it and published its own since we opened it:
     // that one is not ours to judge (the caller's next link attempt will).
-    if !std::fs::metadata(path).is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino()) {
+    let Some(meta) = lock_if_current(&file, path)? else {
         return Ok(());
-    }
+    };
     let mut head = vec![0u8; HEADER_BYTES.min(usize::try_from(meta.len()).unwrap_or(HEADER_BYTES))];
     file.read_exact_at(&mut head, 0)
         .map_err(io_err(path, "read"))?;
