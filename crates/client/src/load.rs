@@ -1,5 +1,6 @@
 //! [`Load`]: the blocks one `Load` request pinned, and reading them.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, Lookup};
@@ -154,13 +155,15 @@ impl Load {
     /// them: with `LoadOk` for a resident block, else each layer's
     /// `LayerReady`. `None` when some layer's is unknown (the daemon
     /// reported the block failed).
-    fn layer_sums(&self, index: usize) -> Option<Vec<u64>> {
+    /// Borrowed for a resident block: a read of one allocates nothing.
+    fn layer_sums(&self, index: usize) -> Option<Cow<'_, [u64]>> {
         if let Some(sums) = self.results.get(index)?.sums() {
-            return Some(sums.layers.clone());
+            return Some(Cow::Borrowed(&sums.layers));
         }
         (0..self.layers)
             .map(|l| self.ready.sums(l)?.get(index).copied())
-            .collect()
+            .collect::<Option<Vec<u64>>>()
+            .map(Cow::Owned)
     }
 
     /// Layer `layer`'s checksum of key `index`'s block, as the daemon sent

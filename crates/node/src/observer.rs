@@ -11,9 +11,6 @@ use kvtier_protocol::Namespace;
 pub struct SessionNamespace {
     /// The namespace of every block of the session.
     pub namespace: Namespace,
-    /// `namespace.digest()`: names the namespace (the instance derived
-    /// for it), never keys its blocks.
-    pub digest: u128,
     /// The metadata-service instance the client named, if any.
     pub instance: Option<String>,
 }

@@ -75,8 +75,7 @@ fn check_private(path: &Path, meta: &std::fs::Metadata) -> Result<(), NodeError>
     if !meta.file_type().is_file() {
         return bad("not a regular file".into());
     }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::geteuid() };
+    let uid = crate::access::euid();
     if meta.uid() != uid {
         return bad(format!(
             "owned by uid {}, not this daemon's {uid}",
@@ -101,7 +100,8 @@ fn create(path: &Path) -> Result<NodeSecret, NodeError> {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&dir).map_err(|e| secret_err("creating the directory of", path, e))?;
+    kvtier_io::create_private_dir_all(&dir)
+        .map_err(|e| secret_err("creating the directory of", path, e))?;
     let bytes = random_bytes().map_err(|e| secret_err("drawing random bytes for", path, e))?;
     let tmp = temporary_name(path);
     remove_if_present(&tmp)?;
@@ -136,7 +136,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o600)
+        .mode(kvtier_io::PRIVATE_FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| secret_err("creating", path, e))?;

@@ -402,7 +402,6 @@ impl Session {
         let keys = self.node.key_map(&hello.namespace);
         self.keys = Some(keys);
         self.namespace = Some(Arc::new(SessionNamespace {
-            digest: hello.namespace.digest(),
             namespace: hello.namespace.clone(),
             instance: hello.instance.clone(),
         }));
