@@ -1,6 +1,7 @@
 //! [`NodeServer`]: the Unix socket engines connect to, one session task
 //! per connection.
 
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -339,13 +340,21 @@ impl Acceptor {
             code: ErrorCode::BUSY,
             message: why,
         });
-        // A new socket's send buffer is empty: the small frame fits whole.
+        // Written on the plain socket: tokio's `try_write` answers
+        // `WouldBlock` until the reactor has seen a new socket writable,
+        // which would drop the refusal at random. A new socket's send
+        // buffer is empty, so the small frame fits whole.
+        let Ok(stream) = stream.into_std() else {
+            return;
+        };
         if let Ok(frame) = reply.to_frame() {
-            let _ = stream.try_write(&frame);
+            let _ = (&stream).write(&frame);
         }
         while self.lingering.try_join_next().is_some() {}
         if linger && self.lingering.len() < MAX_LINGERING {
-            self.lingering.spawn(linger_then_close(stream));
+            if let Ok(stream) = UnixStream::from_std(stream) {
+                self.lingering.spawn(linger_then_close(stream));
+            }
         }
     }
 }
