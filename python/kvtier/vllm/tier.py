@@ -302,7 +302,10 @@ class KvtierTier(SecondaryTierManager):
     @property  # type: ignore[misc]
     def cache_hit_source(self) -> CacheHitSource:  # type: ignore[override]
         """The source of the chunk the last ``HIT`` found: vLLM's manager
-        reads it right after that lookup to label the promotion."""
+        reads it right after that lookup to label the promotion. (When a
+        promotion fails, vLLM forgets a key's source only if it equals this
+        value then; a source left behind names a key that is not loaded, so
+        no token is counted under it.)"""
         return self._hit_source
 
     # ------------------------------------------------------------- lookups
@@ -501,7 +504,13 @@ class KvtierTier(SecondaryTierManager):
         for i in range(0, len(keys), MAX_KEYS):
             ints = [chunk_key(k) for k in keys[i : i + MAX_KEYS]]
             chunks = [self._chunk(o) for o in offsets[i : i + MAX_KEYS]]
-            answer = self._call(self._clients, "store", lambda c: c.store_buffers(ints, chunks), None)
+            try:
+                answer = self._call(self._clients, "store", lambda c: c.store_buffers(ints, chunks), None)
+            finally:
+                # Now, not when collected: a logged error's traceback may
+                # keep them, and vLLM cannot unmap a region still viewed.
+                for chunk in chunks:
+                    chunk.release()
             outcomes += answer if answer is not None else ["daemon_away"] * len(ints)
         done.outcomes = outcomes
         done.ok = [o in _HELD for o in outcomes]
@@ -540,7 +549,9 @@ class KvtierTier(SecondaryTierManager):
                 load.wait_layer(self.shape.layers - 1)
             for j in range(pinned):
                 i = start + j
-                if load.read_block(j, self._chunk(offsets[i])):
+                with self._chunk(offsets[i]) as dst:
+                    good = load.read_block(j, dst)
+                if good:
                     done.ok[i] = True
                 else:
                     done.corrupt.append(done.keys[i])
