@@ -13,6 +13,8 @@ the primary tier's chunks). The last runs one engine, with
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -93,7 +95,7 @@ class Engine:
 
     def __init__(self, base: OffloadingConfig, socket: Path, events: bool = False, **tier: Any) -> None:
         tier_config = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(socket))
-        tier_config.update(reconnect_interval=0.0, lookup_timeout=60.0, **tier)
+        tier_config.update({"reconnect_interval": 0.0, "lookup_timeout": 60.0, **tier})
         extra = {
             "spec_name": "TieringOffloadingSpec",
             "cpu_bytes_to_use": PRIMARY_CHUNKS * CHUNK_BYTES,
@@ -434,3 +436,29 @@ def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Pat
     # the batch was loading, from the blocks that load filled.
     assert gained.get("host", 0) > 0 and gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
     assert node_stats(daemon)["loaded"] >= distinct_blocks(PROMPTS) - 1
+
+
+def test_a_hung_daemon_never_blocks_the_scheduler(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    """The daemon stopped (SIGSTOP: connected, never answering): every call
+    on the scheduler's side returns at once; lookups are misses after
+    ``lookup_timeout`` instead of waiting for the daemon's ``timeout``."""
+    engine = Engine(offloading_config, daemon.socket, lookup_timeout=0.2, timeout=5.0)
+    engines.append(engine)
+    keys = request_keys(offloading_config, prompt(4))
+    engine.store(keys, payloads(keys, seed=9))
+    engine.manager.reset_cache()
+
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    try:
+        ctx = new_ctx(engine)
+        deadline = time.monotonic() + 60
+        while True:
+            results = [engine.manager.lookup(k, ctx) for k in keys]
+            if LookupResult.RETRY not in results:
+                break
+            assert time.monotonic() < deadline, results
+            engine.step()
+            time.sleep(0.02)
+        assert results == [LookupResult.MISS] * 4
+    finally:
+        os.kill(daemon.proc.pid, signal.SIGCONT)
