@@ -436,6 +436,9 @@ def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Pat
     # the batch was loading, from the blocks that load filled.
     assert gained.get("host", 0) > 0 and gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
     assert node_stats(daemon)["loaded"] >= distinct_blocks(PROMPTS) - 1
+    # The tier's own metrics reach vLLM's Prometheus registry.
+    hits = {m.labels.get("kvtier_tier"): getattr(m, "value", 0) for m in llm.get_metrics() if m.name == KvtierTierMetrics.HITS}
+    assert hits.get("G2", 0) >= distinct_blocks(PROMPTS) - 1, hits
 
 
 def test_a_hung_daemon_never_blocks_the_scheduler(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
