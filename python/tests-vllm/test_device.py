@@ -21,6 +21,11 @@ from hypothesis import strategies as st
 import kvtier
 from kvtier.device import KV_LAYOUTS, DeviceCopier, gather, paged_kv_cache, row_bytes, scatter
 from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
+from kvtier.vllm.clients import Clients
+from kvtier.vllm.config import KvtierConfig, Shape
+from kvtier.vllm.layouts import HeadShardBlocks, RankBlocks
+from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
+from kvtier.vllm.worker import KvtierWorker
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn]
 
@@ -245,3 +250,115 @@ def test_a_corrupted_slot_is_a_failed_block_never_data(node: Daemon) -> None:
     ok = _load(client, DeviceCopier(dst), keys, [3, 4, 5])
     assert not any(ok)
     assert not any(t.view(torch.uint8).any() for t in dst)
+
+
+# ------------------------------------------------- the connector's worker
+
+
+def _worker(d: Daemon, layer_bytes: int, layout: RankBlocks | None = None) -> KvtierWorker:
+    shape = Shape(model="device-test", dtype="float32", layout="test", block_size=TOKENS, layers=LAYERS, layer_bytes=layer_bytes)
+    return KvtierWorker(shape, Clients(KvtierConfig(socket=str(d.socket)), shape, 0, 1), 0, layout or RankBlocks())
+
+
+def _save(w: KvtierWorker, keys: list[int], ids: list[int]) -> list[int]:
+    """Saves blocks ``ids`` as ``keys``, waits for the save; the keys stored."""
+    w.wait_for_save(KvtierConnectorMetadata(saves=[Transfer("saved", None, keys, ids)]))
+    # vLLM's wait for a preempted request's saves: they end before it returns.
+    w.handle_preemptions(KvtierConnectorMetadata(preempted={"saved"}))
+    said = w.take_worker_metadata()
+    assert said is not None
+    return said.stored
+
+
+def _load_layers(w: KvtierWorker, names: list[str], keys: list[int], ids: list[int]) -> set[int]:
+    """Loads ``keys`` into blocks ``ids`` as a forward would, layer by
+    layer; the blocks that failed."""
+    w.start_load_kv(KvtierConnectorMetadata(loads=[Transfer("loaded", None, keys, ids, ["G2"] * len(keys))]))
+    for name in names:
+        w.wait_for_layer_load(name)
+    w.wait_for_save(None)
+    return w.get_block_ids_with_load_errors()
+
+
+def _named(layers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)}
+
+
+@pytest.mark.parametrize(("saved_as", "loaded_as"), [("LBNHC", "LBHNC"), ("LBHNC", "BLNHC")])
+def test_worker_moves_blocks_between_device_and_host_layouts(node: Daemon, saved_as: str, loaded_as: str) -> None:
+    """A GPU-layout cache (the staged route) and vLLM's CPU layout (the
+    direct route) store and load the same block images."""
+    src, dst = _named(_gpu_cache(saved_as)), _named(_gpu_cache(loaded_as))
+    _fill(list(src.values()), 21)
+    keys, src_ids, dst_ids = [0xF0, 0xF1, 0xF2, 0xF3], [6, 1, 12, 3], [2, 9, 10, 0]
+    saver, loader = _worker(node, 512), _worker(node, 512)
+    saver.register_kv_caches(src)
+    loader.register_kv_caches(dst)
+    assert _save(saver, keys, src_ids) == keys
+    assert _load_layers(loader, list(dst), keys, dst_ids) == set()
+    for s, d in zip(src.values(), dst.values()):
+        for a, b in zip(src_ids, dst_ids):
+            assert torch.equal(_block(d, b), _block(s, a))
+    saver.shutdown()
+    loader.shutdown()
+
+
+def test_worker_reports_corrupted_blocks_and_leaves_them_alone(node: Daemon) -> None:
+    """Through staging a failed block is not even written (the host route
+    writes it, and vLLM recomputes it either way)."""
+    src, dst = _named(_gpu_cache("LBNHC")), _named(_gpu_cache("LBNHC"))
+    _fill(list(src.values()), 22)
+    saver, loader = _worker(node, 512), _worker(node, 512)
+    saver.register_kv_caches(src)
+    loader.register_kv_caches(dst)
+    assert _save(saver, [0xA0, 0xA1], [4, 5]) == [0xA0, 0xA1]
+    corrupt_arena_slots(node.env["KVTIER_MEMORY__SHM_NAME"])
+    assert _load_layers(loader, list(dst), [0xA0, 0xA1], [7, 8]) == {7, 8}
+    assert not any(t.view(torch.uint8).any() for t in dst.values())
+    said = loader.take_worker_metadata()
+    assert said is not None and sorted(said.removed) == [0xA0, 0xA1]
+
+
+@pytest.fixture
+def shard_node(tmp_path: Path) -> Iterator[Daemon]:
+    """A node whose objects are one KV head of a layer of a block."""
+    try:
+        d = start_daemon(
+            tmp_path / "data",
+            dict(
+                KVTIER_GEOMETRY__PRESET="tiny",
+                KVTIER_GEOMETRY__LAYERS=str(LAYERS),
+                KVTIER_GEOMETRY__KV_HEADS="1",
+                KVTIER_GEOMETRY__HEAD_DIM=str(HEAD_DIM),
+                KVTIER_GEOMETRY__DTYPE="f32",
+                KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(TOKENS),
+                KVTIER_MEMORY__CAPACITY="1MiB",
+                KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
+                KVTIER_DISK__REGION_SIZE="1MiB",
+            ),
+        )
+    except DaemonError as e:
+        pytest.fail(str(e))
+    yield d
+    d.stop()
+
+
+def test_worker_head_shards_cross_tp_sizes_on_device_layouts(shard_node: Daemon) -> None:
+    """Head shards saved at TP 1 from a GPU-layout cache, loaded by rank 1
+    of TP 2 into another GPU layout: its head's bytes, block by block."""
+    shards = kvtier.HeadShards(kv_heads=HEADS, shard_heads=1)
+    head_bytes = 2 * HEAD_DIM * TOKENS * 4
+    src = _named(_gpu_cache("LBNHC"))
+    one_head = dict(layers=LAYERS, blocks=16, heads=1, tokens=TOKENS, content=2 * HEAD_DIM)
+    dst = _named(paged_kv_cache("BLNHC", **one_head, dtype=torch.float32, device="cpu"))
+    _fill(list(src.values()), 23)
+    saver = _worker(shard_node, head_bytes, HeadShardBlocks(shards, 0, 1))
+    loader = _worker(shard_node, head_bytes, HeadShardBlocks(shards, 1, 2))
+    saver.register_kv_caches(src)
+    loader.register_kv_caches(dst)
+    keys, src_ids, dst_ids = [0xB0, 0xB1, 0xB2], [3, 8, 0], [5, 6, 15]
+    assert _save(saver, keys, src_ids) == keys
+    assert _load_layers(loader, list(dst), keys, dst_ids) == set()
+    for s, d in zip(src.values(), dst.values()):
+        for a, b in zip(src_ids, dst_ids):
+            assert torch.equal(d[b, 0].contiguous().view(torch.uint8), s[a, 1].contiguous().view(torch.uint8))
