@@ -32,7 +32,7 @@ Importable without vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from math import prod
 from typing import Any
 
@@ -118,10 +118,11 @@ class DeviceCopier:
     from arena slots (``Client.store_layers`` and ``Load.read_layer``).
 
     Saves: :meth:`stage_out` gathers whole blocks (every layer) into host
-    staging and waits for the copy, on the caller's thread (a background
-    saver's), on a stream of its own that first waits for the forward
-    (:meth:`ready`): the next step runs beside it. Loads, layer by layer:
-    :meth:`load_region` lends host staging for one layer's blocks (the
+    staging a batch at a time, on a stream of its own that first waits for
+    the forward (:meth:`ready`), and hands each batch to the caller (a
+    background saver) while the next one is copied: the next step runs
+    beside it. Loads, layer by layer, after :meth:`start_loads` marks the
+    step: :meth:`load_region` lends host staging for one layer's blocks (the
     client writes verified bytes there), :meth:`stage_in` copies them into
     the blocks on the load stream and makes the forward's stream wait for
     them, so the forward never waits on the host.
@@ -149,11 +150,14 @@ class DeviceCopier:
                 raise ValueError(f"KV layers differ: {t.device} rows of {row_bytes(t, block_dim)} bytes")
         self._cuda = self.device.type == "cuda"
         self.batch_blocks = max(1, batch_bytes // (self.row * len(self._layers)))
-        """Most blocks one :meth:`stage_out` takes."""
+        """Blocks per batch of :meth:`stage_out`."""
         self._save_stream: Any = torch.cuda.Stream(self.device) if self._cuda else None
         self._load_stream: Any = torch.cuda.Stream(self.device) if self._cuda else None
-        self._out_host = self._host(len(self._layers), self.batch_blocks)
-        self._out_dev = self._staging_on_device(len(self._layers), self.batch_blocks)
+        # Saves: two batches' slots, one filling while the caller stores
+        # the other.
+        self._out_host = self._host(2 * len(self._layers), self.batch_blocks).view(2, len(self._layers), self.batch_blocks, self.row)
+        out_dev = self._staging_on_device(2 * len(self._layers), self.batch_blocks)
+        self._out_dev = None if out_dev is None else out_dev.view(2, len(self._layers), self.batch_blocks, self.row)
         # Loads: two layers' slots, so the client fills one while the other
         # still goes to the device; an event per slot says when it is free.
         self._in_host = self._host(2, 0)
@@ -190,37 +194,46 @@ class DeviceCopier:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def stage_out(self, block_ids: Sequence[int], ready: Any = None) -> list[tuple[int, int]]:
-        """Gathers every layer of ``block_ids`` (at most
-        :attr:`batch_blocks`) into host staging, once ``ready`` (from
-        :meth:`ready`) has passed; returns ``(address, nbytes)`` per layer,
-        block ``i``'s layer at ``i * row``. Valid until the next call."""
+    def stage_out(self, block_ids: Sequence[int], ready: Any = None) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+        """Gathers every layer of ``block_ids`` into host staging, once
+        ``ready`` (from :meth:`ready`) has passed, :attr:`batch_blocks` at
+        a time: yields ``(count, regions)`` per batch in order, ``regions``
+        an ``(address, nbytes)`` per layer with the batch's block ``i`` at
+        ``i * row``, valid until the next step of the iteration. On a GPU
+        the next batch's copy runs while the caller stores this one."""
+        ids = list(block_ids)
+        batches = [ids[i : i + self.batch_blocks] for i in range(0, len(ids), self.batch_blocks)]
+        pending = self._stage_batch(batches[0], 0, ready) if batches else None
+        for k, batch in enumerate(batches):
+            following = self._stage_batch(batches[k + 1], (k + 1) % 2, ready) if k + 1 < len(batches) else None
+            if pending is not None:
+                pending.synchronize()
+            yield len(batch), [(int(out.data_ptr()), len(batch) * self.row) for out in self._out_host[k % 2]]
+            pending = following
+
+    def _stage_batch(self, block_ids: list[int], slot: int, ready: Any) -> Any:
+        """Queues the gather of ``block_ids`` into host staging ``slot``;
+        the event that marks it done (``None`` on the CPU, where it is done
+        on return)."""
         n = len(block_ids)
-        if n > self.batch_blocks:
-            raise ValueError(f"{n} blocks; one staging holds {self.batch_blocks}")
+        host = self._out_host[slot]
         if not self._cuda:
             ids = self._ids(block_ids)
-            for layer, out in zip(self._layers, self._out_host):
+            for layer, out in zip(self._layers, host):
                 gather(layer, ids, out[:n], self._block_dim)
-        else:
-            self._gather_on_device(block_ids, ready)
-        return [(int(out.data_ptr()), n * self.row) for out in self._out_host]
-
-    def _gather_on_device(self, block_ids: Sequence[int], ready: Any) -> None:
-        """Gathers on the save stream, copies to pinned staging, and waits
-        for that copy (the client reads the staging next)."""
-        n = len(block_ids)
+            return None
         assert self._out_dev is not None
+        dev = self._out_dev[slot]
         with torch.cuda.stream(self._save_stream):
             if ready is not None:
                 self._save_stream.wait_event(ready)
             ids = self._ids(block_ids)
-            for layer, dev, host in zip(self._layers, self._out_dev, self._out_host):
-                gather(layer, ids, dev[:n], self._block_dim)
-                host[:n].copy_(dev[:n], non_blocking=True)
+            for layer, d, h in zip(self._layers, dev, host):
+                gather(layer, ids, d[:n], self._block_dim)
+                h[:n].copy_(d[:n], non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._save_stream)
-        done.synchronize()
+        return done
 
     # --------------------------------------------------------------- loads
 

@@ -124,19 +124,20 @@ def test_copier_batches_and_load_staging_grow() -> None:
     _fill(src, 3)
     copier = DeviceCopier(src, batch_bytes=5 * 3 * row_bytes(src[0]))
     assert copier.batch_blocks == 5
-    with pytest.raises(ValueError):
-        copier.stage_out(list(range(6)))
     back = DeviceCopier(dst)
-    ids = list(range(0, 40, 2))
-    for start in range(0, len(ids), copier.batch_blocks):
-        batch = ids[start : start + copier.batch_blocks]
-        regions = copier.stage_out(batch)
+    ids = list(range(0, 38, 2))  # 19 blocks: the last batch is short
+    start = 0
+    for n, regions in copier.stage_out(ids):
+        assert n == min(5, len(ids) - start)
+        batch = ids[start : start + n]
         for layer, (addr, nbytes) in enumerate(regions):
-            assert nbytes == len(batch) * copier.row
-            to_addr, to_nbytes = back.load_region(layer, len(batch))
+            assert nbytes == n * copier.row
+            to_addr, to_nbytes = back.load_region(layer, n)
             assert to_nbytes == nbytes
             _memcpy(to_addr, addr, nbytes)
-            back.stage_in(layer, [b + 1 for b in batch], list(range(len(batch))))
+            back.stage_in(layer, [b + 1 for b in batch], list(range(n)))
+        start += n
+    assert start == len(ids)
     for s, d in zip(src, dst):
         for b in ids:
             assert torch.equal(_block(d, b + 1), _block(s, b))
@@ -202,8 +203,10 @@ def _gpu_cache(layout: str, blocks: int = 16) -> list[torch.Tensor]:
 
 
 def _store(client: kvtier.Client, copier: DeviceCopier, keys: list[int], ids: list[int]) -> list[str]:
-    layers = copier.stage_out(ids)
-    return client.store_layers(keys, layers, list(range(len(ids))), client.layer_bytes)
+    outcomes: list[str] = []
+    for n, layers in copier.stage_out(ids):
+        outcomes += client.store_layers(keys[len(outcomes) : len(outcomes) + n], layers, list(range(n)), client.layer_bytes)
+    return outcomes
 
 
 def _load(client: kvtier.Client, copier: DeviceCopier, keys: list[int], ids: list[int]) -> list[bool]:

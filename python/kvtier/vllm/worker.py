@@ -233,12 +233,11 @@ class KvtierWorker:
     def _store_staged(self, t: Transfer, copier: DeviceCopier, ready: object) -> list[int]:
         """Stores ``t``'s blocks through host staging, a batch at a time."""
         stored: list[int] = []
-        for start in range(0, len(t.block_ids), copier.batch_blocks):
-            ids = t.block_ids[start : start + copier.batch_blocks]
-            layers = copier.stage_out(ids, ready)
-            objects = self._layout.rank_ids(list(range(len(ids))))
-            keys = t.keys[start : start + len(ids)]
-            stored += self._store(t.salt, keys, (layers, objects, self._shape.layer_bytes))
+        start = 0
+        for n, layers in copier.stage_out(t.block_ids, ready):
+            objects = self._layout.rank_ids(list(range(n)))
+            stored += self._store(t.salt, t.keys[start : start + n], (layers, objects, self._shape.layer_bytes))
+            start += n
         return stored
 
     def _store(self, salt: str | None, keys: list[int], at: tuple[list[tuple[int, int]], list[int], int]) -> list[int]:
