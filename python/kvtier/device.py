@@ -52,8 +52,9 @@ KV_LAYOUTS: dict[str, tuple[int, ...]] = {
     "BHLNC": (1, 2, 0, 3, 4),
 }
 
-#: Host staging a copier keeps for saves, per direction (loads keep two
-#: layers' worth of the step's blocks).
+#: Bytes of one batch of a save: a copier keeps two batches' staging for
+#: saves in host memory (and, on a GPU, two on the device); loads keep two
+#: layers of a step's blocks.
 DEFAULT_BATCH_BYTES = 64 << 20
 
 
@@ -276,7 +277,7 @@ class DeviceCopier:
         slot = layer % 2
         host = self._in_host[slot]
         if not self._cuda:
-            scatter(self._layers[layer], self._ids(block_ids), host[self._ids(rows)], self._block_dim)
+            scatter(self._layers[layer], self._ids(block_ids), self._rows(host, rows), self._block_dim)
             return
         assert self._in_dev is not None
         dev = self._in_dev[slot]
@@ -285,12 +286,19 @@ class DeviceCopier:
             dev[:used].copy_(host[:used], non_blocking=True)
             if self._step is not None:
                 self._load_stream.wait_event(self._step)
-            picked = dev.index_select(0, self._ids(rows))
-            scatter(self._layers[layer], self._ids(block_ids), picked, self._block_dim)
+            scatter(self._layers[layer], self._ids(block_ids), self._rows(dev, rows), self._block_dim)
             done = torch.cuda.Event()
             done.record(self._load_stream)
         torch.cuda.current_stream(self.device).wait_event(done)
         self._in_done[slot] = done
+
+    def _rows(self, staging: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """Rows ``rows`` of ``staging``: a view when they are the leading
+        ones in order (every block verified, the usual case), else a
+        copy."""
+        if list(rows) == list(range(len(rows))):
+            return staging[: len(rows)]
+        return staging.index_select(0, self._ids(rows))
 
     def drain(self) -> None:
         """Waits for every load copy in flight (before the staging is

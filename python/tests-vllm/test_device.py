@@ -144,6 +144,23 @@ def test_copier_batches_and_load_staging_grow() -> None:
             assert not _block(d, b).any()
 
 
+def test_stage_in_takes_any_rows_of_the_staging() -> None:
+    """Blocks that failed are left out: the rows that reach the cache are
+    not always the leading ones."""
+    dims = dict(layers=1, blocks=6, heads=2, tokens=2, content=4)
+    src = paged_kv_cache("LBNHC", **dims, dtype=torch.float16, device="cpu")
+    dst = paged_kv_cache("LHBNC", **dims, dtype=torch.float16, device="cpu")
+    _fill(src, 5)
+    out, back = DeviceCopier(src), DeviceCopier(dst)
+    ((n, [(addr, nbytes)]),) = list(out.stage_out([0, 1, 2, 3]))
+    to_addr, _ = back.load_region(0, n)
+    _memcpy(to_addr, addr, nbytes)
+    back.stage_in(0, [5, 4], [3, 1])
+    assert torch.equal(_block(dst[0], 5), _block(src[0], 3))
+    assert torch.equal(_block(dst[0], 4), _block(src[0], 1))
+    assert not any(_block(dst[0], b).any() for b in range(4))
+
+
 def _memcpy(dst: int, src: int, n: int) -> None:
     import ctypes
 
