@@ -88,7 +88,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(device: torch.device, f: Callable[[], None]) -> tuple[float, float]:
+def timed(device: torch.device, f: Callable[[], object]) -> tuple[float, float]:
     """(wall seconds, process CPU seconds) of ``f`` with the device idle
     before and after."""
     sync(device)
