@@ -147,14 +147,15 @@ class KvtierConnector(KVConnectorBase_V1):
         layout = _layout(config, _total_kv_heads(vllm_config), tp_rank, tp_size)
         # Head shards belong to no rank: every TP size shares them.
         clients = Clients(config, shape, *((0, 1) if layout.rank_free else (tp_rank, tp_size)))
-        # This version copies host KV buffers only (vLLM's CPU platform).
+        # Host KV buffers are copied in place; a GPU's through host staging
+        # (kvtier.device).
         import vllm.platforms
 
         device = vllm.platforms.current_platform.device_type
         groups = len(kv_cache_config.kv_cache_groups)
-        self._enabled = device == "cpu" and groups == 1
-        if device != "cpu":
-            logger.warning("kvtier connector: KV caches on %s are not supported yet; running without the cache", device)
+        self._enabled = device in ("cpu", "cuda") and groups == 1
+        if device not in ("cpu", "cuda"):
+            logger.warning("kvtier connector: KV caches on %s are not supported; running without the cache", device)
         elif groups != 1:
             logger.warning("kvtier connector: %d KV-cache groups (a hybrid model); one is supported: running without the cache", groups)
         self._scheduler = KvtierScheduler(shape, clients, layout)

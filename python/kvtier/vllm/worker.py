@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 import kvtier
+from kvtier.device import DeviceCopier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape
 from kvtier.vllm.events import KvtierWorkerMetadata
@@ -41,6 +42,9 @@ class KvtierWorker:
         self._reports = tp_rank == 0
         self._layers: list[torch.Tensor] = []
         self._layer_index: dict[str, int] = {}
+        # Set when the KV cache is not host blocks of contiguous rows (a
+        # GPU's): blocks then go through host staging (kvtier.device).
+        self._copier: DeviceCopier | None = None
         self._loading: list[_Loading] = []
         self._load_errors: set[int] = set()
         self._corrupt: dict[str | None, set[int]] = {}
@@ -58,20 +62,24 @@ class KvtierWorker:
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         # A rank's objects of a block lie side by side in its block row.
         row = self._shape.layer_bytes * self._layout.per_block
+        direct = all(t.device.type == "cpu" and t[0].is_contiguous() for t in kv_caches.values())
         for name, t in kv_caches.items():
             per_block = t[0].numel() * t.element_size()
-            if t.device.type != "cpu" or not t[0].is_contiguous() or per_block != row:
-                # Device memory needs a staging copy this version does not
-                # have: run without the cache rather than stop the engine.
+            if per_block != row:
+                # Not the blocks this engine's shape names: run without the
+                # cache rather than stop the engine.
                 logger.warning(
-                    "kvtier needs host KV blocks of %d contiguous bytes; layer %s is %s %s on %s: "
-                    "running without the cache",
+                    "kvtier needs KV blocks of %d bytes per layer; layer %s is %s %s on %s: running without the cache",
                     row,
                     name,
                     tuple(t.shape),
                     t.dtype,
                     t.device,
                 )
+                return
+        if not direct:
+            self._copier = _copier(kv_caches)
+            if self._copier is None:
                 return
         self._layers = list(kv_caches.values())
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
@@ -91,6 +99,8 @@ class KvtierWorker:
             for t in meta.loads:
                 self._load_errors.update(t.block_ids)
             return
+        if meta.loads and self._copier is not None:
+            self._copier.start_loads()
         for t in meta.loads:
             began = time.perf_counter()
             load = self._clients.call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
@@ -110,22 +120,47 @@ class KvtierWorker:
             self._finish_loads()
 
     def _read_layer(self, layer: int) -> None:
+        if self._copier is not None:
+            self._read_layer_staged(layer, self._copier)
+            return
         addr, nbytes, stride = self._region(layer)
-        n = self._layout.per_block
         for ld in self._loading:
-            t = ld.transfer
-            ids = t.block_ids[: ld.pinned]
-            objects = self._layout.rank_ids(ids)
-            try:
-                ld.load.wait_layer(layer)
-                ok = ld.load.read_layer(layer, (addr, nbytes), objects, stride)
-            except kvtier.KvtierError as e:
-                logger.warning("kvtier load of request %s failed at layer %d: %s", t.req_id, layer, e)
-                ok = [False] * len(objects)
-            for i in range(len(ids)):
-                if not all(ok[i * n : (i + 1) * n]):
-                    self._load_errors.add(ids[i])
-                    self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
+            ids = ld.transfer.block_ids[: ld.pinned]
+            self._read_blocks(ld, layer, (addr, nbytes), self._layout.rank_ids(ids), stride)
+
+    def _read_layer_staged(self, layer: int, copier: DeviceCopier) -> None:
+        """Reads one layer of every load into host staging, one block after
+        another, then copies the verified blocks to the device."""
+        dst = copier.load_region(layer, sum(ld.pinned for ld in self._loading))
+        ids: list[int] = []
+        rows: list[int] = []
+        base = 0
+        for ld in self._loading:
+            staged = list(range(base, base + ld.pinned))
+            ok = self._read_blocks(ld, layer, dst, self._layout.rank_ids(staged), self._shape.layer_bytes)
+            ids.extend(b for b, good in zip(ld.transfer.block_ids, ok) if good)
+            rows.extend(r for r, good in zip(staged, ok) if good)
+            base += ld.pinned
+        copier.stage_in(layer, ids, rows)
+
+    def _read_blocks(self, ld: _Loading, layer: int, dst: tuple[int, int], objects: list[int], stride: int) -> list[bool]:
+        """Reads one layer of ``ld``'s pinned blocks into ``dst``, object
+        ``i`` at ``objects[i] * stride``; whether each block was read whole
+        and verified (one that was not is recomputed, and removed)."""
+        t = ld.transfer
+        n = self._layout.per_block
+        try:
+            ld.load.wait_layer(layer)
+            ok = ld.load.read_layer(layer, dst, objects, stride)
+        except kvtier.KvtierError as e:
+            logger.warning("kvtier load of request %s failed at layer %d: %s", t.req_id, layer, e)
+            ok = [False] * len(objects)
+        whole = [all(ok[i * n : (i + 1) * n]) for i in range(ld.pinned)]
+        for i, good in enumerate(whole):
+            if not good:
+                self._load_errors.add(t.block_ids[i])
+                self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
+        return whole
 
     def _finish_loads(self) -> None:
         block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
@@ -162,9 +197,11 @@ class KvtierWorker:
             self._finish_loads()
         if meta is None:
             return
+        # Device copies of this step's saves wait for its forward.
+        ready = self._copier.ready() if self._copier is not None and meta.saves else None
         for t in meta.saves:
             if self._layers:
-                future = self._saver.submit(self._save, t)
+                future = self._saver.submit(self._save, t, ready)
             else:
                 future = Future()
                 future.set_result(None)
@@ -172,23 +209,44 @@ class KvtierWorker:
             with self._lock:
                 self._saves.setdefault(t.req_id, []).append(future)
 
-    def _save(self, t: Transfer) -> None:
+    def _save(self, t: Transfer, ready: object = None) -> None:
         stored: list[int] = []
         try:
-            regions = [self._region(i) for i in range(len(self._layers))]
-            stride = regions[0][2]
-            layers = [(addr, nbytes) for addr, nbytes, _ in regions]
             began = time.perf_counter()
-            none: list[str] = []
-            keys, ids = self._layout.rank_keys(t.keys), self._layout.rank_ids(t.block_ids)
-            outcomes = self._clients.call(t.salt, "store", _storer(keys, layers, ids, stride), none)
-            stored = self._whole_blocks(t.keys, outcomes)
+            if self._copier is not None:
+                stored = self._store_staged(t, self._copier, ready)
+            else:
+                stored = self._store(t.salt, t.keys, self._regions(t.block_ids))
             block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
             self._stats.saved(began, len(stored) * block_bytes, len(stored))
         except Exception as e:  # a bug here must not leave the request's blocks held
             logger.warning("kvtier save of request %s failed: %s", t.req_id, e)
         finally:
             self._report(t, stored)
+
+    def _regions(self, block_ids: list[int]) -> tuple[list[tuple[int, int]], list[int], int]:
+        """Where ``block_ids``' objects lie in the paged buffers: a region
+        per layer, the objects' virtual block ids, and their stride."""
+        regions = [self._region(i) for i in range(len(self._layers))]
+        return [(addr, nbytes) for addr, nbytes, _ in regions], self._layout.rank_ids(block_ids), regions[0][2]
+
+    def _store_staged(self, t: Transfer, copier: DeviceCopier, ready: object) -> list[int]:
+        """Stores ``t``'s blocks through host staging, a batch at a time."""
+        stored: list[int] = []
+        start = 0
+        for n, layers in copier.stage_out(t.block_ids, ready):
+            objects = self._layout.rank_ids(list(range(n)))
+            stored += self._store(t.salt, t.keys[start : start + n], (layers, objects, self._shape.layer_bytes))
+            start += n
+        return stored
+
+    def _store(self, salt: str | None, keys: list[int], at: tuple[list[tuple[int, int]], list[int], int]) -> list[int]:
+        """Stores the blocks ``keys`` whose objects lie ``at`` (as
+        :meth:`_regions` says); the keys the node holds whole after."""
+        layers, objects, stride = at
+        none: list[str] = []
+        outcomes = self._clients.call(salt, "store", _storer(self._layout.rank_keys(keys), layers, objects, stride), none)
+        return self._whole_blocks(keys, outcomes)
 
     def _whole_blocks(self, keys: list[int], outcomes: list[str]) -> list[int]:
         """The blocks of ``keys`` whose every object the node holds after a
@@ -241,8 +299,10 @@ class KvtierWorker:
 
     def shutdown(self) -> None:
         """Waits for saves in flight (their blocks must not be freed under
-        them)."""
+        them), and loads' copies to the device."""
         self._saver.shutdown(wait=True)
+        if self._copier is not None:
+            self._copier.drain()
 
 
 def _loader(keys: list[int]) -> Callable[[kvtier.Client], kvtier.Load | None]:
@@ -266,3 +326,22 @@ def _storer(
         return c.store_layers(keys, layers, ids, stride)
 
     return store
+
+
+def _copier(kv_caches: dict[str, torch.Tensor]) -> DeviceCopier | None:
+    """A copier through host staging for KV layers the node cannot copy in
+    place (a GPU's); ``None``, logged, for layers it cannot view."""
+    layers = list(kv_caches.values())
+    try:
+        copier = DeviceCopier(layers)
+    except (ValueError, RuntimeError) as e:
+        logger.warning("kvtier cannot copy the KV cache on %s (%s): running without the cache", layers[0].device, e)
+        return None
+    logger.info(
+        "kvtier copies KV blocks on %s through host staging: %d layers, strides %s, up to %d blocks per save batch",
+        copier.device,
+        len(layers),
+        tuple(layers[0].stride()),
+        copier.batch_blocks,
+    )
+    return copier
