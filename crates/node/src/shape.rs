@@ -1,4 +1,4 @@
-//! The node's block shape and its shape file (docs/disk-format.md §9).
+//! The node's block shape and its shape file (docs/disk-format.md §16).
 //!
 //! A node holds blocks of one shape: its arena slots and disk slots are
 //! sized for it. The shape is the configured `[geometry]`, else the one
