@@ -73,7 +73,8 @@ fn bad_file(path: &Path, why: String) -> NodeError {
 
 /// The geometry kept at `path`, `None` when there is no file. A file that
 /// is not a regular file of this user, that its group or others may
-/// write, or that does not hold one valid `[geometry]` section is refused.
+/// write, or that does not hold one valid `[geometry]` section is refused;
+/// one others may read is made 0600.
 pub fn load(path: &Path) -> Result<Option<Geometry>, NodeError> {
     let (file, meta) = match own_file::open(path) {
         Ok(opened) => opened,
@@ -84,6 +85,10 @@ pub fn load(path: &Path) -> Result<Option<Geometry>, NodeError> {
     if let Some(why) = own_file::refusal(&meta, 0o022, hint) {
         return Err(bad_file(path, why));
     }
+    // Others may have read it (an older build's 0644), never changed it:
+    // it stays usable, and private from now on.
+    kvtier_io::restrict_mode(&file, kvtier_io::PRIVATE_FILE_MODE)
+        .map_err(|e| file_err("narrowing the mode of", path, e))?;
     let mut text = String::new();
     file.take(SHAPE_FILE_MAX + 1)
         .read_to_string(&mut text)
@@ -269,6 +274,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shape.toml");
         keep_learned(&path, &ModelPreset::Tiny.geometry(32)).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(load(&path).unwrap().is_some(), "readable by others: used");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().mode() & 0o777,
+            0o600,
+            "and narrowed"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).unwrap();
         let err = load(&path).unwrap_err().to_string();
         assert!(err.contains("0620") && err.contains("chmod 600"), "{err}");
