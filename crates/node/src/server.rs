@@ -358,10 +358,11 @@ impl Acceptor {
             let _ = (&stream).write(&frame);
         }
         while self.lingering.try_join_next().is_some() {}
-        if linger && self.lingering.len() < MAX_LINGERING {
-            if let Ok(stream) = UnixStream::from_std(stream) {
-                self.lingering.spawn(linger_then_close(stream));
-            }
+        if linger
+            && self.lingering.len() < MAX_LINGERING
+            && let Ok(stream) = UnixStream::from_std(stream)
+        {
+            self.lingering.spawn(linger_then_close(stream));
         }
     }
 }

@@ -148,9 +148,9 @@ pub(crate) async fn serve_host(
     };
     let hello = match first_hello(&host, read) {
         Ok(hello) => hello,
-        Err(reply) => {
-            if let Some(reply) = reply {
-                let _ = wr.send(&[reply]).await;
+        Err(refusal) => {
+            if let Some((code, why)) = refusal {
+                let _ = wr.send(&[error(0, code, why)]).await;
             }
             return;
         }
@@ -181,12 +181,12 @@ pub(crate) async fn serve_host(
 }
 
 /// The first frame of a connection the node has no shape for yet: a
-/// `Hello` fit to set the shape, else the `Error` to answer (`None`: the
-/// client left).
+/// `Hello` fit to set the shape, else the code and reason of the `Error`
+/// to answer (`None`: the client left).
 fn first_hello(
     host: &NodeHost,
     read: Result<Option<Message>, ReadFailure>,
-) -> Result<Hello, Option<Message>> {
+) -> Result<Hello, Option<(ErrorCode, String)>> {
     let c = &host.counters;
     let (counter, code, why) = match read {
         Ok(Some(Message::Hello(hello))) => {
@@ -233,7 +233,7 @@ fn first_hello(
     if let Some(counter) = counter {
         Counters::add(counter, 1);
     }
-    Err(Some(error(0, code, why)))
+    Err(Some((code, why)))
 }
 
 /// Serves one connection until the client leaves, a frame does not decode,
