@@ -214,6 +214,27 @@ fn a_shape_file_that_cannot_be_trusted_or_disagrees_stops_the_start() {
 }
 
 #[test]
+fn a_configured_geometry_the_tiers_cannot_open_with_is_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    // Llama-3-8B blocks of 2 MiB do not fit a 1 MiB arena.
+    let err = failed_start(
+        dir.path(),
+        &[
+            ("KVTIER_GEOMETRY__PRESET", "llama3-8b"),
+            ("KVTIER_MEMORY__CAPACITY", "1MiB"),
+        ],
+    );
+    assert!(err.contains("smaller than one slot"), "{err}");
+    assert!(!dir.path().join("shape.toml").exists(), "not kept");
+    // So the next start may take another shape.
+    let mut daemon = Daemon::start_unshaped(dir.path(), &shm_name("shape-unkept"), &[]);
+    drop(daemon.client());
+    daemon.terminate();
+    let kept = std::fs::read_to_string(dir.path().join("shape.toml")).unwrap();
+    assert_eq!(GeometryDocument::parse_geometry(&kept).unwrap(), learned());
+}
+
+#[test]
 fn the_metrics_endpoint_says_no_shape_yet_until_an_engine_connects() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_unshaped(

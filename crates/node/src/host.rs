@@ -76,7 +76,7 @@ impl NodeHost {
         match shape {
             Some(shape) => {
                 let node =
-                    Node::open_shaped(config, options, shape, sinks, host.counters.clone()).await?;
+                    Node::open_kept(config, options, shape, sinks, host.counters.clone()).await?;
                 host.set(node);
             }
             None => tracing::info!(
@@ -178,11 +178,10 @@ impl NodeHost {
     ) -> Result<Arc<Node>, (ErrorCode, String)> {
         let geometry =
             crate::shape::learn(hello).map_err(|why| (ErrorCode::GEOMETRY_MISMATCH, why))?;
-        let file = opener.config.shape_file();
         let shape = Shape {
             geometry,
             origin: ShapeOrigin::Learned,
-            file: file.clone(),
+            file: opener.config.shape_file(),
         };
         let internal = |e: NodeError| {
             tracing::error!(error = %e, "could not open the node with the first engine's shape");
@@ -191,7 +190,9 @@ impl NodeHost {
                 format!("the node could not open with this engine's block shape: {e}"),
             )
         };
-        let node = Node::open_shaped(
+        // Not kept, the shape would be learned again after a restart,
+        // maybe another: a node whose shape cannot be kept is not used.
+        let node = Node::open_kept(
             &opener.config,
             self.options.clone(),
             shape,
@@ -200,14 +201,6 @@ impl NodeHost {
         )
         .await
         .map_err(internal)?;
-        if let Err(e) = crate::shape::keep_learned(&file, &geometry) {
-            // Not kept, the shape would be learned again after a restart,
-            // maybe another: the node is not used.
-            if let Err(closing) = node.close().await {
-                tracing::warn!(error = %closing, "closing the unused node failed");
-            }
-            return Err(internal(e));
-        }
         tracing::info!(
             shape = %node.shape().describe(),
             model = crate::conn::clip(&hello.namespace.model),

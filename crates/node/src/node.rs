@@ -78,12 +78,33 @@ impl Node {
         // write stops the start with nothing created or changed.
         crate::access::prepare_dirs(config, options.access_group)?;
         let shape = crate::shape::at_start(config)?.ok_or(NodeError::NoShape)?;
-        Self::open_shaped(config, options, shape, extra_sinks, Arc::default()).await
+        Self::open_kept(config, options, shape, extra_sinks, Arc::default()).await
+    }
+
+    /// [`open_shaped`](Self::open_shaped), then keeps the shape in the
+    /// data directory (a configured or learned one; a kept one is there):
+    /// only a shape the tiers opened with is kept. A node whose shape
+    /// cannot be kept is closed and not used.
+    pub(crate) async fn open_kept(
+        config: &NodeConfig,
+        options: NodeOptions,
+        shape: Shape,
+        extra_sinks: Vec<Arc<dyn EventSink>>,
+        counters: Arc<Counters>,
+    ) -> Result<Arc<Self>, NodeError> {
+        let node = Self::open_shaped(config, options, shape, extra_sinks, counters).await?;
+        if let Err(e) = crate::shape::keep(node.shape()) {
+            if let Err(closing) = node.close().await {
+                tracing::warn!(error = %closing, "closing the unused node failed");
+            }
+            return Err(e);
+        }
+        Ok(node)
     }
 
     /// [`open`](Self::open) once the directories are prepared and the
     /// shape is known.
-    pub(crate) async fn open_shaped(
+    async fn open_shaped(
         config: &NodeConfig,
         options: NodeOptions,
         shape: Shape,

@@ -125,9 +125,9 @@ fn store(path: &Path, g: &Geometry, origin: ShapeOrigin) -> Result<bool, NodeErr
 }
 
 /// The shape a node starts with: the configured `[geometry]`, which must
-/// equal a kept one (the stored blocks have the kept shape) and is kept
-/// when none is; else the kept one; else `None` (learned at the first
-/// `Hello`).
+/// equal a kept one (the stored blocks have the kept shape); else the kept
+/// one; else `None` (learned at the first `Hello`). Once the node has
+/// opened with it, [`keep`] it.
 pub fn at_start(config: &NodeConfig) -> Result<Option<Shape>, NodeError> {
     let file = config.shape_file();
     let kept = load(&file)?;
@@ -148,9 +148,9 @@ pub fn at_start(config: &NodeConfig) -> Result<Option<Shape>, NodeError> {
                 kept: k.describe(),
             });
         }
-        None => {
-            store(&file, &geometry, ShapeOrigin::Configured)?;
-        }
+        // Kept once the tiers opened with it (`keep`): a configuration
+        // the node cannot open with is not kept.
+        None => {}
     }
     Ok(Some(Shape {
         geometry,
@@ -159,10 +159,14 @@ pub fn at_start(config: &NodeConfig) -> Result<Option<Shape>, NodeError> {
     }))
 }
 
-/// Keeps a shape learned from a `Hello` at `path`. A file there already
-/// (written since the start looked) must hold the same geometry.
-pub(crate) fn keep_learned(path: &Path, g: &Geometry) -> Result<(), NodeError> {
-    if store(path, g, ShapeOrigin::Learned)? {
+/// Keeps `shape` in its file, unless it came from there. A file there
+/// already (written since the start looked) must hold the same geometry.
+pub(crate) fn keep(shape: &Shape) -> Result<(), NodeError> {
+    if shape.origin == ShapeOrigin::Kept {
+        return Ok(());
+    }
+    let (path, g) = (shape.file.as_path(), &shape.geometry);
+    if store(path, g, shape.origin)? {
         return Ok(());
     }
     match load(path)? {
@@ -249,6 +253,14 @@ mod tests {
     use kvtier_core::ModelPreset;
 
     use super::*;
+
+    fn keep_learned(path: &Path, g: &Geometry) -> Result<(), NodeError> {
+        keep(&Shape {
+            geometry: *g,
+            origin: ShapeOrigin::Learned,
+            file: path.to_owned(),
+        })
+    }
 
     #[test]
     fn a_kept_shape_is_private_and_reads_back() {
