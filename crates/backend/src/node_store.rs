@@ -18,7 +18,7 @@ use kvtier_meta::{
 };
 use std::sync::Arc;
 
-use kvtier_node::Node;
+use kvtier_node::{Node, NodeHost};
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::uri::{Uri, bad};
@@ -162,8 +162,9 @@ fn parse_part_uri(node: &str, uri: &str) -> Result<PartName, BackendError> {
 /// A storage on one kvtier node.
 pub struct NodeStoreBackend {
     node: String,
-    /// The node daemon's core when `node` is the local node.
-    local: Option<Arc<Node>>,
+    /// The node daemon's core when `node` is the local node (open once
+    /// its block shape is known).
+    local: Option<Arc<NodeHost>>,
 }
 
 impl std::fmt::Debug for NodeStoreBackend {
@@ -184,9 +185,16 @@ struct Part {
 impl NodeStoreBackend {
     /// The backend of the local node `node`, over its blocks.
     pub fn local(node: impl Into<String>, store: Arc<Node>) -> Self {
+        Self::local_host(node, NodeHost::of(store))
+    }
+
+    /// The backend of the local node `node` of `host`, whose node may
+    /// still wait for its block shape (until then every call is
+    /// [`BackendError::Unavailable`]).
+    pub fn local_host(node: impl Into<String>, host: Arc<NodeHost>) -> Self {
         NodeStoreBackend {
             node: node.into(),
-            local: Some(store),
+            local: Some(host),
         }
     }
 
@@ -205,8 +213,17 @@ impl NodeStoreBackend {
     }
 
     fn store(&self) -> Result<&Node, BackendError> {
-        self.local.as_deref().ok_or_else(|| {
-            BackendError::Unavailable(format!("no data plane to node {} yet", self.node))
+        let Some(host) = &self.local else {
+            return Err(BackendError::Unavailable(format!(
+                "no data plane to node {} yet",
+                self.node
+            )));
+        };
+        host.node().map(|n| &**n).ok_or_else(|| {
+            BackendError::Unavailable(format!(
+                "node {} has no block shape yet (no engine has connected)",
+                self.node
+            ))
         })
     }
 

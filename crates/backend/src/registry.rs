@@ -19,9 +19,9 @@ pub struct BackendOptions {
     /// Settings and credentials of S3 storages.
     pub s3: S3Options,
     /// This node's name and block store, if it has one: a `kvtier://`
-    /// storage on this node is served from it, any other node is
-    /// unreachable for now.
-    pub local_node: Option<(String, Arc<kvtier_node::Node>)>,
+    /// storage on this node is served from it (once its block shape is
+    /// known), any other node is unreachable for now.
+    pub local_node: Option<(String, Arc<kvtier_node::NodeHost>)>,
 }
 
 impl std::fmt::Debug for BackendOptions {
@@ -75,7 +75,7 @@ pub fn open_backend(
             }
             match &opts.local_node {
                 Some((name, store)) if name == u.authority => {
-                    Arc::new(NodeStoreBackend::local(name.clone(), store.clone()))
+                    Arc::new(NodeStoreBackend::local_host(name.clone(), store.clone()))
                 }
                 _ => Arc::new(NodeStoreBackend::remote(u.authority)),
             }

@@ -178,7 +178,7 @@ async fn registry_opens_by_kind_and_rejects_bad_uris() {
     opts.file_pool.file_size = 1 << 16;
     opts.file_pool.files = 1;
     let (_dir, s) = store().await;
-    opts.local_node = Some(("node-1".into(), s.clone()));
+    opts.local_node = Some(("node-1".into(), kvtier_node::NodeHost::of(s.clone())));
     let pool = open_backend(
         &storage(
             StorageKind::FilePool,

@@ -24,8 +24,9 @@ pub use meta::{AccountRole, MetaAccountConfig, MetaSectionConfig};
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// `[geometry]`.
-    pub geometry: GeometryConfig,
+    /// `[geometry]`; `None`: the shape the data directory keeps, else the
+    /// first engine's (docs/configuration.md).
+    pub geometry: Option<GeometryConfig>,
     /// `[memory]`.
     pub memory: MemoryConfig,
     /// `[disk]`.
@@ -92,7 +93,9 @@ impl Config {
     /// Checks values that parse but make no sense, section by section (in
     /// this order, so the first problem reported is always the same one).
     pub fn validate(&self) -> kvtier_core::Result<()> {
-        self.geometry.resolve()?;
+        if let Some(g) = &self.geometry {
+            g.resolve()?;
+        }
         self.memory.validate()?;
         self.disk.validate()?;
         self.meta.validate()?;
@@ -168,7 +171,14 @@ mod tests {
     fn empty_file_gives_defaults() {
         let c = Config::from_toml_with_env("", env(&[])).unwrap();
         assert_eq!(c, Config::default());
-        assert_eq!(c.geometry.resolve().unwrap().block_bytes(), 2 << 20);
+        assert_eq!(
+            c.geometry, None,
+            "no shape until one is configured or learned"
+        );
+        let c = Config::from_toml_with_env("", env(&[("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", "16")]))
+            .unwrap();
+        let g = c.geometry.map(|g| g.resolve().unwrap());
+        assert_eq!(g.map(|g| g.block_bytes()), Some(2 << 20), "llama3-8b");
     }
 
     #[test]
@@ -394,14 +404,14 @@ mod tests {
             env(&[]),
         )
         .unwrap();
-        let g = c.geometry.resolve().unwrap();
+        let g = c.geometry.unwrap().resolve().unwrap();
         assert_eq!(g.parts_per_layer(), 1);
         assert_eq!(g.object_bytes(), 64 * 576 * 2);
         let text = "[geometry]\nlayers = 2\nkv_heads = 2\nhead_dim = 32\ndtype = \"f32\"\ntokens_per_block = 32";
         let c =
             Config::from_toml_with_env(&format!("{text}\npreset = \"tiny\""), env(&[])).unwrap();
         assert_eq!(
-            c.geometry.resolve().unwrap(),
+            c.geometry.unwrap().resolve().unwrap(),
             ModelPreset::Tiny.geometry(32)
         );
         let bad = Config::from_toml_with_env(

@@ -2,7 +2,7 @@
 //!
 //! A thin binary over the library crates: it parses arguments, loads the
 //! configuration (file, then `KVTIER_*` environment overrides, then flags)
-//! and hands off to `serve`, `meta`, `bench` or `replay`.
+//! and hands off to `serve`, `meta`, `bench`, `replay` or `shape`.
 
 mod bench;
 mod config;
@@ -10,6 +10,7 @@ mod meta;
 mod node_http;
 mod replay;
 mod serve;
+mod shape;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -52,6 +53,10 @@ enum Command {
     Replay(Box<replay::ReplayArgs>),
     /// Print the effective configuration (file + environment + defaults).
     Config,
+    /// Print the node's `[geometry]` (and its `KVTIER_GEOMETRY__*`
+    /// variables) for a Hugging Face model as an engine runs it, for a
+    /// daemon whose shape is set by hand rather than by the first engine.
+    Shape(shape::ShapeArgs),
 }
 
 /// What `kvtier manager` prints before it runs `meta`: scripts still using
@@ -84,6 +89,7 @@ fn main() -> Result<()> {
         }
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(args) => replay::run(*args),
+        Command::Shape(args) => shape::run(args),
         Command::Config => {
             let cfg = config::load(cli.config.as_deref())?;
             print!("{}", cfg.to_toml());

@@ -19,7 +19,7 @@ use kvtier_meta::{
     MetaConfig, MetaIndex, MetaService, RedbIndex, RedisIndex, RedisIndexConfig, Role, Storage,
     StorageHealth, StorageKind, leader::Elector,
 };
-use kvtier_node::Node;
+use kvtier_node::NodeHost;
 use kvtier_server::{AuthMode, MetaServer, RunningServer, ServerConfig};
 
 use crate::config::{AccountRole, Config, MetaAccountConfig};
@@ -49,8 +49,8 @@ struct BackgroundTasks {
 pub struct HostNode {
     /// Its name (`kvtier://<name>` storages are on it).
     pub name: String,
-    /// The node.
-    pub node: Arc<Node>,
+    /// The node (open once its block shape is known).
+    pub host: Arc<NodeHost>,
     /// Its metrics, served on the admin `/metrics` beside the service's.
     pub metrics: kvtier_server::ExtraMetrics,
 }
@@ -65,7 +65,7 @@ impl RunningMeta {
         let index = open_index(config)?;
         let extra_metrics = node.as_ref().map(|h| h.metrics.clone());
         let options = BackendOptions {
-            local_node: node.map(|h| (h.name, h.node)),
+            local_node: node.map(|h| (h.name, h.host)),
             file_pool: pool_options(config),
             ..BackendOptions::default()
         };

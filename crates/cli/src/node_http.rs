@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::http::header;
 use axum::routing::get;
-use kvtier_node::Node;
+use kvtier_node::NodeHost;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -20,17 +20,20 @@ pub(crate) struct NodeHttp {
 }
 
 impl NodeHttp {
-    /// Listens on `addr` (port 0: one the OS picks) and serves `node`.
-    pub(crate) async fn start(node: Arc<Node>, addr: &str) -> Result<Self> {
+    /// Listens on `addr` (port 0: one the OS picks) and serves `host`'s
+    /// node: before its shape is known, `/metrics` has only
+    /// `kvtier_node_shape_known 0` and `/health` says "no shape yet".
+    pub(crate) async fn start(host: Arc<NodeHost>, addr: &str) -> Result<Self> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding manager.metrics_addr {addr}"))?;
         let addr = listener.local_addr().context("reading the bound address")?;
+        let health = host.clone();
         let app = axum::Router::new()
             .route(
                 "/metrics",
                 get(move || {
-                    let text = format!("{}# EOF\n", node.metrics_text());
+                    let text = format!("{}# EOF\n", host.metrics_text());
                     async move {
                         (
                             [(
@@ -42,7 +45,19 @@ impl NodeHttp {
                     }
                 }),
             )
-            .route("/health", get(|| async { "ok\n" }));
+            .route(
+                "/health",
+                get(move || {
+                    let known = health.node().is_some();
+                    async move {
+                        if known {
+                            "ok\n"
+                        } else {
+                            "ok: no shape yet (no engine has connected)\n"
+                        }
+                    }
+                }),
+            );
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {

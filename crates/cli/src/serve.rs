@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvtier_backend::{NodeView, NodeViewConfig, NodeViewSink};
 use kvtier_manager::events::EventSink;
-use kvtier_node::{Node, NodeServer};
+use kvtier_node::{Node, NodeHost, NodeServer, OpenHook};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Arguments of `kvtier serve`.
@@ -59,7 +59,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         crate::meta::check_admin_exists(&config)?;
     }
     rt.block_on(async move {
-        let geometry = config.geometry.resolve()?;
         // A pool the file system cannot hold stops the start before the
         // arena and the disk tier are made.
         crate::meta::check_default_pool_space(&config)?;
@@ -70,7 +69,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         } else {
             Vec::new()
         };
-        let node = Node::open(&config.node(), sinks)
+        // The node opens now when its shape is configured or kept, else
+        // at the first engine's Hello.
+        let host = NodeHost::open(&config.node(), sinks)
             .await
             .context("opening the node")?;
         // Install the handlers before announcing readiness, so a signal sent
@@ -78,48 +79,33 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         let signals = Signals::install()?;
         let view: Arc<OnceLock<NodeView>> = Arc::default();
         let meta = if config.meta.enabled {
-            Some(start_meta(&config, &node, &view).await?)
+            Some(start_meta(&config, &host, &view).await?)
         } else {
             None
         };
         if let (true, Some(m)) = (publish, &meta) {
-            let name = node.options().node_name.clone();
-            let started = NodeView::start(
-                &view_sink,
-                node.clone(),
-                m.svc.clone(),
-                NodeViewConfig::new(name),
-            )
-            .await
-            .context("publishing the node's blocks to the metadata service")?;
-            let _ = view.set(started);
+            // Engines connect only once the view observes their commits.
+            host.when_open(view_hook(&host, view_sink, m.svc.clone(), view.clone()))
+                .await;
+            if host.node().is_some() && view.get().is_none() {
+                anyhow::bail!(
+                    "could not publish the node's blocks to the metadata service (see the log)"
+                );
+            }
         }
-        // Engines connect only once the view observes their commits.
-        let server = NodeServer::bind(node.clone(), &config.node_socket())
+        let server = NodeServer::bind_host(host.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
         let http = if config.manager.metrics_addr.is_empty() {
             None
         } else {
             Some(
-                crate::node_http::NodeHttp::start(node.clone(), &config.manager.metrics_addr)
+                crate::node_http::NodeHttp::start(host.clone(), &config.manager.metrics_addr)
                     .await?,
             )
         };
-        let adopted = node.adopted();
-        tracing::info!(
-            geometry = %geometry,
-            socket = %server.path().display(),
-            shm = %node.memory().shm_path().display(),
-            dram_blocks = node.memory().capacity_blocks(),
-            adopted_g2 = adopted.g2,
-            adopted_g3 = adopted.g3,
-            adopted_g4 = adopted.g4,
-            metrics = %http.as_ref().map_or("off".into(), |h| h.addr().to_string()),
-            data_dir = %config.serve.data_dir.display(),
-            "kvtier serving; Ctrl-C or SIGTERM to stop"
-        );
-        signals.wait(&node, args.stats_interval).await;
+        log_ready(&host, &server, http.as_ref(), &config);
+        signals.wait(&host, args.stats_interval).await;
         tracing::info!("shutting down: closing client sessions");
         server.shutdown().await;
         if let Some(h) = http {
@@ -129,38 +115,92 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             tracing::info!("shutting down: stopping the metadata service");
             m.shutdown().await;
         }
-        tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
-        node.close().await.context("closing the node")?;
-        if let Some(v) = view.get() {
-            v.stop().await;
+        if let Some(node) = host.node() {
+            tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
+            node.close().await.context("closing the node")?;
+            if let Some(v) = view.get() {
+                v.stop().await;
+            }
+            log_stats(node);
         }
-        log_stats(&node);
         tracing::info!("stopped cleanly");
         Ok(())
     })
 }
 
-/// Starts the metadata service over this host's node; its `/metrics`
-/// carries the node's figures and, once it runs, the view's.
+/// The line that says the daemon is ready, with its shape or that it waits
+/// for one.
+fn log_ready(
+    host: &NodeHost,
+    server: &NodeServer,
+    http: Option<&crate::node_http::NodeHttp>,
+    config: &crate::config::Config,
+) {
+    let shape = host.node().map_or_else(
+        || "none yet: the first engine's Hello sets it".to_owned(),
+        |n| n.shape().describe(),
+    );
+    let (dram_blocks, adopted) = host.node().map_or((0, Default::default()), |n| {
+        (n.memory().capacity_blocks(), n.adopted())
+    });
+    tracing::info!(
+        shape = %shape,
+        socket = %server.path().display(),
+        dram_blocks,
+        adopted_g2 = adopted.g2,
+        adopted_g3 = adopted.g3,
+        adopted_g4 = adopted.g4,
+        metrics = %http.map_or("off".into(), |h| h.addr().to_string()),
+        data_dir = %config.serve.data_dir.display(),
+        "kvtier serving; Ctrl-C or SIGTERM to stop"
+    );
+}
+
+/// Starts the node view (the node's blocks published to the metadata
+/// service) once the node is open; a view that fails to start is logged.
+fn view_hook(
+    host: &NodeHost,
+    sink: NodeViewSink,
+    svc: Arc<kvtier_meta::MetaService>,
+    view: Arc<OnceLock<NodeView>>,
+) -> OpenHook {
+    let name = host.options().node_name.clone();
+    Box::new(move |node| {
+        Box::pin(async move {
+            match NodeView::start(&sink, node, svc, NodeViewConfig::new(name)).await {
+                Ok(started) => {
+                    let _ = view.set(started);
+                }
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "could not publish the node's blocks to the metadata service"
+                ),
+            }
+        })
+    })
+}
+
+/// Starts the metadata service beside this host's node; its `/metrics`
+/// carries the node's figures (and whether its shape is known yet).
 async fn start_meta(
     config: &crate::config::Config,
-    node: &Arc<Node>,
+    host: &Arc<NodeHost>,
     view: &Arc<OnceLock<NodeView>>,
 ) -> Result<crate::meta::RunningMeta> {
-    let (n, v) = (node.clone(), view.clone());
+    let (h, v) = (host.clone(), view.clone());
     let metrics: kvtier_server::ExtraMetrics = Arc::new(move || {
-        let mut text = n.metrics_text();
+        let mut text = h.metrics_text();
         if let Some(v) = v.get() {
             text.push_str(&v.metrics_text());
         }
         text
     });
-    let host = crate::meta::HostNode {
-        name: node.options().node_name.clone(),
-        node: node.clone(),
+    let node = crate::meta::HostNode {
+        name: host.options().node_name.clone(),
+        host: host.clone(),
         metrics,
     };
-    crate::meta::RunningMeta::start(config, Some(host))
+    crate::meta::RunningMeta::start(config, Some(node))
         .await
         .context("starting the metadata service")
 }
@@ -189,14 +229,17 @@ impl Signals {
 
     /// Returns on the first SIGINT or SIGTERM, logging statistics every
     /// `stats_interval` seconds meanwhile (0: never).
-    async fn wait(mut self, node: &Node, stats_interval: u64) {
+    async fn wait(mut self, host: &NodeHost, stats_interval: u64) {
         let mut tick = tokio::time::interval(Duration::from_secs(stats_interval.max(1)));
         tick.tick().await;
         loop {
             tokio::select! {
                 _ = self.interrupt.recv() => return,
                 _ = self.terminate.recv() => return,
-                _ = tick.tick(), if stats_interval > 0 => log_stats(node),
+                _ = tick.tick(), if stats_interval > 0 => match host.node() {
+                    Some(node) => log_stats(node),
+                    None => tracing::info!("stats: no shape yet (no engine has connected)"),
+                },
             }
         }
     }

@@ -45,19 +45,38 @@ fn uri_of(l: &Value) -> Option<String> {
     spec["uri"].as_str().map(str::to_owned)
 }
 
+/// The daemon's settings: the metadata service on, its index in memory.
+const META: &[(&str, &str)] = &[
+    ("KVTIER_META__ENABLED", "true"),
+    ("KVTIER_META__INDEX", "memory"),
+    ("KVTIER_NODE", NODE),
+];
+
 #[test]
 fn committed_blocks_are_in_the_metadata_service_while_the_node_holds_them() {
     let dir = tempfile::tempdir().unwrap();
-    let d = Daemon::start(
-        dir.path(),
-        &shm_name("node-meta"),
-        &[
-            ("KVTIER_META__ENABLED", "true"),
-            ("KVTIER_META__INDEX", "memory"),
-            ("KVTIER_NODE", NODE),
-        ],
-    );
-    let addr = logged_addr(&d, "meta_http");
+    published_while_held(&Daemon::start(dir.path(), &shm_name("node-meta"), META));
+}
+
+/// Without a shape the metadata service serves at once (its `/metrics`
+/// says "no shape yet"), and the first engine's blocks are published as
+/// with a configured shape: the view starts before that engine is
+/// answered.
+#[test]
+fn a_daemon_without_a_shape_publishes_its_first_engines_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = Daemon::start_unshaped(dir.path(), &shm_name("node-meta-unshaped"), META);
+    let admin = logged_addr(&d, "admin_http");
+    let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
+    assert!(metrics.contains("kvtier_node_shape_known 0"), "{metrics}");
+    published_while_held(&d);
+    let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
+    assert!(metrics.contains("kvtier_node_shape_known 1"), "{metrics}");
+}
+
+/// Blocks an engine commits on `d` are listed while the node holds them.
+fn published_while_held(d: &Daemon) {
+    let addr = logged_addr(d, "meta_http");
     let mut client =
         kvtier_client::Client::connect(d.client_config().with_instance("llama")).expect("connect");
     let keys: Vec<u128> = (1..=3).map(|k| k | (7 << 64)).collect();
@@ -93,7 +112,7 @@ fn committed_blocks_are_in_the_metadata_service_while_the_node_holds_them() {
     assert!(locations(addr, &keys)[1..].iter().all(Option::is_some));
 
     let (_, metrics) =
-        support::http_text(logged_addr(&d, "admin_http"), "GET", "/metrics", None, "");
+        support::http_text(logged_addr(d, "admin_http"), "GET", "/metrics", None, "");
     assert!(
         metrics.contains("kvtier_node_meta_published_total 3"),
         "{metrics}"

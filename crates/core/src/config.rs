@@ -244,6 +244,85 @@ impl GeometryConfig {
     }
 }
 
+impl GeometryConfig {
+    /// The section that resolves to exactly `g`: every field set, the
+    /// preset only picking the attention kind (`llama3-8b` for multi-head,
+    /// `deepseek-v3` for a latent), so no value comes from a preset.
+    pub fn exact(g: &Geometry) -> Self {
+        let (preset, kv_heads, head_dim, latent_dim) = match g.attention {
+            Attention::Mha { kv_heads, head_dim } => {
+                (ModelPreset::Llama3_8B, Some(kv_heads), Some(head_dim), None)
+            }
+            Attention::Mla { latent_dim } => {
+                (ModelPreset::DeepSeekV3, None, None, Some(latent_dim))
+            }
+        };
+        Self {
+            preset: Some(preset.name().into()),
+            tokens_per_block: g.tokens_per_block,
+            layers: Some(g.layers),
+            kv_heads,
+            head_dim,
+            latent_dim,
+            dtype: Some(g.dtype.name().into()),
+            tp_size: g.tp_size,
+            tp_rank: g.tp_rank,
+        }
+    }
+
+    /// The section as `KVTIER_GEOMETRY__<KEY>=<value>` lines, in the order
+    /// of the TOML section; unset fields are left out.
+    pub fn env_lines(&self) -> Vec<String> {
+        let opt = |v: Option<u32>| v.map(|v| v.to_string());
+        let fields = [
+            ("preset", self.preset.clone()),
+            ("tokens_per_block", Some(self.tokens_per_block.to_string())),
+            ("layers", opt(self.layers)),
+            ("kv_heads", opt(self.kv_heads)),
+            ("head_dim", opt(self.head_dim)),
+            ("latent_dim", opt(self.latent_dim)),
+            ("dtype", self.dtype.clone()),
+            ("tp_size", Some(self.tp_size.to_string())),
+            ("tp_rank", Some(self.tp_rank.to_string())),
+        ];
+        fields
+            .into_iter()
+            .filter_map(|(k, v)| {
+                v.map(|v| format!("{ENV_PREFIX}GEOMETRY__{}={v}", k.to_ascii_uppercase()))
+            })
+            .collect()
+    }
+}
+
+/// A TOML document of one `[geometry]` section: what `kvtier shape` prints
+/// and what a node's shape file holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GeometryDocument {
+    /// `[geometry]`.
+    pub geometry: GeometryConfig,
+}
+
+impl GeometryDocument {
+    /// The document of exactly `g` ([`GeometryConfig::exact`]).
+    pub fn exact(g: &Geometry) -> Self {
+        Self {
+            geometry: GeometryConfig::exact(g),
+        }
+    }
+
+    /// The document as TOML text.
+    pub fn to_toml(&self) -> String {
+        to_toml(self)
+    }
+
+    /// Parses `text` (no environment overrides) and resolves its section.
+    pub fn parse_geometry(text: &str) -> Result<Geometry> {
+        let doc: Self = from_toml_with_env(text, std::iter::empty())?;
+        doc.geometry.resolve()
+    }
+}
+
 /// Parses `text` (TOML), applies overrides from `env` (`(name, value)`
 /// pairs; pass `std::env::vars()`), and deserializes the result as `T`.
 ///
@@ -318,5 +397,30 @@ mod tests {
         }
         assert_eq!("4g".parse::<ByteSize>().unwrap(), ByteSize(4 << 30));
         assert!("99999999999999999999T".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn an_exact_section_resolves_to_its_geometry_in_toml_and_env() {
+        let mut mha = ModelPreset::Llama3_70B.geometry(32);
+        mha.tp_size = 4;
+        mha.tp_rank = 1;
+        mha.dtype = Dtype::F16;
+        let mut mla = ModelPreset::DeepSeekV3.geometry(16);
+        mla.layers = 2;
+        mla.dtype = Dtype::F32;
+        for g in [mha, mla, ModelPreset::Tiny.geometry(32)] {
+            let text = GeometryDocument::exact(&g).to_toml();
+            assert_eq!(
+                GeometryDocument::parse_geometry(&text).unwrap(),
+                g,
+                "{text}"
+            );
+            let env = GeometryConfig::exact(&g).env_lines().into_iter().map(|l| {
+                let (k, v) = l.split_once('=').unwrap();
+                (k.to_owned(), v.to_owned())
+            });
+            let doc: GeometryDocument = from_toml_with_env("", env).unwrap();
+            assert_eq!(doc.geometry.resolve().unwrap(), g);
+        }
     }
 }

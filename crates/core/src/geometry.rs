@@ -60,11 +60,13 @@ impl FromStr for Dtype {
     type Err = CoreError;
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.to_ascii_lowercase().as_str() {
-            "f32" | "float32" | "fp32" => Dtype::F32,
+            "f32" | "float32" | "fp32" | "float" => Dtype::F32,
             "f16" | "float16" | "fp16" | "half" => Dtype::F16,
             "bf16" | "bfloat16" => Dtype::Bf16,
-            "fp8" | "fp8_e4m3" | "fp8_e5m2" | "e4m3" | "e5m2" => Dtype::Fp8,
-            "int8" | "i8" => Dtype::Int8,
+            // torch's names too: engines name their KV dtype as torch does.
+            "fp8" | "fp8_e4m3" | "fp8_e5m2" | "e4m3" | "e5m2" | "float8_e4m3fn"
+            | "float8_e4m3fnuz" | "float8_e5m2" | "float8_e5m2fnuz" => Dtype::Fp8,
+            "int8" | "i8" | "uint8" | "u8" => Dtype::Int8,
             other => {
                 return Err(CoreError::InvalidGeometry(format!(
                     "unknown dtype {other:?}"
@@ -256,6 +258,30 @@ impl Geometry {
         };
         g.validate()?;
         Ok(g)
+    }
+}
+
+impl Geometry {
+    /// The shape in the terms a model card uses: layers, KV heads and head
+    /// size (or the latent), element type, tokens per block and TP, then the
+    /// bytes they make.
+    pub fn describe(&self) -> String {
+        let kv = match self.attention {
+            Attention::Mha { kv_heads, head_dim } => format!(
+                "{kv_heads} KV heads of {head_dim} ({} per TP rank)",
+                self.kv_heads_per_rank()
+            ),
+            Attention::Mla { latent_dim } => format!("a latent of {latent_dim} per token"),
+        };
+        format!(
+            "{} layers, {kv}, {}, {} tokens per block, TP {}: {} B per layer of a block, {} B per block",
+            self.layers,
+            self.dtype.name(),
+            self.tokens_per_block,
+            self.tp_size,
+            self.layer_bytes(),
+            self.block_bytes()
+        )
     }
 }
 

@@ -54,7 +54,7 @@ pub use checksum::{
     BlockChecksum, BlockSums, block_checksum, combine_layer_checksums, copy_layer_checksum,
     layer_checksum, layer_checksums,
 };
-pub use config::{ByteSize, GeometryConfig, IoEngineKind, RegionEvictionKind};
+pub use config::{ByteSize, GeometryConfig, GeometryDocument, IoEngineKind, RegionEvictionKind};
 pub use error::{CoreError, Result};
 pub use geometry::{Attention, Dtype, Geometry, KvPart, ModelPreset};
 pub use hash::{BlockHash, HashChain, Salt};

@@ -204,6 +204,12 @@ impl FrameReader {
         self.max_frame = self.limits.frame_after_hello;
     }
 
+    /// The node's shape is known: frames after `Hello` may take
+    /// `frame_after_hello` bytes ([`request_frame_limit`]).
+    pub(crate) fn shaped(&mut self, frame_after_hello: usize) {
+        self.limits.frame_after_hello = frame_after_hello;
+    }
+
     /// A request was just served: the idle time counts from now, and so
     /// does the time of a frame that arrived in part meanwhile (the daemon
     /// was not reading it while it served the request).

@@ -117,6 +117,45 @@ pub enum NodeError {
         /// What is wrong with it.
         why: String,
     },
+    /// The shape file could not be read or written.
+    #[error("{op} the node's shape file {path}: {source}")]
+    ShapeFile {
+        /// What was attempted.
+        op: &'static str,
+        /// The shape file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The shape file exists but cannot be trusted or used.
+    #[error(
+        "the node's shape file {path} cannot be used: {why}; it keeps the block shape of the data beside it: fix it, or move the data directory away to start afresh"
+    )]
+    BadShapeFile {
+        /// The shape file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// The configured `[geometry]` is not the shape the data directory
+    /// keeps: its blocks have the kept shape.
+    #[error(
+        "the configured [geometry] ({configured}) is not the shape this data directory keeps in {path} ({kept}); its stored blocks have the kept shape: remove [geometry] to use it, or use another data directory (or move this one away) to start afresh with the configured one"
+    )]
+    ShapeConflict {
+        /// The shape file.
+        path: PathBuf,
+        /// The configured shape, in human terms.
+        configured: String,
+        /// The kept shape, in human terms.
+        kept: String,
+    },
+    /// [`Node::open`](crate::Node::open) was given no shape: no
+    /// `[geometry]` is configured and none is kept.
+    #[error(
+        "no block shape: configure [geometry] (see `kvtier shape`), or start the daemon with NodeHost, which learns it from the first engine's Hello"
+    )]
+    NoShape,
     /// A background task of the node panicked or was cancelled.
     #[error("a node task stopped unexpectedly")]
     TaskLost,

@@ -26,6 +26,11 @@
 //! refusal with a clear `Error`; and a full descriptor table pauses
 //! accepting instead of spinning.
 //!
+//! The block shape is the configured `[geometry]`, else the one the data
+//! directory keeps ([`shape`]), else the first engine's: a [`NodeHost`]
+//! opens the node when that engine's `Hello` arrives and keeps its shape
+//! for the next start.
+//!
 //! Who may reach what the node keeps is decided at start ([`access`]): the
 //! data, disk and socket directories are refused if another user can write
 //! them and made private otherwise; the socket and the arena are the
@@ -35,13 +40,16 @@ pub mod access;
 mod config;
 mod conn;
 mod error;
+mod host;
 mod metrics;
 mod node;
 mod observer;
+mod own_file;
 mod secret;
 mod sections;
 mod server;
 mod session;
+pub mod shape;
 mod stats;
 #[cfg(feature = "test-support")]
 pub mod test_support;
@@ -50,6 +58,7 @@ pub use access::check_dirs;
 pub use config::{NodeOptions, node_name};
 pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
+pub use host::{NodeHost, OpenHook};
 pub use node::Node;
 pub use observer::{CommitObserver, CommittedKey, SessionNamespace};
 pub use sections::{ManagerSectionConfig, NodeConfig, ServeConfig};

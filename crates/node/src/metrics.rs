@@ -285,3 +285,14 @@ fn paths(t: &mut Text, m: &ManagerStats) {
         &per(&|p| p.queue_depth as f64),
     );
 }
+
+/// The family that says whether the node knows its block shape.
+pub(crate) fn shape_family(known: bool) -> String {
+    let mut t = Text(String::new());
+    t.gauge(
+        "kvtier_node_shape_known",
+        "1 once the node knows its block shape; 0 while it waits for the first engine's Hello (no shape yet).",
+        u64::from(known),
+    );
+    t.0
+}

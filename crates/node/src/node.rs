@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::observer::CommitObserver;
+use crate::shape::Shape;
 use crate::stats::Counters;
 use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
 
@@ -31,7 +32,10 @@ pub struct Node {
     memory: MemoryTier,
     options: NodeOptions,
     adopted: Adopted,
-    pub(crate) counters: Counters,
+    shape: Shape,
+    /// Shared with the [`NodeHost`](crate::NodeHost), which counts
+    /// connections before the node exists.
+    pub(crate) counters: Arc<Counters>,
     stop_step: watch::Sender<bool>,
     stepper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
@@ -52,7 +56,11 @@ impl Node {
     /// Builds the node from a whole configuration: first the data, disk
     /// and socket directories, checked and made private
     /// ([`access`](crate::access): one another user can write stops the
-    /// start with nothing changed) and the secret; then the arena
+    /// start with nothing changed); then the block shape (the configured
+    /// `[geometry]`, which must equal the one the data directory keeps, or
+    /// the kept one: [`NodeError::NoShape`] without either; a daemon that
+    /// learns it from the first engine starts through
+    /// [`NodeHost`](crate::NodeHost)) and the secret; then the arena
     /// (`[memory]`, mode 0600 or 0660 with `manager.access_group`, evicted
     /// only by the manager; after a crash, the dead daemon's arena with
     /// what it had committed), the disk log (`[disk]`, recovered), the
@@ -69,10 +77,44 @@ impl Node {
         // Before anything is made in them: a directory another user can
         // write stops the start with nothing created or changed.
         crate::access::prepare_dirs(config, options.access_group)?;
+        let shape = crate::shape::at_start(config)?.ok_or(NodeError::NoShape)?;
+        Self::open_kept(config, options, shape, extra_sinks, Arc::default()).await
+    }
+
+    /// [`open_shaped`](Self::open_shaped), then keeps the shape in the
+    /// data directory (a configured or learned one; a kept one is there):
+    /// only a shape the tiers opened with is kept. A node whose shape
+    /// cannot be kept is closed and not used.
+    pub(crate) async fn open_kept(
+        config: &NodeConfig,
+        options: NodeOptions,
+        shape: Shape,
+        extra_sinks: Vec<Arc<dyn EventSink>>,
+        counters: Arc<Counters>,
+    ) -> Result<Arc<Self>, NodeError> {
+        let node = Self::open_shaped(config, options, shape, extra_sinks, counters).await?;
+        if let Err(e) = crate::shape::keep(node.shape()) {
+            if let Err(closing) = node.close().await {
+                tracing::warn!(error = %closing, "closing the unused node failed");
+            }
+            return Err(e);
+        }
+        Ok(node)
+    }
+
+    /// [`open`](Self::open) once the directories are prepared and the
+    /// shape is known.
+    async fn open_shaped(
+        config: &NodeConfig,
+        options: NodeOptions,
+        shape: Shape,
+        extra_sinks: Vec<Arc<dyn EventSink>>,
+        counters: Arc<Counters>,
+    ) -> Result<Arc<Self>, NodeError> {
         let secret = crate::secret::load_or_create(&config.secret_file())?;
         let mut sinks = configured_sinks(&options).await?;
         sinks.extend(extra_sinks);
-        let geometry = config.geometry.resolve()?;
+        let geometry = shape.geometry;
         // With the table key, an arena a crashed daemon left is adopted:
         // what it had committed stays (docs/memory-arena.md).
         let arena = MemoryTierConfig {
@@ -118,7 +160,8 @@ impl Node {
             memory,
             options,
             adopted,
-            counters: Counters::default(),
+            shape,
+            counters,
             stop_step,
             stepper: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -148,6 +191,11 @@ impl Node {
     /// The block geometry.
     pub fn geometry(&self) -> &Geometry {
         self.manager.geometry()
+    }
+
+    /// The block shape and where it came from.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
     }
 
     /// The settings.

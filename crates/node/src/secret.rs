@@ -7,14 +7,13 @@
 //! (mode 0600), and one that others can read or that is not a regular file
 //! of ours is refused rather than used.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
 
 use kvtier_protocol::{KEY_BYTES, NodeSecret};
 
-use crate::NodeError;
+use crate::{NodeError, own_file};
 
 /// Loads the secret at `path`, or makes one there if there is none.
 pub(crate) fn load_or_create(path: &Path) -> Result<NodeSecret, NodeError> {
@@ -38,14 +37,7 @@ fn secret_err(op: &'static str, path: &Path, source: std::io::Error) -> NodeErro
 
 /// Reads an existing secret, refusing one others could read or replace.
 fn load(path: &Path) -> Result<NodeSecret, NodeError> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| secret_err("opening", path, e))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| secret_err("inspecting", path, e))?;
+    let (mut file, meta) = own_file::open(path).map_err(|(op, e)| secret_err(op, path, e))?;
     check_private(path, &meta)?;
     let mut bytes = [0u8; KEY_BYTES];
     let mut extra = [0u8; 1];
@@ -66,29 +58,14 @@ fn load(path: &Path) -> Result<NodeSecret, NodeError> {
 /// A secret file must be a regular file of this user that nobody else can
 /// read or write.
 fn check_private(path: &Path, meta: &std::fs::Metadata) -> Result<(), NodeError> {
-    let bad = |why: String| {
-        Err(NodeError::BadSecret {
+    let hint = "others may read it (chmod 600 it, or delete it to make a new one, which orphans every stored block)";
+    match own_file::refusal(meta, 0o077, hint) {
+        Some(why) => Err(NodeError::BadSecret {
             path: path.to_owned(),
             why,
-        })
-    };
-    if !meta.file_type().is_file() {
-        return bad("not a regular file".into());
+        }),
+        None => Ok(()),
     }
-    let uid = crate::access::euid();
-    if meta.uid() != uid {
-        return bad(format!(
-            "owned by uid {}, not this daemon's {uid}",
-            meta.uid()
-        ));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return bad(format!(
-            "mode {:04o}: others may read it (chmod 600 it, or delete it to make a new one, which orphans every stored block)",
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
 }
 
 /// Makes a new secret: written to a private temporary file, synced, then
@@ -96,53 +73,15 @@ fn check_private(path: &Path, meta: &std::fs::Metadata) -> Result<(), NodeError>
 /// the way leaves at most the temporary file, which the next start
 /// removes; if another start linked first, its secret wins.
 fn create(path: &Path) -> Result<NodeSecret, NodeError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    kvtier_io::create_private_dir_all(&dir)
-        .map_err(|e| secret_err("creating the directory of", path, e))?;
     let bytes = random_bytes().map_err(|e| secret_err("drawing random bytes for", path, e))?;
-    let tmp = temporary_name(path);
-    remove_if_present(&tmp)?;
-    write_private(&tmp, &bytes)?;
-    let linked = std::fs::hard_link(&tmp, path);
-    remove_if_present(&tmp)?;
-    match linked {
-        Ok(()) => {
-            sync_dir(&dir).map_err(|e| secret_err("syncing the directory of", path, e))?;
+    match own_file::publish(path, &bytes) {
+        Ok(true) => {
             tracing::info!(path = %path.display(), "made a new node secret");
             Ok(NodeSecret::from_bytes(bytes))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => load(path),
-        Err(e) => Err(secret_err("linking", path, e)),
+        Ok(false) => load(path),
+        Err((op, e)) => Err(secret_err(op, path, e)),
     }
-}
-
-fn temporary_name(path: &Path) -> PathBuf {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".tmp");
-    PathBuf::from(name)
-}
-
-fn remove_if_present(path: &Path) -> Result<(), NodeError> {
-    match std::fs::remove_file(path) {
-        Err(e) if !is_not_found(&e) => Err(secret_err("removing", path, e)),
-        _ => Ok(()),
-    }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), NodeError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(kvtier_io::PRIVATE_FILE_MODE)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| secret_err("creating", path, e))?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|e| secret_err("writing", path, e))
 }
 
 fn random_bytes() -> std::io::Result<[u8; KEY_BYTES]> {
@@ -151,15 +90,12 @@ fn random_bytes() -> std::io::Result<[u8; KEY_BYTES]> {
     Ok(bytes)
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     use super::*;
+    use crate::own_file::{temporary_name, write_private};
 
     #[test]
     fn a_secret_is_made_once_private_and_read_back() {

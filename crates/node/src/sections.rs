@@ -200,8 +200,9 @@ impl ManagerSectionConfig {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
-    /// `[geometry]`.
-    pub geometry: GeometryConfig,
+    /// `[geometry]`; `None` (no section, no `KVTIER_GEOMETRY__*`): the
+    /// shape kept in the data directory, else the first engine's.
+    pub geometry: Option<GeometryConfig>,
     /// `[memory]`.
     pub memory: MemoryConfig,
     /// `[disk]`.
@@ -215,7 +216,9 @@ pub struct NodeConfig {
 impl NodeConfig {
     /// Checks values that parse but make no sense, section by section.
     pub fn validate(&self) -> kvtier_core::Result<()> {
-        self.geometry.resolve()?;
+        if let Some(g) = &self.geometry {
+            g.resolve()?;
+        }
         self.memory.validate()?;
         self.disk.validate()?;
         self.manager.validate()
@@ -237,6 +240,11 @@ impl NodeConfig {
         } else {
             self.manager.secret_file.clone()
         }
+    }
+
+    /// The shape file: `<data_dir>/shape.toml`.
+    pub fn shape_file(&self) -> PathBuf {
+        self.serve.data_dir.join("shape.toml")
     }
 
     /// The disk directories, defaulting to `<data_dir>/disk`.

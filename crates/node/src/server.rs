@@ -16,7 +16,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::stats::Counters;
-use crate::{Node, NodeError, access};
+use crate::{Node, NodeError, NodeHost, access};
 
 /// The listening socket and its sessions. [`shutdown`](Self::shutdown)
 /// stops accepting, ends every session (dropping their reservations and
@@ -48,7 +48,14 @@ impl NodeServer {
     /// ([`NodeError::NotASocket`]) are refused and left alone. Must run
     /// inside a tokio runtime.
     pub async fn bind(node: Arc<Node>, path: &Path) -> Result<Self, NodeError> {
-        let group = node.options().access_group;
+        Self::bind_host(NodeHost::of(node), path).await
+    }
+
+    /// [`bind`](Self::bind) for a host whose node may wait for its shape:
+    /// connections are served before it is known, and the first `Hello`
+    /// opens the node ([`NodeHost`]).
+    pub async fn bind_host(host: Arc<NodeHost>, path: &Path) -> Result<Self, NodeError> {
+        let group = host.options().access_group;
         let (mode, dir_mode) = match group {
             Some(_) => (access::SHARED_SOCKET_MODE, access::SHARED_DATA_DIR_MODE),
             None => (access::SOCKET_MODE, access::DATA_DIR_MODE),
@@ -58,7 +65,7 @@ impl NodeServer {
         check_existing_socket(path).await?;
         let listener = bind_private(path, dir, mode, group)?;
         let (stop, stop_rx) = watch::channel(false);
-        let acceptor = tokio::spawn(accept_loop(node, listener, stop_rx));
+        let acceptor = tokio::spawn(accept_loop(host, listener, stop_rx));
         tracing::info!(socket = %path.display(), mode = format_args!("{mode:04o}"), group = ?group, "node socket listening");
         Ok(Self {
             path: path.to_owned(),
@@ -184,8 +191,8 @@ fn base36(mut n: u32) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
-async fn accept_loop(node: Arc<Node>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
-    let mut a = Acceptor::new(node, listener);
+async fn accept_loop(host: Arc<NodeHost>, listener: UnixListener, mut stop: watch::Receiver<bool>) {
+    let mut a = Acceptor::new(host, listener);
     loop {
         // Before any accept: a descriptor freed since goes to the spare
         // first, or the sessions would take every one and no refusal could
@@ -234,7 +241,7 @@ const MAX_LINGERING: usize = 64;
 /// The accept loop's state: the sessions, the connection count, and what
 /// it does when accepting fails.
 struct Acceptor {
-    node: Arc<Node>,
+    host: Arc<NodeHost>,
     listener: UnixListener,
     sessions: JoinSet<()>,
     /// Refused connections waiting for their client's first frame.
@@ -249,9 +256,9 @@ struct Acceptor {
 }
 
 impl Acceptor {
-    fn new(node: Arc<Node>, listener: UnixListener) -> Self {
+    fn new(host: Arc<NodeHost>, listener: UnixListener) -> Self {
         Self {
-            node,
+            host,
             listener,
             sessions: JoinSet::new(),
             lingering: JoinSet::new(),
@@ -267,8 +274,8 @@ impl Acceptor {
     /// `manager.max_connections`.
     fn admit(&mut self, stream: UnixStream, stop: &watch::Receiver<bool>) {
         self.backoff.reset();
-        let max = self.node.options().max_connections;
-        let open = self.node.counters.connections_open.load(Ordering::Relaxed);
+        let max = self.host.options().max_connections;
+        let open = self.host.counters.connections_open.load(Ordering::Relaxed);
         if open >= max as u64 {
             let why = format!(
                 "the node serves at most {max} connections (manager.max_connections); connect again later"
@@ -278,10 +285,10 @@ impl Acceptor {
         }
         // Counted here, not in the task, so a burst of accepts cannot pass
         // the cap before the sessions start.
-        let open = OpenConnection::new(self.node.clone());
+        let open = OpenConnection::new(self.host.counters.clone());
         let id = self.next_id;
         self.next_id += 1;
-        let session = crate::session::serve(self.node.clone(), stream, id, stop.clone());
+        let session = crate::session::serve_host(self.host.clone(), stream, id, stop.clone());
         self.sessions.spawn(async move {
             session.await;
             drop(open);
@@ -292,7 +299,7 @@ impl Acceptor {
     /// with the spare descriptor; otherwise pauses accepting (the
     /// connection stays queued, and accepting at once would fail again).
     fn failed(&mut self, e: &std::io::Error) {
-        Counters::add(&self.node.counters.accept_failures, 1);
+        Counters::add(&self.host.counters.accept_failures, 1);
         if out_of_descriptors(e) && self.refuse_with_spare() {
             return;
         }
@@ -331,7 +338,7 @@ impl Acceptor {
     /// Answers `Error { code: BUSY }` and closes `stream`, after the
     /// client's first frame when `linger` (and few others linger).
     fn refuse(&mut self, stream: UnixStream, why: String, linger: bool) {
-        Counters::add(&self.node.counters.connections_refused, 1);
+        Counters::add(&self.host.counters.connections_refused, 1);
         if let Some(refused) = self.refusal_log.due(Instant::now()) {
             tracing::warn!(refused, reason = %why, "refusing node connections");
         }
@@ -351,27 +358,28 @@ impl Acceptor {
             let _ = (&stream).write(&frame);
         }
         while self.lingering.try_join_next().is_some() {}
-        if linger && self.lingering.len() < MAX_LINGERING {
-            if let Ok(stream) = UnixStream::from_std(stream) {
-                self.lingering.spawn(linger_then_close(stream));
-            }
+        if linger
+            && self.lingering.len() < MAX_LINGERING
+            && let Ok(stream) = UnixStream::from_std(stream)
+        {
+            self.lingering.spawn(linger_then_close(stream));
         }
     }
 }
 
 /// A connection counted in `connections_open` until dropped.
-struct OpenConnection(Arc<Node>);
+struct OpenConnection(Arc<Counters>);
 
 impl OpenConnection {
-    fn new(node: Arc<Node>) -> Self {
-        Counters::add(&node.counters.connections_open, 1);
-        Self(node)
+    fn new(counters: Arc<Counters>) -> Self {
+        Counters::add(&counters.connections_open, 1);
+        Self(counters)
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        Counters::sub(&self.0.counters.connections_open, 1);
+        Counters::sub(&self.0.connections_open, 1);
     }
 }
 

@@ -17,14 +17,16 @@ use kvtier_protocol::{
     ReserveResult, Slot, StatsOk, WireGeometry,
 };
 use tokio::net::UnixStream;
+use tokio::net::unix::OwnedReadHalf;
 use tokio::sync::watch;
 
-use crate::Node;
 use crate::conn::{
     FrameReader, Limits, ReadFailure, Wait, WriteFailure, Writer, check_hello_strings, clip, error,
+    request_frame_limit,
 };
 use crate::observer::{CommittedKey, SessionNamespace};
 use crate::stats::Counters;
+use crate::{Node, NodeHost};
 
 /// A value that lapses at `until` unless the client uses it first.
 struct Leased<T> {
@@ -122,25 +124,152 @@ enum Next {
     Close,
 }
 
+/// Serves one connection of `host`. Before the node's shape is known the
+/// first frame is read here: a valid `Hello` opens the node with its shape
+/// ([`NodeHost`]), or waits for the `Hello` that does, then the session
+/// goes on as any other, from that `Hello`.
+pub(crate) async fn serve_host(
+    host: Arc<NodeHost>,
+    stream: UnixStream,
+    id: u64,
+    mut stop: watch::Receiver<bool>,
+) {
+    if let Some(node) = host.node() {
+        return serve(node.clone(), stream, id, stop).await;
+    }
+    let (mut rd, wr) = stream.into_split();
+    // The frame limit after `Hello` depends on the shape: set below.
+    let limits = Limits::of(host.options(), 1);
+    let mut reader = FrameReader::new(limits);
+    let mut wr = Writer::new(wr, limits.write);
+    let read = tokio::select! {
+        read = reader.next(&mut rd) => read,
+        _ = stop.changed() => return,
+    };
+    let hello = match first_hello(&host, read) {
+        Ok(hello) => hello,
+        Err(refusal) => {
+            if let Some((code, why)) = refusal {
+                let _ = wr.send(&[error(0, code, why)]).await;
+            }
+            return;
+        }
+    };
+    let opened = tokio::select! {
+        opened = host.node_for(&hello) => opened,
+        _ = stop.changed() => return,
+    };
+    let node = match opened {
+        Ok(node) => node,
+        Err((code, why)) => {
+            Counters::add(&host.counters.handshake_refusals, 1);
+            tracing::warn!(session = id, model = clip(&hello.namespace.model), reason = %why, "refused a node client");
+            let _ = wr.send(&[error(0, code, why)]).await;
+            return;
+        }
+    };
+    reader.shaped(request_frame_limit(
+        node.options().max_batch,
+        node.geometry().layers,
+    ));
+    let conn = Conn {
+        session: Session::new(node, id),
+        reader,
+        wr,
+    };
+    run(conn, rd, Some(Message::Hello(hello)), stop).await;
+}
+
+/// The first frame of a connection the node has no shape for yet: a
+/// `Hello` fit to set the shape, else the code and reason of the `Error`
+/// to answer (`None`: the client left).
+fn first_hello(
+    host: &NodeHost,
+    read: Result<Option<Message>, ReadFailure>,
+) -> Result<Hello, Option<(ErrorCode, String)>> {
+    let c = &host.counters;
+    let (counter, code, why) = match read {
+        Ok(Some(Message::Hello(hello))) => {
+            match check_hello_strings(&hello).and_then(|()| check_rank(&hello)) {
+                Ok(()) => return Ok(hello),
+                Err(why) => (Some(&c.handshake_refusals), ErrorCode::HANDSHAKE, why),
+            }
+        }
+        Ok(Some(msg)) => (
+            None,
+            ErrorCode::HANDSHAKE,
+            format!("{} before Hello", msg.name()),
+        ),
+        Ok(None) | Err(ReadFailure::Io(_)) => return Err(None),
+        Err(ReadFailure::Timeout(Wait::Frame)) => (
+            Some(&c.frame_timeouts),
+            ErrorCode::BAD_FRAME,
+            format!(
+                "a frame took longer than {:?}",
+                host.options().frame_timeout
+            ),
+        ),
+        Err(ReadFailure::Timeout(_)) => (
+            Some(&c.handshake_timeouts),
+            ErrorCode::HANDSHAKE,
+            format!(
+                "no Hello within {:?} of connecting",
+                host.options().handshake_timeout
+            ),
+        ),
+        Err(ReadFailure::Decode(e)) => {
+            let code = match e {
+                DecodeError::WrongVersion { .. } => ErrorCode::WRONG_VERSION,
+                _ => ErrorCode::BAD_FRAME,
+            };
+            (Some(&c.bad_frames), code, e.to_string())
+        }
+        Err(ReadFailure::TooLarge { len, max }) => (
+            Some(&c.bad_frames),
+            ErrorCode::BAD_FRAME,
+            format!("a frame of {len} bytes; before Hello a frame may take at most {max}"),
+        ),
+    };
+    if let Some(counter) = counter {
+        Counters::add(counter, 1);
+    }
+    Err(Some((code, why)))
+}
+
 /// Serves one connection until the client leaves, a frame does not decode,
 /// a bound is passed (docs/node-protocol.md §7), or the server stops.
 pub(crate) async fn serve(
     node: Arc<Node>,
     stream: UnixStream,
     id: u64,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let limits = Limits::of(node.options(), node.geometry().layers);
-    let (mut rd, wr) = stream.into_split();
-    let mut conn = Conn {
-        session: Session::new(node.clone(), id),
+    let (rd, wr) = stream.into_split();
+    let conn = Conn {
+        session: Session::new(node, id),
         reader: FrameReader::new(limits),
         wr: Writer::new(wr, limits.write),
     };
-    let mut sweep = tokio::time::interval(sweep_period(node.options().lease));
+    run(conn, rd, None, stop).await;
+}
+
+/// Serves `first`, if any, then what the reader gives, until the session
+/// ends; then drops what it holds.
+async fn run(
+    mut conn: Conn,
+    mut rd: OwnedReadHalf,
+    first: Option<Message>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut sweep = tokio::time::interval(sweep_period(conn.session.node.options().lease));
     sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        let next = tokio::select! {
+    let mut next = match first {
+        Some(msg) => conn.on_message(msg).await,
+        None => Next::Continue,
+    };
+    while let Next::Continue = next {
+        next = tokio::select! {
             read = conn.reader.next(&mut rd) => conn.on_read(read).await,
             _ = sweep.tick() => {
                 conn.session.expire(Instant::now());
@@ -148,11 +277,20 @@ pub(crate) async fn serve(
             }
             _ = stop.changed() => Next::Close,
         };
-        if let Next::Close = next {
-            break;
-        }
     }
     conn.session.close();
+}
+
+/// A `Hello`'s tensor-parallel rank must be below its size.
+fn check_rank(hello: &Hello) -> Result<(), String> {
+    let ns = &hello.namespace;
+    if ns.tp_size == 0 || ns.tp_rank >= ns.tp_size {
+        return Err(format!(
+            "tensor-parallel rank {} of {} is not a rank",
+            ns.tp_rank, ns.tp_size
+        ));
+    }
+    Ok(())
 }
 
 /// How often leases are checked: a quarter of their life, at least 10 ms.
@@ -429,34 +567,18 @@ impl Session {
 
     /// Why the node cannot hold this client's blocks, if it cannot: its
     /// geometry must be the node's, whose arena slots and disk slots are
-    /// sized for one block shape.
+    /// sized for one block shape. The refusal names both shapes.
     fn check_hello(&self, hello: &Hello) -> Result<(), String> {
         let node = WireGeometry::from(self.node.geometry());
-        if hello.geometry != node {
-            return Err(format!(
-                "client blocks are {} layers of {} bytes ({} per block); this node holds {} layers of {} bytes ({} per block)",
-                hello.geometry.layers,
-                hello.geometry.layer_bytes,
-                hello.geometry.block_bytes,
-                node.layers,
-                node.layer_bytes,
-                node.block_bytes
-            ));
-        }
         let tokens = self.node.geometry().tokens_per_block;
-        if hello.namespace.block_size_tokens != tokens {
+        if hello.geometry != node || hello.namespace.block_size_tokens != tokens {
             return Err(format!(
-                "client blocks hold {} tokens; this node's hold {tokens}",
-                hello.namespace.block_size_tokens
+                "this engine's blocks are {}; this node holds blocks of {}. A node holds one block shape: start another daemon (its own data directory and socket) for this engine",
+                crate::shape::describe_hello(hello),
+                self.node.shape().describe()
             ));
         }
-        if hello.namespace.tp_size == 0 || hello.namespace.tp_rank >= hello.namespace.tp_size {
-            return Err(format!(
-                "tensor-parallel rank {} of {} is not a rank",
-                hello.namespace.tp_rank, hello.namespace.tp_size
-            ));
-        }
-        Ok(())
+        check_rank(hello)
     }
 
     /// `BAD_REQUEST` for a batch of more than `manager.max_batch` keys.

@@ -14,10 +14,16 @@ use crate::NodeConfig;
 /// `<dir>/node.sock`.
 pub fn small_config(dir: &Path, dram_blocks: u64) -> NodeConfig {
     static N: AtomicU64 = AtomicU64::new(0);
-    let mut c = NodeConfig::default();
-    c.geometry.preset = Some("tiny".into());
-    c.geometry.tokens_per_block = 16;
-    let block = c.geometry.resolve().map_or(16 << 10, |g| g.block_bytes());
+    let geometry = kvtier_core::GeometryConfig {
+        preset: Some("tiny".into()),
+        tokens_per_block: 16,
+        ..Default::default()
+    };
+    let block = geometry.resolve().map_or(16 << 10, |g| g.block_bytes());
+    let mut c = NodeConfig {
+        geometry: Some(geometry),
+        ..NodeConfig::default()
+    };
     c.memory.capacity = ByteSize(dram_blocks * block);
     c.memory.shm_name = format!(
         "kvtier-node-test-{}-{}",

@@ -113,7 +113,7 @@ impl ShardNode {
         let dir = tempfile::tempdir().expect("temp dir");
         let shard = model.shard_geometry();
         let mut config = small_config(dir.path(), slots);
-        config.geometry = geometry_config(&shard);
+        config.geometry = Some(geometry_config(&shard));
         config.memory.capacity = ByteSize(slots * shard.block_bytes());
         let test = TestNode::start(config, Vec::new());
         assert_eq!(*test.node.geometry(), shard);

@@ -350,9 +350,14 @@ impl Daemon {
 /// client's peak, and a small disk log the bench never reaches (psync, no
 /// fsync, so no io_uring or locked-memory needs).
 fn daemon_config(plan: &Plan, dir: &std::path::Path, verify_commits: bool) -> NodeConfig {
-    let mut c = NodeConfig::default();
-    c.geometry.preset = Some(plan.preset.name().to_owned());
-    c.geometry.tokens_per_block = plan.geometry.tokens_per_block;
+    let mut c = NodeConfig {
+        geometry: Some(kvtier_core::GeometryConfig {
+            preset: Some(plan.preset.name().to_owned()),
+            tokens_per_block: plan.geometry.tokens_per_block,
+            ..Default::default()
+        }),
+        ..NodeConfig::default()
+    };
     let block = plan.geometry.block_bytes();
     c.memory.capacity = ByteSize(plan.arena_slots() * block);
     c.memory.shm_name = format!(

@@ -88,6 +88,15 @@ pub fn serve(data: &Path, shm: &str) -> Command {
     c
 }
 
+/// [`serve`] without `[geometry]`: the daemon takes the first engine's
+/// shape, or the one its data directory keeps.
+pub fn serve_unshaped(data: &Path, shm: &str) -> Command {
+    let mut c = serve(data, shm);
+    c.env_remove("KVTIER_GEOMETRY__PRESET")
+        .env_remove("KVTIER_GEOMETRY__TOKENS_PER_BLOCK");
+    c
+}
+
 /// One HTTP/1.1 request (`verb` `path`, a JSON `body` unless it is
 /// `Null`, a bearer `key` if given) on a fresh connection; returns the
 /// status code (0 if none) and the parsed JSON answer (`Null` if none).

@@ -117,6 +117,8 @@ pub struct Daemon {
     log: Arc<Mutex<Vec<String>>>,
     log_reader: Option<JoinHandle<()>>,
     ready: String,
+    /// Started without `[geometry]`: the first engine's `Hello` sets it.
+    unshaped: bool,
 }
 
 impl Daemon {
@@ -145,6 +147,34 @@ impl Daemon {
             log: Arc::default(),
             log_reader: None,
             ready: String::new(),
+            unshaped: false,
+        };
+        daemon.launch();
+        daemon
+    }
+
+    /// [`start`](Self::start) without any `[geometry]`: the daemon takes
+    /// the shape of the first engine's `Hello`, or the one its data
+    /// directory keeps.
+    pub fn start_unshaped(data: &Path, shm: &str, env: &[(&str, &str)]) -> Self {
+        let mut all = vec![
+            ("KVTIER_META__ENABLED", "false"),
+            ("KVTIER_DISK__IO_ENGINE", "psync"),
+            ("KVTIER_DISK__SYNC", "false"),
+        ];
+        all.extend_from_slice(env);
+        let mut daemon = Self {
+            data: data.to_owned(),
+            shm: shm.to_owned(),
+            env: all
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            proc: None,
+            log: Arc::default(),
+            log_reader: None,
+            ready: String::new(),
+            unshaped: true,
         };
         daemon.launch();
         daemon
@@ -158,7 +188,10 @@ impl Daemon {
     }
 
     fn launch(&mut self) {
-        let mut cmd = super::serve(&self.data, &self.shm);
+        let mut cmd = match self.unshaped {
+            true => super::serve_unshaped(&self.data, &self.shm),
+            false => super::serve(&self.data, &self.shm),
+        };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let mut child = cmd.spawn().expect("start kvtier serve");
         let stderr = child.stderr.take().expect("stderr piped");
