@@ -55,6 +55,24 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+#: The tiny Llama made hybrid: four layers, sliding windows of 64 tokens
+#: (two blocks) in layers 0 and 2, full attention in 1 and 3, so vLLM's
+#: hybrid KV cache manager makes two KV-cache groups of two layers each,
+#: both of the tiny Llama's block shape.
+TINY_HYBRID = TINY_LLAMA | {
+    "num_hidden_layers": 4,
+    "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+}
+
+
+@pytest.fixture(scope="session")
+def hybrid_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tiny-hybrid")
+    (d / "config.json").write_text(json.dumps(TINY_HYBRID))
+    return d
+
+
 #: A tiny DeepSeek-V2: multi-head latent attention with the latent vLLM's
 #: CPU kernel needs (512 + 64 elements), two dense layers.
 TINY_DEEPSEEK = {

@@ -1,7 +1,8 @@
 """The connector's worker side: loads read layer by layer into vLLM's paged
 KV buffers as the forward reaches each layer; saves copy finished prompt
 blocks from those buffers into the node on a background thread, so the
-next step does not wait for them."""
+next step does not wait for them. Each KV-cache group (docs/vllm.md,
+"Hybrid models") loads and saves its own layers in its own namespace."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import kvtier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape
 from kvtier.vllm.events import KvtierWorkerMetadata
+from kvtier.vllm.groups import Group, primary
 from kvtier.vllm.layouts import RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
 from kvtier.vllm.stats import KvtierStats, WorkerStats
@@ -32,18 +34,24 @@ class _Loading:
 
 
 class KvtierWorker:
-    """Loads and saves of one worker (one TP rank)."""
+    """Loads and saves of one worker (one TP rank); ``clients[g]`` serve
+    KV-cache group ``groups[g]``."""
 
-    def __init__(self, shape: Shape, clients: Clients, tp_rank: int, layout: RankBlocks) -> None:
+    def __init__(self, shape: Shape, groups: list[Group], clients: list[Clients], tp_rank: int, layout: RankBlocks) -> None:
         self._shape = shape
+        self._groups = groups
         self._clients = clients
         self._layout = layout
         self._reports = tp_rank == 0
+        self._primary = primary(groups)
+        self._positions: dict[str, tuple[int, int]] = {
+            name: (g.index, j) for g in groups for j, name in enumerate(g.layer_names)
+        }
         self._layers: list[torch.Tensor] = []
         self._layer_index: dict[str, int] = {}
         self._loading: list[_Loading] = []
         self._load_errors: set[int] = set()
-        self._corrupt: dict[str | None, set[int]] = {}
+        self._corrupt: dict[tuple[int, str | None], set[int]] = {}
         self._stats = WorkerStats()
         # Saves run one at a time, off the forward's thread; the copies
         # release the GIL, so the next step runs beside them.
@@ -51,6 +59,9 @@ class KvtierWorker:
         self._lock = threading.Lock()
         self._saves: dict[str, list[Future[None]]] = {}
         self._finishing: set[str] = set()
+        self._window_saves: list[Future[None]] = []
+        """Saves of sliding-window blocks, which vLLM frees while the
+        request runs: they end before the next forward."""
         self._said = KvtierWorkerMetadata()
 
     # ---------------------------------------------------------------- buffers
@@ -76,6 +87,10 @@ class KvtierWorker:
         self._layers = list(kv_caches.values())
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
 
+    def _group_layers(self, group: int) -> list[int]:
+        """Indices in ``_layers`` of ``group``'s layers, in forward order."""
+        return [self._layer_index[name] for name in self._groups[group].layer_names]
+
     def _region(self, layer: int) -> tuple[int, int, int]:
         """(address, nbytes, object stride) of one layer's paged buffer:
         the stride between the layout's virtual blocks."""
@@ -93,7 +108,7 @@ class KvtierWorker:
             return
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients.call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
+            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
             pinned = self._layout.blocks_of(load.prefix_len) if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
@@ -102,18 +117,23 @@ class KvtierWorker:
             self._stats.load_started(began)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        layer = self._layer_index.get(layer_name)
-        if layer is None or not self._loading:
+        position = self._positions.get(layer_name)
+        if position is None or not self._loading or layer_name not in self._layer_index:
             return
-        self._read_layer(layer)
-        if layer == len(self._layers) - 1:
-            self._finish_loads()
+        group, layer = position
+        self._read_layer(group, layer)
+        if layer == len(self._groups[group].layer_names) - 1:
+            self._finish_loads(group)
 
-    def _read_layer(self, layer: int) -> None:
-        addr, nbytes, stride = self._region(layer)
+    def _read_layer(self, group: int, layer: int) -> None:
+        """Reads layer ``layer`` of ``group`` (its index in the group's
+        stored objects) of every load of that group."""
+        addr, nbytes, stride = self._region(self._group_layers(group)[layer])
         n = self._layout.per_block
         for ld in self._loading:
             t = ld.transfer
+            if t.group != group:
+                continue
             ids = t.block_ids[: ld.pinned]
             objects = self._layout.rank_ids(ids)
             try:
@@ -125,25 +145,28 @@ class KvtierWorker:
             for i in range(len(ids)):
                 if not all(ok[i * n : (i + 1) * n]):
                     self._load_errors.add(ids[i])
-                    self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
+                    self._corrupt.setdefault((group, t.salt), set()).add(t.keys[i])
 
-    def _finish_loads(self) -> None:
-        block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
-        for ld in self._loading:
+    def _finish_loads(self, group: int) -> None:
+        """Releases ``group``'s loads once all its layers are read."""
+        block_bytes = len(self._groups[group].layer_names) * self._shape.layer_bytes * self._layout.per_block
+        for ld in [ld for ld in self._loading if ld.transfer.group == group]:
             try:
                 ld.load.release()
             except kvtier.KvtierError as e:
                 logger.warning("kvtier release of request %s failed: %s", ld.transfer.req_id, e)
             self._stats.loaded(block_bytes, ld.transfer.tiers[: ld.pinned])
-        self._loading.clear()
+            self._loading.remove(ld)
         # A block that failed verification is a miss for every reader:
         # remove it, so the next save of its key stores good bytes.
-        for salt, keys in self._corrupt.items():
+        for (g, salt), keys in list(self._corrupt.items()):
+            if g != group:
+                continue
             logger.warning("kvtier: %d blocks failed verification; vLLM recomputes them", len(keys))
-            self._clients.call(salt, "remove", _remover(self._layout.rank_keys(sorted(keys))), None)
-            if self._reports:
+            self._clients[g].call(salt, "remove", _remover(self._layout.rank_keys(sorted(keys))), None)
+            if self._reports and g == self._primary:
                 self._said.removed.extend(keys)
-        self._corrupt.clear()
+            del self._corrupt[(g, salt)]
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -154,12 +177,12 @@ class KvtierWorker:
 
     def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
         """Ends this step's loads and starts its saves."""
-        if self._loading:
+        for group in sorted({ld.transfer.group for ld in self._loading}):
             # A forward that did not visit every layer: read the rest so no
             # slot stays pinned.
-            for layer in range(len(self._layers)):
-                self._read_layer(layer)
-            self._finish_loads()
+            for layer in range(len(self._groups[group].layer_names)):
+                self._read_layer(group, layer)
+            self._finish_loads(group)
         if meta is None:
             return
         for t in meta.saves:
@@ -171,19 +194,24 @@ class KvtierWorker:
                 self._report(t, [])
             with self._lock:
                 self._saves.setdefault(t.req_id, []).append(future)
+                if self._groups[t.group].window is not None:
+                    self._window_saves.append(future)
 
     def _save(self, t: Transfer) -> None:
         stored: list[int] = []
         try:
-            regions = [self._region(i) for i in range(len(self._layers))]
+            regions = [self._region(i) for i in self._group_layers(t.group)]
             stride = regions[0][2]
             layers = [(addr, nbytes) for addr, nbytes, _ in regions]
+            # A group smaller than the daemon's shape (vLLM pads groups to
+            # one size) fills the rest with its last layer, never read.
+            layers += [layers[-1]] * (self._shape.layers - len(layers))
             began = time.perf_counter()
             none: list[str] = []
             keys, ids = self._layout.rank_keys(t.keys), self._layout.rank_ids(t.block_ids)
-            outcomes = self._clients.call(t.salt, "store", _storer(keys, layers, ids, stride), none)
+            outcomes = self._clients[t.group].call(t.salt, "store", _storer(keys, layers, ids, stride), none)
             stored = self._whole_blocks(t.keys, outcomes)
-            block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
+            block_bytes = len(regions) * self._shape.layer_bytes * self._layout.per_block
             self._stats.saved(began, len(stored) * block_bytes, len(stored))
         except Exception as e:  # a bug here must not leave the request's blocks held
             logger.warning("kvtier save of request %s failed: %s", t.req_id, e)
@@ -198,21 +226,30 @@ class KvtierWorker:
         return [k for i, k in enumerate(keys) if len(held) >= (i + 1) * n and all(held[i * n : (i + 1) * n])]
 
     def _report(self, t: Transfer, stored: list[int]) -> None:
-        if not self._reports:
-            return
         done = set(stored)
         with self._lock:
-            self._said.stored.extend(stored)
-            self._said.not_stored.extend(k for k in t.keys if k not in done)
+            # Every rank counts its finished saves: the scheduler frees a
+            # finished request's blocks once all ranks are done with them.
+            self._said.saves_done[t.req_id] = self._said.saves_done.get(t.req_id, 0) + 1
+            # The primary group's stores stand for the block in KV events.
+            if self._reports and t.group == self._primary:
+                self._said.stored.extend(stored)
+                self._said.not_stored.extend(k for k in t.keys if k not in done)
 
     def handle_preemptions(self, meta: KvtierConnectorMetadata) -> None:
-        """vLLM may hand a preempted request's blocks to another request in
-        this step: its saves finish before the forward writes them."""
-        for req_id in meta.preempted:
-            with self._lock:
-                futures = list(self._saves.get(req_id, ()))
-            for f in futures:
-                f.exception()
+        """Called before every forward. vLLM may hand the blocks of a
+        preempted request, and the sliding-window blocks a running request
+        left behind, to another request in this step: saves still copying
+        them finish before the forward writes them. (Usually they are long
+        done: a prompt's saves start in its prefill step.)"""
+        with self._lock:
+            futures = [f for r in meta.preempted for f in self._saves.get(r, ())]
+            # Finished requests whose saves every rank reported done.
+            futures += [f for r in meta.finished for f in self._saves.pop(r, ())]
+            futures += self._window_saves
+            self._window_saves = []
+        for f in futures:
+            f.exception()
 
     def get_finished(self, meta: KvtierConnectorMetadata | None) -> set[str]:
         """Requests whose blocks the scheduler kept for their saves
@@ -232,7 +269,7 @@ class KvtierWorker:
     def take_worker_metadata(self) -> KvtierWorkerMetadata | None:
         with self._lock:
             said, self._said = self._said, KvtierWorkerMetadata()
-        if not (said.stored or said.not_stored or said.removed):
+        if not said:
             return None
         return said
 

@@ -1,0 +1,76 @@
+"""A hybrid model (sliding-window and full-attention layers: two KV-cache
+groups) through the kvtier connector with vLLM's hybrid KV cache manager
+on; kvtier's log lines in vLLM's logging; ``LLM.reset_prefix_cache()``
+right after ``generate``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from conftest import BLOCK_TOKENS
+from engines import PROMPTS, connected, distinct_blocks, node_stats, run_all, uncached_outputs, usable_tokens
+from kvtier.testing import Daemon
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+
+class _Lines(logging.Handler):
+    """kvtier's lines that reach vLLM's root logger (``vllm``), as vLLM's
+    own handler shows them. (Text only: a record may hold a traceback, and
+    with it the engine.)"""
+
+    def __init__(self, shown_by: logging.Handler) -> None:
+        super().__init__(logging.DEBUG)
+        self.shown_by = shown_by
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("kvtier"):
+            self.lines.append(self.shown_by.format(record))
+
+
+@contextmanager
+def vllm_log() -> Iterator[_Lines]:
+    """kvtier's lines that vLLM's own logger tree handles meanwhile (vLLM
+    stops propagation at ``vllm``: a record outside that tree never reaches
+    vLLM's handler)."""
+    root = logging.getLogger("vllm")
+    assert root.handlers, "vLLM configured no handler"
+    records = _Lines(root.handlers[0])
+    root.addHandler(records)
+    try:
+        yield records
+    finally:
+        root.removeHandler(records)
+
+
+def test_a_sliding_window_model_is_served_group_by_group(daemon: Daemon, hybrid_model_dir: Path) -> None:
+    expected = uncached_outputs(hybrid_model_dir, PROMPTS)
+    with vllm_log() as log:
+        llm = connected(hybrid_model_dir, daemon.socket)
+    groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
+    # The connector keeps vLLM's hybrid KV cache manager on (SupportsHMA).
+    assert [type(g.kv_cache_spec) for g in groups] == [SlidingWindowSpec, FullAttentionSpec]
+
+    # The start-up line goes through vLLM's handler, in vLLM's format:
+    # route, socket, the shape the daemon must hold, the groups.
+    started = [line for line in log.lines if "kvtier connector (KvtierConnector, SCHEDULER" in line]
+    assert len(started) == 1, log.lines
+    assert " INFO " in started[0] and "[connector.py:" in started[0], started[0]
+    assert str(daemon.socket) in started[0] and "2 layers of 16384 bytes per stored object" in started[0]
+    assert "2 KV-cache groups" in started[0], started[0]
+
+    first, _ = run_all(llm, PROMPTS)
+    assert first == expected
+    # The saves of the finished requests do not hold vLLM's blocks.
+    assert llm.reset_prefix_cache()
+    # Every distinct full prompt block, once in each group's namespace.
+    assert node_stats(daemon)["committed"] == 2 * distinct_blocks(PROMPTS)
+
+    second, cached = run_all(llm, PROMPTS)
+    assert second == expected
+    full_block_tokens = sum(len(p) // BLOCK_TOKENS * BLOCK_TOKENS for p in PROMPTS)
+    assert sum(cached) >= 0.9 * full_block_tokens, cached
+    assert cached == [usable_tokens(p) for p in PROMPTS]
