@@ -5,14 +5,31 @@ right after ``generate``."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import kvtier
 from conftest import BLOCK_TOKENS
-from engines import PROMPTS, connected, distinct_blocks, node_stats, run_all, uncached_outputs, usable_tokens
+from engines import (
+    LAYER_BYTES,
+    LAYERS,
+    PROMPTS,
+    connected,
+    distinct_blocks,
+    node_stats,
+    run_all,
+    uncached_outputs,
+    usable_tokens,
+)
 from kvtier.testing import Daemon
+from kvtier.vllm.clients import Clients
+from kvtier.vllm.config import KvtierConfig, Shape, namespace_of
+from kvtier.vllm.groups import Group
+from kvtier.vllm.layouts import RankBlocks
+from kvtier.vllm.scheduler import KvtierScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 
 
@@ -74,3 +91,42 @@ def test_a_sliding_window_model_is_served_group_by_group(daemon: Daemon, hybrid_
     full_block_tokens = sum(len(p) // BLOCK_TOKENS * BLOCK_TOKENS for p in PROMPTS)
     assert sum(cached) >= 0.9 * full_block_tokens, cached
     assert cached == [usable_tokens(p) for p in PROMPTS]
+
+
+def _window_scheduler(daemon: Daemon) -> tuple[KvtierScheduler, list[kvtier.Client]]:
+    """A scheduler side over two groups of the tiny hybrid's shape (a
+    sliding window of two blocks, then full attention), and a client of
+    each group's namespace."""
+    shape = Shape(model="hybrid-probe", dtype="float32", layout="probe", block_size=BLOCK_TOKENS, layers=LAYERS, layer_bytes=LAYER_BYTES)
+    groups = [Group(0, ("l0", "l2"), window=2 * BLOCK_TOKENS), Group(1, ("l1", "l3"), window=None)]
+    config = KvtierConfig(socket=str(daemon.socket))
+    shapes = [dataclasses.replace(shape, layout=f"probe group={g.index}") for g in groups]
+    clients = [Clients(config, s, 0, 1) for s in shapes]
+    direct = [kvtier.Client(str(daemon.socket), **namespace_of(config, s, None, 0, 1)) for s in shapes]
+    return KvtierScheduler(shape, groups, clients, RankBlocks(), workers=1), direct
+
+
+def _store(client: kvtier.Client, keys: list[int]) -> None:
+    block = bytes(LAYERS * LAYER_BYTES)
+    assert set(client.store_buffers(keys, [block] * len(keys))) == {"stored"}
+
+
+def test_a_window_offers_only_the_blocks_its_group_holds(daemon: Daemon) -> None:
+    """A prefix is offered only as far as the full-attention group holds
+    it and the sliding window holds the blocks of its window at its end."""
+    scheduler, (window, full) = _window_scheduler(daemon)
+    keys = list(range(1, 11))
+
+    def hit() -> int:
+        return len(scheduler._hit(None, keys)[0])
+
+    _store(full, keys)
+    assert hit() == 0, "the window group holds nothing"
+    _store(window, keys[:4])
+    assert hit() == 4, "the window's own prefix: its window at block 4 is held"
+    _store(window, keys[8:])
+    assert hit() == 10, "the window at the end (blocks 8 and 9) is held"
+    full.remove(keys[6:7])
+    assert hit() == 4, "the full group holds 6 blocks, the window not its blocks 4 and 5"
+    _store(window, keys[4:6])
+    assert hit() == 6
