@@ -68,8 +68,15 @@ TINY_HYBRID = TINY_LLAMA | {
 
 @pytest.fixture(scope="session")
 def hybrid_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny hybrid with real (random, seeded) weights: with vLLM's
+    dummy weights attention is nearly uniform and its values tiny, so the
+    greedy output hardly depends on the KV a cache supplies."""
+    import torch
+    from safetensors.torch import save_file
+
     d = tmp_path_factory.mktemp("tiny-hybrid")
     (d / "config.json").write_text(json.dumps(TINY_HYBRID))
+    save_file(_llama_weights(torch.Generator().manual_seed(0), TINY_HYBRID), str(d / "model.safetensors"))
     return d
 
 
@@ -147,10 +154,9 @@ def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _llama_weights(g: Any) -> dict[str, Any]:
+def _llama_weights(g: Any, c: dict[str, Any] = TINY_LLAMA) -> dict[str, Any]:
     import torch
 
-    c = TINY_LLAMA
     hidden, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     head_dim = hidden // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * head_dim

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import kvtier
 from conftest import BLOCK_TOKENS
@@ -63,10 +64,26 @@ def vllm_log() -> Iterator[_Lines]:
         root.removeHandler(records)
 
 
+def record_loads(llm: Any) -> list[tuple[int, int]]:
+    """(group, blocks) of each load the scheduler side plans from now on."""
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    build = connector.build_connector_meta
+    loads: list[tuple[int, int]] = []
+
+    # Ints only: the engine must not end up holding the test.
+    def record(scheduler_output: Any) -> Any:
+        meta = build(scheduler_output)
+        loads.extend((t.group, len(t.block_ids)) for t in meta.loads)
+        return meta
+
+    connector.build_connector_meta = record
+    return loads
+
+
 def test_a_sliding_window_model_is_served_group_by_group(daemon: Daemon, hybrid_model_dir: Path) -> None:
-    expected = uncached_outputs(hybrid_model_dir, PROMPTS)
+    expected = uncached_outputs(hybrid_model_dir, PROMPTS, load_format="safetensors")
     with vllm_log() as log:
-        llm = connected(hybrid_model_dir, daemon.socket)
+        llm = connected(hybrid_model_dir, daemon.socket, load_format="safetensors")
     groups = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config.kv_cache_groups
     # The connector keeps vLLM's hybrid KV cache manager on (SupportsHMA).
     assert [type(g.kv_cache_spec) for g in groups] == [SlidingWindowSpec, FullAttentionSpec]
@@ -86,8 +103,13 @@ def test_a_sliding_window_model_is_served_group_by_group(daemon: Daemon, hybrid_
     # Every distinct full prompt block, once in each group's namespace.
     assert node_stats(daemon)["committed"] == 2 * distinct_blocks(PROMPTS)
 
+    loads = record_loads(llm)
     second, cached = run_all(llm, PROMPTS)
     assert second == expected
+    # The full group loads every usable block, the window only the two
+    # blocks of its window at the end of each prompt.
+    assert sum(n for g, n in loads if g == 1) == sum(usable_tokens(p) for p in PROMPTS) // BLOCK_TOKENS, loads
+    assert [n for g, n in loads if g == 0] == [2] * len(PROMPTS), loads
     full_block_tokens = sum(len(p) // BLOCK_TOKENS * BLOCK_TOKENS for p in PROMPTS)
     assert sum(cached) >= 0.9 * full_block_tokens, cached
     assert cached == [usable_tokens(p) for p in PROMPTS]
