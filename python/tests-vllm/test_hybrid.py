@@ -28,7 +28,7 @@ from engines import (
 from kvtier.testing import Daemon
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape, namespace_of
-from kvtier.vllm.groups import Group
+from kvtier.vllm.groups import Group, groups_of
 from kvtier.vllm.layouts import RankBlocks
 from kvtier.vllm.scheduler import KvtierScheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -152,3 +152,32 @@ def test_a_window_offers_only_the_blocks_its_group_holds(daemon: Daemon) -> None
     assert hit() == 4, "the full group holds 6 blocks, the window not its blocks 4 and 5"
     _store(window, keys[4:6])
     assert hit() == 6
+
+
+def _config(*specs: Any) -> Any:
+    """A vLLM ``KVCacheConfig`` of one group of two layers per spec."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    groups = [KVCacheGroupSpec([f"l{2 * i}", f"l{2 * i + 1}"], spec) for i, spec in enumerate(specs)]
+    return KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def test_groups_kvtier_serves_and_those_it_does_not() -> None:
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    full = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    window = SlidingWindowSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=64)
+    groups, why = groups_of(_config(window, full))
+    assert why is None and [(g.window, g.layer_names) for g in groups] == [(64, ("l0", "l1")), (None, ("l2", "l3"))]
+    # vLLM keeps the tokens from ``end - window + 1`` on: at 10 blocks of
+    # 32 tokens, blocks 8 and 9; at one block, that block.
+    assert groups[0].first_needed(10, 32) == 8 and groups[0].first_needed(1, 32) == 0
+    assert groups[1].first_needed(10, 32) == 0
+
+    state = MambaSpec(block_size=32, shapes=((4, 8),), dtypes=(torch.float32,))
+    _, why = groups_of(_config(full, state))
+    assert why is not None and "MambaSpec" in why
+    wide = FullAttentionSpec(block_size=32, num_kv_heads=4, head_size=32, dtype=torch.float32)
+    _, why = groups_of(_config(window, wide))
+    assert why is not None and "pages differ" in why

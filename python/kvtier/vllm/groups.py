@@ -3,7 +3,7 @@
 
 With vLLM's hybrid KV cache manager a model whose layers differ in what
 they keep (full attention beside sliding-window attention, as gpt-oss,
-Gemma 3 and Llama 4 have) has several KV-cache groups. Each group has its
+Gemma 2 and Gemma 3 have) has several KV-cache groups. Each group has its
 own layers and its own vLLM block per token block: the same block hash
 names one block of every group, with different bytes. A sliding-window
 group drops the blocks that have left its window (vLLM puts its null block
