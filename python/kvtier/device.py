@@ -195,41 +195,47 @@ class DeviceCopier:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
-    def stage_out(self, block_ids: Sequence[int], ready: Any = None) -> Iterator[tuple[int, list[tuple[int, int]]]]:
-        """Gathers every layer of ``block_ids`` into host staging, once
+    def stage_out(
+        self, block_ids: Sequence[int], ready: Any = None, layers: Sequence[int] | None = None
+    ) -> Iterator[tuple[int, list[tuple[int, int]]]]:
+        """Gathers ``layers`` (indices of the views; all by default) of
+        ``block_ids`` into host staging, once
         ``ready`` (from :meth:`ready`) has passed, :attr:`batch_blocks` at
         a time: yields ``(count, regions)`` per batch in order, ``regions``
         an ``(address, nbytes)`` per layer with the batch's block ``i`` at
         ``i * row``, valid until the next step of the iteration. On a GPU
         the next batch's copy runs while the caller stores this one."""
         ids = list(block_ids)
+        which = list(range(len(self._layers))) if layers is None else list(layers)
         batches = [ids[i : i + self.batch_blocks] for i in range(0, len(ids), self.batch_blocks)]
-        pending = self._stage_batch(batches[0], 0, ready) if batches else None
+        pending = self._stage_batch(batches[0], 0, ready, which) if batches else None
         for k, batch in enumerate(batches):
-            following = self._stage_batch(batches[k + 1], (k + 1) % 2, ready) if k + 1 < len(batches) else None
+            following = self._stage_batch(batches[k + 1], (k + 1) % 2, ready, which) if k + 1 < len(batches) else None
             if pending is not None:
                 pending.synchronize()
-            yield len(batch), [(int(out.data_ptr()), len(batch) * self.row) for out in self._out_host[k % 2]]
+            host = self._out_host[k % 2]
+            yield len(batch), [(int(host[i].data_ptr()), len(batch) * self.row) for i in which]
             pending = following
 
-    def _stage_batch(self, block_ids: list[int], slot: int, ready: Any) -> Any:
-        """Queues the gather of ``block_ids`` into host staging ``slot``;
-        the event that marks it done (``None`` on the CPU, where it is done
-        on return)."""
+    def _stage_batch(self, block_ids: list[int], slot: int, ready: Any, which: list[int]) -> Any:
+        """Queues the gather of layers ``which`` of ``block_ids`` into host
+        staging ``slot``; the event that marks it done (``None`` on the
+        CPU, where it is done on return)."""
         n = len(block_ids)
-        host = self._out_host[slot]
+        host = [self._out_host[slot][i] for i in which]
+        views = [self._layers[i] for i in which]
         if not self._cuda:
             ids = self._ids(block_ids)
-            for layer, out in zip(self._layers, host):
+            for layer, out in zip(views, host):
                 gather(layer, ids, out[:n], self._block_dim)
             return None
         assert self._out_dev is not None
-        dev = self._out_dev[slot]
+        dev = [self._out_dev[slot][i] for i in which]
         with torch.cuda.stream(self._save_stream):
             if ready is not None:
                 self._save_stream.wait_event(ready)
             ids = self._ids(block_ids)
-            for layer, d, h in zip(self._layers, dev, host):
+            for layer, d, h in zip(views, dev, host):
                 gather(layer, ids, d[:n], self._block_dim)
                 h[:n].copy_(d[:n], non_blocking=True)
             done = torch.cuda.Event()

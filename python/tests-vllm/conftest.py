@@ -55,6 +55,31 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+#: The tiny Llama made hybrid: four layers, sliding windows of 64 tokens
+#: (two blocks) in layers 0 and 2, full attention in 1 and 3, so vLLM's
+#: hybrid KV cache manager makes two KV-cache groups of two layers each,
+#: both of the tiny Llama's block shape.
+TINY_HYBRID = TINY_LLAMA | {
+    "num_hidden_layers": 4,
+    "sliding_window": 64,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+}
+
+
+@pytest.fixture(scope="session")
+def hybrid_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny hybrid with real (random, seeded) weights: with vLLM's
+    dummy weights attention is nearly uniform and its values tiny, so the
+    greedy output hardly depends on the KV a cache supplies."""
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("tiny-hybrid")
+    (d / "config.json").write_text(json.dumps(TINY_HYBRID))
+    save_file(_llama_weights(torch.Generator().manual_seed(0), TINY_HYBRID), str(d / "model.safetensors"))
+    return d
+
+
 #: A tiny DeepSeek-V2: multi-head latent attention with the latent vLLM's
 #: CPU kernel needs (512 + 64 elements), two dense layers.
 TINY_DEEPSEEK = {
@@ -129,10 +154,9 @@ def weights_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def _llama_weights(g: Any) -> dict[str, Any]:
+def _llama_weights(g: Any, c: dict[str, Any] = TINY_LLAMA) -> dict[str, Any]:
     import torch
 
-    c = TINY_LLAMA
     hidden, inter, vocab = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     head_dim = hidden // c["num_attention_heads"]
     kv = c["num_key_value_heads"] * head_dim

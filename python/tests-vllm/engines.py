@@ -54,10 +54,11 @@ def distinct_blocks(prompts: list[list[int]]) -> int:
 
 
 def engine(model_dir: Path, **kw: Any) -> LLM:
-    """A vLLM on the tiny Llama (dummy weights, float32), with ``kw``."""
+    """A vLLM on the tiny Llama (dummy weights unless ``load_format`` says
+    otherwise, float32), with ``kw``."""
     return LLM(
         model=str(model_dir),
-        load_format="dummy",
+        load_format=kw.pop("load_format", "dummy"),
         skip_tokenizer_init=True,
         enforce_eager=True,
         max_model_len=1024,
@@ -113,9 +114,9 @@ def connected(model_dir: Path, socket_path: Path, **kw: Any) -> LLM:
     return engine(model_dir, **kw)
 
 
-def uncached_outputs(model_dir: Path, prompts: list[list[int]]) -> list[list[int]]:
+def uncached_outputs(model_dir: Path, prompts: list[list[int]], **kw: Any) -> list[list[int]]:
     """The outputs of vLLM without kvtier."""
-    llm = engine(model_dir)
+    llm = engine(model_dir, **kw)
     tokens, _ = run_all(llm, prompts)
     del llm
     gc.collect()

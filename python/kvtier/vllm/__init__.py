@@ -11,8 +11,9 @@ Load it with::
         kv_load_failure_policy="recompute",
     )
 
-With the offline ``LLM``, empty vLLM's own prefix cache with
-:func:`reset_prefix_cache` (it waits for the connector's saves).
+With the offline ``LLM``, ``LLM.reset_prefix_cache()`` empties vLLM's own
+prefix cache once the connector's saves are done (usually right after
+``generate``); :func:`reset_prefix_cache` waits for them.
 
 See docs/vllm.md in the repository.
 """

@@ -5,22 +5,13 @@ the connector's logger.
 
 from __future__ import annotations
 
-from typing import Any
-
 import kvtier
 import kvtier.clients
 from kvtier.vllm.config import KvtierConfig, Shape, namespace_of
+from kvtier.vllm.logs import init_logger
 
-# vLLM's logger when present (its format and level settings), else ours.
-logger: Any
-try:
-    from vllm.logger import init_logger
-
-    logger = init_logger(__name__)
-except ImportError:  # pragma: no cover - kvtier without vLLM
-    import logging
-
-    logger = logging.getLogger(__name__)
+# In vLLM's logger tree: vLLM's handler, format and level apply.
+logger = init_logger(__name__)
 
 
 class Clients(kvtier.clients.Clients):

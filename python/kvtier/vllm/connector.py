@@ -11,9 +11,16 @@ vLLM's paged buffer when its attention asks for it, as the daemon reports
 the layer ready; every block is verified, and a block that fails is
 reported to vLLM (``get_block_ids_with_load_errors``) so it is recomputed.
 Saves copy each block's layers straight from vLLM's per-layer buffers into
-the node's arena on a background thread once the step's forward is done; a
-finished request's blocks stay allocated until its saves are done
-(``request_finished`` / ``get_finished``).
+the node's arena on a background thread once the step's forward is done. A
+finished request's blocks are freed at once when every worker reported its
+saves done; blocks that saves are still copying stay allocated until they
+are (``request_finished`` / ``get_finished``).
+
+Hybrid models (several KV-cache groups: full attention beside sliding
+windows) are served with vLLM's hybrid KV cache manager on
+(``SupportsHMA``): each group is stored in a namespace of its own, and a
+sliding window loads and is offered only the blocks of its window
+(:mod:`kvtier.vllm.groups`).
 
 vLLM learns which tier each loaded token came from
 (``get_external_cache_hit_sources``: host memory, disk, or unspecified for
@@ -36,12 +43,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 import kvtier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import KvtierConfig, Shape
+from kvtier.vllm.groups import Group, groups_of
 from kvtier.vllm.layouts import HeadShardBlocks, RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, KvtierScheduler
 from kvtier.vllm.stats import KvtierStats
@@ -63,9 +72,11 @@ if TYPE_CHECKING:
 
 
 def _shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: KvtierConfig, tp_size: int) -> Shape:
-    """The namespace and stored-object shape of this engine's KV blocks.
+    """The namespace and stored-object shape of this engine's KV blocks
+    (of its first KV-cache group; :func:`_group_shape` gives each group's).
     Head shards name the model's KV heads and the shard's bytes, so every
-    TP size derives the same shape; rank blocks name the rank's."""
+    TP size derives the same shape; rank blocks name the rank's. Its layers
+    are the largest group's: vLLM pads every group to that size."""
     import vllm
 
     group = kv_cache_config.kv_cache_groups[0]
@@ -83,9 +94,22 @@ def _shape(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, config: Kvti
         layout=f"vllm {vllm.__version__} {platform} {type(spec).__name__} "
         f"heads={heads} head={getattr(spec, 'head_size', 0)}" + ("" if config.shard_heads is None else f" shard={config.shard_heads}"),
         block_size=spec.block_size,
-        layers=len(group.layer_names),
+        layers=max(len(g.layer_names) for g in kv_cache_config.kv_cache_groups),
         layer_bytes=layer_bytes,
     )
+
+
+def _group_shape(shape: Shape, kv_cache_config: KVCacheConfig, group: int) -> Shape:
+    """The namespace of one KV-cache group: a single group's is the
+    engine's shape as it always was; each group of several has its index
+    and its spec in the layout string, so groups never share keys."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) == 1:
+        return shape
+    spec = groups[group].kv_cache_spec
+    window = getattr(spec, "sliding_window", None)
+    tag = f" group={group}/{len(groups)} {type(spec).__name__}" + ("" if window is None else f" window={window}")
+    return dataclasses.replace(shape, layout=shape.layout + tag)
 
 
 def _total_kv_heads(vllm_config: VllmConfig) -> int:
@@ -125,10 +149,36 @@ def _tp(vllm_config: VllmConfig) -> tuple[int, int]:
         return 0, size
 
 
-class KvtierConnector(KVConnectorBase_V1):
+def _startup_line(
+    role: KVConnectorRole,
+    tp_rank: int,
+    tp_size: int,
+    config: KvtierConfig,
+    shape: Shape,
+    layout: RankBlocks,
+    groups: list[Group],
+) -> str:
+    """The start-up log line: the route, the daemon's socket and the block
+    shape the daemon must hold, the layout, and the KV-cache groups."""
+    objects = (
+        "rank blocks"
+        if config.shard_heads is None
+        else f"head shards of {config.shard_heads} KV heads ({layout.per_block} per block on this rank)"
+    )
+    kinds = "; ".join(f"group {g.index}: {g.describe()}" for g in groups)
+    return (
+        f"kvtier connector (KvtierConnector, {role.name}, TP rank {tp_rank} of {tp_size}) on {config.socket}: "
+        f"{shape.model}, {shape.dtype}, blocks of {shape.block_size} tokens, "
+        f"{shape.layers} layers of {shape.layer_bytes} bytes per stored object, {objects}, "
+        f"{len(groups)} KV-cache group{'s' if len(groups) != 1 else ''} ({kinds})"
+    )
+
+
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     """A ``KVConnectorBase_V1`` over a kvtier node daemon: the scheduler
     side is a :class:`KvtierScheduler`, the worker side a
-    :class:`KvtierWorker`."""
+    :class:`KvtierWorker`. It supports vLLM's hybrid KV cache manager
+    (``SupportsHMA``): models with several KV-cache groups keep it on."""
 
     def __init__(
         self,
@@ -145,32 +195,24 @@ class KvtierConnector(KVConnectorBase_V1):
         tp_rank, tp_size = _tp(vllm_config)
         shape = _shape(vllm_config, kv_cache_config, config, tp_size)
         layout = _layout(config, _total_kv_heads(vllm_config), tp_rank, tp_size)
+        groups, unsupported = groups_of(kv_cache_config)
         # Head shards belong to no rank: every TP size shares them.
-        clients = Clients(config, shape, *((0, 1) if layout.rank_free else (tp_rank, tp_size)))
+        rank = (0, 1) if layout.rank_free else (tp_rank, tp_size)
+        clients = [Clients(config, _group_shape(shape, kv_cache_config, g.index), *rank) for g in groups]
         # Host KV buffers are copied in place; a GPU's through host staging
         # (kvtier.device).
         import vllm.platforms
 
         device = vllm.platforms.current_platform.device_type
-        groups = len(kv_cache_config.kv_cache_groups)
-        self._enabled = device in ("cpu", "cuda") and groups == 1
+        self._enabled = device in ("cpu", "cuda") and unsupported is None
         if device not in ("cpu", "cuda"):
             logger.warning("kvtier connector: KV caches on %s are not supported; running without the cache", device)
-        elif groups != 1:
-            logger.warning("kvtier connector: %d KV-cache groups (a hybrid model); one is supported: running without the cache", groups)
-        self._scheduler = KvtierScheduler(shape, clients, layout)
-        self._worker = KvtierWorker(shape, clients, tp_rank, layout)
-        logger.info(
-            "kvtier connector (%s, TP rank %d of %d) on %s: %s, %d layers of %d bytes per stored object, %s",
-            role.name,
-            tp_rank,
-            tp_size,
-            config.socket,
-            shape.model,
-            shape.layers,
-            shape.layer_bytes,
-            "rank blocks" if config.shard_heads is None else f"head shards of {config.shard_heads} KV heads ({layout.per_block} per block on this rank)",
-        )
+        elif unsupported is not None:
+            logger.warning("kvtier connector: %s; running without the cache", unsupported)
+        workers = vllm_config.parallel_config.world_size
+        self._scheduler = KvtierScheduler(shape, groups, clients, layout, workers)
+        self._worker = KvtierWorker(shape, groups, clients, tp_rank, layout)
+        logger.info("%s", _startup_line(role, tp_rank, tp_size, config, shape, layout, groups))
 
     # ---------------------------------------------------------------- scheduler
 
@@ -192,6 +234,11 @@ class KvtierConnector(KVConnectorBase_V1):
         self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request)
 
     def take_events(self) -> Iterable[KVCacheEvent]:
@@ -229,11 +276,11 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         self._worker.wait_for_save(self._meta())
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        return self._worker.get_finished(self._meta()) or None, None
-
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return self._worker.get_finished(self._meta()) or None, None
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         return self._worker.take_worker_metadata()

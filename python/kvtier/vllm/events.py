@@ -38,20 +38,27 @@ ANNOUNCED_LIMIT = 1 << 18
 
 @dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
-    """What rank 0's worker tells the scheduler after a step: keys whose
-    save finished (stored, or not stored), and keys it removed because they
-    failed verification."""
+    """What the workers tell the scheduler after a step: from rank 0, keys
+    whose save finished (stored, or not stored) and keys it removed because
+    they failed verification; from every rank, how many of each request's
+    save transfers finished (summed over ranks)."""
 
     stored: list[int] = field(default_factory=list)
     not_stored: list[int] = field(default_factory=list)
     removed: list[int] = field(default_factory=list)
+    saves_done: dict[str, int] = field(default_factory=dict)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if isinstance(other, KvtierWorkerMetadata):
             self.stored.extend(other.stored)
             self.not_stored.extend(other.not_stored)
             self.removed.extend(other.removed)
+            for req_id, n in other.saves_done.items():
+                self.saves_done[req_id] = self.saves_done.get(req_id, 0) + n
         return self
+
+    def __bool__(self) -> bool:
+        return bool(self.stored or self.not_stored or self.removed or self.saves_done)
 
 
 @dataclass

@@ -27,7 +27,8 @@ import kvtier
 _TIER_ORDER = {"G2": 0, "G3": 1, "G4": 2}
 
 
-def _distance(tier: str) -> int:
+def distance(tier: str) -> int:
+    """How far a tier is: the nearer, the smaller."""
     return _TIER_ORDER.get(tier, len(_TIER_ORDER))
 
 
@@ -79,7 +80,7 @@ class HeadShardBlocks(RankBlocks):
     def lookup_blocks(self, keys: list[int], tiers: list[str]) -> list[str]:
         n = self._shards.count
         whole = self._shards.blocks_in_prefix(len(tiers))
-        return [max(tiers[b * n : (b + 1) * n], key=_distance) for b in range(whole)]
+        return [max(tiers[b * n : (b + 1) * n], key=distance) for b in range(whole)]
 
     def rank_keys(self, keys: list[int]) -> list[int]:
         return self._shards.rank_keys(keys, *self._rank)

@@ -10,8 +10,10 @@ def reset_prefix_cache(llm: Any, timeout: float = 60.0) -> None:
     """Empties vLLM's own prefix cache (``LLM.reset_prefix_cache``), waiting
     for kvtier's saves first.
 
-    A finished request's blocks stay allocated until the connector's save of
-    them is done, and vLLM refuses to reset its cache while any block is
+    Usually ``LLM.reset_prefix_cache()`` succeeds right after ``generate``:
+    a finished request's blocks are freed at once when its saves are done.
+    A request that finished while its saves still ran keeps its blocks
+    until they are, and vLLM refuses to reset its cache while any block is
     allocated. The engine frees the blocks at its next step: in
     multi-process mode its core keeps stepping by itself, in-process (with
     ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) this steps it. Raises

@@ -55,7 +55,6 @@ import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
-from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
@@ -80,6 +79,7 @@ import kvtier
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape, block_key
 from kvtier.vllm.offload_events import TIER_MEDIUMS, TierEvents
+from kvtier.vllm.logs import init_logger
 from kvtier.vllm.stats import TIER_SOURCES
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.config import OffloadingConfig
     from vllm.v1.outputs import KVConnectorOutput
 
-logger = init_logger(__name__)
+logger = init_logger(__name__)  # in vLLM's logger tree (kvtier.vllm.logs)
 
 __all__ = [
     "KvtierLoadStoreSpec",

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import vllm
 from typing_extensions import override
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
@@ -75,6 +74,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 import kvtier
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape
+from kvtier.vllm.logs import init_logger
 from kvtier.vllm.offload_events import TierEvents
 from kvtier.vllm.stats import TIER_SOURCES
 
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.config import OffloadingConfig
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 
-logger = init_logger(__name__)
+logger = init_logger(__name__)  # in vLLM's logger tree (kvtier.vllm.logs)
 
 __all__ = [
     "HostTieringWorker",

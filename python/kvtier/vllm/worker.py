@@ -1,7 +1,8 @@
 """The connector's worker side: loads read layer by layer into vLLM's paged
 KV buffers as the forward reaches each layer; saves copy finished prompt
 blocks from those buffers into the node on a background thread, so the
-next step does not wait for them."""
+next step does not wait for them. Each KV-cache group (docs/vllm.md,
+"Hybrid models") loads and saves its own layers in its own namespace."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from kvtier.device import DeviceCopier
 from kvtier.vllm.clients import Clients, logger
 from kvtier.vllm.config import Shape
 from kvtier.vllm.events import KvtierWorkerMetadata
+from kvtier.vllm.groups import Group, primary
 from kvtier.vllm.layouts import RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
 from kvtier.vllm.stats import KvtierStats, WorkerStats
@@ -33,13 +35,19 @@ class _Loading:
 
 
 class KvtierWorker:
-    """Loads and saves of one worker (one TP rank)."""
+    """Loads and saves of one worker (one TP rank); ``clients[g]`` serve
+    KV-cache group ``groups[g]``."""
 
-    def __init__(self, shape: Shape, clients: Clients, tp_rank: int, layout: RankBlocks) -> None:
+    def __init__(self, shape: Shape, groups: list[Group], clients: list[Clients], tp_rank: int, layout: RankBlocks) -> None:
         self._shape = shape
+        self._groups = groups
         self._clients = clients
         self._layout = layout
         self._reports = tp_rank == 0
+        self._primary = primary(groups)
+        self._positions: dict[str, tuple[int, int]] = {
+            name: (g.index, j) for g in groups for j, name in enumerate(g.layer_names)
+        }
         self._layers: list[torch.Tensor] = []
         self._layer_index: dict[str, int] = {}
         # Set when the KV cache is not host blocks of contiguous rows (a
@@ -47,7 +55,7 @@ class KvtierWorker:
         self._copier: DeviceCopier | None = None
         self._loading: list[_Loading] = []
         self._load_errors: set[int] = set()
-        self._corrupt: dict[str | None, set[int]] = {}
+        self._corrupt: dict[tuple[int, str | None], set[int]] = {}
         self._stats = WorkerStats()
         # Saves run one at a time, off the forward's thread; the copies
         # release the GIL, so the next step runs beside them.
@@ -55,6 +63,9 @@ class KvtierWorker:
         self._lock = threading.Lock()
         self._saves: dict[str, list[Future[None]]] = {}
         self._finishing: set[str] = set()
+        self._window_saves: list[Future[None]] = []
+        """Saves of sliding-window blocks, which vLLM frees while the
+        request runs: they end before the next forward."""
         self._said = KvtierWorkerMetadata()
 
     # ---------------------------------------------------------------- buffers
@@ -84,6 +95,10 @@ class KvtierWorker:
         self._layers = list(kv_caches.values())
         self._layer_index = {name: i for i, name in enumerate(kv_caches)}
 
+    def _group_layers(self, group: int) -> list[int]:
+        """Indices in ``_layers`` of ``group``'s layers, in forward order."""
+        return [self._layer_index[name] for name in self._groups[group].layer_names]
+
     def _region(self, layer: int) -> tuple[int, int, int]:
         """(address, nbytes, object stride) of one layer's paged buffer:
         the stride between the layout's virtual blocks."""
@@ -103,7 +118,7 @@ class KvtierWorker:
             self._copier.start_loads()
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients.call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
+            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
             pinned = self._layout.blocks_of(load.prefix_len) if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
@@ -112,36 +127,42 @@ class KvtierWorker:
             self._stats.load_started(began)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        layer = self._layer_index.get(layer_name)
-        if layer is None or not self._loading:
+        position = self._positions.get(layer_name)
+        if position is None or not self._loading or layer_name not in self._layer_index:
             return
-        self._read_layer(layer)
-        if layer == len(self._layers) - 1:
-            self._finish_loads()
+        group, layer = position
+        self._read_layer(group, layer)
+        if layer == len(self._groups[group].layer_names) - 1:
+            self._finish_loads(group)
 
-    def _read_layer(self, layer: int) -> None:
+    def _read_layer(self, group: int, layer: int) -> None:
+        """Reads layer ``layer`` of ``group`` (its index in the group's
+        stored objects) of every load of that group."""
+        index = self._group_layers(group)[layer]
+        loads = [ld for ld in self._loading if ld.transfer.group == group]
         if self._copier is not None:
-            self._read_layer_staged(layer, self._copier)
+            self._read_layer_staged(layer, index, loads, self._copier)
             return
-        addr, nbytes, stride = self._region(layer)
-        for ld in self._loading:
+        addr, nbytes, stride = self._region(index)
+        for ld in loads:
             ids = ld.transfer.block_ids[: ld.pinned]
             self._read_blocks(ld, layer, (addr, nbytes), self._layout.rank_ids(ids), stride)
 
-    def _read_layer_staged(self, layer: int, copier: DeviceCopier) -> None:
-        """Reads one layer of every load into host staging, one block after
-        another, then copies the verified blocks to the device."""
-        dst = copier.load_region(layer, sum(ld.pinned for ld in self._loading))
+    def _read_layer_staged(self, layer: int, index: int, loads: list[_Loading], copier: DeviceCopier) -> None:
+        """Reads one layer (``layer`` of the group, ``index`` of the KV
+        cache) of ``loads`` into host staging, one block after another,
+        then copies the verified blocks to the device."""
+        dst = copier.load_region(index, sum(ld.pinned for ld in loads))
         ids: list[int] = []
         rows: list[int] = []
         base = 0
-        for ld in self._loading:
+        for ld in loads:
             staged = list(range(base, base + ld.pinned))
             ok = self._read_blocks(ld, layer, dst, self._layout.rank_ids(staged), self._shape.layer_bytes)
             ids.extend(b for b, good in zip(ld.transfer.block_ids, ok) if good)
             rows.extend(r for r, good in zip(staged, ok) if good)
             base += ld.pinned
-        copier.stage_in(layer, ids, rows)
+        copier.stage_in(index, ids, rows)
 
     def _read_blocks(self, ld: _Loading, layer: int, dst: tuple[int, int], objects: list[int], stride: int) -> list[bool]:
         """Reads one layer of ``ld``'s pinned blocks into ``dst``, object
@@ -159,26 +180,29 @@ class KvtierWorker:
         for i, good in enumerate(whole):
             if not good:
                 self._load_errors.add(t.block_ids[i])
-                self._corrupt.setdefault(t.salt, set()).add(t.keys[i])
+                self._corrupt.setdefault((t.group, t.salt), set()).add(t.keys[i])
         return whole
 
-    def _finish_loads(self) -> None:
-        block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
-        for ld in self._loading:
+    def _finish_loads(self, group: int) -> None:
+        """Releases ``group``'s loads once all its layers are read."""
+        block_bytes = len(self._groups[group].layer_names) * self._shape.layer_bytes * self._layout.per_block
+        for ld in [ld for ld in self._loading if ld.transfer.group == group]:
             try:
                 ld.load.release()
             except kvtier.KvtierError as e:
                 logger.warning("kvtier release of request %s failed: %s", ld.transfer.req_id, e)
             self._stats.loaded(block_bytes, ld.transfer.tiers[: ld.pinned])
-        self._loading.clear()
+            self._loading.remove(ld)
         # A block that failed verification is a miss for every reader:
         # remove it, so the next save of its key stores good bytes.
-        for salt, keys in self._corrupt.items():
+        for (g, salt), keys in list(self._corrupt.items()):
+            if g != group:
+                continue
             logger.warning("kvtier: %d blocks failed verification; vLLM recomputes them", len(keys))
-            self._clients.call(salt, "remove", _remover(self._layout.rank_keys(sorted(keys))), None)
-            if self._reports:
+            self._clients[g].call(salt, "remove", _remover(self._layout.rank_keys(sorted(keys))), None)
+            if self._reports and g == self._primary:
                 self._said.removed.extend(keys)
-        self._corrupt.clear()
+            del self._corrupt[(g, salt)]
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -189,12 +213,12 @@ class KvtierWorker:
 
     def wait_for_save(self, meta: KvtierConnectorMetadata | None) -> None:
         """Ends this step's loads and starts its saves."""
-        if self._loading:
+        for group in sorted({ld.transfer.group for ld in self._loading}):
             # A forward that did not visit every layer: read the rest so no
             # slot stays pinned.
-            for layer in range(len(self._layers)):
-                self._read_layer(layer)
-            self._finish_loads()
+            for layer in range(len(self._groups[group].layer_names)):
+                self._read_layer(group, layer)
+            self._finish_loads(group)
         if meta is None:
             return
         # Device copies of this step's saves wait for its forward.
@@ -208,6 +232,8 @@ class KvtierWorker:
                 self._report(t, [])
             with self._lock:
                 self._saves.setdefault(t.req_id, []).append(future)
+                if self._groups[t.group].window is not None:
+                    self._window_saves.append(future)
 
     def _save(self, t: Transfer, ready: object = None) -> None:
         stored: list[int] = []
@@ -216,36 +242,47 @@ class KvtierWorker:
             if self._copier is not None:
                 stored = self._store_staged(t, self._copier, ready)
             else:
-                stored = self._store(t.salt, t.keys, self._regions(t.block_ids))
-            block_bytes = self._shape.layers * self._shape.layer_bytes * self._layout.per_block
+                stored = self._store(t, t.keys, self._regions(t.group, t.block_ids))
+            block_bytes = len(self._groups[t.group].layer_names) * self._shape.layer_bytes * self._layout.per_block
             self._stats.saved(began, len(stored) * block_bytes, len(stored))
         except Exception as e:  # a bug here must not leave the request's blocks held
             logger.warning("kvtier save of request %s failed: %s", t.req_id, e)
         finally:
             self._report(t, stored)
 
-    def _regions(self, block_ids: list[int]) -> tuple[list[tuple[int, int]], list[int], int]:
-        """Where ``block_ids``' objects lie in the paged buffers: a region
-        per layer, the objects' virtual block ids, and their stride."""
-        regions = [self._region(i) for i in range(len(self._layers))]
-        return [(addr, nbytes) for addr, nbytes, _ in regions], self._layout.rank_ids(block_ids), regions[0][2]
+    def _regions(self, group: int, block_ids: list[int]) -> tuple[list[tuple[int, int]], list[int], int]:
+        """Where ``block_ids``' objects of ``group`` lie in the paged
+        buffers: a region per stored layer, the objects' virtual block ids,
+        and their stride."""
+        regions = [self._region(i) for i in self._group_layers(group)]
+        layers = self._padded([(addr, nbytes) for addr, nbytes, _ in regions])
+        return layers, self._layout.rank_ids(block_ids), regions[0][2]
+
+    def _padded(self, layers: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``layers`` filled up to the daemon's layers with the last one: a
+        group smaller than the shape (vLLM pads groups to one size) stores
+        its last layer again, never read back."""
+        return layers + [layers[-1]] * (self._shape.layers - len(layers))
 
     def _store_staged(self, t: Transfer, copier: DeviceCopier, ready: object) -> list[int]:
         """Stores ``t``'s blocks through host staging, a batch at a time."""
         stored: list[int] = []
         start = 0
-        for n, layers in copier.stage_out(t.block_ids, ready):
+        for n, layers in copier.stage_out(t.block_ids, ready, self._group_layers(t.group)):
             objects = self._layout.rank_ids(list(range(n)))
-            stored += self._store(t.salt, t.keys[start : start + n], (layers, objects, self._shape.layer_bytes))
+            at = (self._padded(layers), objects, self._shape.layer_bytes)
+            stored += self._store(t, t.keys[start : start + n], at)
             start += n
         return stored
 
-    def _store(self, salt: str | None, keys: list[int], at: tuple[list[tuple[int, int]], list[int], int]) -> list[int]:
-        """Stores the blocks ``keys`` whose objects lie ``at`` (as
-        :meth:`_regions` says); the keys the node holds whole after."""
+    def _store(self, t: Transfer, keys: list[int], at: tuple[list[tuple[int, int]], list[int], int]) -> list[int]:
+        """Stores the blocks ``keys`` of ``t``'s group whose objects lie
+        ``at`` (as :meth:`_regions` says); the keys the node holds whole
+        after."""
         layers, objects, stride = at
         none: list[str] = []
-        outcomes = self._clients.call(salt, "store", _storer(self._layout.rank_keys(keys), layers, objects, stride), none)
+        store = _storer(self._layout.rank_keys(keys), layers, objects, stride)
+        outcomes = self._clients[t.group].call(t.salt, "store", store, none)
         return self._whole_blocks(keys, outcomes)
 
     def _whole_blocks(self, keys: list[int], outcomes: list[str]) -> list[int]:
@@ -256,21 +293,30 @@ class KvtierWorker:
         return [k for i, k in enumerate(keys) if len(held) >= (i + 1) * n and all(held[i * n : (i + 1) * n])]
 
     def _report(self, t: Transfer, stored: list[int]) -> None:
-        if not self._reports:
-            return
         done = set(stored)
         with self._lock:
-            self._said.stored.extend(stored)
-            self._said.not_stored.extend(k for k in t.keys if k not in done)
+            # Every rank counts its finished saves: the scheduler frees a
+            # finished request's blocks once all ranks are done with them.
+            self._said.saves_done[t.req_id] = self._said.saves_done.get(t.req_id, 0) + 1
+            # The primary group's stores stand for the block in KV events.
+            if self._reports and t.group == self._primary:
+                self._said.stored.extend(stored)
+                self._said.not_stored.extend(k for k in t.keys if k not in done)
 
     def handle_preemptions(self, meta: KvtierConnectorMetadata) -> None:
-        """vLLM may hand a preempted request's blocks to another request in
-        this step: its saves finish before the forward writes them."""
-        for req_id in meta.preempted:
-            with self._lock:
-                futures = list(self._saves.get(req_id, ()))
-            for f in futures:
-                f.exception()
+        """Called before every forward. vLLM may hand the blocks of a
+        preempted request, and the sliding-window blocks a running request
+        left behind, to another request in this step: saves still copying
+        them finish before the forward writes them. (Usually they are long
+        done: a prompt's saves start in its prefill step.)"""
+        with self._lock:
+            futures = [f for r in meta.preempted for f in self._saves.get(r, ())]
+            # Finished requests whose saves every rank reported done.
+            futures += [f for r in meta.finished for f in self._saves.pop(r, ())]
+            futures += self._window_saves
+            self._window_saves = []
+        for f in futures:
+            f.exception()
 
     def get_finished(self, meta: KvtierConnectorMetadata | None) -> set[str]:
         """Requests whose blocks the scheduler kept for their saves
@@ -290,7 +336,7 @@ class KvtierWorker:
     def take_worker_metadata(self) -> KvtierWorkerMetadata | None:
         with self._lock:
             said, self._said = self._said, KvtierWorkerMetadata()
-        if not (said.stored or said.not_stored or said.removed):
+        if not said:
             return None
         return said
 
