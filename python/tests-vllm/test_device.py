@@ -23,6 +23,7 @@ from kvtier.device import KV_LAYOUTS, DeviceCopier, gather, paged_kv_cache, row_
 from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape
+from kvtier.vllm.groups import Group
 from kvtier.vllm.layouts import HeadShardBlocks, RankBlocks
 from kvtier.vllm.scheduler import KvtierConnectorMetadata, Transfer
 from kvtier.vllm.worker import KvtierWorker
@@ -277,7 +278,9 @@ def test_a_corrupted_slot_is_a_failed_block_never_data(node: Daemon) -> None:
 
 def _worker(d: Daemon, layer_bytes: int, layout: RankBlocks | None = None) -> KvtierWorker:
     shape = Shape(model="device-test", dtype="float32", layout="test", block_size=TOKENS, layers=LAYERS, layer_bytes=layer_bytes)
-    return KvtierWorker(shape, Clients(KvtierConfig(socket=str(d.socket)), shape, 0, 1), 0, layout or RankBlocks())
+    group = Group(0, tuple(_layer_name(i) for i in range(LAYERS)), None)
+    clients = Clients(KvtierConfig(socket=str(d.socket)), shape, 0, 1)
+    return KvtierWorker(shape, [group], [clients], 0, layout or RankBlocks())
 
 
 def _save(w: KvtierWorker, keys: list[int], ids: list[int]) -> list[int]:
@@ -300,8 +303,12 @@ def _load_layers(w: KvtierWorker, names: list[str], keys: list[int], ids: list[i
     return w.get_block_ids_with_load_errors()
 
 
+def _layer_name(i: int) -> str:
+    return f"model.layers.{i}.self_attn.attn"
+
+
 def _named(layers: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {f"model.layers.{i}.self_attn.attn": t for i, t in enumerate(layers)}
+    return {_layer_name(i): t for i, t in enumerate(layers)}
 
 
 @pytest.mark.parametrize(("saved_as", "loaded_as"), [("LBNHC", "LBHNC"), ("LBHNC", "BLNHC")])
