@@ -127,7 +127,7 @@ fn store(path: &Path, g: &Geometry, origin: ShapeOrigin) -> Result<bool, NodeErr
 /// The shape a node starts with: the configured `[geometry]`, which must
 /// equal a kept one (the stored blocks have the kept shape); else the kept
 /// one; else `None` (learned at the first `Hello`). Once the node has
-/// opened with it, [`keep`] it.
+/// opened with it, keep it (`keep`).
 pub fn at_start(config: &NodeConfig) -> Result<Option<Shape>, NodeError> {
     let file = config.shape_file();
     let kept = load(&file)?;

@@ -129,39 +129,26 @@ impl Daemon {
     /// ready.
     pub fn start(data: &Path, shm: &str, env: &[(&str, &str)]) -> Self {
         let tokens = TOKENS_PER_BLOCK.to_string();
-        let mut all = vec![
-            ("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", tokens.as_str()),
-            ("KVTIER_META__ENABLED", "false"),
-            ("KVTIER_DISK__IO_ENGINE", "psync"),
-            ("KVTIER_DISK__SYNC", "false"),
-        ];
-        all.extend_from_slice(env);
-        let mut daemon = Self {
-            data: data.to_owned(),
-            shm: shm.to_owned(),
-            env: all
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            proc: None,
-            log: Arc::default(),
-            log_reader: None,
-            ready: String::new(),
-            unshaped: false,
-        };
-        daemon.launch();
-        daemon
+        let shape = [("KVTIER_GEOMETRY__TOKENS_PER_BLOCK", tokens.as_str())];
+        Self::launched(data, shm, &shape, env)
     }
 
     /// [`start`](Self::start) without any `[geometry]`: the daemon takes
     /// the shape of the first engine's `Hello`, or the one its data
     /// directory keeps.
     pub fn start_unshaped(data: &Path, shm: &str, env: &[(&str, &str)]) -> Self {
-        let mut all = vec![
+        Self::launched(data, shm, &[], env)
+    }
+
+    /// A daemon started with `shape` (none: unshaped), the test defaults,
+    /// then `env`.
+    fn launched(data: &Path, shm: &str, shape: &[(&str, &str)], env: &[(&str, &str)]) -> Self {
+        let mut all = shape.to_vec();
+        all.extend_from_slice(&[
             ("KVTIER_META__ENABLED", "false"),
             ("KVTIER_DISK__IO_ENGINE", "psync"),
             ("KVTIER_DISK__SYNC", "false"),
-        ];
+        ]);
         all.extend_from_slice(env);
         let mut daemon = Self {
             data: data.to_owned(),
@@ -174,7 +161,7 @@ impl Daemon {
             log: Arc::default(),
             log_reader: None,
             ready: String::new(),
-            unshaped: true,
+            unshaped: shape.is_empty(),
         };
         daemon.launch();
         daemon
