@@ -166,6 +166,11 @@ pub(crate) fn keep(shape: &Shape) -> Result<(), NodeError> {
         return Ok(());
     }
     let (path, g) = (shape.file.as_path(), &shape.geometry);
+    // A configured shape an earlier start kept: nothing to write, so a
+    // full file system does not stop the start.
+    if load(path)?.as_ref() == Some(g) {
+        return Ok(());
+    }
     if store(path, g, shape.origin)? {
         return Ok(());
     }
