@@ -26,7 +26,7 @@ import pytest
 from conftest import BLOCK_TOKENS, STORE_ENV, daemon_env
 from engines import node_stats
 from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
-from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_shape, daemon_settings
+from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_key, chunk_shape, daemon_settings
 from vllm import SamplingParams
 from vllm.v1.kv_offload.base import (
     LookupResult,
@@ -56,13 +56,29 @@ def offloading_config(model_dir: Path) -> OffloadingConfig:
     """What vLLM's ``OffloadingConnector`` hands its spec for the tiny Llama
     (``build_offloading_config`` over the engine's config and the KV cache
     config vLLM derives from the model's attention specs)."""
+    return vllm_offloading_config(model_dir, window=None)
+
+
+@pytest.fixture(scope="module")
+def hybrid_offloading_config(hybrid_model_dir: Path) -> OffloadingConfig:
+    """The same for the tiny hybrid (``conftest.TINY_HYBRID``): sliding
+    windows of 64 tokens in layers 0 and 2, full attention in 1 and 3, so
+    vLLM's hybrid KV cache manager makes two KV cache groups (0: the
+    windows, 1: full attention) over two shared KV cache tensors."""
+    return vllm_offloading_config(hybrid_model_dir, window=64)
+
+
+def vllm_offloading_config(model_dir: Path, window: int | None) -> OffloadingConfig:
+    """``build_offloading_config`` for a model of the tiny Llama's layers,
+    every other one of them a sliding window of ``window`` tokens (None:
+    all full attention)."""
     import torch
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
     args = EngineArgs(
         model=str(model_dir),
@@ -82,8 +98,12 @@ def offloading_config(model_dir: Path) -> OffloadingConfig:
     )
     vllm_config = args.create_engine_config()
     resolve_kv_cache_layout(vllm_config, [[layout.name for layout in get_supported_kv_cache_layouts([])]])
-    attention = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    specs = {f"model.layers.{i}.self_attn.attn": attention for i in range(2)}
+    assert vllm_config.model_config.hf_config.num_hidden_layers == (2 if window is None else 4)
+    full = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    specs: dict[str, KVCacheSpec] = {f"model.layers.{i}.self_attn.attn": full for i in range(2)}
+    if window is not None:
+        sliding = SlidingWindowSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=window)
+        specs = {f"model.layers.{i}.self_attn.attn": sliding if i % 2 == 0 else full for i in range(4)}
     kv_cache_config = get_kv_cache_configs(vllm_config, [specs], [64 << 20])[0]
     return build_offloading_config(vllm_config, kv_cache_config)
 
@@ -165,9 +185,10 @@ class Engine:
         return out
 
 
-def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: str | None = None) -> list[OffloadKey]:
+def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: str | None = None, group: int = 0) -> list[OffloadKey]:
     """The offload keys vLLM's scheduler makes for a prompt: the request's
-    block hashes (vLLM's hasher, cache salt included) and group 0."""
+    block hashes (vLLM's hasher, cache salt included) and a KV cache group
+    (``group_id``)."""
     from vllm.config import CacheConfig
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -183,7 +204,8 @@ def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: s
         cache_salt=salt,
         block_hasher=get_request_block_hasher(BLOCK_TOKENS, hash_fn),
     )
-    return [make_offload_key(h, 0) for h in request.block_hashes]
+    assert group in {g.group_id for g in offloading_config.groups}
+    return [make_offload_key(h, group) for h in request.block_hashes]
 
 
 def payloads(keys: list[OffloadKey], seed: int) -> dict[OffloadKey, np.ndarray]:
@@ -317,6 +339,59 @@ def test_cache_salts_never_share(offloading_config: OffloadingConfig, engines: l
     ctx = new_ctx(reader)
     assert reader.lookup(salted_b + unsalted, ctx) == [LookupResult.MISS] * 6
     assert reader.lookup(salted_a, ctx) == [LookupResult.HIT] * 3
+
+
+def test_two_kv_cache_groups_keep_their_own_chunks(hybrid_offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    """A hybrid model's two KV cache groups (sliding window, full attention)
+    under vLLM's own manager: the chunk of each group of a block is a key of
+    its own, stored, evicted from the primary tier and promoted back byte
+    for byte; one group's chunk is never served for the other's. The chunk
+    is the largest group's layers, so the daemon set up for the tiny Llama
+    (``KvtierConnector``'s geometry for the hybrid too) holds them."""
+    config = hybrid_offloading_config
+    assert [g.group_id for g in config.groups] == [0, 1]
+    engine = Engine(config, daemon.socket)
+    engines.append(engine)
+    # Two KV cache tensors, each shared by one layer of each group: a row
+    # is one 16 KiB page of each, whichever group's chunk it holds.
+    assert engine.tier.block_size_bytes == CHUNK_BYTES
+    assert (engine.tier.shape.layers, engine.tier.shape.layer_bytes) == (2, CHUNK_BYTES // 2)
+    assert "groups=2" in engine.tier.shape.layout
+
+    tokens = prompt(6)
+    windows, full = request_keys(config, tokens, group=0), request_keys(config, tokens, group=1)
+    assert len({chunk_key(k) for k in windows + full}) == 12, "a kvtier key per group and block"
+    data = payloads(windows + full, seed=10)
+    # Both groups' chunks of each block, four chunks a request: the primary
+    # tier (8 chunks) evicts the first four to take the last.
+    both = [k for pair in zip(windows, full, strict=True) for k in pair]
+    for i in range(0, 12, 4):
+        assert engine.store(both[i : i + 4], data) == both[i : i + 4]
+    assert node_stats(daemon)["committed"] == 12
+    probe = new_ctx(engine)
+    assert [engine.manager.primary_tier.lookup(k, probe) for k in both[:4]] == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(probe)
+
+    ctx = new_ctx(engine)
+    assert engine.lookup(both[:4], ctx) == [LookupResult.HIT] * 4
+    assert [engine.manager.get_load_source(k, ctx) for k in both[:4]] == [CacheHitSource.HOST] * 4
+    got = engine.read(both[:4], ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, both, strict=False))
+    engine.manager.on_request_finished(ctx)
+
+    # Another engine stores only the window group's chunks of a prompt: the
+    # full-attention group's chunks of the same blocks are misses.
+    other = Engine(config, daemon.socket)
+    engines.append(other)
+    tokens = prompt(2, first=300)
+    only_windows, not_stored = request_keys(config, tokens, group=0), request_keys(config, tokens, group=1)
+    more = payloads(only_windows, seed=11)
+    other.store(only_windows, more)
+    ctx = new_ctx(engine)
+    assert engine.lookup(not_stored, ctx) == [LookupResult.MISS] * 2
+    assert engine.lookup(only_windows, ctx) == [LookupResult.HIT] * 2
+    assert all(np.array_equal(g, more[k]) for g, k in zip(engine.read(only_windows, ctx), only_windows, strict=True))
+    assert node_stats(daemon)["committed"] == 14
 
 
 @pytest.fixture
