@@ -502,6 +502,7 @@ def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Pat
     # vLLM's own prefix cache and the primary tier (reset_connector): what
     # is cached now is in kvtier only.
     assert llm.reset_prefix_cache(reset_connector=True)
+    asked.lookups.clear()
     before = cached_by_source(llm)
     served, cached = run_all(llm, PROMPTS)
     assert served == computed
@@ -540,3 +541,92 @@ def test_a_hung_daemon_never_blocks_the_scheduler(offloading_config: OffloadingC
         assert results == [LookupResult.MISS] * 4
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
+
+
+class _Asked:
+    """The offload keys the engine's scheduler hands the tier (lookups,
+    stores, loads), recorded as it calls it."""
+
+    def __init__(self, tier: KvtierTier) -> None:
+        self.lookups: set[OffloadKey] = set()
+        self.stores: list[OffloadKey] = []
+        self.loads: list[OffloadKey] = []
+        lookup, store, load = tier.lookup, tier.submit_store, tier.submit_load
+
+        def on_lookup(key: OffloadKey, ctx: ReqContext) -> LookupResult:
+            self.lookups.add(key)
+            return lookup(key, ctx)
+
+        def on_store(job: Any) -> None:
+            self.stores += job.keys
+            store(job)
+
+        def on_load(job: Any) -> None:
+            self.loads += job.keys
+            load(job)
+
+        tier.lookup, tier.submit_store, tier.submit_load = on_lookup, on_store, on_load  # type: ignore[method-assign]
+
+
+def test_vllm_cpu_serves_a_hybrid_model_through_the_tier(daemon: Daemon, hybrid_model_dir: Path, hybrid_offloading_config: OffloadingConfig) -> None:
+    """The tiny hybrid (a sliding window of two blocks beside full
+    attention) in one real engine with ``KvtierTieringSpec``: vLLM keeps its
+    hybrid KV cache manager on (``OffloadingConnector`` is ``SupportsHMA``),
+    both groups' chunks go to kvtier under keys of their own, and after
+    vLLM's prefix cache and primary tier are emptied the full-attention
+    group is promoted block by block and the window group only at the end
+    of each prompt's usable prefix; the greedy outputs are the ones first
+    computed."""
+    from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_offload.base import get_offload_group_idx
+
+    tier = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(daemon.socket))
+    transfer = KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": "KvtierTieringSpec",
+            "spec_module_path": "kvtier.vllm.tier",
+            "cpu_bytes_to_use": 64 * CHUNK_BYTES,
+            "secondary_tiers": [{**tier, "reconnect_interval": 0.0, "lookup_timeout": 60.0}],
+        },
+    )
+    llm = engine(hybrid_model_dir, kv_transfer_config=transfer, load_format="safetensors")
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    assert [type(g.kv_cache_spec) for g in scheduler.kv_cache_config.kv_cache_groups] == [SlidingWindowSpec, FullAttentionSpec]
+    the_tier = scheduler.connector.connector_scheduler.manager.secondary_tiers[0]
+    assert isinstance(the_tier, KvtierTier) and the_tier.shape.layers == 2
+    asked = _Asked(the_tier)
+    computed, _ = run_all(llm, PROMPTS)
+
+    stored = {g: [k for k in asked.stores if get_offload_group_idx(k) == g] for g in (0, 1)}
+    # Full attention: every distinct full prompt block. The window: only
+    # the blocks vLLM's scheduler finds reachable for a later load (its
+    # ``reachable_block_mask``), fewer. Each its own key in the node.
+    assert len(set(stored[1])) == len(stored[1]) == distinct_blocks(PROMPTS)
+    assert 0 < len(set(stored[0])) == len(stored[0]) < len(stored[1])
+    assert node_stats(daemon)["committed"] == len(stored[0]) + len(stored[1])
+
+    assert llm.reset_prefix_cache(reset_connector=True)
+    asked.lookups.clear()
+    before = cached_by_source(llm)
+    served, cached = run_all(llm, PROMPTS)
+    assert served == computed
+    assert cached == [usable_tokens(p) for p in PROMPTS]
+    gained = {s: n - before.get(s, 0) for s, n in cached_by_source(llm).items()}
+    assert gained.get("host", 0) > 0 and gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
+    # The full-attention group is promoted block by block; the window group
+    # only the two blocks of its window at the end of each prompt's usable
+    # prefix (vLLM asks the tier about more of them, scanning back from the
+    # end, and loads only the window).
+    full_loads = [k for k in asked.loads if get_offload_group_idx(k) == 1]
+    window_loads = [k for k in asked.loads if get_offload_group_idx(k) == 0]
+    assert set(full_loads) == set(stored[1]), "every full-attention chunk promoted"
+    window_ends = set()
+    for p in PROMPTS:
+        end = usable_tokens(p) // BLOCK_TOKENS
+        window_ends |= set(request_keys(hybrid_offloading_config, p, group=0)[end - 2 : end])
+    assert set(window_loads) == window_ends and len(window_loads) == 2 * len(PROMPTS)
+    assert {k for k in asked.lookups if get_offload_group_idx(k) == 0} > window_ends
