@@ -502,7 +502,6 @@ def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Pat
     # vLLM's own prefix cache and the primary tier (reset_connector): what
     # is cached now is in kvtier only.
     assert llm.reset_prefix_cache(reset_connector=True)
-    asked.lookups.clear()
     before = cached_by_source(llm)
     served, cached = run_all(llm, PROMPTS)
     assert served == computed
