@@ -267,11 +267,12 @@ class KvtierTier(SecondaryTierManager):
         self._stats = OffloadingConnectorStats()
         settings = daemon_settings(self.shape)
         logger.info(
-            "kvtier secondary tier (TieringOffloadingSpec) on %s: %s %s, chunks of %d tokens = %d layers x %d bytes; "
-            "daemon geometry %s",
+            "kvtier secondary tier (TieringOffloadingSpec) on %s: %s %s, %d KV cache group(s), a chunk per group of %d tokens "
+            "= %d layers x %d bytes; daemon geometry %s",
             config.socket,
             self.shape.model,
             self.shape.dtype,
+            len(offloading_spec.config.groups),
             self.shape.block_size,
             self.shape.layers,
             self.shape.layer_bytes,
