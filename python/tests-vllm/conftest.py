@@ -197,6 +197,18 @@ def daemon_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
+def inclusive_daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """A daemon that writes each new block to its disk tier before its
+    store returns; the list holds the running one (a test restarts it)."""
+    try:
+        held = [start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))]
+    except DaemonError as e:
+        pytest.fail(str(e))
+    yield held
+    held[0].stop()
+
+
+@pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
     try:
         d = start_daemon(tmp_path / "data", daemon_env())

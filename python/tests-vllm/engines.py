@@ -53,23 +53,23 @@ def distinct_blocks(prompts: list[list[int]]) -> int:
     return len({tuple(p[: (i + 1) * BLOCK_TOKENS]) for p in prompts for i in range(len(p) // BLOCK_TOKENS)})
 
 
+#: What every engine (and engine config) of the tiny models is built with.
+TINY_ENGINE_ARGS: dict[str, Any] = {
+    "load_format": "dummy",
+    "skip_tokenizer_init": True,
+    "enforce_eager": True,
+    "max_model_len": 1024,
+    "block_size": BLOCK_TOKENS,
+    "enable_prefix_caching": True,
+    "dtype": "float32",
+}
+
+
 def engine(model_dir: Path, **kw: Any) -> LLM:
     """A vLLM on the tiny Llama (dummy weights unless ``load_format`` says
     otherwise, float32), with ``kw``."""
-    return LLM(
-        model=str(model_dir),
-        load_format=kw.pop("load_format", "dummy"),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        max_model_len=1024,
-        block_size=BLOCK_TOKENS,
-        enable_prefix_caching=True,
-        dtype="float32",
-        seed=0,
-        kv_cache_memory_bytes=64 << 20,
-        disable_log_stats=False,
-        **kw,
-    )
+    args = {**TINY_ENGINE_ARGS, "seed": 0, "kv_cache_memory_bytes": 64 << 20, "disable_log_stats": False}
+    return LLM(model=str(model_dir), **{**args, **kw})
 
 
 @contextmanager

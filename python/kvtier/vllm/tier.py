@@ -418,17 +418,20 @@ class KvtierTier(SecondaryTierManager):
 
     @override
     def submit_store(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        offsets = [int(c) * self.block_size_bytes for c in job_metadata.chunk_ids]
-        failed = _Finished(job_metadata.job_id, keys, [False] * len(keys), 0.0, store=True)
-        self._jobs[job_metadata.job_id] = self._pool.submit(_guarded, failed, self._store, failed, offsets)
+        self._submit(job_metadata, store=True)
 
     @override
     def submit_load(self, job_metadata: TransferJob) -> None:
-        keys = list(job_metadata.keys)
-        offsets = [int(c) * self.block_size_bytes for c in job_metadata.chunk_ids]
-        failed = _Finished(job_metadata.job_id, keys, [False] * len(keys), 0.0, store=False)
-        self._jobs[job_metadata.job_id] = self._pool.submit(_guarded, failed, self._load, failed, offsets)
+        self._submit(job_metadata, store=False)
+
+    def _submit(self, job: TransferJob, store: bool) -> None:
+        """Runs a cascade (``store``) or a promotion of ``job`` on the job
+        thread; a job that raises fails every key."""
+        keys = list(job.keys)
+        offsets = [int(c) * self.block_size_bytes for c in job.chunk_ids]
+        failed = _Finished(job.job_id, keys, [False] * len(keys), 0.0, store=store)
+        run = self._store if store else self._load
+        self._jobs[job.job_id] = self._pool.submit(_guarded, failed, run, failed, offsets)
 
     @override
     def get_finished_jobs(self) -> Iterable[JobResult]:
