@@ -46,6 +46,9 @@ def collect_engines() -> Iterator[None]:
     in-process vLLM engines alive at once share global state."""
     yield
     gc.collect()
+    from engines import shut_down_engines
+
+    shut_down_engines()
 
 
 @pytest.fixture(scope="session")

@@ -65,11 +65,28 @@ TINY_ENGINE_ARGS: dict[str, Any] = {
 }
 
 
+#: The in-process engines built by ``engine`` and not yet freed.
+_LIVE_ENGINES: weakref.WeakSet[LLM] = weakref.WeakSet()
+
+
 def engine(model_dir: Path, **kw: Any) -> LLM:
     """A vLLM on the tiny Llama (dummy weights unless ``load_format`` says
     otherwise, float32), with ``kw``."""
     args = {**TINY_ENGINE_ARGS, "seed": 0, "kv_cache_memory_bytes": 64 << 20, "disable_log_stats": False}
-    return LLM(model=str(model_dir), **{**args, **kw})
+    llm = LLM(model=str(model_dir), **{**args, **kw})
+    _LIVE_ENGINES.add(llm)
+    return llm
+
+
+def shut_down_engines() -> None:
+    """Shuts down every engine ``engine`` built that is still alive. A
+    failed test's traceback keeps its engine alive; freed later, in the
+    middle of another test, vLLM's finalizer would tear down the process's
+    model-parallel groups under that test's engine. An engine shut down
+    here has its finalizer detached, so freeing it later does nothing."""
+    for llm in list(_LIVE_ENGINES):
+        llm.llm_engine.engine_core.shutdown()
+    _LIVE_ENGINES.clear()
 
 
 @contextmanager
