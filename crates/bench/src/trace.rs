@@ -29,10 +29,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, CoreError, Geometry, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskError, DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::PsyncEngine;
-use kvtier_mem::{MemError, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
 use kvtier_remote::{RemoteConfig, RemoteError, RemoteTier};
 use kvtier_sim::model::{GpuKind, ModelSpec, ServingModel, request_ttft};
 use kvtier_sim::trace::{self, TraceError};

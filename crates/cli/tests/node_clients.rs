@@ -14,8 +14,8 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+use kvtier_arena::ArenaClient;
 use kvtier_client::{BlockHash, BlockSums, Client, StoreOutcome};
-use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Hello, KeyMap, KeysRequest, Message, PROTOCOL_VERSION,
     ReserveResult, WireGeometry, read_frame, write_frame,

@@ -169,7 +169,7 @@ fn serve_restarts_after_sigkill_at_any_moment_of_startup() {
 
         let (restarted, addr) = start_ready_at(&mut serve(data.path(), &shm));
         assert_healthy(addr);
-        let reader = kvtier_mem::ArenaReader::open(&shm)
+        let reader = kvtier_arena::ArenaReader::open(&shm)
             .unwrap_or_else(|e| panic!("round {i}: the restarted arena is unreadable: {e}"));
         drop(reader);
         // The arena at the name is the restarted daemon's: its lock is

@@ -9,8 +9,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
-use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     CommitEntry, CommitResult, Counter, DecodeError, HelloOk, KeyMap, Message, ReserveResult, Tier,
 };

@@ -5,8 +5,8 @@ use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
-use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     CommitEntry, CommitResult, Counter, FrameError, HelloOk, KeyMap, Message, ReserveResult, Tier,
     read_frame, write_frame,

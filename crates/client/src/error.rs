@@ -10,7 +10,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvtier_mem::MemError;
+use kvtier_arena::MemError;
 use kvtier_protocol::{DecodeError, EncodeError, ErrorCode, FrameError};
 use thiserror::Error;
 

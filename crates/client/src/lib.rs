@@ -13,7 +13,7 @@
 //!   hands out request ids and matches answers (a reply naming another
 //!   request, of the wrong type or size, is a typed error).
 //! - [`Client::store`] reserves slots, fills each with a fused copy and
-//!   checksum ([`ArenaClient::fill`](kvtier_mem::ArenaClient::fill)) and
+//!   checksum ([`ArenaClient::fill`](kvtier_arena::ArenaClient::fill)) and
 //!   commits the checksums; [`Client::load_into`] loads, waits for every
 //!   layer, copies each block out verified against the checksums the
 //!   daemon published, and releases. A block that fails verification is a

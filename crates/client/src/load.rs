@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use kvtier_arena::{ArenaClient, MemError};
 use kvtier_core::{BlockHash, Lookup};
-use kvtier_mem::{ArenaClient, MemError};
 use kvtier_protocol::{KeyMap, LoadResult};
 
 use crate::error::{ClientError, Result};

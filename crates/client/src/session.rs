@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
-use kvtier_mem::ArenaClient;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Counter, Hello, HelloOk, KeysRequest, LayerReady,
     LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, WireGeometry,

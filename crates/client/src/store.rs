@@ -6,8 +6,8 @@ use std::any::Any;
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use kvtier_arena::{ArenaClient, MemError};
 use kvtier_core::{BlockHash, BlockSums};
-use kvtier_mem::{ArenaClient, MemError};
 use kvtier_protocol::{CommitEntry, CommitResult, KeyMap, ReserveResult};
 
 use crate::error::{ClientError, Result};

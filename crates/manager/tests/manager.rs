@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use kvtier_arena::{ArenaClient, ArenaReader};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
@@ -20,7 +21,7 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
-use kvtier_mem::{ArenaClient, ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]

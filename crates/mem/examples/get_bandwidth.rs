@@ -14,8 +14,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use kvtier_arena::ArenaReader;
 use kvtier_core::{BlockHash, BlockSums, Lookup, ModelPreset};
-use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig};
+use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

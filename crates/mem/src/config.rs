@@ -5,7 +5,7 @@ use kvtier_core::{ByteSize, CoreError, Geometry};
 use kvtier_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
-use crate::arena::mac::TableKey;
+use crate::mac::TableKey;
 
 /// `[memory]`: the shared-memory DRAM tier (G2).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,14 +13,10 @@
 //!   its owner evicts ([`MemoryTier::create_owned`], the node's arena).
 //!   Pins, references and persistence decide what may be evicted: only
 //!   blocks that are unpinned, unreferenced and persisted in a lower tier.
-//! - [`ArenaReader`] is any other process: it maps the arena read-only by
-//!   name and copies blocks out under the slot table's seqlock, verifying
-//!   each against its checksums.
-//! - [`ArenaClient`] is an engine process talking to the node daemon that
-//!   owns the arena: it maps the slot data read-write, fills the slots the
-//!   daemon reserves for it ([`fill`](ArenaClient::fill), checksums computed
-//!   in the same pass as the copy) and reads the slots the daemon pins for
-//!   it ([`read`](ArenaClient::read), seqlock-protected and verified).
+//! - Every other process maps the arena through `kvtier-arena`, which holds
+//!   the shared format this crate writes and the views others map it by
+//!   ([`ArenaReader`](kvtier_arena::ArenaReader) read-only,
+//!   [`ArenaClient`](kvtier_arena::ArenaClient) filling reserved slots in place).
 //! - [`MemoryTierConfig`] comes from the `[memory]` configuration and the
 //!   model [`Geometry`](kvtier_core::Geometry).
 //!
@@ -36,11 +32,12 @@
 //! layout and its invariants are in `docs/memory-arena.md`.
 //!
 //! ```
+//! use kvtier_arena::ArenaReader;
 //! use kvtier_core::{BlockHash, BlockSums, Lookup};
 //! use kvtier_policy::PolicyKind;
-//! use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
+//! use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 //!
-//! # fn main() -> Result<(), kvtier_mem::MemError> {
+//! # fn main() -> Result<(), kvtier_arena::MemError> {
 //! let tier = MemoryTier::create(MemoryTierConfig {
 //!     shm_name: format!("kvtier-doc-{}", std::process::id()),
 //!     capacity_bytes: 1 << 20,
@@ -68,19 +65,13 @@
 
 #![deny(missing_docs)]
 
-mod arena;
-mod client;
 mod config;
-mod error;
-mod reader;
+mod mac;
+mod shm;
 mod tier;
-mod verify;
 
-pub use arena::mac::TableKey;
-pub use client::ArenaClient;
 pub use config::{MemoryConfig, MemoryTierConfig};
-pub use error::{MemError, Result};
-pub use reader::{ArenaReader, ReaderStats};
+pub use mac::TableKey;
 pub use tier::{
     ArenaAdoption, BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome,
     Reserve, SlotReservation,

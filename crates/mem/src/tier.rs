@@ -3,7 +3,7 @@
 //! One process creates the tier and is the only writer of its shared
 //! memory. Its private [`Book`] (behind one mutex) decides which
 //! slot holds what; the shared slot table mirrors every visibility change
-//! so other processes ([`ArenaReader`](crate::ArenaReader)) can find blocks.
+//! so other processes ([`ArenaReader`](kvtier_arena::ArenaReader)) can find blocks.
 //! Block bytes are copied outside the lock: a slot being filled belongs to
 //! its filler alone, and a resident slot cannot be reused while a reference
 //! (a [`BlockRef`], or a `get` in progress) holds it.
@@ -22,13 +22,16 @@ use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_policy::{PolicyConfig, PolicyKind};
 use parking_lot::Mutex;
 
-use crate::arena::mac::EntryMac;
-use crate::arena::shm::{self, Mapping, OwnedShm, PendingShm};
-use crate::arena::table::SlotTable;
-use crate::arena::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES, header};
+use kvtier_arena::header;
+use kvtier_arena::layout::{ArenaLayout, HUGE_PAGE_BYTES, PAGE_BYTES};
+use kvtier_arena::shm::Mapping;
+use kvtier_arena::table::SlotTable;
+use kvtier_arena::verify;
+use kvtier_arena::{MemError, Result};
+
 use crate::config::MemoryTierConfig;
-use crate::error::{MemError, Result};
-use crate::verify;
+use crate::mac::EntryMac;
+use crate::shm::{self, OwnedShm, PendingShm};
 use book::{Acquired, Book, Claim};
 use stats::Counters;
 
@@ -249,7 +252,7 @@ impl MemoryTier {
     /// Creates (or, after a crash, adopts) the arena, evicting by `policy`
     /// (none: the owner's).
     fn create_evicting(cfg: MemoryTierConfig, policy: Option<PolicyKind>) -> Result<Self> {
-        let path = shm::shm_path(&cfg.shm_name)?;
+        let path = kvtier_arena::shm::shm_path(&cfg.shm_name)?;
         let page = page_bytes(cfg.hugepages);
         let layout =
             ArenaLayout::compute(cfg.block_bytes, cfg.layer_bytes, cfg.capacity_bytes, page)?;
@@ -338,7 +341,7 @@ impl MemoryTier {
     }
 
     /// The shared-memory name other processes pass to
-    /// [`ArenaReader::open`](crate::ArenaReader::open).
+    /// [`ArenaReader::open`](kvtier_arena::ArenaReader::open).
     pub fn shm_name(&self) -> &str {
         &self.inner.name
     }
@@ -367,7 +370,7 @@ impl MemoryTier {
 
     /// Where slot `slot`'s data starts in the shared-memory file: the
     /// offset a daemon hands to clients, which map the file and turn it
-    /// back into the slot with [`ArenaClient::slot_at`](crate::ArenaClient::slot_at).
+    /// back into the slot with [`ArenaClient::slot_at`](kvtier_arena::ArenaClient::slot_at).
     /// Slot indices come from [`SlotReservation::slot`] and
     /// [`BlockRef::slot`]; an index past the last slot gives an offset past
     /// the end of the file, which `slot_at` refuses.

@@ -20,11 +20,9 @@ use std::process::{Command, Stdio};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kvtier_arena::{ArenaReader, MemError};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_mem::{
-    ArenaAdoption, ArenaReader, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve,
-    TableKey,
-};
+use kvtier_mem::{ArenaAdoption, MemoryTier, MemoryTierConfig, PutOutcome, Reserve, TableKey};
 
 const BLOCK: usize = 64 * 1024;
 const LAYER: usize = 16 * 1024;

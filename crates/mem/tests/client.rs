@@ -7,10 +7,9 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kvtier_arena::{ArenaClient, ArenaReader, MemError};
 use kvtier_core::{BlockHash, BlockSums, Lookup, layer_checksum};
-use kvtier_mem::{
-    ArenaClient, ArenaReader, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve,
-};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
 use proptest::prelude::*;
 
 /// Not a multiple of the layer size (the last layer is shorter) nor of the
@@ -195,7 +194,7 @@ fn a_wrong_key_wrong_sums_or_an_empty_slot_is_never_a_hit() {
     let mut dst = vec![0u8; BLOCK];
     let mut part = vec![0u8; LAYER];
     let (one, two) = (sums_of(1), sums_of(2));
-    let corrupt = |got: kvtier_mem::Result<Lookup>| assert_eq!(got.unwrap(), Lookup::Corrupt);
+    let corrupt = |got: kvtier_arena::Result<Lookup>| assert_eq!(got.unwrap(), Lookup::Corrupt);
     corrupt(c.read(slot, BlockHash(2), &two.layers, &mut dst));
     corrupt(c.read(slot, BlockHash(1), &two.layers, &mut dst));
     corrupt(c.read(other, BlockHash(1), &one.layers, &mut dst));

@@ -9,8 +9,9 @@
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kvtier_arena::ArenaReader;
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_mem::{ArenaReader, MemoryTier, MemoryTierConfig, PutOutcome};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 
 const BLOCK: usize = 64 * 1024;
 const LAYER: usize = 16 * 1024;

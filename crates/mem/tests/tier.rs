@@ -4,8 +4,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use kvtier_arena::{ArenaReader, MemError};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_mem::{ArenaReader, MemError, MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
+use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome, Reserve};
 use proptest::prelude::*;
 
 const BLOCK: usize = 8192;

@@ -13,7 +13,7 @@ pub enum NodeError {
     Core(#[from] kvtier_core::CoreError),
     /// The arena could not be created.
     #[error(transparent)]
-    Memory(#[from] kvtier_mem::MemError),
+    Memory(#[from] kvtier_arena::MemError),
     /// The disk tier could not be opened or closed.
     #[error(transparent)]
     Disk(#[from] kvtier_disk::DiskError),

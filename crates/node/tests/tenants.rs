@@ -196,7 +196,7 @@ fn rewritten_slot_bytes_or_table_entries_are_never_served() {
     }
     // The forgery is complete: a reader that trusted the table would take
     // M's bytes for A's block.
-    let trusting = kvtier_mem::ArenaReader::open(memory.shm_name()).expect("map read-only");
+    let trusting = kvtier_arena::ArenaReader::open(memory.shm_name()).expect("map read-only");
     let mut seen = vec![0u8; d.len()];
     assert_eq!(trusting.get(victim, &mut seen), kvtier_core::Lookup::Hit);
     assert_eq!(seen, evil);

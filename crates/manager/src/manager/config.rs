@@ -107,7 +107,7 @@ pub enum ManagerError {
     Device(#[from] DeviceError),
     /// The memory tier (G2's arena) refused.
     #[error(transparent)]
-    Memory(#[from] kvtier_mem::MemError),
+    Memory(#[from] kvtier_arena::MemError),
     /// The transfer engine could not be built.
     #[error(transparent)]
     Transfer(#[from] TransferError),

@@ -5,8 +5,9 @@
 //! blocks readable. A reservation dropped uncommitted (an abort, a client
 //! that died) frees both slots and leaves nothing visible.
 
+use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums};
-use kvtier_mem::{MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+use kvtier_mem::{MemoryTier, PutOutcome, Reserve, SlotReservation};
 
 use super::{BlockManager, ManagerError};
 use crate::Tier;

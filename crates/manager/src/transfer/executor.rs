@@ -19,10 +19,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
+use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
 use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{AlignedBuf, DmaSource, DmaTarget};
-use kvtier_mem::{BlockRef, MemError, MemoryTier, PutOutcome, Reserve, SlotReservation};
+use kvtier_mem::{BlockRef, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
 use super::landing::{HostLanding, LayerTarget};

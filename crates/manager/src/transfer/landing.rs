@@ -14,9 +14,10 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums};
 use kvtier_io::DmaTarget;
-use kvtier_mem::{MemError, PutOutcome, SlotReservation};
+use kvtier_mem::{PutOutcome, SlotReservation};
 use parking_lot::Mutex;
 
 /// A reserved arena slot filled layer by layer; see the module docs.

@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use crate::arena::ArenaLayout;
-use crate::arena::mac::EntryMac;
-use crate::arena::table::SlotTable;
-use crate::verify::{self, Verdict};
+use kvtier_arena::ArenaLayout;
+use kvtier_arena::table::SlotTable;
+use kvtier_arena::verify::{self, Verdict};
+
+use crate::mac::EntryMac;
 
 /// What adopting a crashed owner's arena kept and dropped, per slot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -202,9 +203,9 @@ impl Arena<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arena::PAGE_BYTES;
-    use crate::arena::mac::TableKey;
-    use crate::arena::table::entry_bytes;
+    use crate::mac::TableKey;
+    use kvtier_arena::layout::PAGE_BYTES;
+    use kvtier_arena::table::entry_bytes;
     use proptest::prelude::*;
 
     const BLOCK: usize = 8192;

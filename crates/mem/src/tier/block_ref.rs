@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kvtier_core::{BlockHash, BlockSums};
 
 use super::Inner;
-use crate::verify;
+use kvtier_arena::verify;
 
 /// A reference to a block's bytes in the arena.
 ///

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use kvtier_core::{BlockHash, BlockSums};
 
 use super::{Inner, PutOutcome};
-use crate::error::{MemError, Result};
-use crate::verify;
+use kvtier_arena::verify;
+use kvtier_arena::{MemError, Result};
 
 /// A slot reserved for block [`key`](Self::key), to be filled in place and
 /// then [`commit`](Self::commit)ted. Nothing else reads or writes the slot

@@ -14,7 +14,7 @@ use kvtier_core::{BlockHash, copy_layer_checksum, layer_checksum};
 
 /// Which layer failed, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Every layer matched its checksum.
     Intact,
     /// Layer `0` (the first failing one) did not match.
@@ -23,7 +23,7 @@ pub(crate) enum Verdict {
 
 impl Verdict {
     /// Whether every layer matched.
-    pub(crate) fn is_intact(self) -> bool {
+    pub fn is_intact(self) -> bool {
         self == Verdict::Intact
     }
 }
@@ -38,7 +38,7 @@ impl Verdict {
 /// `dst`. Concurrent writes to the source are tolerated in the sense that
 /// the result is then (at worst) a mismatch, never a false `Intact`: the
 /// destination is what gets hashed.
-pub(crate) unsafe fn copy_verified(
+pub unsafe fn copy_verified(
     src: *const u8,
     dst: &mut [u8],
     key: BlockHash,
@@ -61,12 +61,7 @@ pub(crate) unsafe fn copy_verified(
 }
 
 /// Checks `bytes` in place against `layer_sums` as block `key`.
-pub(crate) fn verify(
-    bytes: &[u8],
-    key: BlockHash,
-    layer_bytes: usize,
-    layer_sums: &[u64],
-) -> Verdict {
+pub fn verify(bytes: &[u8], key: BlockHash, layer_bytes: usize, layer_sums: &[u64]) -> Verdict {
     let layer_bytes = layer_bytes.max(1);
     if bytes.len().div_ceil(layer_bytes) != layer_sums.len() {
         return Verdict::Corrupt(0);

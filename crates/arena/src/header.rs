@@ -26,21 +26,22 @@
 
 use std::path::Path;
 
-use super::{ArenaLayout, HEADER_BYTES, table};
 use crate::error::{MemError, Result};
+use crate::layout::{ArenaLayout, HEADER_BYTES};
+use crate::table;
 
 /// The first 8 bytes of every arena.
-pub(crate) const MAGIC: [u8; 8] = *b"KVTIERG2";
+pub const MAGIC: [u8; 8] = *b"KVTIERG2";
 /// Version of the layout described here and of the slot table's
 /// (table.rs); bumped on any change. 2: table entries carry a MAC.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 2;
 /// Bytes covered by the header checksum (the checksum follows them).
-pub(crate) const CHECKED_BYTES: usize = 96;
+pub const CHECKED_BYTES: usize = 96;
 /// Bytes of the encoded header fields including the checksum.
-pub(crate) const ENCODED_BYTES: usize = CHECKED_BYTES + 8;
+pub const ENCODED_BYTES: usize = CHECKED_BYTES + 8;
 
 /// Encodes the header of `layout` for an arena owned by process `pid`.
-pub(crate) fn encode(layout: &ArenaLayout, pid: u32) -> [u8; ENCODED_BYTES] {
+pub fn encode(layout: &ArenaLayout, pid: u32) -> [u8; ENCODED_BYTES] {
     let mut b = [0u8; ENCODED_BYTES];
     b[0..8].copy_from_slice(&MAGIC);
     b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -66,7 +67,7 @@ pub(crate) fn encode(layout: &ArenaLayout, pid: u32) -> [u8; ENCODED_BYTES] {
 
 /// What a reader learns from a header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Decoded {
+pub struct Decoded {
     /// The arena's layout.
     pub layout: ArenaLayout,
     /// The process that created it.
@@ -76,7 +77,7 @@ pub(crate) struct Decoded {
 /// Decodes and validates the header at the start of `bytes`, the first bytes
 /// of a file of `file_len` bytes at `path`: magic, version, checksum, and
 /// that every table and slot lies inside the file.
-pub(crate) fn decode(bytes: &[u8], file_len: u64, path: &Path) -> Result<Decoded> {
+pub fn decode(bytes: &[u8], file_len: u64, path: &Path) -> Result<Decoded> {
     let bad = |reason: String| MemError::BadHeader {
         path: path.to_owned(),
         reason,
@@ -114,7 +115,7 @@ pub(crate) fn decode(bytes: &[u8], file_len: u64, path: &Path) -> Result<Decoded
     let page_bytes = size(u64_at(16))?;
     let block_bytes = size(u64_at(40))?;
     let layer_bytes = size(u64_at(48))?;
-    if !page_bytes.is_power_of_two() || page_bytes < super::PAGE_BYTES {
+    if !page_bytes.is_power_of_two() || page_bytes < crate::layout::PAGE_BYTES {
         return Err(bad(format!("page bytes {page_bytes} is not a page size")));
     }
     let capacity = u64_at(24).saturating_mul(u64_at(32));
@@ -157,7 +158,7 @@ pub(crate) fn decode(bytes: &[u8], file_len: u64, path: &Path) -> Result<Decoded
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arena::PAGE_BYTES;
+    use crate::layout::PAGE_BYTES;
 
     #[test]
     fn round_trips_and_catches_damage() {

@@ -11,11 +11,12 @@ use std::ptr::NonNull;
 
 use kvtier_core::BlockHash;
 
-use super::shm::{self, Mapping};
-use super::table::SlotTable;
-use super::{ArenaLayout, header, seqlock};
 use crate::error::{MemError, Result};
+use crate::layout::ArenaLayout;
+use crate::shm::{self, Mapping};
+use crate::table::SlotTable;
 use crate::verify::{self, Verdict};
+use crate::{header, seqlock};
 
 /// How many times a read retries when the owner is changing the slot.
 const READ_TRIES: usize = 8;

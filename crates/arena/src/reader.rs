@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use kvtier_core::{BlockHash, Lookup};
 use parking_lot::Mutex;
 
-use crate::arena::seqlock;
-use crate::arena::view::{Access, ArenaView, Attempt, Part};
 use crate::error::Result;
+use crate::seqlock;
+use crate::view::{Access, ArenaView, Attempt, Part};
 
 /// Counters of one [`ArenaReader`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,7 +32,7 @@ struct Counters {
     retries: AtomicU64,
 }
 
-/// A read-only mapping of an arena created by a [`MemoryTier`](crate::MemoryTier)
+/// A read-only mapping of an arena created by a `kvtier_mem::MemoryTier`
 /// in another process (or this one), found by its shared-memory name.
 ///
 /// Reads follow the seqlock protocol of the slot table and verify every

@@ -10,29 +10,23 @@
 //! capacity; the owner writes them into the header and readers take them back
 //! from it. `docs/memory-arena.md` is the byte-level description.
 
-pub(crate) mod header;
-pub(crate) mod mac;
-pub(crate) mod seqlock;
-pub(crate) mod shm;
-pub(crate) mod table;
-pub(crate) mod view;
-
 use crate::error::{MemError, Result};
+use crate::table;
 
 /// Bytes reserved for the header at the start of the file.
-pub(crate) const HEADER_BYTES: usize = 4096;
+pub const HEADER_BYTES: usize = 4096;
 /// Base page size: slots are at least this aligned (O_DIRECT targets).
-pub(crate) const PAGE_BYTES: usize = 4096;
+pub const PAGE_BYTES: usize = 4096;
 /// Huge page size: slot alignment when huge pages back the arena.
-pub(crate) const HUGE_PAGE_BYTES: usize = 2 << 20;
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 /// Slot table entries are padded to a multiple of a cache line so that two
 /// slots' version counters never share a line.
-pub(crate) const ENTRY_ALIGN: usize = 64;
+pub const ENTRY_ALIGN: usize = 64;
 
 /// Sizes and offsets of one arena. Every field is in bytes unless named
 /// otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ArenaLayout {
+pub struct ArenaLayout {
     /// Alignment of slots and of the data area: [`PAGE_BYTES`] or [`HUGE_PAGE_BYTES`].
     pub page_bytes: usize,
     /// Bytes of one slot: `block_bytes` rounded up to `page_bytes`.
@@ -65,7 +59,7 @@ const fn align_up(n: usize, align: usize) -> Option<usize> {
 impl ArenaLayout {
     /// The layout of an arena of `capacity_bytes` worth of slots for blocks
     /// of `block_bytes` with per-layer checksums every `layer_bytes`.
-    pub(crate) fn compute(
+    pub fn compute(
         block_bytes: usize,
         layer_bytes: usize,
         capacity_bytes: u64,
@@ -127,19 +121,19 @@ impl ArenaLayout {
     }
 
     /// Bytes of the data area.
-    pub(crate) fn data_bytes(&self) -> usize {
+    pub fn data_bytes(&self) -> usize {
         self.slot_count * self.slot_bytes
     }
 
     /// Offset of slot `slot`'s data from the start of the data area.
-    pub(crate) fn slot_offset(&self, slot: usize) -> usize {
+    pub fn slot_offset(&self, slot: usize) -> usize {
         slot * self.slot_bytes
     }
 
     /// Offset of slot `slot`'s data from the start of the file. Saturates
     /// instead of overflowing for an index far past the last slot, so the
     /// result is then past the end of the file.
-    pub(crate) fn file_offset(&self, slot: usize) -> u64 {
+    pub fn file_offset(&self, slot: usize) -> u64 {
         (slot as u64)
             .saturating_mul(self.slot_bytes as u64)
             .saturating_add(self.data_offset as u64)
@@ -148,7 +142,7 @@ impl ArenaLayout {
     /// The slot whose data is exactly the file range `[offset, offset +
     /// len)`: the inverse of [`file_offset`](Self::file_offset) with `len ==
     /// block_bytes`. Anything else is [`MemError::BadSlot`].
-    pub(crate) fn slot_at(&self, offset: u64, len: u64) -> Result<usize> {
+    pub fn slot_at(&self, offset: u64, len: u64) -> Result<usize> {
         let bad = |reason| MemError::BadSlot {
             offset,
             len,
@@ -170,7 +164,7 @@ impl ArenaLayout {
     }
 
     /// Where layer `layer` lies within a block, or `None` past the last.
-    pub(crate) fn layer_range(&self, layer: usize) -> Option<std::ops::Range<usize>> {
+    pub fn layer_range(&self, layer: usize) -> Option<std::ops::Range<usize>> {
         let start = layer.checked_mul(self.layer_bytes)?;
         (layer < self.layers).then(|| start..(start + self.layer_bytes).min(self.block_bytes))
     }

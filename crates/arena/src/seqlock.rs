@@ -27,7 +27,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A 64-bit atomic word and the fence that goes with it.
-pub(crate) trait SeqWord {
+pub trait SeqWord {
     /// Atomic load.
     fn load(&self, order: Ordering) -> u64;
     /// Atomic store.
@@ -50,7 +50,7 @@ impl SeqWord for AtomicU64 {
 
 /// Marks the protected data as changing: the version becomes odd. Only the
 /// single writer calls this, with the version even.
-pub(crate) fn begin_write<W: SeqWord>(version: &W) {
+pub fn begin_write<W: SeqWord>(version: &W) {
     let v = version.load(Ordering::Relaxed);
     debug_assert!(v & 1 == 0, "begin_write on a version already odd");
     version.store(v.wrapping_add(1), Ordering::Relaxed);
@@ -63,7 +63,7 @@ pub(crate) fn begin_write<W: SeqWord>(version: &W) {
 /// Marks the protected data stable again: the version becomes the next
 /// even number; the release store publishes every write made since
 /// [`begin_write`].
-pub(crate) fn end_write<W: SeqWord>(version: &W) {
+pub fn end_write<W: SeqWord>(version: &W) {
     let v = version.load(Ordering::Relaxed);
     debug_assert!(v & 1 == 1, "end_write on an even version");
     version.store(v.wrapping_add(1), Ordering::Release);
@@ -71,7 +71,7 @@ pub(crate) fn end_write<W: SeqWord>(version: &W) {
 
 /// Whether the data is being written right now (a snapshot).
 #[cfg(test)]
-pub(crate) fn is_writing<W: SeqWord>(version: &W) -> bool {
+pub fn is_writing<W: SeqWord>(version: &W) -> bool {
     version.load(Ordering::Acquire) & 1 == 1
 }
 
@@ -81,11 +81,7 @@ pub(crate) fn is_writing<W: SeqWord>(version: &W) -> bool {
 ///
 /// `read` may see torn data on the runs that are discarded, so it must only
 /// copy and compute, never act on what it sees.
-pub(crate) fn read<W: SeqWord, T>(
-    version: &W,
-    tries: usize,
-    mut read: impl FnMut() -> T,
-) -> Option<T> {
+pub fn read<W: SeqWord, T>(version: &W, tries: usize, mut read: impl FnMut() -> T) -> Option<T> {
     for _ in 0..tries {
         let before = version.load(Ordering::Acquire);
         if before & 1 == 0 {

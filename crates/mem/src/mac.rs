@@ -26,8 +26,8 @@ use std::fmt;
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use super::ArenaLayout;
-use super::header::FORMAT_VERSION;
+use kvtier_arena::ArenaLayout;
+use kvtier_arena::header::FORMAT_VERSION;
 
 /// Domain tag of the entry MAC: frozen with the format version (a new
 /// layout takes a new tag).
@@ -112,7 +112,7 @@ impl EntryMac {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::arena::PAGE_BYTES;
+    use kvtier_arena::layout::PAGE_BYTES;
 
     #[test]
     fn the_mac_covers_every_field_and_the_arena() {

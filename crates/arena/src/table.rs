@@ -29,7 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use super::{ENTRY_ALIGN, seqlock};
+use crate::layout::ENTRY_ALIGN;
+use crate::seqlock;
 
 #[cfg(target_endian = "big")]
 compile_error!("the shared arena format is defined for little-endian targets");
@@ -45,13 +46,13 @@ const MAC_HI: usize = 7;
 const LAYER_SUMS: usize = 8;
 
 /// Bytes of one entry for blocks of `layers` layers.
-pub(crate) const fn entry_bytes(layers: usize) -> usize {
+pub const fn entry_bytes(layers: usize) -> usize {
     (8 * (LAYER_SUMS + layers)).div_ceil(ENTRY_ALIGN) * ENTRY_ALIGN
 }
 
 /// What one entry says, copied out of shared memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct EntrySnapshot {
+pub struct EntrySnapshot {
     /// The block's key.
     pub key: BlockHash,
     /// Block length; 0 when the slot holds nothing visible.
@@ -61,7 +62,7 @@ pub(crate) struct EntrySnapshot {
 }
 
 /// A view of the slot table in a mapping. It does not own the memory.
-pub(crate) struct SlotTable {
+pub struct SlotTable {
     base: NonNull<u8>,
     entry_bytes: usize,
     slots: usize,
@@ -82,7 +83,7 @@ impl SlotTable {
     /// `slots * entry_bytes(layers)` bytes for as long as the table is used
     /// (and for writes too if any writer method is called), and nobody may
     /// access those bytes other than atomically.
-    pub(crate) unsafe fn new(base: NonNull<u8>, slots: usize, layers: usize) -> Self {
+    pub unsafe fn new(base: NonNull<u8>, slots: usize, layers: usize) -> Self {
         Self {
             base,
             entry_bytes: entry_bytes(layers),
@@ -108,18 +109,18 @@ impl SlotTable {
     }
 
     /// Number of entries.
-    pub(crate) fn slots(&self) -> usize {
+    pub fn slots(&self) -> usize {
         self.slots
     }
 
     /// Slot `slot`'s version counter.
-    pub(crate) fn version(&self, slot: usize) -> &AtomicU64 {
+    pub fn version(&self, slot: usize) -> &AtomicU64 {
         self.word(slot, VERSION)
     }
 
     /// Reads the entry's fields (not the version). Without the seqlock
     /// around it, the result may mix two states of the entry.
-    pub(crate) fn snapshot(&self, slot: usize) -> EntrySnapshot {
+    pub fn snapshot(&self, slot: usize) -> EntrySnapshot {
         let load = |w| self.word(slot, w).load(Ordering::Relaxed);
         let key = BlockHash((load(KEY_HI) as u128) << 64 | load(KEY_LO) as u128);
         let layers = (load(LAYERS) as usize).min(self.layers);
@@ -134,18 +135,18 @@ impl SlotTable {
     }
 
     /// The key, if the entry holds a visible block (no version check).
-    pub(crate) fn key_if_used(&self, slot: usize) -> Option<BlockHash> {
+    pub fn key_if_used(&self, slot: usize) -> Option<BlockHash> {
         let load = |w| self.word(slot, w).load(Ordering::Relaxed);
         (load(LEN) != 0).then(|| BlockHash((load(KEY_HI) as u128) << 64 | load(KEY_LO) as u128))
     }
 
     /// Owner: the slot's bytes are about to change (version odd).
-    pub(crate) fn begin_fill(&self, slot: usize) {
+    pub fn begin_fill(&self, slot: usize) {
         seqlock::begin_write(self.version(slot));
     }
 
     /// The entry's MAC words (no version check).
-    pub(crate) fn mac(&self, slot: usize) -> [u64; 2] {
+    pub fn mac(&self, slot: usize) -> [u64; 2] {
         let load = |w| self.word(slot, w).load(Ordering::Relaxed);
         [load(MAC_LO), load(MAC_HI)]
     }
@@ -153,20 +154,20 @@ impl SlotTable {
     /// The entry's layer-count word as stored, unclamped (no version check):
     /// [`snapshot`](Self::snapshot) clamps it to the arena's layers, which
     /// an adopting owner must not take for a valid count.
-    pub(crate) fn layer_count(&self, slot: usize) -> u64 {
+    pub fn layer_count(&self, slot: usize) -> u64 {
         self.word(slot, LAYERS).load(Ordering::Relaxed)
     }
 
     /// Whether every word of the entry but the version is 0 (no version
     /// check): an empty slot nothing has scribbled on.
-    pub(crate) fn is_blank(&self, slot: usize) -> bool {
+    pub fn is_blank(&self, slot: usize) -> bool {
         (KEY_LO..LAYER_SUMS + self.layers).all(|w| self.word(slot, w).load(Ordering::Relaxed) == 0)
     }
 
     /// Owner: a fill started with [`begin_fill`](Self::begin_fill) is
     /// published as block `key` of `len` bytes (version even), with `mac`
     /// over what the entry asserts (see `mac.rs`; zeros without a key).
-    pub(crate) fn publish(
+    pub fn publish(
         &self,
         slot: usize,
         key: BlockHash,
@@ -190,13 +191,13 @@ impl SlotTable {
 
     /// Owner: a fill started with [`begin_fill`](Self::begin_fill) ends with
     /// nothing visible (version even, entry empty).
-    pub(crate) fn abandon_fill(&self, slot: usize) {
+    pub fn abandon_fill(&self, slot: usize) {
         self.zero(slot);
         seqlock::end_write(self.version(slot));
     }
 
     /// Owner: the slot's block is no longer visible to readers.
-    pub(crate) fn clear(&self, slot: usize) {
+    pub fn clear(&self, slot: usize) {
         seqlock::begin_write(self.version(slot));
         self.zero(slot);
         seqlock::end_write(self.version(slot));
@@ -205,7 +206,7 @@ impl SlotTable {
     /// Owner, adopting an arena: empties the entry whatever state the dead
     /// owner (or a scribbler) left its version in, moving the version
     /// through an odd value to the next even one, as every change must.
-    pub(crate) fn reset(&self, slot: usize) {
+    pub fn reset(&self, slot: usize) {
         let version = self.version(slot);
         let odd = version.load(Ordering::Relaxed) | 1;
         version.store(odd, Ordering::Relaxed);

@@ -1,8 +1,8 @@
-//! The error type of `kvtier-mem`.
+//! The error type of `kvtier-arena` (and of `kvtier-mem`, which creates arenas).
 //!
 //! Expected outcomes (a miss, a full tier, a block already present) are
-//! return enums ([`Lookup`](kvtier_core::Lookup), [`PutOutcome`](crate::PutOutcome),
-//! [`Reserve`](crate::Reserve)); `MemError` is for caller mistakes and for the
+//! return enums ([`Lookup`](kvtier_core::Lookup), `kvtier_mem::PutOutcome`,
+//! `kvtier_mem::Reserve`); `MemError` is for caller mistakes and for the
 //! operating system refusing us.
 
 use std::io;
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use kvtier_core::BlockHash;
 use thiserror::Error;
 
-/// Result alias of `kvtier-mem`.
+/// Result alias of `kvtier-arena`.
 pub type Result<T, E = MemError> = std::result::Result<T, E>;
 
 /// What can go wrong in the memory tier.

@@ -13,12 +13,12 @@ use std::path::Path;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup, combine_layer_checksums};
 
-use crate::arena::view::{Access, ArenaView, Part};
 use crate::error::{MemError, Result};
 use crate::verify::{self, Verdict};
+use crate::view::{Access, ArenaView, Part};
 
 /// A read-write mapping of an arena owned by another process (the node
-/// daemon's [`MemoryTier`](crate::MemoryTier)), opened by its
+/// daemon's `kvtier_mem::MemoryTier`), opened by its
 /// shared-memory name.
 ///
 /// The slot data area is mapped writable; the header and slot table are

@@ -15,46 +15,12 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::ptr::NonNull;
 
+use kvtier_arena::header::{self, ENCODED_BYTES, MAGIC};
+use kvtier_arena::layout::{ArenaLayout, HEADER_BYTES};
+use kvtier_arena::shm::{SHM_DIR, io_err};
+use kvtier_arena::{MemError, Result};
 use rustix::fs::{AtFlags, FallocateFlags, FlockOperation, Mode, OFlags};
-use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
-
-use super::header::{self, ENCODED_BYTES, MAGIC};
-use super::{ArenaLayout, HEADER_BYTES, PAGE_BYTES};
-use crate::error::{MemError, Result};
-
-/// Where shared-memory files live.
-pub(crate) const SHM_DIR: &str = "/dev/shm";
-
-/// `/dev/shm/<name>`, after checking that `name` names a plain file there.
-pub(crate) fn shm_path(name: &str) -> Result<PathBuf> {
-    let invalid = |reason| MemError::InvalidName {
-        name: name.to_owned(),
-        reason,
-    };
-    if name.is_empty() {
-        return Err(invalid("empty"));
-    }
-    if name.len() > 255 {
-        return Err(invalid("longer than 255 bytes"));
-    }
-    if name.contains('/') || name.contains('\0') {
-        return Err(invalid("contains '/' or NUL"));
-    }
-    if name == "." || name == ".." {
-        return Err(invalid("is '.' or '..'"));
-    }
-    Ok(Path::new(SHM_DIR).join(name))
-}
-
-fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> MemError + 'a {
-    move |source| MemError::Io {
-        path: path.to_owned(),
-        op,
-        source,
-    }
-}
 
 /// How many times [`PendingShm::publish`] clears a stale file off the name
 /// and tries again before concluding that other creators keep taking it.
@@ -385,18 +351,6 @@ fn is_arena_or_unfinished(head: &[u8]) -> bool {
     magic_so_far && rest_zero
 }
 
-/// Opens an existing arena file, for reading and also writing if
-/// `writable`; returns it with its length.
-pub(crate) fn open_existing(path: &Path, writable: bool) -> Result<(File, u64)> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(writable)
-        .open(path)
-        .map_err(io_err(path, "open"))?;
-    let len = file.metadata().map_err(io_err(path, "fstat"))?.len();
-    Ok((file, len))
-}
-
 /// Why transparent huge pages cannot back the arena in `/dev/shm`, or
 /// `None` when they can: `shmem_enabled` is `force`, or the mount has
 /// `huge=always` or `huge=within_size` (and `shmem_enabled` is not `deny`).
@@ -440,168 +394,11 @@ pub(crate) fn hugepages_unavailable() -> Option<String> {
     }
 }
 
-/// A shared mapping of a whole file. Unmapped on drop.
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: a Mapping is a plain address range; all access to it goes through
-// raw pointers whose users synchronise (the seqlock, the tier's lock).
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Maps `len` bytes of `file` shared, read-write if `writable`, at an
-    /// address aligned to `align` (a power of two, at least the page size),
-    /// with its page tables populated up front if `populate`.
-    pub(crate) fn map(
-        file: &File,
-        len: usize,
-        writable: bool,
-        align: usize,
-        populate: bool,
-    ) -> io::Result<Self> {
-        let prot = if writable {
-            ProtFlags::READ | ProtFlags::WRITE
-        } else {
-            ProtFlags::READ
-        };
-        let mut flags = MapFlags::SHARED;
-        if populate {
-            flags |= MapFlags::POPULATE;
-        }
-        if align <= PAGE_BYTES {
-            // SAFETY: a fresh mapping chosen by the kernel (null hint) aliases
-            // no Rust object.
-            let p = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, flags, file, 0)? };
-            return Self::from_raw(p, len);
-        }
-        // Reserve `len + align` of address space, place the file mapping at
-        // the aligned address inside it, and give back the rest.
-        let span = len
-            .checked_add(align)
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: as above; PROT_NONE and never accessed.
-        let reserve = unsafe {
-            rustix::mm::mmap_anonymous(
-                std::ptr::null_mut(),
-                span,
-                ProtFlags::empty(),
-                MapFlags::PRIVATE | MapFlags::NORESERVE,
-            )?
-        };
-        let start = reserve as usize;
-        let aligned = start.next_multiple_of(align);
-        // SAFETY: [aligned, aligned + len) lies inside our reservation, which
-        // nothing else uses; MAP_FIXED replaces exactly that range.
-        let mapped = unsafe {
-            rustix::mm::mmap(
-                aligned as *mut _,
-                len,
-                prot,
-                flags | MapFlags::FIXED,
-                file,
-                0,
-            )
-        };
-        let head = aligned - start;
-        let tail = span - head - len;
-        // SAFETY: the head and tail ranges belong to our reservation and hold
-        // no objects; on failure the whole reservation is ours to drop.
-        unsafe {
-            match mapped {
-                Err(e) => {
-                    let _ = rustix::mm::munmap(reserve, span);
-                    return Err(e.into());
-                }
-                Ok(_) => {
-                    if head > 0 {
-                        let _ = rustix::mm::munmap(reserve, head);
-                    }
-                    if tail > 0 {
-                        let _ = rustix::mm::munmap((aligned + len) as *mut _, tail);
-                    }
-                }
-            }
-        }
-        Self::from_raw(aligned as *mut _, len)
-    }
-
-    fn from_raw(p: *mut std::ffi::c_void, len: usize) -> io::Result<Self> {
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Self { ptr, len })
-    }
-
-    /// Asks the kernel to back `[offset, offset + len)` with huge pages.
-    pub(crate) fn advise_hugepages(&self, offset: usize, len: usize) -> io::Result<()> {
-        if offset.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(io::ErrorKind::InvalidInput.into());
-        }
-        // SAFETY: the range lies inside our mapping; MADV_HUGEPAGE changes no
-        // contents.
-        unsafe {
-            rustix::mm::madvise(
-                self.ptr.as_ptr().add(offset).cast(),
-                len,
-                Advice::LinuxHugepage,
-            )?
-        };
-        Ok(())
-    }
-
-    /// Makes `[0, len)` of the mapping read-only (`len` a multiple of the
-    /// page size, at most the mapping's length).
-    pub(crate) fn protect_prefix(&self, len: usize) -> io::Result<()> {
-        if len > self.len || !len.is_multiple_of(PAGE_BYTES) {
-            return Err(io::ErrorKind::InvalidInput.into());
-        }
-        // SAFETY: the range is a page-aligned prefix of our own mapping;
-        // nothing in this process writes it through a reference (only the
-        // owner writes the header and table, from its own mapping).
-        unsafe { rustix::mm::mprotect(self.ptr.as_ptr().cast(), len, MprotectFlags::READ)? };
-        Ok(())
-    }
-
-    /// Start of the mapping.
-    pub(crate) fn ptr(&self) -> NonNull<u8> {
-        self.ptr
-    }
-
-    /// Length of the mapping.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: we mapped exactly this range and every user of it is gone
-        // (its owners hold the Mapping for as long as they use the memory).
-        unsafe {
-            let _ = rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_are_checked() {
-        assert!(shm_path("kvtier").is_ok());
-        for bad in ["", "a/b", ".", "..", "x\0y"] {
-            assert!(
-                matches!(shm_path(bad), Err(MemError::InvalidName { .. })),
-                "{bad:?}"
-            );
-        }
-        assert!(shm_path(&"n".repeat(300)).is_err());
-    }
+    use kvtier_arena::layout::PAGE_BYTES;
+    use kvtier_arena::shm::Mapping;
 
     /// A `/dev/shm` path unique to this test process and `what`.
     fn test_path(what: &str) -> PathBuf {
@@ -668,13 +465,13 @@ mod tests {
         leave_file(&path, &MAGIC[..3], 1 << 20);
         replaced_by_new_arena(&path);
         // A header copied in from the end: fields present, magic not yet.
-        let layout = super::super::ArenaLayout::compute(8192, 4096, 1 << 20, PAGE_BYTES).unwrap();
-        let mut torn = super::super::header::encode(&layout, 7);
+        let layout = ArenaLayout::compute(8192, 4096, 1 << 20, PAGE_BYTES).unwrap();
+        let mut torn = header::encode(&layout, 7);
         torn[..16].fill(0);
         leave_file(&path, &torn, layout.file_bytes as u64);
         replaced_by_new_arena(&path);
         // A whole arena of a dead owner.
-        leave_file(&path, &super::super::header::encode(&layout, 7), 1 << 20);
+        leave_file(&path, &header::encode(&layout, 7), 1 << 20);
         replaced_by_new_arena(&path);
     }
 
