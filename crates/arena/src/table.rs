@@ -9,7 +9,7 @@
 //!    3   24  block checksum
 //!    4   32  length of the block in bytes; 0 = the slot holds nothing visible
 //!    5   40  number of layer checksums that follow (low 32 bits; high 32 zero)
-//!    6   48  MAC, low 64 bits  (see mac.rs; 0 when the owner has no table key)
+//!    6   48  MAC, low 64 bits  (kvtier-mem's mac.rs; 0 when the owner has no key)
 //!    7   56  MAC, high 64 bits
 //!    8   64  layer checksum 0
 //!  ...
@@ -166,7 +166,7 @@ impl SlotTable {
 
     /// Owner: a fill started with [`begin_fill`](Self::begin_fill) is
     /// published as block `key` of `len` bytes (version even), with `mac`
-    /// over what the entry asserts (see `mac.rs`; zeros without a key).
+    /// over what the entry asserts (`kvtier-mem`'s `mac.rs`; zeros without a key).
     pub fn publish(
         &self,
         slot: usize,
