@@ -43,5 +43,4 @@ mod view;
 
 pub use client::ArenaClient;
 pub use error::{MemError, Result};
-pub use layout::ArenaLayout;
 pub use reader::{ArenaReader, ReaderStats};

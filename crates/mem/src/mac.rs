@@ -26,8 +26,8 @@ use std::fmt;
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use kvtier_arena::ArenaLayout;
 use kvtier_arena::header::FORMAT_VERSION;
+use kvtier_arena::layout::ArenaLayout;
 
 /// Domain tag of the entry MAC: frozen with the format version (a new
 /// layout takes a new tag).

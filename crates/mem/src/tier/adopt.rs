@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums};
 
-use kvtier_arena::ArenaLayout;
+use kvtier_arena::layout::ArenaLayout;
 use kvtier_arena::table::SlotTable;
 use kvtier_arena::verify::{self, Verdict};
 
