@@ -16,7 +16,7 @@
 //!   (blocks it let go and whose removal has not reached the index yet) are
 //!   dropped. The fewest-live choice rewrites the least and, with the slack
 //!   `DiskTier::live_capacity_blocks` leaves, always finds a region with
-//!   room (docs/disk-format.md, I15-I18).
+//!   room (docs/disk-format.md, I22-I25).
 //! - Without one, the log evicts by itself: FIFO takes the lowest
 //!   generation (the oldest written), LRU the oldest last verified read (a
 //!   region never read counts from when it was opened), and with

@@ -539,7 +539,7 @@ impl DiskTier {
     /// [`ReclaimListener`]) may hold in the tier: every slot of every
     /// directory except those of the regions open for writing
     /// (`buffers_per_dir` per directory) and one region more
-    /// (docs/disk-format.md, I16). Then a reclaim always finds a sealed
+    /// (docs/disk-format.md, I24). Then a reclaim always finds a sealed
     /// region with a slot the owner does not want, and re-inserting all it
     /// wants never drops one: `(dirs x (regions_per_dir - buffers_per_dir)
     /// - 1) x slots_per_region`, at least 0.

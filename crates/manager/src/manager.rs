@@ -453,7 +453,7 @@ fn check_tiers(
         && g3.capacity_blocks > disk.live_capacity_blocks()
     {
         // Else a reclaim could find every slot of the log wanted by the
-        // pool and have to drop one (docs/disk-format.md, I16).
+        // pool and have to drop one (docs/disk-format.md, I24).
         return Err(ManagerError::G3PoolTooLarge {
             pool: g3.capacity_blocks,
             limit: disk.live_capacity_blocks(),

@@ -5,7 +5,7 @@
 //! and every G3 block the manager offers onboards with its exact bytes. A
 //! G3 pool larger than the log can keep that way is refused, also after a
 //! restart, which adopts exactly what the log holds
-//! (docs/disk-format.md, I15-I18).
+//! (docs/disk-format.md, I22-I25).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -69,7 +69,7 @@ impl BlockManager {
             }
             let (n, left) = adopt_into(pool, keys);
             // The pool is the log's only authority (docs/disk-format.md,
-            // I15): a block it does not list would never be evicted, and
+            // I22): a block it does not list would never be evicted, and
             // would count against the log's slack for good.
             for key in &left {
                 disk.remove(*key);

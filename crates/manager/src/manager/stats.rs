@@ -73,7 +73,7 @@ pub struct ManagerStats {
     pub dropped: u64,
     /// Of those, G3 blocks the pool held that the disk log dropped by its
     /// own choice when it reclaimed their region. Always 0: the log
-    /// re-inserts every block the pool holds (docs/disk-format.md, I15);
+    /// re-inserts every block the pool holds (docs/disk-format.md, I22);
     /// kept as the proof of that rule.
     pub reclaimed_by_disk: u64,
     /// Of those, G3 blocks the pool held that the disk log could not
