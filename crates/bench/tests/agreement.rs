@@ -76,7 +76,10 @@ async fn compare(trace: &Path, requests: usize, policy: PolicyKind, caps: &[usiz
         report.stats.reclaimed_by_disk, 0,
         "{policy} {caps:?}: the disk log dropped blocks the G3 pool held"
     );
-    assert_eq!(report.stats.lost_by_disk, 0, "{policy} {caps:?}: re-insertions failed");
+    assert_eq!(
+        report.stats.lost_by_disk, 0,
+        "{policy} {caps:?}: re-insertions failed"
+    );
     assert_eq!(
         report.onboard_failures, 0,
         "{policy} {caps:?}: lookups said hit, then onboarding missed"

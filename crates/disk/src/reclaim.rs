@@ -52,9 +52,7 @@ pub(crate) fn order_victims(cands: &mut [Candidate], kind: RegionEvictionKind, l
     let weight = |live: u32| if least_live { live } else { 0 };
     match kind {
         RegionEvictionKind::Fifo => cands.sort_unstable_by_key(|&(r, g, _, l)| (weight(l), g, r)),
-        RegionEvictionKind::Lru => {
-            cands.sort_unstable_by_key(|&(r, g, t, l)| (weight(l), t, g, r))
-        }
+        RegionEvictionKind::Lru => cands.sort_unstable_by_key(|&(r, g, t, l)| (weight(l), t, g, r)),
     }
 }
 
@@ -530,16 +528,31 @@ mod tests {
         // (region, generation, last read, live)
         let cands = vec![(0, 1, 9, 30), (1, 2, 1, 5), (2, 3, 5, 5), (3, 4, 0, 40)];
         for (kind, first) in [(RegionEvictionKind::Fifo, 1), (RegionEvictionKind::Lru, 1)] {
-            assert_eq!(choose_victim(cands.clone(), kind, true, |_| true), Some(first));
+            assert_eq!(
+                choose_victim(cands.clone(), kind, true, |_| true),
+                Some(first)
+            );
         }
         // Ties on live blocks go by the policy: LRU takes the least read.
         let tied = vec![(0, 1, 9, 5), (1, 2, 1, 5)];
-        assert_eq!(choose_victim(tied.clone(), RegionEvictionKind::Lru, true, |_| true), Some(1));
-        assert_eq!(choose_victim(tied, RegionEvictionKind::Fifo, true, |_| true), Some(0));
+        assert_eq!(
+            choose_victim(tied.clone(), RegionEvictionKind::Lru, true, |_| true),
+            Some(1)
+        );
+        assert_eq!(
+            choose_victim(tied, RegionEvictionKind::Fifo, true, |_| true),
+            Some(0)
+        );
         // A region refused (a reader, or every slot wanted) passes to the next.
-        assert_eq!(choose_victim(cands.clone(), RegionEvictionKind::Fifo, true, |r| r != 1), Some(2));
+        assert_eq!(
+            choose_victim(cands.clone(), RegionEvictionKind::Fifo, true, |r| r != 1),
+            Some(2)
+        );
         // Without an owner the policy alone decides.
-        assert_eq!(choose_victim(cands, RegionEvictionKind::Fifo, false, |_| true), Some(0));
+        assert_eq!(
+            choose_victim(cands, RegionEvictionKind::Fifo, false, |_| true),
+            Some(0)
+        );
     }
 
     proptest! {

@@ -808,4 +808,3 @@ fn start_checkpointer(shared: &Arc<Shared>) -> Result<()> {
     *shared.checkpointer.lock() = Some(handle);
     Ok(())
 }
-

@@ -15,7 +15,9 @@ use kvtier_disk::{DiskTier, RegionLayout};
 use kvtier_io::{IoEngine, PsyncEngine};
 use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
-use kvtier_manager::manager::{BlockManager, HostCommit, ManagerConfig, ManagerError, ManagerTiers};
+use kvtier_manager::manager::{
+    BlockManager, HostCommit, ManagerConfig, ManagerError, ManagerTiers,
+};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
 use kvtier_manager::test_support::block_content;
@@ -92,10 +94,7 @@ async fn put(m: &BlockManager, k: BlockHash) {
     let len = geometry().block_bytes() as usize;
     let stored = m.put_host(k, &block_content(k, len)).await.expect("put");
     assert!(
-        matches!(
-            stored,
-            Some(HostCommit::Stored | HostCommit::AlreadyStored)
-        ),
+        matches!(stored, Some(HostCommit::Stored | HostCommit::AlreadyStored)),
         "{k}: {stored:?}"
     );
 }
@@ -130,7 +129,11 @@ fn assert_one_book(m: &BlockManager, disk: &DiskTier, universe: &[BlockHash]) {
             "{k}: the G3 pool and the disk index disagree"
         );
     }
-    assert_eq!(g3.used(), disk.len(), "the disk holds keys the pool does not");
+    assert_eq!(
+        g3.used(),
+        disk.len(),
+        "the disk holds keys the pool does not"
+    );
     let s = m.stats();
     assert_eq!(s.reclaimed_by_disk, 0, "{s:?}");
     assert_eq!(s.lost_by_disk, 0, "{s:?}");
@@ -186,9 +189,18 @@ async fn the_log_wraps_under_a_full_pool_and_drops_nothing_it_holds() {
     assert_one_book(&m, &disk, &universe);
     let s = disk.stats();
     let regions = s.capacity_blocks / u64::from(disk.layout().slots_per_region);
-    assert!(s.regions_reclaimed >= 3 * regions, "the log did not wrap: {s:?}");
-    assert!(s.reclaim_retained > 0, "no reclaim found a block the pool holds: {s:?}");
-    assert_eq!(s.reinserted, s.reclaim_retained, "only what the pool holds: {s:?}");
+    assert!(
+        s.regions_reclaimed >= 3 * regions,
+        "the log did not wrap: {s:?}"
+    );
+    assert!(
+        s.reclaim_retained > 0,
+        "no reclaim found a block the pool holds: {s:?}"
+    );
+    assert_eq!(
+        s.reinserted, s.reclaim_retained,
+        "only what the pool holds: {s:?}"
+    );
     assert_eq!(
         m.pool(Tier::G3).expect("g3").used(),
         disk.live_capacity_blocks(),

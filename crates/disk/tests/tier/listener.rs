@@ -273,7 +273,11 @@ async fn the_region_with_the_fewest_live_blocks_goes_first(kind: Kind) {
     let s = tier.stats();
     assert_eq!(s.regions_reclaimed, 1);
     assert_eq!(s.reinserted, 10);
-    assert!(r2[..10].iter().all(|k| tier.location(*k).unwrap().region == 2));
+    assert!(
+        r2[..10]
+            .iter()
+            .all(|k| tier.location(*k).unwrap().region == 2)
+    );
     // Region 1 (20 live) goes next. Then every region holds 51 live
     // blocks; the oldest two (0 and 3) only wanted ones, so reclaiming
     // them would free nothing: they are passed over for region 2, whose
