@@ -498,7 +498,9 @@ impl DiskTier {
     }
 
     /// Installs (or replaces) the listener region reclaim asks which blocks
-    /// to keep and tells which blocks it dropped (see [`ReclaimListener`]).
+    /// to keep and tells which blocks it dropped (see [`ReclaimListener`]):
+    /// from then on it is the tier's one eviction authority, and it should
+    /// hold at most [`live_capacity_blocks`](Self::live_capacity_blocks).
     /// Takes effect from the next reclaim; a reclaim in progress finishes
     /// with the listener it started with. Without a listener, reclaim
     /// re-inserts only hot blocks (with `reinsert_hot`) and tells nobody.
