@@ -85,11 +85,17 @@ async fn compare(trace: &Path, requests: usize, policy: PolicyKind, caps: &[usiz
         "{policy} {caps:?}: lookups said hit, then onboarding missed"
     );
     if let Some(d) = &report.disk {
-        // The log wraps: every region reclaimed at least twice.
-        assert!(
-            d.regions_reclaimed >= 2 * d.regions,
-            "{policy} {caps:?}: the log did not wrap several times: {d:?}"
-        );
+        // The log wraps, several times over: every region reclaimed at
+        // least twice. Not under TTL: expiry empties the pools above, so
+        // far fewer blocks reach G3, and on the Mooncake traces the log
+        // fills a fraction of once or not at all (on the random traces it
+        // wraps under TTL too).
+        if policy != PolicyKind::Ttl {
+            assert!(
+                d.regions_reclaimed >= 2 * d.regions,
+                "{policy} {caps:?}: the log did not wrap: {d:?}"
+            );
+        }
     }
     let bench_hits: Vec<u64> = report.hits.iter().map(|(_, h)| *h).collect();
 
