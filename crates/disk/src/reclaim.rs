@@ -212,7 +212,11 @@ pub(crate) async fn open_region(
 /// Reclaims one region of `dir`; returns it and the blocks to re-insert.
 async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)> {
     let listener = listener(shared);
-    let live = shared.index.live_per_region(dir.index, dir.regions.len());
+    // Only an owner's log orders by live blocks (one pass over the index).
+    let live = match &listener {
+        Some(_) => shared.index.live_per_region(dir.index, dir.regions.len()),
+        None => vec![0; dir.regions.len()],
+    };
     let cands: Vec<Candidate> = dir
         .regions
         .iter()
