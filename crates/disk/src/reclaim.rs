@@ -247,33 +247,7 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
     let read_back = read_kept(shared, dir, victim, kept).await;
     // From here on no await: the entries go and the listener hears of it
     // before anyone else can take the writer lock.
-    let keys = std::mem::take(&mut region.fill.lock().keys);
-    let by_key: hashbrown::HashMap<BlockHash, usize> = read_back
-        .iter()
-        .enumerate()
-        .map(|(i, h)| (h.key, i))
-        .collect();
-    let mut keep = vec![false; read_back.len()];
-    let (mut evicted, mut lost) = (Vec::new(), Vec::new());
-    for k in keys {
-        let Some(e) = shared.index.remove_if_in_region(k, dir.index, victim) else {
-            // Removed by a caller, or put again elsewhere: not ours to report.
-            continue;
-        };
-        match by_key.get(&k) {
-            // Still the copy that was read back and verified: re-insert it.
-            Some(&i) if read_back[i].from_slot == e.loc.slot && read_back[i].block_sum == e.sum => {
-                keep[i] = true;
-            }
-            _ if wanted_keys.contains(&k) => lost.push(k),
-            _ => evicted.push(k),
-        }
-    }
-    let hot: Vec<HotBlock> = read_back
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(h, k)| k.then_some(h))
-        .collect();
+    let (hot, evicted, lost) = drop_entries(shared, dir, victim, read_back, &wanted_keys);
     guard.armed = false;
     add(&shared.stats.regions_reclaimed, 1);
     add(&shared.stats.blocks_evicted, evicted.len() as u64);
@@ -294,6 +268,46 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
         "reclaimed region"
     );
     Ok((victim, hot))
+}
+
+/// Removes every index entry still pointing into `victim`; returns the
+/// read-back blocks to re-insert (those still indexed at the very slot they
+/// were read from), the unwanted keys dropped and the wanted ones lost.
+fn drop_entries(
+    shared: &Shared,
+    dir: &Dir,
+    victim: u32,
+    read_back: Vec<HotBlock>,
+    wanted: &hashbrown::HashSet<BlockHash>,
+) -> (Vec<HotBlock>, Vec<BlockHash>, Vec<BlockHash>) {
+    let keys = std::mem::take(&mut dir.regions[victim as usize].fill.lock().keys);
+    let by_key: hashbrown::HashMap<BlockHash, usize> = read_back
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.key, i))
+        .collect();
+    let mut keep = vec![false; read_back.len()];
+    let (mut evicted, mut lost) = (Vec::new(), Vec::new());
+    for k in keys {
+        let Some(e) = shared.index.remove_if_in_region(k, dir.index, victim) else {
+            // Removed by a caller, or put again elsewhere: not ours to report.
+            continue;
+        };
+        match by_key.get(&k) {
+            // Still the copy that was read back and verified: re-insert it.
+            Some(&i) if read_back[i].from_slot == e.loc.slot && read_back[i].block_sum == e.sum => {
+                keep[i] = true;
+            }
+            _ if wanted.contains(&k) => lost.push(k),
+            _ => evicted.push(k),
+        }
+    }
+    let hot = read_back
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(h, k)| k.then_some(h))
+        .collect();
+    (hot, evicted, lost)
 }
 
 /// Takes region `r` for reclaim if no reader is in it and reclaiming it
