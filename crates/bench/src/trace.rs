@@ -73,10 +73,11 @@ pub struct TraceBenchConfig {
     pub g2_blocks: usize,
     /// G3 blocks; 0 for no G3. Default: 4096.
     pub g3_blocks: usize,
-    /// The disk log's size as a multiple of the G3 pool. The log reclaims
-    /// whole regions when it wraps, which can take blocks the pool still
-    /// wants (see `ManagerStats::reclaimed_by_disk`); a log larger than
-    /// everything a run writes never wraps. Default: 4.
+    /// The disk log's size as a multiple of the G3 pool's bytes. The log
+    /// reclaims whole regions when it wraps, re-inserting every block the
+    /// pool holds; the larger the log, the fewer it rewrites. It must leave
+    /// the slack `DiskTier::live_capacity_blocks` asks for (else the run is
+    /// refused with `ManagerError::G3PoolTooLarge`). Default: 4.
     pub g3_log_factor: u32,
     /// How G3's region lives place their bytes. Default: block-major.
     pub disk_layout: RegionLayout,
@@ -228,6 +229,13 @@ pub struct DiskReads {
     pub block_layers: u64,
     /// `read_ios / block_layers` (0 when nothing was loaded).
     pub ops_per_block_layer: f64,
+    /// Regions the log reclaimed to get space (how often it wrapped, in
+    /// regions).
+    pub regions_reclaimed: u64,
+    /// Regions of the log.
+    pub regions: u64,
+    /// Blocks the log re-inserted when it reclaimed their region.
+    pub reinserted: u64,
 }
 
 impl TraceBenchReport {
@@ -341,8 +349,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
     let disk = if config.g2_blocks > 0 && config.g3_blocks > 0 {
         let dir = base.join("g3");
         let region_size: u64 = 1 << 20;
-        // The log is written in regions and reclaims whole regions: keep
-        // it several times the pool so live blocks are seldom reclaimed.
+        // The log is written in regions and reclaims whole regions,
+        // re-inserting what the pool holds: a log several times the pool
+        // rewrites little.
         let factor = u64::from(config.g3_log_factor.max(1));
         let want = factor * config.g3_blocks as u64 * block_bytes + 4 * region_size;
         let capacity = want.div_ceil(region_size) * region_size;
@@ -529,6 +538,9 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
             } else {
                 s.read_ios as f64 / block_layers as f64
             },
+            regions_reclaimed: s.regions_reclaimed,
+            regions: s.capacity_blocks / u64::from(d.layout().slots_per_region.max(1)),
+            reinserted: s.reinserted,
         }
     });
     if let Some(d) = &tiers.disk {

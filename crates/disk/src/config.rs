@@ -28,10 +28,14 @@ pub struct DiskConfig {
     pub psync_threads: u32,
     /// Register region and arena buffers with io_uring (needs memlock).
     pub register_buffers: bool,
-    /// Region reclaim order.
+    /// Region reclaim order; under an owner's reclaim listener (the node's
+    /// G3 pool) it only breaks ties between regions with as many live
+    /// blocks.
     pub eviction: RegionEvictionKind,
-    /// Re-insert blocks read since they were written when their region is
-    /// reclaimed (they get a second life in a new region).
+    /// Without a reclaim listener: re-insert blocks read since they were
+    /// written when their region is reclaimed (they get a second life in a
+    /// new region). Under one, every block it wants is re-inserted and no
+    /// other.
     pub reinsert_hot: bool,
     /// Seconds between index checkpoints (0 disables periodic ones; clean
     /// shutdown always writes one).
@@ -191,12 +195,14 @@ pub struct DiskTierConfig {
     pub region_size: u64,
     /// The shape of the blocks stored.
     pub geometry: Geometry,
-    /// Which sealed region is reclaimed when none is free.
+    /// Which sealed region is reclaimed when none is free; under a
+    /// [`ReclaimListener`](crate::ReclaimListener), which of the regions
+    /// with the fewest live blocks.
     pub eviction: RegionEvictionKind,
-    /// Re-insert blocks read since they were written when their region is
-    /// reclaimed (at most a quarter of a region per reclaim, shared with,
-    /// and after, the blocks a
-    /// [`ReclaimListener`](crate::ReclaimListener) wants).
+    /// Without a [`ReclaimListener`](crate::ReclaimListener): re-insert
+    /// blocks read since they were written when their region is reclaimed
+    /// (at most a quarter of a region per reclaim). Under one, every block
+    /// it wants is re-inserted and no other.
     pub reinsert_hot: bool,
     /// Interval of background index checkpoints; zero disables them (close
     /// always writes one).

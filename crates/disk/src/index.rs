@@ -337,6 +337,23 @@ impl Index {
         out
     }
 
+    /// Entries per region of directory `dir`, for a directory of `regions`
+    /// regions: the live blocks reclaim weighs when it picks a victim.
+    pub fn live_per_region(&self, dir: u8, regions: usize) -> Vec<u32> {
+        let mut live = vec![0u32; regions];
+        for s in self.shards.iter() {
+            for p in s.lock().values() {
+                let e = p.unpack();
+                if e.loc.dir == dir
+                    && let Some(n) = live.get_mut(e.loc.region as usize)
+                {
+                    *n += 1;
+                }
+            }
+        }
+        live
+    }
+
     /// Bytes of RAM the index holds: every shard's table allocation plus the
     /// shard array.
     pub fn memory_bytes(&self) -> usize {

@@ -30,11 +30,13 @@
 //! - Writes fill the open region's buffer and write each appended extent
 //!   with one operation; a per-directory reaper thread acknowledges extents
 //!   in reservation order once written (module `writer`).
-//! - When no region is free, one is reclaimed FIFO or LRU, never while a
-//!   reader holds it (the latch in module `latch`), re-inserting (within a
-//!   quarter of a region) the blocks a [`ReclaimListener`] still wants and,
-//!   optionally, blocks read since they were written; the listener is told
-//!   which blocks were dropped (module `reclaim`).
+//! - When no region is free, one is reclaimed, never while a reader holds
+//!   it (the latch in module `latch`). Under a [`ReclaimListener`] (the
+//!   owner, the tier's one eviction authority) the region with the fewest
+//!   live blocks goes and every block the listener still wants is
+//!   re-inserted; the listener is told which blocks were dropped. On its
+//!   own the tier reclaims FIFO or LRU, optionally re-inserting blocks read
+//!   since they were written (module `reclaim`).
 //! - Checkpoints (module `checkpoint`) and recovery (module `recover`)
 //!   rebuild the index at open.
 //! - Every device operation goes through the engine, syncs and checkpoint

@@ -3,17 +3,30 @@
 //! blocks worth keeping.
 //!
 //! A victim is a `SEALED` region (every write finished) with no reader in
-//! flight, chosen by [`RegionEvictionKind`]: FIFO takes the lowest
-//! generation (the oldest written), LRU the oldest last verified read (a
-//! region never read counts from when it was opened). The latch's
-//! `try_reclaim` both checks and excludes readers (see [`crate::latch`]).
-//! Then up to a quarter of a region of its *live* blocks (still indexed at
-//! their slot there) are read back, verified, and written again as the first
-//! slots of the region's next life: first those a [`ReclaimListener`] says
-//! it wants (hot ones first), then, with `reinsert_hot`, others read since
-//! they were written. The region's index entries (only those still pointing
-//! into it) are dropped, the listener is told which were dropped for good,
-//! and the region reopens with a new generation.
+//! flight. The latch's `try_reclaim` both checks and excludes readers (see
+//! [`crate::latch`]). Which one depends on who decides what the tier keeps:
+//!
+//! - With a [`ReclaimListener`] installed, the listener (the block manager's
+//!   G3 pool) is the tier's one eviction authority and the log reclaims only
+//!   to get space: the victim is the region with the fewest live blocks
+//!   (still indexed at their slot there), ties broken by
+//!   [`RegionEvictionKind`], skipping one whose every slot the listener still
+//!   wants. *Every* live block the listener wants is read back, verified and
+//!   written again as the first slots of the region's next life; the others
+//!   (blocks it let go and whose removal has not reached the index yet) are
+//!   dropped. The fewest-live choice rewrites the least and, with the slack
+//!   `DiskTier::live_capacity_blocks` leaves, always finds a region with
+//!   room (docs/disk-format.md, I22-I25).
+//! - Without one, the log evicts by itself: FIFO takes the lowest
+//!   generation (the oldest written), LRU the oldest last verified read (a
+//!   region never read counts from when it was opened), and with
+//!   `reinsert_hot` up to a quarter of a region of blocks read since they
+//!   were written get a second life.
+//!
+//! The region's index entries (only those still pointing into it) are
+//! dropped, the listener is told which were dropped (`evicted`: unwanted;
+//! `lost`: wanted but not re-insertable), and the region reopens with a new
+//! generation.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -29,14 +42,17 @@ use crate::tier::{Dir, Shared};
 use crate::writer::{DirWriter, OpenRegion, Place};
 use crate::{DiskError, Result};
 
-/// A reclaim candidate: (region, generation, last read tick).
-pub(crate) type Candidate = (u32, u64, u64);
+/// A reclaim candidate: (region, generation, last read tick, live blocks).
+pub(crate) type Candidate = (u32, u64, u64, u32);
 
-/// Orders candidates best victim first.
-pub(crate) fn order_victims(cands: &mut [Candidate], kind: RegionEvictionKind) {
+/// Orders candidates best victim first: by `kind`, or, when `least_live`
+/// (a listener decides what is kept), fewest live blocks first and `kind`
+/// among equals.
+pub(crate) fn order_victims(cands: &mut [Candidate], kind: RegionEvictionKind, least_live: bool) {
+    let weight = |live: u32| if least_live { live } else { 0 };
     match kind {
-        RegionEvictionKind::Fifo => cands.sort_unstable_by_key(|&(r, g, _)| (g, r)),
-        RegionEvictionKind::Lru => cands.sort_unstable_by_key(|&(r, g, t)| (t, g, r)),
+        RegionEvictionKind::Fifo => cands.sort_unstable_by_key(|&(r, g, _, l)| (weight(l), g, r)),
+        RegionEvictionKind::Lru => cands.sort_unstable_by_key(|&(r, g, t, l)| (weight(l), t, g, r)),
     }
 }
 
@@ -44,46 +60,51 @@ pub(crate) fn order_victims(cands: &mut [Candidate], kind: RegionEvictionKind) {
 pub(crate) fn choose_victim(
     mut cands: Vec<Candidate>,
     kind: RegionEvictionKind,
+    least_live: bool,
     mut try_reclaim: impl FnMut(u32) -> bool,
 ) -> Option<u32> {
-    order_victims(&mut cands, kind);
+    order_victims(&mut cands, kind, least_live);
     cands.into_iter().map(|c| c.0).find(|&r| try_reclaim(r))
 }
 
-/// Told about blocks that region reclaim drops, and asked which to keep.
+/// The owner of the tier's contents: asked which blocks a reclaim must
+/// keep, told which it dropped.
 ///
 /// Install one with [`DiskTier::set_reclaim_listener`](crate::DiskTier::set_reclaim_listener).
-/// The owner of the tier (the block manager's G3 pool) uses it to keep its
-/// own accounting in step with what is on disk: the blocks it still wants
-/// get a second life in the reclaimed region (within the re-insertion
-/// budget), and it hears about every block a reclaim drops.
+/// The owner (the block manager's G3 pool) is then the tier's one eviction
+/// authority: a reclaim re-inserts every block it wants (read back,
+/// verified, rewritten), and drops only those it no longer wants
+/// ([`evicted`](Self::evicted)) or that could not be re-inserted
+/// ([`lost`](Self::lost)).
 ///
-/// Both methods are called on the reclaiming writer's task with the
+/// All methods are called on the reclaiming writer's task with the
 /// directory's writer lock held (or, for a failed re-insertion write, on the
 /// directory's reaper thread, which acknowledges writes), never with an
-/// index or region lock held: they must be cheap, must not block, and must not call back into the [`DiskTier`](crate::DiskTier)
-/// other than its read-only queries [`contains`](crate::DiskTier::contains)
-/// and [`location`](crate::DiskTier::location) (a `put_batch`, `close` or
+/// index or region lock held: they must be cheap, must not block, and must
+/// not call back into the [`DiskTier`](crate::DiskTier) other than its
+/// read-only queries [`contains`](crate::DiskTier::contains) and
+/// [`location`](crate::DiskTier::location) (a `put_batch`, `close` or
 /// anything that takes the writer lock would deadlock).
 pub trait ReclaimListener: Send + Sync + 'static {
-    /// Whether the owner still wants `key`. Wanted blocks of a victim region
-    /// are re-inserted (read back, verified, rewritten) before merely hot
-    /// ones, hot wanted ones first, within the re-insertion budget (a
-    /// quarter of a region). Asked once per block still indexed in the
-    /// victim, before any of them is dropped. Called during reclaim with the
-    /// directory's writer lock held: must be cheap and must not block or
-    /// call back into the `DiskTier`.
+    /// Whether the owner still holds `key`. Wanted blocks of a victim
+    /// region are all re-inserted. Asked once per block still indexed in a
+    /// region considered for reclaim, before any of them is dropped.
     fn retain(&self, key: BlockHash) -> bool;
 
-    /// Keys a reclaim dropped from the index (their bytes are gone;
-    /// re-inserted ones are not reported), in the victim's slot order.
-    /// Called once per reclaimed region, after the index no longer holds
-    /// them (possibly with an empty slice), and once more should the write
-    /// that re-inserts blocks fail (for those of its blocks not indexed
-    /// again since). Keys removed with [`DiskTier::remove`](crate::DiskTier::remove)
-    /// or put again elsewhere meanwhile are never reported. Same
-    /// constraints as [`retain`](Self::retain).
+    /// Keys a reclaim dropped from the index that [`retain`](Self::retain)
+    /// did not want, in the victim's slot order. Called once per reclaimed
+    /// region, after the index no longer holds them (possibly with an
+    /// empty slice). Keys removed with
+    /// [`DiskTier::remove`](crate::DiskTier::remove) or put again elsewhere
+    /// meanwhile are never reported.
     fn evicted(&self, keys: &[BlockHash]);
+
+    /// Keys `retain` wanted that a reclaim could not keep: reading one back
+    /// failed, its copy failed verification, or the write re-inserting it
+    /// failed (then reported from the reaper, for those not indexed again
+    /// since). Their bytes are gone: the owner must forget them. Called
+    /// only when there are some.
+    fn lost(&self, keys: &[BlockHash]);
 }
 
 /// A block read back from a victim, to be written again.
@@ -137,8 +158,8 @@ fn listener(shared: &Shared) -> Option<Arc<dyn ReclaimListener>> {
 }
 
 /// Reports blocks whose re-insertion failed (the write failed, or could
-/// not be queued) as evicted: those of `keys` the index does not hold
-/// (again). Counts them in `blocks_evicted`.
+/// not be queued) as lost: those of `keys` the index does not hold
+/// (again). Counts them in `blocks_lost`.
 pub(crate) fn report_lost(shared: &Shared, keys: impl IntoIterator<Item = BlockHash>) {
     let lost: Vec<BlockHash> = keys
         .into_iter()
@@ -147,9 +168,9 @@ pub(crate) fn report_lost(shared: &Shared, keys: impl IntoIterator<Item = BlockH
     if lost.is_empty() {
         return;
     }
-    add(&shared.stats.blocks_evicted, lost.len() as u64);
+    add(&shared.stats.blocks_lost, lost.len() as u64);
     if let Some(l) = listener(shared) {
-        l.evicted(&lost);
+        l.lost(&lost);
     }
 }
 
@@ -190,6 +211,12 @@ pub(crate) async fn open_region(
 
 /// Reclaims one region of `dir`; returns it and the blocks to re-insert.
 async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)> {
+    let listener = listener(shared);
+    // Only an owner's log orders by live blocks (one pass over the index).
+    let live = match &listener {
+        Some(_) => shared.index.live_per_region(dir.index, dir.regions.len()),
+        None => vec![0; dir.regions.len()],
+    };
     let cands: Vec<Candidate> = dir
         .regions
         .iter()
@@ -200,11 +227,13 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
                 i as u32,
                 r.generation(),
                 r.last_read.load(Ordering::Relaxed),
+                live[i],
             )
         })
         .collect();
-    let victim = choose_victim(cands, shared.cfg.eviction, |r| {
-        dir.regions[r as usize].latch.try_reclaim()
+    let mut kept = Kept::default();
+    let victim = choose_victim(cands, shared.cfg.eviction, listener.is_some(), |r| {
+        try_victim(shared, dir, r, listener.as_deref(), &mut kept)
     })
     .ok_or_else(|| DiskError::NoRegion {
         dir: dir.path.clone(),
@@ -214,55 +243,95 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
         latch: &region.latch,
         armed: true,
     };
-    let listener = listener(shared);
-    let read_back = if shared.cfg.reinsert_hot || listener.is_some() {
-        read_kept(shared, dir, victim, listener.as_deref()).await
-    } else {
-        Vec::new()
-    };
+    let wanted_keys: hashbrown::HashSet<BlockHash> = kept.wanted.iter().map(|c| c.key).collect();
+    let read_back = read_kept(shared, dir, victim, kept).await;
     // From here on no await: the entries go and the listener hears of it
     // before anyone else can take the writer lock.
-    let keys = std::mem::take(&mut region.fill.lock().keys);
-    let wanted: hashbrown::HashMap<BlockHash, usize> = read_back
-        .iter()
-        .enumerate()
-        .map(|(i, h)| (h.key, i))
-        .collect();
-    let mut keep = vec![false; read_back.len()];
-    let mut evicted = Vec::new();
-    for k in keys {
-        let Some(e) = shared.index.remove_if_in_region(k, dir.index, victim) else {
-            // Removed by a caller, or put again elsewhere: not ours to report.
-            continue;
-        };
-        match wanted.get(&k) {
-            // Still the copy that was read back and verified: re-insert it.
-            Some(&i) if read_back[i].from_slot == e.loc.slot && read_back[i].block_sum == e.sum => {
-                keep[i] = true;
-            }
-            _ => evicted.push(k),
-        }
-    }
-    let hot: Vec<HotBlock> = read_back
-        .into_iter()
-        .zip(keep)
-        .filter_map(|(h, k)| k.then_some(h))
-        .collect();
+    let (hot, evicted, lost) = drop_entries(shared, dir, victim, read_back, &wanted_keys);
     guard.armed = false;
     add(&shared.stats.regions_reclaimed, 1);
     add(&shared.stats.blocks_evicted, evicted.len() as u64);
+    add(&shared.stats.blocks_lost, lost.len() as u64);
     if let Some(l) = &listener {
         l.evicted(&evicted);
+        if !lost.is_empty() {
+            l.lost(&lost);
+        }
     }
     tracing::debug!(
         dir = %dir.path.display(),
         region = victim,
         evicted = evicted.len(),
+        lost = lost.len(),
         reinserted = hot.len(),
         retained = hot.iter().filter(|h| h.retained).count(),
         "reclaimed region"
     );
     Ok((victim, hot))
+}
+
+/// Removes every index entry still pointing into `victim`; returns the
+/// read-back blocks to re-insert (those still indexed at the very slot they
+/// were read from), the unwanted keys dropped and the wanted ones lost.
+fn drop_entries(
+    shared: &Shared,
+    dir: &Dir,
+    victim: u32,
+    read_back: Vec<HotBlock>,
+    wanted: &hashbrown::HashSet<BlockHash>,
+) -> (Vec<HotBlock>, Vec<BlockHash>, Vec<BlockHash>) {
+    let keys = std::mem::take(&mut dir.regions[victim as usize].fill.lock().keys);
+    let by_key: hashbrown::HashMap<BlockHash, usize> = read_back
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.key, i))
+        .collect();
+    let mut keep = vec![false; read_back.len()];
+    let (mut evicted, mut lost) = (Vec::new(), Vec::new());
+    for k in keys {
+        let Some(e) = shared.index.remove_if_in_region(k, dir.index, victim) else {
+            // Removed by a caller, or put again elsewhere: not ours to report.
+            continue;
+        };
+        match by_key.get(&k) {
+            // Still the copy that was read back and verified: re-insert it.
+            Some(&i) if read_back[i].from_slot == e.loc.slot && read_back[i].block_sum == e.sum => {
+                keep[i] = true;
+            }
+            _ if wanted.contains(&k) => lost.push(k),
+            _ => evicted.push(k),
+        }
+    }
+    let hot = read_back
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(h, k)| k.then_some(h))
+        .collect();
+    (hot, evicted, lost)
+}
+
+/// Takes region `r` for reclaim if no reader is in it and reclaiming it
+/// frees a slot (some live block is not wanted); fills `kept` with the
+/// blocks to re-insert. A region whose every slot the listener wants is
+/// put back: reclaiming it would only copy it onto itself.
+fn try_victim(
+    shared: &Shared,
+    dir: &Dir,
+    r: u32,
+    listener: Option<&dyn ReclaimListener>,
+    kept: &mut Kept,
+) -> bool {
+    let latch = &dir.regions[r as usize].latch;
+    if !latch.try_reclaim() {
+        return false;
+    }
+    let k = split_live(shared, dir, r, listener);
+    if k.wanted.len() >= shared.layout.slots_per_region as usize {
+        latch.set_state(state::SEALED);
+        return false;
+    }
+    *kept = k;
+    true
 }
 
 /// A live slot of a victim: still indexed there.
@@ -273,47 +342,57 @@ struct Live {
     hot: bool,
 }
 
-/// Chooses the blocks of `victim` to re-insert and reads them back,
-/// verified: with a listener, the live ones it wants (hot ones first);
-/// then, with `reinsert_hot`, the other live blocks read since they were
-/// written; at most a quarter of a region in all. Blocks failing
-/// verification are counted corrupt and left out (so dropped).
-async fn read_kept(
+/// The live blocks of a victim worth keeping.
+#[derive(Default)]
+struct Kept {
+    /// Those the listener wants, hot ones first (each group in slot
+    /// order): every one is re-inserted.
+    wanted: Vec<Live>,
+    /// Without a listener, with `reinsert_hot`: those read since they were
+    /// written, within a quarter region.
+    hot_only: Vec<Live>,
+}
+
+/// Splits the live blocks of `victim` into those the listener wants and,
+/// with no listener and `reinsert_hot`, the hot ones (within the budget of a
+/// quarter region). The listener is asked with no lock held (the slot list
+/// was copied).
+fn split_live(
     shared: &Shared,
     dir: &Dir,
     victim: u32,
     listener: Option<&dyn ReclaimListener>,
-) -> Vec<HotBlock> {
-    let l = &shared.layout;
-    let budget = (l.slots_per_region / 4) as usize;
-    let region = &dir.regions[victim as usize];
-    let generation = region.generation();
-    let live = live_slots(shared, dir, victim);
-    // The listener is asked with no lock held (the slot list was copied).
-    let mut wanted = Vec::new();
-    let mut hot_only = Vec::new();
-    for c in live {
-        if listener.is_some_and(|li| li.retain(c.key)) {
-            wanted.push(c);
-        } else if shared.cfg.reinsert_hot && c.hot {
-            hot_only.push(c);
+) -> Kept {
+    let mut k = Kept::default();
+    for c in live_slots(shared, dir, victim) {
+        match listener {
+            Some(li) if li.retain(c.key) => k.wanted.push(c),
+            Some(_) => {}
+            None if shared.cfg.reinsert_hot && c.hot => k.hot_only.push(c),
+            None => {}
         }
     }
     // Stable: hot wanted blocks first, each group in slot order.
-    wanted.sort_by_key(|c| !c.hot);
-    let n_wanted = wanted.len();
-    let cands: Vec<(Live, bool)> = wanted
+    k.wanted.sort_by_key(|c| !c.hot);
+    k.hot_only
+        .truncate((shared.layout.slots_per_region / 4) as usize);
+    k
+}
+
+/// Reads back the blocks `kept` chose from `victim`, verified. Blocks
+/// failing verification are counted corrupt and left out (reclaim then
+/// reports the wanted ones lost).
+async fn read_kept(shared: &Shared, dir: &Dir, victim: u32, kept: Kept) -> Vec<HotBlock> {
+    let l = &shared.layout;
+    let region = &dir.regions[victim as usize];
+    let generation = region.generation();
+    let cands: Vec<(Live, bool)> = kept
+        .wanted
         .into_iter()
         .map(|c| (c, true))
-        .chain(hot_only.into_iter().map(|c| (c, false)))
-        .take(budget)
+        .chain(kept.hot_only.into_iter().map(|c| (c, false)))
         .collect();
-    tracing::trace!(
-        victim,
-        n_wanted,
-        candidates = cands.len(),
-        "re-insertion candidates"
-    );
+    tracing::trace!(victim, candidates = cands.len(), "re-insertion candidates");
     if cands.is_empty() {
         return Vec::new();
     }
@@ -462,6 +541,38 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn an_owner_s_log_reclaims_the_region_with_the_fewest_live_blocks() {
+        // (region, generation, last read, live)
+        let cands = vec![(0, 1, 9, 30), (1, 2, 1, 5), (2, 3, 5, 5), (3, 4, 0, 40)];
+        for (kind, first) in [(RegionEvictionKind::Fifo, 1), (RegionEvictionKind::Lru, 1)] {
+            assert_eq!(
+                choose_victim(cands.clone(), kind, true, |_| true),
+                Some(first)
+            );
+        }
+        // Ties on live blocks go by the policy: LRU takes the least read.
+        let tied = vec![(0, 1, 9, 5), (1, 2, 1, 5)];
+        assert_eq!(
+            choose_victim(tied.clone(), RegionEvictionKind::Lru, true, |_| true),
+            Some(1)
+        );
+        assert_eq!(
+            choose_victim(tied, RegionEvictionKind::Fifo, true, |_| true),
+            Some(0)
+        );
+        // A region refused (a reader, or every slot wanted) passes to the next.
+        assert_eq!(
+            choose_victim(cands.clone(), RegionEvictionKind::Fifo, true, |r| r != 1),
+            Some(2)
+        );
+        // Without an owner the policy alone decides.
+        assert_eq!(
+            choose_victim(cands, RegionEvictionKind::Fifo, false, |_| true),
+            Some(0)
+        );
+    }
+
     proptest! {
         /// Regions come free-first in index order, then by the policy's
         /// order, never one with a reader, and generations only grow.
@@ -488,9 +599,9 @@ mod tests {
                         } else {
                             let cands = (0..n)
                                 .filter(|&r| latches[r as usize].state() == state::SEALED)
-                                .map(|r| (r, gens[r as usize], last[r as usize]))
+                                .map(|r| (r, gens[r as usize], last[r as usize], 0))
                                 .collect();
-                            choose_victim(cands, kind, |r| latches[r as usize].try_reclaim())
+                            choose_victim(cands, kind, false, |r| latches[r as usize].try_reclaim())
                         };
                         // The model: free first; else the unpinned sealed
                         // region with the smallest policy key.

@@ -41,9 +41,13 @@ pub struct DiskStats {
     pub regions_reclaimed: u64,
     /// Blocks dropped by reclaim: exactly the blocks reported to the
     /// reclaim listener's `evicted` (counted whether or not a listener is
-    /// installed). Re-inserted blocks are not counted; blocks whose
-    /// re-insertion failed are.
+    /// installed): blocks nobody wanted kept. Re-inserted blocks are not
+    /// counted, nor are `blocks_lost`.
     pub blocks_evicted: u64,
+    /// Blocks the reclaim listener wanted kept that reclaim could not
+    /// re-insert (reading back failed, the copy failed verification, or the
+    /// write re-inserting it failed): what its `lost` reports.
+    pub blocks_lost: u64,
     /// Blocks re-inserted by reclaim (acknowledged in their new slot), for
     /// any reason.
     pub reinserted: u64,
@@ -93,6 +97,7 @@ pub(crate) struct Counters {
     pub io_errors: AtomicU64,
     pub regions_reclaimed: AtomicU64,
     pub blocks_evicted: AtomicU64,
+    pub blocks_lost: AtomicU64,
     pub reinserted: AtomicU64,
     pub reclaim_retained: AtomicU64,
     pub checkpoints: AtomicU64,
@@ -129,6 +134,7 @@ impl Counters {
             io_errors: g(&self.io_errors),
             regions_reclaimed: g(&self.regions_reclaimed),
             blocks_evicted: g(&self.blocks_evicted),
+            blocks_lost: g(&self.blocks_lost),
             reinserted: g(&self.reinserted),
             reclaim_retained: g(&self.reclaim_retained),
             checkpoints: g(&self.checkpoints),

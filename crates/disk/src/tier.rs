@@ -498,7 +498,9 @@ impl DiskTier {
     }
 
     /// Installs (or replaces) the listener region reclaim asks which blocks
-    /// to keep and tells which blocks it dropped (see [`ReclaimListener`]).
+    /// to keep and tells which blocks it dropped (see [`ReclaimListener`]):
+    /// from then on it is the tier's one eviction authority, and it should
+    /// hold at most [`live_capacity_blocks`](Self::live_capacity_blocks).
     /// Takes effect from the next reclaim; a reclaim in progress finishes
     /// with the listener it started with. Without a listener, reclaim
     /// re-inserts only hot blocks (with `reinsert_hot`) and tells nobody.
@@ -535,18 +537,21 @@ impl DiskTier {
         self.len() == 0
     }
 
-    /// Blocks an owner that evicts by its own policy should keep indexed
-    /// at most: every slot but one region per directory. The log then
-    /// always has a region to write into whose blocks the owner has already
-    /// moved out, so a reclaim drops nothing the owner still wants as long
-    /// as the owner evicts the blocks of the oldest regions first (what
-    /// it still wants there is re-inserted within the reclaim's budget).
+    /// Most blocks an owner that evicts by its own policy (a
+    /// [`ReclaimListener`]) may hold in the tier: every slot of every
+    /// directory except those of the regions open for writing
+    /// (`buffers_per_dir` per directory) and one region more
+    /// (docs/disk-format.md, I24). Then a reclaim always finds a sealed
+    /// region with a slot the owner does not want, and re-inserting all it
+    /// wants never drops one: `(dirs x (regions_per_dir - buffers_per_dir)
+    /// - 1) x slots_per_region`, at least 0.
     pub fn live_capacity_blocks(&self) -> usize {
         let l = &self.shared.layout;
-        let per_dir = l
-            .slots_per_dir()
-            .saturating_sub(u64::from(l.slots_per_region)) as usize;
-        (self.shared.dirs.len() * per_dir).max(1)
+        let spr = u64::from(l.slots_per_region);
+        let regions_per_dir = l.slots_per_dir() / spr.max(1);
+        let open = self.shared.cfg.buffers_per_dir as u64;
+        let sealed = self.shared.dirs.len() as u64 * regions_per_dir.saturating_sub(open);
+        (sealed.saturating_sub(1) * spr) as usize
     }
 
     /// Blocks the tier can hold (slots over every directory).

@@ -620,8 +620,8 @@ pub(crate) async fn place_locked(
                 let keep: Vec<Place<'_>> = hot.iter().map(|h| h.place(&shared.layout)).collect();
                 let hb: Vec<(BlockHash, u64)> = keep.iter().map(|p| (p.key, p.block_sum)).collect();
                 let retained = hot.iter().filter(|h| h.retained).count() as u32;
-                // Fits: at most a quarter of a region is re-inserted (the
-                // reaper reports them lost if the write fails).
+                // Fits: reclaim re-inserts fewer blocks than a region has
+                // slots (the reaper reports them lost if the write fails).
                 match reserve(shared, dir, w, &hb, true, retained) {
                     Ok((res, _ignored_reply)) => fill_and_submit(shared, dir, res, &keep),
                     Err(e) => {

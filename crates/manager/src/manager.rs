@@ -349,6 +349,7 @@ impl BlockManager {
             admission_refusals: c.admission_refusals,
             dropped: c.dropped,
             reclaimed_by_disk: c.reclaimed_by_disk,
+            lost_by_disk: c.lost_by_disk,
             onboard_failures: c.onboard_failures,
             verify_failures: c.verify_failures,
             paths: self
@@ -447,6 +448,16 @@ fn check_tiers(
     }
     if hierarchy.g3.is_some() && tiers.disk.is_none() {
         return refuse("G3 is configured without a disk tier".into());
+    }
+    if let (Some(g3), Some(disk)) = (&hierarchy.g3, &tiers.disk)
+        && g3.capacity_blocks > disk.live_capacity_blocks()
+    {
+        // Else a reclaim could find every slot of the log wanted by the
+        // pool and have to drop one (docs/disk-format.md, I24).
+        return Err(ManagerError::G3PoolTooLarge {
+            pool: g3.capacity_blocks,
+            limit: disk.live_capacity_blocks(),
+        });
     }
     if hierarchy.g3.is_some() && hierarchy.g2.is_none() {
         // Every path to and from the disk except disk-to-device goes

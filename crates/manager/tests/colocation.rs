@@ -56,9 +56,11 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
         access_group: None,
     })
     .expect("memory tier in /dev/shm");
+    // 9 regions: room for G3's 256 blocks and the log's slack
+    // (docs/disk-format.md, I24).
     let (dir, disk) = disk_with(
         "kvtier-mgr-coloc",
-        8 << 20,
+        9 << 20,
         Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
         layout,
     );

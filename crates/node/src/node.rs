@@ -131,8 +131,8 @@ impl Node {
         let manager_config = options.manager_config(
             geometry.tokens_per_block as usize,
             memory.capacity_blocks(),
-            // Below the log's slots by a region per directory, so the G3
-            // policy moves blocks down before the log must reclaim them.
+            // What the log can keep while re-inserting every block the G3
+            // pool holds (docs/disk-format.md, I24).
             Some(disk.live_capacity_blocks()),
             remote.as_ref().map(|_| options.g4_capacity_blocks),
         );

@@ -30,7 +30,9 @@ pub fn small_config(dir: &Path, dram_blocks: u64) -> NodeConfig {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     );
-    c.disk.capacity_per_dir = ByteSize(4 << 20);
+    // 6 regions: a G3 pool of 3 regions' slots beside the 2 open for
+    // writing and the one the log keeps free (docs/disk-format.md, I24).
+    c.disk.capacity_per_dir = ByteSize(6 << 20);
     c.disk.region_size = ByteSize(1 << 20);
     c.disk.io_engine = IoEngineKind::Psync;
     c.disk.register_buffers = false;

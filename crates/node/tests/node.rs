@@ -370,7 +370,8 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     let g4 = dir.path().join("g4");
     std::fs::create_dir_all(&g4).unwrap();
     let mut c = config(dir.path(), 2);
-    c.disk.capacity_per_dir = kvtier_core::ByteSize(2 << 20);
+    // 4 regions: a G3 pool of one region's slots (docs/disk-format.md, I24).
+    c.disk.capacity_per_dir = kvtier_core::ByteSize(4 << 20);
     c.manager.g4_url = format!("file://{}", g4.display());
     c.manager.g4_capacity_blocks = 1000;
     // The background step races the stores' on-demand room making: a slot

@@ -51,8 +51,11 @@ pub fn render_text(r: &TraceBenchReport) -> String {
     }
     let _ = writeln!(
         out,
-        "  dropped from the hierarchy {} (of which reclaimed by the disk log {})  admission refusals {}",
-        r.stats.dropped, r.stats.reclaimed_by_disk, r.stats.admission_refusals
+        "  dropped from the hierarchy {} (of which reclaimed by the disk log {}, lost re-inserting {})  admission refusals {}",
+        r.stats.dropped,
+        r.stats.reclaimed_by_disk,
+        r.stats.lost_by_disk,
+        r.stats.admission_refusals
     );
     let _ = writeln!(out, "\nbytes moved per path:");
     for p in &r.stats.paths {
@@ -78,6 +81,14 @@ pub fn render_text(r: &TraceBenchReport) -> String {
             d.layer_pieces,
             d.block_layers,
             d.ops_per_block_layer
+        );
+        let _ = writeln!(
+            out,
+            "disk log: {} regions reclaimed of {} ({:.1} wraps), {} blocks re-inserted",
+            d.regions_reclaimed,
+            d.regions,
+            d.regions_reclaimed as f64 / d.regions.max(1) as f64,
+            d.reinserted
         );
     }
     let _ = writeln!(

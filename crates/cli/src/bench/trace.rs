@@ -46,8 +46,9 @@ pub struct TraceBenchArgs {
     /// G3 (disk) blocks; 0 for none.
     #[arg(long, default_value_t = 4096)]
     pub g3: usize,
-    /// Size of G3's disk log as a multiple of the G3 pool (a log that
-    /// wraps reclaims regions under the pool).
+    /// Size of G3's disk log as a multiple of the G3 pool's bytes (a log
+    /// that wraps reclaims regions, re-inserting every block the pool
+    /// holds; too small a log for the pool is refused).
     #[arg(long, default_value_t = 4)]
     pub g3_log_factor: u32,
     /// Layout of G3's region lives: `block` (block-major) or `layer`

@@ -22,8 +22,8 @@ pub struct Adopted {
     /// Objects under the remote prefix now in the G4 pool.
     pub g4: usize,
     /// Blocks found but not adopted: the pool was full, or the block was
-    /// already registered. A G2 block not adopted is removed from the
-    /// arena, whose slots only the pool hands out.
+    /// already registered. A G2 or G3 block not adopted is removed from
+    /// the arena or the disk log, whose contents only the pool decides.
     pub skipped: usize,
 }
 
@@ -68,6 +68,12 @@ impl BlockManager {
                 disk.remove(key);
             }
             let (n, left) = adopt_into(pool, keys);
+            // The pool is the log's only authority (docs/disk-format.md,
+            // I22): a block it does not list would never be evicted, and
+            // would count against the log's slack for good.
+            for key in &left {
+                disk.remove(*key);
+            }
             adopted.g3 = n;
             adopted.skipped += left.len();
         }

@@ -117,6 +117,19 @@ pub enum ManagerError {
     /// The event publisher could not be built.
     #[error(transparent)]
     Events(#[from] EventError),
+    /// The G3 pool may hold more blocks than the disk log can keep while it
+    /// reclaims regions (`DiskTier::live_capacity_blocks`).
+    #[error(
+        "the G3 pool holds {pool} blocks but its disk log can keep at most {limit} \
+         (every slot but the regions open for writing and one more): \
+         grow the disk or shrink the pool"
+    )]
+    G3PoolTooLarge {
+        /// The G3 pool's capacity, blocks.
+        pool: usize,
+        /// The most the disk log can keep, blocks.
+        limit: usize,
+    },
     /// A tier has no room for the blocks asked, even after offloading.
     #[error("tier {tier}: no room for {wanted} blocks")]
     NoRoom {

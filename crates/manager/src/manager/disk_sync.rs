@@ -1,14 +1,15 @@
-//! Keeping the G3 pool and the disk log in step when the log reclaims a
-//! region.
+//! The G3 pool as the disk log's one eviction authority.
 //!
 //! The disk tier is log-structured: when it runs out of free regions it
-//! reclaims a whole one, whatever the G3 pool's policy thinks of the blocks
-//! in it. [`DiskSync`] is the disk tier's [`ReclaimListener`]: it answers
-//! "still wanted?" from the G3 pool (wanted blocks are re-inserted first,
-//! within the disk's re-insertion budget), and queues the keys the log
-//! dropped anyway. The manager drains that queue with its events and takes
-//! those blocks out of the G3 pool, so the pool never offers a block whose
-//! bytes are gone.
+//! reclaims a whole one. [`DiskSync`] is the disk tier's
+//! [`ReclaimListener`]: it answers "still wanted?" from the G3 pool, and the
+//! log re-inserts every block the pool holds, so a reclaim never takes a
+//! block the pool still lists. It queues what the log dropped anyway: keys
+//! it reports unwanted (`evicted`; should the pool hold one by the time the
+//! manager drains them, that is counted as `reclaimed_by_disk`, which the
+//! rule keeps at 0) and keys whose re-insertion failed (`lost`: the bytes
+//! are gone, the pool must forget them). The manager drains both with its
+//! events, so the pool never offers a block whose bytes are gone.
 
 use kvtier_core::BlockHash;
 use kvtier_disk::ReclaimListener;
@@ -19,8 +20,19 @@ use crate::pool::BlockPool;
 /// The G3 pool's view, handed to the disk tier.
 pub(crate) struct DiskSync {
     pool: BlockPool,
-    /// Keys the log dropped, not yet taken out of the pool.
+    /// Keys the log dropped as unwanted, not yet checked against the pool.
     evicted: Mutex<Vec<BlockHash>>,
+    /// Keys the pool wanted whose re-insertion failed, not yet taken out
+    /// of the pool.
+    lost: Mutex<Vec<BlockHash>>,
+}
+
+/// What the log dropped since the last drain.
+pub(crate) struct Dropped {
+    /// Reported unwanted.
+    pub evicted: Vec<BlockHash>,
+    /// Wanted, but not re-insertable.
+    pub lost: Vec<BlockHash>,
 }
 
 impl DiskSync {
@@ -28,12 +40,16 @@ impl DiskSync {
         Self {
             pool,
             evicted: Mutex::new(Vec::new()),
+            lost: Mutex::new(Vec::new()),
         }
     }
 
     /// The keys the log dropped since the last call.
-    pub(crate) fn take_evicted(&self) -> Vec<BlockHash> {
-        std::mem::take(&mut *self.evicted.lock())
+    pub(crate) fn take_dropped(&self) -> Dropped {
+        Dropped {
+            evicted: std::mem::take(&mut *self.evicted.lock()),
+            lost: std::mem::take(&mut *self.lost.lock()),
+        }
     }
 }
 
@@ -46,5 +62,9 @@ impl ReclaimListener for DiskSync {
 
     fn evicted(&self, keys: &[BlockHash]) {
         self.evicted.lock().extend_from_slice(keys);
+    }
+
+    fn lost(&self, keys: &[BlockHash]) {
+        self.lost.lock().extend_from_slice(keys);
     }
 }

@@ -75,8 +75,11 @@ impl BlockManager {
     }
 
     /// Takes the blocks the disk log dropped in a region reclaim out of the
-    /// G3 pool (unless they were written to the disk again since). A block
-    /// held, pinned or in flight stays until its read fails as a miss.
+    /// G3 pool (unless they were written to the disk again since): those
+    /// whose re-insertion failed (`lost_by_disk`) and, should the pool
+    /// hold one, those the log dropped as unwanted (`reclaimed_by_disk`,
+    /// 0 while the log re-inserts all the pool holds). A block held, pinned
+    /// or in flight stays until its read fails as a miss.
     fn forget_reclaimed(&self) {
         let (Some(sync), Some(disk), Some(g3)) = (
             &self.disk_sync,
@@ -85,19 +88,21 @@ impl BlockManager {
         ) else {
             return;
         };
-        let evicted = sync.take_evicted();
-        if evicted.is_empty() {
+        let dropped = sync.take_dropped();
+        let forget = |keys: Vec<kvtier_core::BlockHash>| -> u64 {
+            keys.into_iter()
+                .filter(|k| !disk.contains(*k) && g3.remove_inactive(*k))
+                .count() as u64
+        };
+        let reclaimed = forget(dropped.evicted);
+        let lost = forget(dropped.lost);
+        if reclaimed + lost == 0 {
             return;
         }
-        let mut forgotten = 0;
-        for hash in evicted {
-            if !disk.contains(hash) && g3.remove_inactive(hash) {
-                forgotten += 1;
-            }
-        }
         let mut c = self.counters.lock();
-        c.reclaimed_by_disk += forgotten;
-        c.dropped += forgotten;
+        c.reclaimed_by_disk += reclaimed;
+        c.lost_by_disk += lost;
+        c.dropped += reclaimed + lost;
     }
 
     /// Deletes the objects of blocks that left G4, in the background (a

@@ -25,6 +25,8 @@ pub(crate) struct Counters {
     pub dropped: u64,
     /// Of those, G3 blocks the disk log reclaimed under the pool.
     pub reclaimed_by_disk: u64,
+    /// Of those, G3 blocks the pool held whose re-insertion failed.
+    pub lost_by_disk: u64,
     /// Blocks moved down a tier on demand or by watermark.
     pub offloaded: [u64; 4],
     /// Onboarded blocks that failed to arrive (source lost or corrupt).
@@ -69,9 +71,16 @@ pub struct ManagerStats {
     pub admission_refusals: u64,
     /// Blocks that left the hierarchy.
     pub dropped: u64,
-    /// Of those, G3 blocks the disk log reclaimed under the pool (its
-    /// region was reused and the block was not re-inserted).
+    /// Of those, G3 blocks the pool held that the disk log dropped by its
+    /// own choice when it reclaimed their region. Always 0: the log
+    /// re-inserts every block the pool holds (docs/disk-format.md, I22);
+    /// kept as the proof of that rule.
     pub reclaimed_by_disk: u64,
+    /// Of those, G3 blocks the pool held that the disk log could not
+    /// re-insert when it reclaimed their region (reading back failed, the
+    /// copy failed verification, or the write failed): misses, not
+    /// evictions.
+    pub lost_by_disk: u64,
     /// Onboarded blocks that did not arrive.
     pub onboard_failures: u64,
     /// Blocks whose bytes failed verification on the way.

@@ -58,8 +58,20 @@ pub fn disk_with(
         .prefix(prefix)
         .tempdir_in("/tmp")
         .expect("tempdir");
+    let tier = disk_in(t.path(), capacity, engine, layout);
+    (t, tier)
+}
+
+/// Opens (or, after a restart, recovers) the disk tier [`disk_with`] keeps
+/// under `root`.
+pub fn disk_in(
+    root: &std::path::Path,
+    capacity: u64,
+    engine: Arc<dyn IoEngine>,
+    layout: kvtier_disk::RegionLayout,
+) -> Arc<DiskTier> {
     let cfg = DiskTierConfig {
-        dirs: vec![t.path().join("d0")],
+        dirs: vec![root.join("d0")],
         capacity_per_dir: capacity,
         region_size: 1 << 20,
         geometry: geometry(),
@@ -75,6 +87,5 @@ pub fn disk_with(
         layout,
         prefill: false,
     };
-    let tier = DiskTier::open(cfg, engine).expect("disk tier");
-    (t, Arc::new(tier))
+    Arc::new(DiskTier::open(cfg, engine).expect("disk tier"))
 }
