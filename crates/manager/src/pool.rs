@@ -262,24 +262,29 @@ impl<L: PoolLock> BlockPool<L> {
     /// Handles for the longest prefix of `hashes` registered here (one
     /// lock for all; each a use, as [`acquire`](Self::acquire)).
     pub fn acquire_prefix(&self, hashes: &[BlockHash]) -> Vec<ImmutableBlock<L>> {
-        let now = self.now();
-        self.with_state(|s| {
-            hashes
-                .iter()
-                .map_while(|&h| Some(ImmutableBlock::new(self.clone(), s.acquire(h, now)?, h)))
-                .collect()
-        })
+        self.acquire_many(hashes, true)
     }
 
     /// Handles for every one of `hashes` registered here, in order, the
     /// others skipped (one lock for all; each a use).
     pub fn acquire_present(&self, hashes: &[BlockHash]) -> Vec<ImmutableBlock<L>> {
+        self.acquire_many(hashes, false)
+    }
+
+    /// Handles for `hashes` under one lock; a hash not registered ends the
+    /// run when `prefix`, else is skipped.
+    fn acquire_many(&self, hashes: &[BlockHash], prefix: bool) -> Vec<ImmutableBlock<L>> {
         let now = self.now();
         self.with_state(|s| {
-            hashes
-                .iter()
-                .filter_map(|&h| Some(ImmutableBlock::new(self.clone(), s.acquire(h, now)?, h)))
-                .collect()
+            let mut out = Vec::with_capacity(hashes.len());
+            for &h in hashes {
+                match s.acquire(h, now) {
+                    Some(slot) => out.push(ImmutableBlock::new(self.clone(), slot, h)),
+                    None if prefix => break,
+                    None => {}
+                }
+            }
+            out
         })
     }
 
