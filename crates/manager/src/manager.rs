@@ -85,8 +85,9 @@ pub struct BlockManager {
     /// [`publish_events`](Self::publish_events) returns only once every
     /// event recorded before the call is applied, even one a concurrent
     /// caller drained first. A pool slot freed by an eviction is reusable
-    /// at once, but its arena slot only once the event is applied.
-    applying: Mutex<()>,
+    /// at once, but its arena slot only once the event is applied. Holds
+    /// the drain buffer, whose memory is kept from one call to the next.
+    applying: Mutex<Vec<crate::pool::PoolEvent>>,
 }
 
 impl std::fmt::Debug for BlockManager {
@@ -182,7 +183,7 @@ impl BlockManager {
             arrivals: tokio::sync::Notify::new(),
             disk_sync,
             background: Mutex::new(Vec::new()),
-            applying: Mutex::new(()),
+            applying: Mutex::new(Vec::new()),
         })
     }
 

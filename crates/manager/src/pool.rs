@@ -105,6 +105,15 @@ pub enum PoolEvent {
     },
 }
 
+impl PoolEvent {
+    /// The block the event is about.
+    pub fn hash(&self) -> BlockHash {
+        match self {
+            Self::Stored { hash, .. } | Self::Removed { hash, .. } => *hash,
+        }
+    }
+}
+
 /// Counts of a pool's slots and operations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
@@ -250,16 +259,47 @@ impl<L: PoolLock> BlockPool<L> {
         Some(ImmutableBlock::new(self.clone(), slot, hash))
     }
 
-    /// Handles for the longest prefix of `hashes` registered here.
+    /// Handles for the longest prefix of `hashes` registered here (one
+    /// lock for all; each a use, as [`acquire`](Self::acquire)).
     pub fn acquire_prefix(&self, hashes: &[BlockHash]) -> Vec<ImmutableBlock<L>> {
-        let mut out = Vec::new();
-        for &h in hashes {
-            match self.acquire(h) {
-                Some(b) => out.push(b),
-                None => break,
+        self.acquire_many(hashes, true)
+    }
+
+    /// Handles for every one of `hashes` registered here, in order, the
+    /// others skipped (one lock for all; each a use).
+    pub fn acquire_present(&self, hashes: &[BlockHash]) -> Vec<ImmutableBlock<L>> {
+        self.acquire_many(hashes, false)
+    }
+
+    /// Handles for `hashes` under one lock; a hash not registered ends the
+    /// run when `prefix`, else is skipped.
+    fn acquire_many(&self, hashes: &[BlockHash], prefix: bool) -> Vec<ImmutableBlock<L>> {
+        let now = self.now();
+        self.with_state(|s| {
+            let mut out = Vec::with_capacity(hashes.len());
+            for &h in hashes {
+                match s.acquire(h, now) {
+                    Some(slot) => out.push(ImmutableBlock::new(self.clone(), slot, h)),
+                    None if prefix => break,
+                    None => {}
+                }
+            }
+            out
+        })
+    }
+
+    /// Drops `blocks` (handles of this pool), releasing the references
+    /// they were the last holders of under one lock rather than one each.
+    pub fn release_all(&self, blocks: impl IntoIterator<Item = ImmutableBlock<L>>) {
+        let mut last = Vec::new();
+        for b in blocks {
+            if let Some(slot) = b.into_last_reference(self) {
+                last.push(slot);
             }
         }
-        out
+        if !last.is_empty() {
+            self.with_state(|s| last.iter().for_each(|slot| s.release(*slot)));
+        }
     }
 
     /// How `hash` is present here, if at all.
@@ -302,6 +342,21 @@ impl<L: PoolLock> BlockPool<L> {
         self.with_state(|s| s.parent_of(hash))
     }
 
+    /// For each of `hashes`, the parent it was registered after and how it
+    /// is present here now (one lock for all): what applying its events
+    /// needs.
+    pub fn parents_and_presence(
+        &self,
+        hashes: &[BlockHash],
+    ) -> Vec<(Option<BlockHash>, Option<Presence>)> {
+        self.with_state(|s| {
+            hashes
+                .iter()
+                .map(|h| (s.parent_of(*h).flatten(), s.presence(*h)))
+                .collect()
+        })
+    }
+
     /// Pins a registered block: it is not evicted until unpinned as often.
     pub fn pin(&self, hash: BlockHash) -> Result<(), PoolError> {
         self.with_state(|s| s.set_pinned(hash, true))
@@ -323,6 +378,47 @@ impl<L: PoolLock> BlockPool<L> {
         let now = self.now();
         let slot = self.with_state(|s| s.begin_incoming(hash, parent, now))?;
         Ok(IncomingBlock::new(self.clone(), slot, hash))
+    }
+
+    /// [`begin_incoming`](Self::begin_incoming) (no parent) of each of
+    /// `hashes`, under one lock: one result per hash, in order.
+    pub fn begin_incoming_many(
+        &self,
+        hashes: impl IntoIterator<Item = BlockHash>,
+    ) -> Vec<Result<IncomingBlock<L>, PoolError>> {
+        let now = self.now();
+        self.with_state(|s| {
+            hashes
+                .into_iter()
+                .map(|h| {
+                    let slot = s.begin_incoming(h, None, now)?;
+                    Ok(IncomingBlock::new(self.clone(), slot, h))
+                })
+                .collect()
+        })
+    }
+
+    /// [`IncomingBlock::finish`] of each of `blocks` (guards of this
+    /// pool) with the handle it returns dropped at once, under one lock.
+    pub fn finish_all(&self, blocks: impl IntoIterator<Item = IncomingBlock<L>>) {
+        let mut slots = Vec::new();
+        for b in blocks {
+            match b.into_finishing(self) {
+                Ok(slot) => slots.push(slot),
+                Err(other) => drop(other.finish()),
+            }
+        }
+        if slots.is_empty() {
+            return;
+        }
+        let now = self.now();
+        self.with_state(|s| {
+            for &slot in &slots {
+                if s.finish_incoming(slot, now).is_some() {
+                    s.release(slot);
+                }
+            }
+        });
     }
 
     /// Marks the registered block `hash` as the source of a transfer: it is
@@ -353,6 +449,12 @@ impl<L: PoolLock> BlockPool<L> {
     /// Removes the inactive block `hash` (TTL expiry); whether it went.
     pub fn remove_inactive(&self, hash: BlockHash) -> bool {
         self.with_state(|s| s.remove_inactive(hash))
+    }
+
+    /// Removes each of `hashes` that is inactive (one lock for all); how
+    /// many went.
+    pub fn remove_inactive_many(&self, hashes: &[BlockHash]) -> usize {
+        self.with_state(|s| hashes.iter().filter(|h| s.remove_inactive(**h)).count())
     }
 
     /// Blocks the policy reports expired now (TTL policy only).
@@ -388,6 +490,12 @@ impl<L: PoolLock> BlockPool<L> {
     /// (recorded only with [`PoolConfig::record_events`]).
     pub fn drain_events(&self) -> Vec<PoolEvent> {
         self.with_state(|s| s.drain_events())
+    }
+
+    /// Moves the events recorded since the last drain to the end of `out`
+    /// (whose memory the caller keeps from one drain to the next).
+    pub fn drain_events_into(&self, out: &mut Vec<PoolEvent>) {
+        self.with_state(|s| s.drain_events_into(out));
     }
 
     /// Checks the pool's internal invariants; a description of the first

@@ -167,6 +167,18 @@ impl<L: PoolLock> Registry<L> {
             .collect()
     }
 
+    /// For each of `hashes`, the fastest tier where it is registered and
+    /// readable (one lock per pool for all).
+    pub fn fastest_ready(&self, hashes: &[BlockHash]) -> Vec<Option<Tier>> {
+        let mut fastest: Vec<Option<Tier>> = vec![None; hashes.len()];
+        // A slower tier may fill a gap a faster one left, so every pool sees
+        // every block not found yet.
+        for pool in self.pools() {
+            pool.fill_ready(hashes, &mut fastest);
+        }
+        fastest
+    }
+
     /// The tiers `hash` is being transferred into.
     pub fn in_flight(&self, hash: BlockHash) -> TierSet {
         self.pools()
@@ -179,12 +191,7 @@ impl<L: PoolLock> Registry<L> {
     /// with the fastest such tier for each block. Takes each pool's lock
     /// once. Does not count as a use of the blocks.
     pub fn match_prefix(&self, hashes: &[BlockHash]) -> PrefixMatch {
-        let mut fastest: Vec<Option<Tier>> = vec![None; hashes.len()];
-        // A slower tier may fill a gap a faster one left, so every pool sees
-        // every block not found yet.
-        for pool in self.pools() {
-            pool.fill_ready(hashes, &mut fastest);
-        }
+        let fastest = self.fastest_ready(hashes);
         let blocks = hashes
             .iter()
             .zip(fastest)

@@ -141,6 +141,18 @@ impl Inner {
     /// table.
     fn claim(self: &Arc<Self>, key: BlockHash) -> Reserve {
         let mut book = self.book.lock();
+        self.claim_locked(&mut book, key)
+    }
+
+    /// [`claim`](Self::claim) of each of `keys`, under one lock.
+    fn claim_many(self: &Arc<Self>, keys: impl IntoIterator<Item = BlockHash>) -> Vec<Reserve> {
+        let mut book = self.book.lock();
+        keys.into_iter()
+            .map(|key| self.claim_locked(&mut book, key))
+            .collect()
+    }
+
+    fn claim_locked(self: &Arc<Self>, book: &mut Book, key: BlockHash) -> Reserve {
         match book.claim(key) {
             Claim::Slot { slot, evicted } => {
                 if let Some(old) = evicted {
@@ -149,7 +161,6 @@ impl Inner {
                     tracing::trace!(evicted = %old, slot, "evicted to make room");
                 }
                 self.table.begin_fill(slot);
-                drop(book);
                 Reserve::Reserved(SlotReservation::new(Arc::clone(self), slot, key))
             }
             Claim::AlreadyPresent => Reserve::AlreadyPresent,
@@ -158,20 +169,36 @@ impl Inner {
     }
 
     /// Publishes a filled slot (no verification). Returns what happened.
-    pub(crate) fn publish(&self, slot: usize, key: BlockHash, sums: &BlockSums) -> PutOutcome {
-        let shared = Arc::new(sums.clone());
-        let len = self.layout.block_bytes;
-        // Hashed before taking the lock: it depends on nothing the lock guards.
-        let mac = self
-            .mac
-            .as_ref()
-            .map_or([0, 0], |m| m.compute(slot, key, len as u64, sums));
+    pub(crate) fn publish(&self, slot: usize, key: BlockHash, sums: Arc<BlockSums>) -> PutOutcome {
+        let mac = self.mac_of(slot, key, &sums);
         let mut book = self.book.lock();
-        if book.publish(slot, key, shared) {
-            self.table.publish(slot, key, len, sums, mac);
-            drop(book);
+        self.publish_locked(&mut book, slot, key, sums, mac)
+    }
+
+    /// The slot table's MAC of a block published in `slot` (zero without
+    /// a table key). Computed before taking the lock: it depends on
+    /// nothing the lock guards.
+    pub(crate) fn mac_of(&self, slot: usize, key: BlockHash, sums: &BlockSums) -> [u64; 2] {
+        let len = self.layout.block_bytes as u64;
+        self.mac
+            .as_ref()
+            .map_or([0, 0], |m| m.compute(slot, key, len, sums))
+    }
+
+    /// [`publish`](Self::publish) with the book locked and the MAC given.
+    pub(crate) fn publish_locked(
+        &self,
+        book: &mut Book,
+        slot: usize,
+        key: BlockHash,
+        sums: Arc<BlockSums>,
+        mac: [u64; 2],
+    ) -> PutOutcome {
+        let len = self.layout.block_bytes;
+        if book.publish(slot, key, Arc::clone(&sums)) {
+            self.table.publish(slot, key, len, &sums, mac);
             Counters::add(&self.counters.puts, 1);
-            Counters::add(&self.counters.bytes_in, self.layout.block_bytes as u64);
+            Counters::add(&self.counters.bytes_in, len as u64);
             PutOutcome::Stored
         } else {
             self.table.abandon_fill(slot);
@@ -442,6 +469,12 @@ impl MemoryTier {
         Ok(self.inner.claim(key))
     }
 
+    /// [`reserve`](Self::reserve) of each of `keys`, in order, under one
+    /// lock (a batch of a client's `Reserve`).
+    pub fn reserve_many(&self, keys: impl IntoIterator<Item = BlockHash>) -> Vec<Reserve> {
+        self.inner.claim_many(keys)
+    }
+
     /// Copies block `key` into `dst` (exactly `block_bytes` long), verifying
     /// every layer against the block's checksums as it copies.
     ///
@@ -500,6 +533,20 @@ impl MemoryTier {
         r
     }
 
+    /// [`get_ref`](Self::get_ref) of each of `keys`, in order, under one
+    /// lock: the references up to the first key not resident.
+    pub fn get_refs_prefix(&self, keys: impl IntoIterator<Item = BlockHash>) -> Vec<BlockRef> {
+        let mut book = self.inner.book.lock();
+        let refs: Vec<BlockRef> = keys
+            .into_iter()
+            .map_while(|k| book.acquire(k))
+            .map(|a| self.inner.block_ref(a))
+            .collect();
+        drop(book);
+        Counters::add(&self.inner.counters.hits, refs.len() as u64);
+        refs
+    }
+
     fn acquire(&self, key: BlockHash) -> Option<BlockRef> {
         let a = self.inner.book.lock().acquire(key)?;
         Some(self.inner.block_ref(a))
@@ -518,6 +565,27 @@ impl MemoryTier {
         tracing::warn!(key = %r.key(), slot = r.slot(), layer, removed, "memory tier block failed verification; dropped");
     }
 
+    /// The slot of each of `keys` that is resident, in order (one lock for
+    /// all; no reference taken, not a use).
+    pub fn slots_of(&self, keys: &[BlockHash]) -> Vec<Option<usize>> {
+        let book = self.inner.book.lock();
+        keys.iter().map(|k| book.slot_of(*k)).collect()
+    }
+
+    /// Removes each of `keys` as [`remove`](Self::remove) does, under one
+    /// lock; how many were resident.
+    pub fn remove_many(&self, keys: &[BlockHash]) -> usize {
+        let mut book = self.inner.book.lock();
+        let mut removed = 0;
+        for key in keys {
+            if let Some(slot) = book.remove(*key) {
+                self.inner.table.clear(slot);
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Whether block `key` is resident (does not count as a use).
     pub fn contains(&self, key: BlockHash) -> bool {
         self.inner.book.lock().contains(key)
@@ -531,14 +599,7 @@ impl MemoryTier {
     /// Removes block `key` (even if pinned). Its slot is reused only after
     /// every [`BlockRef`] to it is dropped. Returns whether it was resident.
     pub fn remove(&self, key: BlockHash) -> bool {
-        let mut book = self.inner.book.lock();
-        match book.remove(key) {
-            Some(slot) => {
-                self.inner.table.clear(slot);
-                true
-            }
-            None => false,
-        }
+        self.remove_many(&[key]) > 0
     }
 
     /// Takes a pin on block `key`: a pinned block is never evicted. Pins

@@ -715,3 +715,52 @@ fn commit_verified_publishes_but_still_refuses_inconsistent_sums() {
     assert_eq!(r.commit_verified(&sums(7)).unwrap(), PutOutcome::Stored);
     assert_eq!(get(&t, 7), Lookup::Hit);
 }
+
+/// The batch calls of the node's control path (`reserve_many`,
+/// `SlotReservation::commit_all`, `get_refs_prefix`, `BlockRef::release_all`,
+/// `remove_many`) keep the single calls' rules: a verified commit refuses
+/// bytes that do not match, inconsistent sums are refused either way, a
+/// released slot is reused only once the last reference is gone.
+#[test]
+fn batch_calls_keep_the_single_calls_rules() {
+    let t = tier("batch", 4);
+    let granted = t.reserve_many([1, 2, 3].map(BlockHash));
+    let mut slots = Vec::new();
+    for (k, r) in [1u128, 2, 3].into_iter().zip(granted) {
+        let Reserve::Reserved(mut slot) = r else {
+            panic!("block {k} not reserved: {r:?}");
+        };
+        slot.as_mut_slice().copy_from_slice(&block(k));
+        slots.push(slot);
+    }
+    // Block 2's bytes do not match its sums; block 3's sums are another
+    // key's.
+    slots[1].as_mut_slice()[0] ^= 0xff;
+    let batch = slots.into_iter().zip([sums(1), sums(2), sums(4)]).collect();
+    let out = kvtier_mem::SlotReservation::commit_all(batch, true);
+    assert!(matches!(out[0], Ok(PutOutcome::Stored)), "{out:?}");
+    assert!(
+        matches!(out[1], Err(MemError::ChecksumMismatch { .. })),
+        "{out:?}"
+    );
+    assert!(matches!(out[2], Err(MemError::BadSums { .. })), "{out:?}");
+    assert_eq!(get(&t, 1), Lookup::Hit);
+    assert_eq!(t.len(), 1, "only the good block is visible");
+    assert_eq!(t.free_blocks(), 3, "the refused slots are free again");
+
+    assert_eq!(put(&t, 5), PutOutcome::Stored);
+    let refs = t.get_refs_prefix([1, 5, 9, 1].map(BlockHash));
+    assert_eq!(
+        refs.iter().map(|r| r.key()).collect::<Vec<_>>(),
+        vec![BlockHash(1), BlockHash(5)],
+        "the prefix ends at the first block not resident"
+    );
+    assert_eq!(t.remove_many(&[1, 5, 9].map(BlockHash)), 2);
+    assert_eq!(t.free_blocks(), 2, "referenced slots stay taken");
+    assert!(
+        refs.iter().all(|r| r.verify()),
+        "a held slot keeps its bytes"
+    );
+    kvtier_mem::BlockRef::release_all(refs);
+    assert_eq!(t.free_blocks(), 4, "released under one lock: reusable");
+}

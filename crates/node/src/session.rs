@@ -37,8 +37,8 @@ struct Leased<T> {
 /// A block pinned for the client: the G2 pool handle keeps the manager
 /// from evicting it, the arena reference keeps the slot from being reused.
 struct Pin {
-    _block: ImmutableBlock,
-    _arena: BlockRef,
+    block: ImmutableBlock,
+    arena: BlockRef,
 }
 
 /// Where a block of a `Load` is in the arena when the answer goes out.
@@ -116,6 +116,40 @@ fn layer_ready(request_id: u64, layer: u32, sums: impl Iterator<Item = u64>) -> 
         layer,
         sums: sums.collect(),
     })
+}
+
+/// Client keys a [`KeyCache`] holds at most before it starts over.
+const KEY_CACHE_MAX: usize = 4096;
+
+/// The stored keys ([`KeyMap::stored`], a keyed BLAKE3 each: the largest
+/// per-key cost of a request) of the client keys one session named lately.
+/// A request mostly names the keys of the one before it (`Reserve`,
+/// `Commit` and `Remove` of a batch; `Load` and `Release`), so most are
+/// found here. One per session, filled from that session's own map only
+/// (emptied when its `Hello` sets the map), so no namespace sees
+/// another's keys. Bounded: emptied when full. Hashed with hashbrown's
+/// seeded foldhash, not SipHash: the lookup is the cost this saves, and a
+/// client that picks colliding keys slows only its own session.
+#[derive(Default)]
+struct KeyCache(hashbrown::HashMap<BlockHash, BlockHash>);
+
+impl KeyCache {
+    /// The stored key of client key `key` under `keys`.
+    fn stored(&mut self, keys: &KeyMap, key: BlockHash) -> BlockHash {
+        if let Some(stored) = self.0.get(&key) {
+            return *stored;
+        }
+        if self.0.len() >= KEY_CACHE_MAX {
+            self.0.clear();
+        }
+        let stored = keys.stored(key);
+        self.0.insert(key, stored);
+        stored
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// What the session loop does after a message.
@@ -374,6 +408,8 @@ struct Session {
     keys: Option<KeyMap>,
     /// What the `Hello` declared, for the node's commit observer.
     namespace: Option<Arc<SessionNamespace>>,
+    /// Stored keys of the client keys named lately.
+    key_cache: KeyCache,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
     pins: HashMap<BlockHash, Vec<Leased<Pin>>>,
     /// Pins held, every key's together (the pin cap's count).
@@ -392,6 +428,7 @@ impl Session {
             id,
             keys: None,
             namespace: None,
+            key_cache: KeyCache::default(),
             reservations: HashMap::new(),
             pins: HashMap::new(),
             pinned: 0,
@@ -539,6 +576,7 @@ impl Session {
         }
         let keys = self.node.key_map(&hello.namespace);
         self.keys = Some(keys);
+        self.key_cache.clear();
         self.namespace = Some(Arc::new(SessionNamespace {
             namespace: hello.namespace.clone(),
             instance: hello.instance.clone(),
@@ -598,7 +636,11 @@ impl Session {
         if let Some(refused) = self.refuse_oversized(r.request_id, r.keys.len()) {
             return refused;
         }
-        let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
+        let stored: Vec<BlockHash> = r
+            .keys
+            .iter()
+            .map(|k| self.key_cache.stored(&keys, *k))
+            .collect();
         match op(self, r.request_id, stored).await {
             Ok(replies) => replies,
             Err(e) => vec![error(r.request_id, ErrorCode::INTERNAL, e.to_string())],
@@ -629,6 +671,7 @@ impl Session {
         let memory = self.node.memory().clone();
         let c = &self.node.counters;
         let mut results = Vec::with_capacity(granted.len());
+        self.reservations.reserve(granted.len());
         for (key, g) in keys.into_iter().zip(granted) {
             results.push(match g {
                 HostReserve::Reserved(value) => {
@@ -665,10 +708,10 @@ impl Session {
             return refused;
         }
         let mut results = vec![CommitResult::NotReserved; c.entries.len()];
-        let mut batch = Vec::new();
-        let mut positions = Vec::new();
+        let mut batch = Vec::with_capacity(c.entries.len());
+        let mut positions = Vec::with_capacity(c.entries.len());
         for (i, entry) in c.entries.into_iter().enumerate() {
-            let key = keys.stored(entry.key);
+            let key = self.key_cache.stored(&keys, entry.key);
             if let Some(r) = self.reservations.remove(&key) {
                 batch.push((r.value, entry.sums));
                 positions.push((
@@ -738,7 +781,11 @@ impl Session {
         if let Some(refused) = refused {
             return wr.send(&refused).await;
         }
-        let stored: Vec<BlockHash> = r.keys.iter().map(|k| keys.stored(*k)).collect();
+        let stored: Vec<BlockHash> = r
+            .keys
+            .iter()
+            .map(|k| self.key_cache.stored(&keys, *k))
+            .collect();
         match self.load(r.request_id, stored, wr).await {
             Ok(()) => Ok(()),
             Err(LoadFailure::Write(e)) => Err(e),
@@ -786,6 +833,11 @@ impl Session {
             .begin_onboard(&keys)
             .await
             .map_err(LoadFailure::BeforeAnswer)?;
+        // Nothing arrives layer by layer (every block resident, or brought
+        // by another client): no places to look up.
+        if !onboarding.has_landings() {
+            return self.load_whole(id, keys.len(), onboarding, wr).await;
+        }
         let places = self.places(&onboarding);
         let arriving = places.iter().any(|p| matches!(p, Place::Arriving(..)));
         if arriving && places.len() == onboarding.planned().len() {
@@ -905,12 +957,10 @@ impl Session {
         let memory = self.node.memory();
         let layers = self.node.geometry().layers as usize;
         let until = Instant::now() + self.node.options().lease;
-        let mut out = Vec::with_capacity(blocks.len());
-        for (i, block) in blocks.into_iter().enumerate() {
-            // The prefix ends at the first block the arena cannot show.
-            let Some(arena) = memory.get_ref(block.hash()) else {
-                break;
-            };
+        // The prefix ends at the first block the arena cannot show.
+        let refs = memory.get_refs_prefix(blocks.iter().map(ImmutableBlock::hash));
+        let mut out = Vec::with_capacity(refs.len());
+        for (i, (block, arena)) in blocks.into_iter().zip(refs).enumerate() {
             let slot = arena_slot(memory, arena.slot());
             if slots.get(i).is_some_and(|announced| *announced != slot) {
                 break;
@@ -920,12 +970,9 @@ impl Session {
                 break;
             }
             out.push((slot, sums.clone()));
-            let pin = Pin {
-                _block: block,
-                _arena: arena,
-            };
+            let pin = Pin { block, arena };
             self.pins
-                .entry(pin._block.hash())
+                .entry(pin.block.hash())
                 .or_default()
                 .push(Leased { value: pin, until });
             self.pinned += 1;
@@ -944,17 +991,26 @@ impl Session {
         id: u64,
         keys: Vec<BlockHash>,
     ) -> Result<Vec<Message>, ManagerError> {
-        let mut released = 0u64;
+        let mut blocks = Vec::with_capacity(keys.len());
+        let mut refs = Vec::with_capacity(keys.len());
         for key in &keys {
             if let Some(pins) = self.pins.get_mut(key) {
-                if pins.pop().is_some() {
-                    released += 1;
+                if let Some(pin) = pins.pop() {
+                    blocks.push(pin.value.block);
+                    refs.push(pin.value.arena);
                 }
                 if pins.is_empty() {
                     self.pins.remove(key);
                 }
             }
         }
+        let released = blocks.len() as u64;
+        // The pool's references first, then the arena's, as a pin drops;
+        // each under one lock for the lot.
+        if let Some(pool) = blocks.first().map(|b| b.pool().clone()) {
+            pool.release_all(blocks);
+        }
+        BlockRef::release_all(refs);
         self.pinned -= released as usize;
         Counters::add(&self.counters().released, released);
         Ok(vec![ack(id)])

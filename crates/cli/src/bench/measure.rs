@@ -32,6 +32,18 @@ pub fn process_minor_faults() -> u64 {
     process_usage().map_or(0, |ru| ru.ru_minflt as u64)
 }
 
+/// Whether kvtier runs first in round `r`: odd rounds turn the order
+/// around, so drift between the sides falls on both. `bench store`: this
+/// VM's disk slows down under sustained load and recovers when idle, so a
+/// side that always followed fio's seconds of I/O would always meet the
+/// slower disk (measured: with fio always right before kvtier, 2 MiB reads
+/// came out at 0.55 of the baseline; without fio, 0.97, in the same hour).
+/// `bench node`: an idle vCPU halts, and the first round trip after a
+/// pause pays its wake-up.
+pub fn kvtier_first(r: u64) -> bool {
+    r % 2 == 1
+}
+
 /// Latency samples in nanoseconds.
 #[derive(Default, Clone)]
 pub struct Latencies(pub Vec<u64>);

@@ -10,9 +10,11 @@
 //! ([`wire`]): warm-up rounds until the clients have touched the arena
 //! slots they are given (a client maps the arena lazily, and a slot's first
 //! store in a process pays a page fault per 4 KiB page), then rounds of
-//! memcpy, store, load and remove, every worker running each phase at once; then the control round
-//! trips of 64 keys. The daemon's CPU per block is this process's CPU over
-//! a phase (it does nothing else meanwhile) divided by the blocks moved.
+//! memcpy, store, load and remove, every worker running each phase at
+//! once; then control rounds of round trips of 64 keys, each round the
+//! raw-socket baseline row and the daemon's rows in a rotated order. The
+//! daemon's CPU per block (or key) is this process's CPU over a phase (or
+//! row; it does nothing else meanwhile) divided by the blocks (keys) moved.
 //! By default it runs twice, with `manager.verify_commits` on and off: the
 //! difference is the daemon's checksum work.
 
@@ -32,9 +34,9 @@ use std::sync::Arc;
 use kvtier_core::{ByteSize, Geometry, IoEngineKind, ModelPreset};
 use kvtier_node::{Node, NodeConfig, NodeServer};
 
-use super::measure::process_cpu_time;
-use report::{Pass, PhaseTotals, Report, Round};
-use wire::{CONTROL_KEYS, Command, ControlResult, PhaseResult, Reply};
+use super::measure::{kvtier_first, process_cpu_time};
+use report::{ControlRound, Pass, PhaseTotals, Report, Round, RowRun};
+use wire::{CONTROL_KEYS, Command, ControlResult, ControlRow, PhaseResult, Reply};
 pub use worker::NodeWorkerArgs;
 
 /// Arguments of `kvtier bench node`.
@@ -52,9 +54,15 @@ pub struct NodeBenchArgs {
     /// Measured rounds of memcpy, store and load (after the warm-up).
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// Control round trips timed per operation and client.
+    /// Control round trips timed per operation and client (over all
+    /// control rounds).
     #[arg(long, default_value_t = 200)]
     samples: usize,
+    /// Control rounds: each times the raw-socket row and the daemon's rows
+    /// (in an order rotated per round), `--samples / --control-rounds`
+    /// round trips each.
+    #[arg(long, default_value_t = 10)]
+    control_rounds: usize,
     /// Model preset of the blocks (llama3-8b with 16 tokens: 2 MiB).
     #[arg(long, default_value = "llama3-8b")]
     preset: String,
@@ -98,6 +106,7 @@ struct Plan {
     batch: usize,
     rounds: usize,
     samples: usize,
+    control_rounds: usize,
     socket: Option<PathBuf>,
     verify: Vec<Option<bool>>,
     show: bool,
@@ -107,8 +116,8 @@ impl Plan {
     fn new(args: NodeBenchArgs) -> Result<Self> {
         ensure!(args.clients > 0, "--clients must be at least 1");
         ensure!(
-            args.rounds > 0 && args.samples > 0,
-            "--rounds and --samples must be positive"
+            args.rounds > 0 && args.samples > 0 && args.control_rounds > 0,
+            "--rounds, --samples and --control-rounds must be positive"
         );
         let (preset, tokens) = if args.quick {
             (ModelPreset::Tiny, 16)
@@ -132,10 +141,16 @@ impl Plan {
             batch: quick(args.batch, 4).max(1),
             rounds: quick(args.rounds, 2),
             samples: quick(args.samples, 10),
+            control_rounds: quick(args.control_rounds, 2),
             socket: args.socket,
             verify,
             show: !args.json,
         })
+    }
+
+    /// Round trips per control row, client and round.
+    fn samples_per_round(&self) -> usize {
+        self.samples.div_ceil(self.control_rounds)
     }
 
     /// Arena slots for every client's peak (its working set, or the
@@ -188,7 +203,8 @@ pub fn run(args: NodeBenchArgs) -> Result<()> {
         batch: plan.batch,
         rounds: plan.rounds,
         control_keys: CONTROL_KEYS,
-        samples_per_client: plan.samples,
+        samples_per_client: plan.samples_per_round() * plan.control_rounds,
+        control_rounds: plan.control_rounds,
         daemon_checksum_us_per_block: Report::checksum_cost(&passes),
         passes,
     };
@@ -243,12 +259,12 @@ fn run_pass(plan: &Plan, verify: Option<bool>) -> Result<Pass> {
         rounds.push(measure_round(&mut workers, daemon.is_some())?);
     }
     progress(plan, &format!("{label}: control round trips"));
-    let control = workers.control()?;
+    let control = control_rounds(plan, &mut workers, daemon.is_some())?;
     workers.exit()?;
     if let Some(d) = daemon {
         d.stop()?;
     }
-    Ok(Pass::new(verify, warmup_rounds, &rounds, control))
+    Ok(Pass::new(verify, warmup_rounds, &rounds, &control))
 }
 
 /// Warm-up rounds at most: enough for two clients to have touched every
@@ -294,6 +310,58 @@ fn measure_phase(workers: &mut Workers, cmd: Command, daemon: bool) -> Result<Ph
         })
         .collect::<Result<Vec<PhaseResult>>>()?;
     Ok(PhaseTotals::new(&results, daemon_cpu))
+}
+
+/// The control rounds: in each, the raw-socket row and the daemon's rows,
+/// the raw row first in even rounds and last in odd ones, the daemon's
+/// rows rotated by one per round, so no row always follows the same one.
+fn control_rounds(plan: &Plan, workers: &mut Workers, daemon: bool) -> Result<Vec<ControlRound>> {
+    workers.all(Command::ControlBegin)?;
+    let mut rounds = Vec::with_capacity(plan.control_rounds);
+    for r in 0..plan.control_rounds {
+        let mut order = ControlRow::DAEMON;
+        order.rotate_left(r % ControlRow::DAEMON.len());
+        let mut rows: Vec<ControlRow> = order.to_vec();
+        if kvtier_first(r as u64) {
+            rows.push(ControlRow::Raw);
+        } else {
+            rows.insert(0, ControlRow::Raw);
+        }
+        let mut round = ControlRound::default();
+        for row in rows {
+            round.push(measure_row(plan, workers, row, daemon)?);
+        }
+        rounds.push(round);
+    }
+    workers.all(Command::ControlEnd)?;
+    Ok(rounds)
+}
+
+/// One control row on every worker at once, with this process's CPU over
+/// it standing for the in-process daemon's.
+fn measure_row(
+    plan: &Plan,
+    workers: &mut Workers,
+    row: ControlRow,
+    daemon: bool,
+) -> Result<RowRun> {
+    let samples = plan.samples_per_round();
+    let cpu0 = process_cpu_time();
+    let replies = workers.all(Command::Control { row, samples })?;
+    let daemon_cpu = daemon.then(|| process_cpu_time().saturating_sub(cpu0));
+    let mut all = ControlResult::default();
+    for r in replies {
+        match r {
+            Reply::Control(c) => all.extend(c),
+            other => bail!("a worker answered {row:?} with {other:?}"),
+        }
+    }
+    Ok(RowRun {
+        row,
+        samples: all,
+        taken: samples * plan.clients,
+        daemon_cpu,
+    })
 }
 
 /// The in-process daemon: the node, its socket server, and the runtime
@@ -429,18 +497,6 @@ impl Workers {
                 .with_context(|| format!("sending {cmd:?} to worker {i}"))?;
         }
         (0..self.0.len()).map(|i| self.read(i)).collect()
-    }
-
-    /// Every worker's control samples, together.
-    fn control(&mut self) -> Result<ControlResult> {
-        let mut all = ControlResult::default();
-        for r in self.all(Command::Control)? {
-            match r {
-                Reply::Control(c) => all.extend(c),
-                other => bail!("a worker answered Control with {other:?}"),
-            }
-        }
-        Ok(all)
     }
 
     /// Tells every worker to leave and waits for it.

@@ -20,7 +20,7 @@ use kvtier_io::{AlignedBuf, DioAlignment, DmaSource, FileId, IoBatch, IoEngine, 
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
 
 use super::baseline::{self, CopyPattern, Pattern};
-use super::measure::{Case, Latencies, Rounds, Run, process_cpu_time};
+use super::measure::{Case, Latencies, Rounds, Run, kvtier_first, process_cpu_time};
 
 mod runs;
 
@@ -224,16 +224,6 @@ fn progress(show: bool, what: &str) {
     if show {
         eprintln!("  running {what} ...");
     }
-}
-
-/// Whether kvtier runs first in round `r`. Odd rounds turn the order
-/// around (kvtier, raw io_uring, fio instead of raw io_uring, fio, kvtier):
-/// this VM's disk slows down under sustained load and recovers when idle,
-/// so a side that always followed fio's seconds of I/O would always meet the
-/// slower disk. Measured: with fio always right before kvtier, 2 MiB reads
-/// came out at 0.55 of the baseline; without fio, 0.97, in the same hour.
-fn kvtier_first(r: u64) -> bool {
-    r % 2 == 1
 }
 
 /// What the read cases of one geometry share: the tier, the raw loop's

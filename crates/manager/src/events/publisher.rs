@@ -112,22 +112,33 @@ impl EventPublisher {
         Ok(Self { shared })
     }
 
+    /// [`emit`](Self::emit) of each of `events`, in order, under one lock.
+    pub fn emit_all(&self, events: impl IntoIterator<Item = KvEvent>) {
+        let mut pending = self.shared.pending.lock();
+        let mut wake = false;
+        for event in events {
+            if pending.closed {
+                pending.dropped += 1;
+                continue;
+            }
+            pending.events.push(event);
+            if pending.events.len() >= self.shared.config.max_batch_events {
+                self.shared.cut(&mut pending);
+            } else if pending.opened_at.is_none() {
+                pending.opened_at = Some(Instant::now());
+                wake = true;
+            }
+        }
+        drop(pending);
+        if wake {
+            self.shared.wake.notify_one();
+        }
+    }
+
     /// Adds one event to the open batch; cuts the batch when it is full.
     /// After [`close`](Self::close) the event is dropped and counted.
     pub fn emit(&self, event: KvEvent) {
-        let mut pending = self.shared.pending.lock();
-        if pending.closed {
-            pending.dropped += 1;
-            return;
-        }
-        pending.events.push(event);
-        if pending.events.len() >= self.shared.config.max_batch_events {
-            self.shared.cut(&mut pending);
-        } else if pending.opened_at.is_none() {
-            pending.opened_at = Some(Instant::now());
-            drop(pending);
-            self.shared.wake.notify_one();
-        }
+        self.emit_all(std::iter::once(event));
     }
 
     /// Cuts the open batch now, if it holds any event.

@@ -1,9 +1,11 @@
 //! Pool events to published [`KvEvent`]s, and the tiers' bytes kept in
 //! step with the pools.
 
+use kvtier_core::BlockHash;
+
 use crate::Tier;
 use crate::events::{BlockLocation, BlockRemoved, BlockStored, KvEvent};
-use crate::pool::PoolEvent;
+use crate::pool::{BlockPool, PoolEvent};
 
 use super::BlockManager;
 
@@ -12,65 +14,101 @@ impl BlockManager {
     /// removes the bytes of blocks that left G2, G3 or G4 from the arena,
     /// the disk or the remote store, and publishes the events.
     pub(crate) fn publish_events(&self) {
-        let _applying = self.applying.lock();
+        let mut events = self.applying.lock();
         self.forget_reclaimed();
         let mut remote_gone = Vec::new();
         for pool in self.registry.pools() {
-            let tier = pool.tier();
-            for event in pool.drain_events() {
-                match event {
-                    PoolEvent::Stored { hash, .. } => {
-                        let parent_hash = pool.parent_of(hash).flatten();
-                        let location = match tier {
-                            Tier::G1 => pool
-                                .slot_of(hash)
-                                .and_then(|slot| self.device_block(slot))
-                                .map(|id| BlockLocation::DeviceSlot {
-                                    slot: u64::from(id.0),
-                                }),
-                            Tier::G2 => self.tiers.memory.as_ref().and_then(|m| {
-                                m.get_ref(hash).map(|r| BlockLocation::ArenaSlot {
-                                    slot: r.slot() as u64,
-                                })
-                            }),
-                            Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
-                                uri: r.object_uri(hash),
-                            }),
-                            Tier::G3 => None,
-                        };
-                        self.counters.lock().stored_events[tier.index()] += 1;
-                        self.publisher.emit(KvEvent::Stored(BlockStored {
-                            block_hashes: vec![hash],
-                            parent_hash,
-                            tier,
-                            bytes: self.geometry.block_bytes(),
-                            location,
-                            token_ids: None,
-                            block_size: pool.tokens_per_block() as u32,
-                        }));
-                    }
-                    PoolEvent::Removed { hash, .. } => {
-                        // The bytes go only if the pool does not hold (or
-                        // receive) the block again by now: the pool is the
-                        // authority, the arena and the disk follow it.
-                        if pool.presence(hash).is_none() {
-                            if tier == Tier::G4 {
-                                remote_gone.push(hash);
-                            } else {
-                                self.forget_bytes(tier, hash);
-                            }
-                        }
-                        self.counters.lock().removed_events[tier.index()] += 1;
-                        self.publisher.emit(KvEvent::Removed(BlockRemoved {
-                            block_hashes: vec![hash],
-                            tier,
-                        }));
-                    }
-                }
+            events.clear();
+            pool.drain_events_into(&mut events);
+            if !events.is_empty() {
+                self.apply_events(pool, &events, &mut remote_gone);
             }
         }
+        events.clear();
         if !remote_gone.is_empty() {
             self.forget_remote(remote_gone);
+        }
+    }
+
+    /// Applies one pool's drained events in one pass: one lock of the
+    /// pool, the arena, the counters and the publisher for the lot.
+    /// Blocks of G4 whose bytes go are added to `remote_gone`.
+    fn apply_events(
+        &self,
+        pool: &BlockPool,
+        events: &[PoolEvent],
+        remote_gone: &mut Vec<BlockHash>,
+    ) {
+        let tier = pool.tier();
+        let hashes: Vec<BlockHash> = events.iter().map(PoolEvent::hash).collect();
+        let facts = pool.parents_and_presence(&hashes);
+        let arena_slots = match (&self.tiers.memory, tier) {
+            (Some(m), Tier::G2) => m.slots_of(&hashes),
+            _ => Vec::new(),
+        };
+        let mut gone = Vec::new();
+        let mut published = Vec::with_capacity(events.len());
+        let (mut stored, mut removed) = (0, 0);
+        for (i, (event, (parent_hash, presence))) in events.iter().zip(facts).enumerate() {
+            let hash = event.hash();
+            published.push(match event {
+                PoolEvent::Stored { .. } => {
+                    stored += 1;
+                    let arena_slot = arena_slots.get(i).copied().flatten();
+                    KvEvent::Stored(BlockStored {
+                        block_hashes: vec![hash],
+                        parent_hash,
+                        tier,
+                        bytes: self.geometry.block_bytes(),
+                        location: self.location(pool, hash, arena_slot),
+                        token_ids: None,
+                        block_size: pool.tokens_per_block() as u32,
+                    })
+                }
+                PoolEvent::Removed { .. } => {
+                    removed += 1;
+                    // The bytes go only if the pool does not hold (or
+                    // receive) the block again by now: the pool is the
+                    // authority, the arena and the disk follow it.
+                    if presence.is_none() {
+                        gone.push(hash);
+                    }
+                    KvEvent::Removed(BlockRemoved {
+                        block_hashes: vec![hash],
+                        tier,
+                    })
+                }
+            });
+        }
+        self.forget_bytes(tier, gone, remote_gone);
+        {
+            let mut c = self.counters.lock();
+            c.stored_events[tier.index()] += stored;
+            c.removed_events[tier.index()] += removed;
+        }
+        self.publisher.emit_all(published);
+    }
+
+    /// Where a block stored in `pool`'s tier is, for its event (G2: its
+    /// arena slot, looked up by the caller).
+    fn location(
+        &self,
+        pool: &BlockPool,
+        hash: BlockHash,
+        arena_slot: Option<usize>,
+    ) -> Option<BlockLocation> {
+        match pool.tier() {
+            Tier::G1 => pool
+                .slot_of(hash)
+                .and_then(|slot| self.device_block(slot))
+                .map(|id| BlockLocation::DeviceSlot {
+                    slot: u64::from(id.0),
+                }),
+            Tier::G2 => arena_slot.map(|slot| BlockLocation::ArenaSlot { slot: slot as u64 }),
+            Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
+                uri: r.object_uri(hash),
+            }),
+            Tier::G3 => None,
         }
     }
 
@@ -109,7 +147,7 @@ impl BlockManager {
     /// remote call must not stall the caller). A block stored into G4
     /// again before its delete runs keeps its object: each key is checked
     /// against the pool right before the delete is sent.
-    fn forget_remote(&self, keys: Vec<kvtier_core::BlockHash>) {
+    fn forget_remote(&self, keys: Vec<BlockHash>) {
         let (Some(remote), Some(pool)) = (self.tiers.remote.clone(), self.registry.pool(Tier::G4))
         else {
             return;
@@ -138,20 +176,25 @@ impl BlockManager {
         background.push(task);
     }
 
-    fn forget_bytes(&self, tier: Tier, hash: kvtier_core::BlockHash) {
+    /// Drops the bytes of `gone`, blocks that left `tier` (G4's are
+    /// deleted later, in the background: added to `remote_gone`).
+    fn forget_bytes(&self, tier: Tier, gone: Vec<BlockHash>, remote_gone: &mut Vec<BlockHash>) {
         match tier {
             Tier::G2 => {
                 if let Some(m) = &self.tiers.memory {
-                    m.remove(hash);
+                    m.remove_many(&gone);
                 }
             }
             Tier::G3 => {
                 if let Some(d) = &self.tiers.disk {
-                    d.remove(hash);
+                    for hash in gone {
+                        d.remove(hash);
+                    }
                 }
             }
+            Tier::G4 => remote_gone.extend(gone),
             // G1's device blocks belong to the pool's slots for good.
-            Tier::G1 | Tier::G4 => {}
+            Tier::G1 => {}
         }
     }
 }

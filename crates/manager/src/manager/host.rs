@@ -11,7 +11,7 @@ use kvtier_mem::{MemoryTier, PutOutcome, Reserve, SlotReservation};
 
 use super::{BlockManager, ManagerError};
 use crate::Tier;
-use crate::pool::{ImmutableBlock, IncomingBlock, PoolError};
+use crate::pool::{IncomingBlock, PoolError};
 
 /// A G2 slot reserved for one block the client fills: the pool's incoming
 /// guard (the hash is in flight: neither readable nor evictable, and a
@@ -84,15 +84,17 @@ impl BlockManager {
     /// result per key, in order.
     pub async fn reserve_host(&self, keys: &[BlockHash]) -> Result<Vec<HostReserve>, ManagerError> {
         let (pool, memory) = self.host_tier()?;
-        let new = keys
+        let new = self
+            .registry
+            .fastest_ready(keys)
             .iter()
-            .filter(|k| self.registry.residency(**k).is_empty())
+            .filter(|t| t.is_none())
             .count();
         let pool_slots: Vec<Result<IncomingBlock, HostReserve>> = self
             .take_with_room(
                 Tier::G2,
                 new,
-                || keys.iter().map(|&key| self.pool_slot(pool, key)).collect(),
+                || self.pool_slots(pool, keys),
                 |slots: &Vec<_>| slots.iter().any(|s| matches!(s, Err(HostReserve::NoSpace))),
             )
             .await;
@@ -100,30 +102,32 @@ impl BlockManager {
         // concurrent make_room) whose arena bytes are not forgotten yet:
         // apply such evictions first, so the arena has a slot for each.
         self.publish_events();
-        pool_slots
-            .into_iter()
-            .map(|slot| match slot {
-                Ok(incoming) => arena_slot(memory, incoming),
-                Err(answer) => Ok(answer),
-            })
-            .collect()
+        Ok(arena_slots(memory, pool_slots))
     }
 
-    /// A G2 pool slot for `key`, or why there is none.
-    fn pool_slot(
+    /// A G2 pool slot for each of `keys` no tier holds (one lock per pool
+    /// for all), or why there is none.
+    fn pool_slots(
         &self,
         pool: &crate::pool::BlockPool,
-        key: BlockHash,
-    ) -> Result<IncomingBlock, HostReserve> {
-        if !self.registry.residency(key).is_empty() {
-            return Err(HostReserve::AlreadyStored);
-        }
-        match pool.begin_incoming(key, None) {
-            Ok(incoming) => Ok(incoming),
-            Err(PoolError::InFlight(_)) => Err(HostReserve::InFlight),
-            Err(PoolError::AlreadyResident(_)) => Err(HostReserve::AlreadyStored),
-            Err(_) => Err(HostReserve::NoSpace),
-        }
+        keys: &[BlockHash],
+    ) -> Vec<Result<IncomingBlock, HostReserve>> {
+        let held = self.registry.fastest_ready(keys);
+        let fresh = keys.iter().zip(&held).filter(|(_, t)| t.is_none());
+        let mut taken = pool.begin_incoming_many(fresh.map(|(k, _)| *k)).into_iter();
+        held.iter()
+            .map(|t| {
+                if t.is_some() {
+                    return Err(HostReserve::AlreadyStored);
+                }
+                match taken.next() {
+                    Some(Ok(incoming)) => Ok(incoming),
+                    Some(Err(PoolError::InFlight(_))) => Err(HostReserve::InFlight),
+                    Some(Err(PoolError::AlreadyResident(_))) => Err(HostReserve::AlreadyStored),
+                    _ => Err(HostReserve::NoSpace),
+                }
+            })
+            .collect()
     }
 
     /// Makes filled reservations readable: each slot's bytes are checked
@@ -148,12 +152,12 @@ impl BlockManager {
         };
         let mut out = Vec::with_capacity(n);
         let mut stored = Vec::with_capacity(n);
+        let mut finished = Vec::with_capacity(n);
         for (incoming, outcome) in published {
             let key = incoming.hash();
             out.push(match outcome {
                 Ok(PutOutcome::Stored) => {
-                    let block: ImmutableBlock = incoming.finish();
-                    drop(block);
+                    finished.push(incoming);
                     stored.push(key);
                     HostCommit::Stored
                 }
@@ -168,6 +172,10 @@ impl BlockManager {
                     HostCommit::BadChecksum
                 }
             });
+        }
+        // Registered (and the handles dropped) under one pool lock.
+        if let Ok((pool, _)) = self.host_tier() {
+            pool.finish_all(finished);
         }
         self.copy_down(Tier::G2, &stored).await;
         self.publish_events();
@@ -205,7 +213,7 @@ impl BlockManager {
     pub fn remove(&self, keys: &[BlockHash]) -> usize {
         let mut dropped = 0;
         for pool in self.registry.pools() {
-            dropped += keys.iter().filter(|k| pool.remove_inactive(**k)).count();
+            dropped += pool.remove_inactive_many(keys);
         }
         self.publish_events();
         dropped
@@ -233,36 +241,47 @@ impl BlockManager {
     }
 }
 
-/// Publishes each filled slot in the arena: hashed against its sums first
-/// when `verify`, else with only the sums' consistency checked.
+/// Publishes each filled slot in the arena (one book lock for the batch):
+/// hashed against its sums first when `verify`, else with only the sums'
+/// consistency checked.
 fn publish_all(
     blocks: Vec<(HostReservation, BlockSums)>,
     verify: bool,
 ) -> Vec<(IncomingBlock, Result<PutOutcome, MemError>)> {
-    blocks
+    let (incoming, slots): (Vec<IncomingBlock>, Vec<(SlotReservation, BlockSums)>) = blocks
         .into_iter()
-        .map(|(HostReservation { incoming, slot }, sums)| {
-            let published = if verify {
-                slot.commit(&sums)
-            } else {
-                slot.commit_verified(&sums)
-            };
-            (incoming, published)
-        })
+        .map(|(HostReservation { incoming, slot }, sums)| (incoming, (slot, sums)))
+        .unzip();
+    incoming
+        .into_iter()
+        .zip(SlotReservation::commit_all(slots, verify))
         .collect()
 }
 
-/// An arena slot for the block `incoming` brings in.
-fn arena_slot(memory: &MemoryTier, incoming: IncomingBlock) -> Result<HostReserve, ManagerError> {
-    match memory.reserve(incoming.hash()) {
-        Ok(Reserve::Reserved(slot)) => {
-            Ok(HostReserve::Reserved(HostReservation { incoming, slot }))
-        }
-        // The pool did not know it but the arena does: the pool is the
-        // authority, so this is a copy left by another path; report it
-        // stored rather than writing it twice.
-        Ok(Reserve::AlreadyPresent) => Ok(HostReserve::AlreadyStored),
-        Ok(Reserve::Full) => Ok(HostReserve::NoSpace),
-        Err(e) => Err(ManagerError::Memory(e)),
-    }
+/// An arena slot for each block a pool slot was taken for (one book lock
+/// for the batch); the other answers as they are.
+fn arena_slots(
+    memory: &MemoryTier,
+    pool_slots: Vec<Result<IncomingBlock, HostReserve>>,
+) -> Vec<HostReserve> {
+    let keys = pool_slots
+        .iter()
+        .filter_map(|s| s.as_ref().ok().map(IncomingBlock::hash));
+    let mut arena = memory.reserve_many(keys).into_iter();
+    pool_slots
+        .into_iter()
+        .map(|slot| match slot {
+            Err(answer) => answer,
+            Ok(incoming) => match arena.next() {
+                Some(Reserve::Reserved(slot)) => {
+                    HostReserve::Reserved(HostReservation { incoming, slot })
+                }
+                // The pool did not know it but the arena does: the pool is
+                // the authority, so this is a copy left by another path;
+                // report it stored rather than writing it twice.
+                Some(Reserve::AlreadyPresent) => HostReserve::AlreadyStored,
+                Some(Reserve::Full) | None => HostReserve::NoSpace,
+            },
+        })
+        .collect()
 }

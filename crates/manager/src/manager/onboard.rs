@@ -119,6 +119,12 @@ impl Onboarding {
         self.landings.get(&hash)?.layer_sum(layer)
     }
 
+    /// Whether some block arrives in G2 layer by layer (has a
+    /// [`landing_slot`](Self::landing_slot)).
+    pub fn has_landings(&self) -> bool {
+        !self.landings.is_empty()
+    }
+
     /// Blocks being read into the target tier by this onboarding.
     pub fn loading(&self) -> usize {
         self.loads.iter().map(OnboardLoad::blocks).sum()
@@ -178,14 +184,16 @@ impl BlockManager {
         let prefix: Vec<BlockHash> = matched.blocks.iter().map(|b| b.hash).collect();
         // Protect the prefix while room is made: target blocks by handles,
         // lower copies by pins (dropped once the plan guards them).
-        let mut held = Vec::new();
+        let in_target: Vec<BlockHash> = matched
+            .blocks
+            .iter()
+            .filter(|b| b.tier == target)
+            .map(|b| b.hash)
+            .collect();
+        let held = top.acquire_present(&in_target);
         let mut pinned = Vec::new();
-        for b in &matched.blocks {
-            if b.tier == target {
-                if let Some(h) = top.acquire(b.hash) {
-                    held.push(h);
-                }
-            } else if let Some(p) = self.registry.pool(b.tier)
+        for b in matched.blocks.iter().filter(|b| b.tier != target) {
+            if let Some(p) = self.registry.pool(b.tier)
                 && p.pin(b.hash).is_ok()
             {
                 pinned.push((b.tier, b.hash));
@@ -212,7 +220,7 @@ impl BlockManager {
                 let _ = p.unpin(hash);
             }
         }
-        drop(held);
+        top.release_all(held);
         // The plan took target slots that an eviction (ours or a
         // concurrent one) may have freed in the pool only: apply those
         // evictions, so the arena has room for every transfer.
@@ -311,14 +319,8 @@ impl BlockManager {
             self.wait_arrival(hash).await;
         }
         self.forget_lost(&failed);
-        let mut blocks = Vec::with_capacity(planned.len());
-        for hash in planned {
-            match top.acquire(hash) {
-                Some(b) => blocks.push(b),
-                None => break,
-            }
-        }
-        drop(resident);
+        let blocks = top.acquire_prefix(&planned);
+        top.release_all(resident);
         self.publish_events();
         Ok(Onboarded { blocks, failed })
     }

@@ -101,7 +101,12 @@ impl Planner {
         };
         let target = top.tier();
         let moves_source = self.config.mode == CascadeMode::Exclusive;
-        for &hash in hashes {
+        // The leading run already in the target tier, under one lock.
+        let resident = top.acquire_prefix(hashes);
+        let rest = &hashes[resident.len()..];
+        plan.steps
+            .extend(resident.into_iter().map(OnboardStep::Resident));
+        for &hash in rest {
             if let Some(block) = top.acquire(hash) {
                 plan.steps.push(OnboardStep::Resident(block));
                 continue;

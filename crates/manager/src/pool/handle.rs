@@ -151,17 +151,22 @@ impl<L: PoolLock> std::error::Error for Rejected<L> {
     }
 }
 
-/// One reference held in the pool; dropping it releases the reference.
+/// One reference held in the pool; dropping it releases the reference
+/// (unless [`BlockPool::release_all`] took the release over).
 struct Reference<L: PoolLock> {
     pool: BlockPool<L>,
     slot: SlotId,
     hash: BlockHash,
+    /// Set when the caller releases the reference itself, in a batch.
+    released: bool,
 }
 
 impl<L: PoolLock> Drop for Reference<L> {
     fn drop(&mut self) {
-        let slot = self.slot;
-        self.pool.with_state(|s| s.release(slot));
+        if !self.released {
+            let slot = self.slot;
+            self.pool.with_state(|s| s.release(slot));
+        }
     }
 }
 
@@ -184,8 +189,25 @@ impl<L: PoolLock> ImmutableBlock<L> {
     /// Wraps a reference the pool already counted.
     pub(crate) fn new(pool: BlockPool<L>, slot: SlotId, hash: BlockHash) -> Self {
         Self {
-            reference: Arc::new(Reference { pool, slot, hash }),
+            reference: Arc::new(Reference {
+                pool,
+                slot,
+                hash,
+                released: false,
+            }),
         }
+    }
+
+    /// Drops this handle; when it held the last clone of a reference of
+    /// `pool`, returns its slot for the caller to release (the drop then
+    /// does not).
+    pub(crate) fn into_last_reference(self, pool: &BlockPool<L>) -> Option<SlotId> {
+        let mut r = Arc::into_inner(self.reference)?;
+        if !r.pool.same_pool(pool) {
+            return None;
+        }
+        r.released = true;
+        Some(r.slot)
     }
 
     /// The block's hash.

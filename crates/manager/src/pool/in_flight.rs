@@ -57,6 +57,19 @@ impl<L: PoolLock> IncomingBlock<L> {
     }
 }
 
+impl<L: PoolLock> IncomingBlock<L> {
+    /// Hands the finish over to `pool`'s [`finish_all`](BlockPool::finish_all):
+    /// the slot to finish, and the guard disarmed; the guard back when it
+    /// belongs to another pool.
+    pub(crate) fn into_finishing(mut self, pool: &BlockPool<L>) -> Result<SlotId, Self> {
+        if !self.pool.same_pool(pool) {
+            return Err(self);
+        }
+        self.finished = true;
+        Ok(self.slot)
+    }
+}
+
 impl<L: PoolLock> Drop for IncomingBlock<L> {
     fn drop(&mut self) {
         if !self.finished {

@@ -171,6 +171,10 @@ impl PoolState {
         std::mem::take(&mut self.events)
     }
 
+    pub(crate) fn drain_events_into(&mut self, out: &mut Vec<PoolEvent>) {
+        out.append(&mut self.events);
+    }
+
     // ---- allocation and eviction -------------------------------------
 
     /// Whether a registered block may be evicted now (rule 5).
@@ -237,47 +241,71 @@ impl PoolState {
     /// Takes `n` slots, evicting inactive blocks when no slot is free; all
     /// or nothing: fails without evicting when `n` cannot be had.
     pub(crate) fn allocate(&mut self, n: usize, now: u64) -> Result<Vec<SlotId>, PoolError> {
-        if self.free.len() < n {
-            let available = if self.config.evict_on_allocate {
-                self.available()
-            } else {
-                self.free.len()
-            };
-            if available < n {
-                return Err(PoolError::Exhausted {
-                    tier: self.tier,
-                    wanted: n,
-                    available,
-                });
-            }
-        }
+        self.check_available(n)?;
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
-            let slot = match self.free.pop() {
-                Some(s) => s,
-                // Counted above: the policy finds a victim for every missing
-                // slot, unless it lost track of a block (a bug); hand back
-                // what was taken rather than panic.
-                None => match self.evict_one(now) {
-                    Some(s) => s,
-                    None => {
-                        for s in out.drain(..) {
-                            self.slots[s as usize] = Slot::Free;
-                            self.free.push(s);
-                        }
-                        return Err(PoolError::Exhausted {
-                            tier: self.tier,
-                            wanted: n,
-                            available: self.free.len(),
-                        });
-                    }
-                },
+            let Some(slot) = self.take_slot(now) else {
+                for s in out.drain(..) {
+                    self.slots[s as usize] = Slot::Free;
+                    self.free.push(s);
+                }
+                return Err(self.exhausted(n));
             };
-            self.slots[slot as usize] = Slot::Mutable;
             out.push(slot);
         }
         self.stats.allocations += n as u64;
         Ok(out)
+    }
+
+    /// [`allocate`](Self::allocate) of one slot, without a `Vec` (the hot
+    /// path of every incoming block).
+    fn allocate_one(&mut self, now: u64) -> Result<SlotId, PoolError> {
+        self.check_available(1)?;
+        let slot = self.take_slot(now).ok_or_else(|| self.exhausted(1))?;
+        self.stats.allocations += 1;
+        Ok(slot)
+    }
+
+    /// Whether `n` slots can be had now (free, or by eviction when the
+    /// pool evicts on allocation).
+    fn check_available(&self, n: usize) -> Result<(), PoolError> {
+        if self.free.len() >= n {
+            return Ok(());
+        }
+        let available = if self.config.evict_on_allocate {
+            self.available()
+        } else {
+            self.free.len()
+        };
+        if available < n {
+            return Err(PoolError::Exhausted {
+                tier: self.tier,
+                wanted: n,
+                available,
+            });
+        }
+        Ok(())
+    }
+
+    /// A free slot, or one the policy evicts, made `Mutable`. Counted by
+    /// [`check_available`](Self::check_available): `None` only if the
+    /// policy lost track of a block (a bug), which callers report rather
+    /// than panic.
+    fn take_slot(&mut self, now: u64) -> Option<SlotId> {
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => self.evict_one(now)?,
+        };
+        self.slots[slot as usize] = Slot::Mutable;
+        Some(slot)
+    }
+
+    fn exhausted(&self, wanted: usize) -> PoolError {
+        PoolError::Exhausted {
+            tier: self.tier,
+            wanted,
+            available: self.free.len(),
+        }
     }
 
     /// Returns a mutable handle's slot.
@@ -398,7 +426,7 @@ impl PoolState {
             Some(Presence::Filling) => return Err(PoolError::InFlight(hash)),
             None => {}
         }
-        let slot = self.allocate(1, now)?[0];
+        let slot = self.allocate_one(now)?;
         self.slots[slot as usize] = Slot::Incoming { hash, parent };
         self.by_hash.insert(hash, slot);
         Ok(slot)

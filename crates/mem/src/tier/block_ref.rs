@@ -19,6 +19,9 @@ pub struct BlockRef {
     slot: usize,
     key: BlockHash,
     sums: Arc<BlockSums>,
+    /// Set when [`release_all`](Self::release_all) released the reference
+    /// with others under one lock, so the drop does not again.
+    released: bool,
 }
 
 impl BlockRef {
@@ -34,6 +37,27 @@ impl BlockRef {
             slot,
             key,
             sums,
+            released: false,
+        }
+    }
+
+    /// Drops `refs` (references into one tier), releasing them under one
+    /// lock of its book rather than one each.
+    pub fn release_all(refs: Vec<BlockRef>) {
+        let Some(inner) = refs.first().map(|r| Arc::clone(&r.inner)) else {
+            return;
+        };
+        let mut book = inner.book.lock();
+        for mut r in refs {
+            if Arc::ptr_eq(&r.inner, &inner) {
+                book.release(r.slot);
+                r.released = true;
+            } else {
+                // Another tier's (no caller mixes them): after this lock.
+                drop(book);
+                drop(r);
+                book = inner.book.lock();
+            }
         }
     }
 
@@ -92,6 +116,7 @@ impl Clone for BlockRef {
         Self {
             inner: Arc::clone(&self.inner),
             slot: self.slot,
+            released: false,
             key: self.key,
             sums: Arc::clone(&self.sums),
         }
@@ -100,7 +125,9 @@ impl Clone for BlockRef {
 
 impl Drop for BlockRef {
     fn drop(&mut self) {
-        self.inner.release(self.slot);
+        if !self.released {
+            self.inner.release(self.slot);
+        }
     }
 }
 

@@ -409,6 +409,11 @@ impl Book {
         self.index.contains_key(&key)
     }
 
+    /// The slot of resident `key` (not a use).
+    pub(crate) fn slot_of(&self, key: BlockHash) -> Option<usize> {
+        self.index.get(&key).map(|s| *s as usize)
+    }
+
     /// Resident keys, in no particular order.
     pub(crate) fn keys(&self) -> Vec<BlockHash> {
         self.index.keys().copied().collect()

@@ -83,7 +83,17 @@ impl SlotReservation {
     /// [`MemError::ChecksumMismatch`]: the slot is freed and the failure
     /// counted as corrupt. Unusable `sums` give [`MemError::BadSums`].
     pub fn commit(self, sums: &BlockSums) -> Result<PutOutcome> {
+        self.check(sums, true)?;
+        Ok(self.publish_unverified(sums))
+    }
+
+    /// Checks `sums` as [`commit`](Self::commit) does when `hash_bytes`,
+    /// else as [`commit_verified`](Self::commit_verified) does.
+    fn check(&self, sums: &BlockSums, hash_bytes: bool) -> Result<()> {
         self.inner.check_sums(self.key, sums)?;
+        if !hash_bytes {
+            return Ok(());
+        }
         let verdict = verify::verify(
             self.as_slice(),
             self.key,
@@ -95,7 +105,47 @@ impl SlotReservation {
             tracing::warn!(key = %self.key, layer, "reserved slot failed verification on commit");
             return Err(MemError::ChecksumMismatch { key: self.key });
         }
-        Ok(self.publish_unverified(sums))
+        Ok(())
+    }
+
+    /// Commits a batch: each reservation checked against its sums as
+    /// [`commit`](Self::commit) (`hash_bytes`) or
+    /// [`commit_verified`](Self::commit_verified) checks it, one by one,
+    /// then every block that passed published under one lock of its tier's
+    /// book. One result per reservation, in order.
+    pub fn commit_all(blocks: Vec<(Self, BlockSums)>, hash_bytes: bool) -> Vec<Result<PutOutcome>> {
+        let mut checked = Vec::with_capacity(blocks.len());
+        for (r, sums) in blocks {
+            let mac = r.inner.mac_of(r.slot, r.key, &sums);
+            checked.push(
+                r.check(&sums, hash_bytes)
+                    .map(|()| (r, Arc::new(sums), mac)),
+            );
+        }
+        let Some(inner) = checked
+            .iter()
+            .find_map(|c| c.as_ref().ok())
+            .map(|(r, ..)| Arc::clone(&r.inner))
+        else {
+            return checked
+                .into_iter()
+                .map(|c| c.map(|_| PutOutcome::Stored))
+                .collect();
+        };
+        let mut book = inner.book.lock();
+        checked
+            .into_iter()
+            .map(|c| {
+                let (mut r, sums, mac) = c?;
+                r.done = true;
+                Ok(if Arc::ptr_eq(&r.inner, &inner) {
+                    inner.publish_locked(&mut book, r.slot, r.key, sums, mac)
+                } else {
+                    // Another tier's slot (no caller mixes them): its own lock.
+                    r.inner.publish(r.slot, r.key, sums)
+                })
+            })
+            .collect()
     }
 
     /// Makes the block visible after checking that `sums` are consistent,
@@ -112,7 +162,8 @@ impl SlotReservation {
     /// vouches for the sums of bytes it just handed over).
     pub(crate) fn publish_unverified(mut self, sums: &BlockSums) -> PutOutcome {
         self.done = true;
-        self.inner.publish(self.slot, self.key, sums)
+        self.inner
+            .publish(self.slot, self.key, Arc::new(sums.clone()))
     }
 }
 

@@ -4,8 +4,8 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use super::wire::{ControlResult, PhaseResult};
-use crate::bench::measure::Latencies;
+use super::wire::{ControlResult, ControlRow, PhaseResult};
+use crate::bench::measure::{Latencies, median_min_max};
 
 /// One data phase of one round, over every worker.
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,22 +75,12 @@ pub struct Spread {
 
 impl Spread {
     /// The spread of `values` (all zero when empty).
-    pub fn of(mut values: Vec<f64>) -> Self {
-        if values.is_empty() {
-            return Self::default();
-        }
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        let median = if n % 2 == 1 {
-            values[n / 2]
-        } else {
-            (values[n / 2 - 1] + values[n / 2]) / 2.0
-        };
-        Self {
+    pub fn of(values: Vec<f64>) -> Self {
+        median_min_max(values).map_or_else(Self::default, |(median, min, max)| Self {
             median,
-            min: values[0],
-            max: values[n - 1],
-        }
+            min,
+            max,
+        })
     }
 
     fn over(rounds: &[Round], f: impl Fn(&Round) -> f64) -> Self {
@@ -119,25 +109,104 @@ impl PerPhase {
     }
 }
 
-/// Latency of one control operation over every worker's samples.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct OpLatency {
-    /// Median, microseconds.
-    pub p50_us: f64,
-    /// 99th percentile, microseconds.
-    pub p99_us: f64,
-    /// Round trips timed.
-    pub samples: usize,
+/// One control row of one round, over every worker.
+#[derive(Debug, Clone)]
+pub struct RowRun {
+    /// The row.
+    pub row: ControlRow,
+    /// Every worker's samples.
+    pub samples: ControlResult,
+    /// Samples timed, all workers together.
+    pub taken: usize,
+    /// This process's CPU over the row: the in-process daemon's (and, for
+    /// the raw row, the echo server's); `None` for an external daemon.
+    pub daemon_cpu: Option<Duration>,
 }
 
+/// The rows of one control round.
+#[derive(Debug, Clone, Default)]
+pub struct ControlRound(Vec<RowRun>);
+
+impl ControlRound {
+    /// Adds a measured row.
+    pub fn push(&mut self, run: RowRun) {
+        self.0.push(run);
+    }
+
+    fn row(&self, row: ControlRow) -> Option<&RowRun> {
+        self.0.iter().find(|r| r.row == row)
+    }
+}
+
+/// One control series (a row, or a part of one) over every round.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct OpLatency {
+    /// Each round's median (all workers' samples), then their median,
+    /// min and max over rounds; microseconds.
+    pub p50_us: Spread,
+    /// 99th percentile of every round's samples together, microseconds.
+    pub p99_us: f64,
+    /// Round trips timed, all rounds and workers.
+    pub samples: usize,
+    /// The daemon's CPU per sample of the row (its requests: see
+    /// [`ControlRow::requests`]), per round; microseconds (for the raw row:
+    /// the echo server's). `None` for an external daemon and for a part of
+    /// a row.
+    pub daemon_cpu_us_per_sample: Option<Spread>,
+    /// The same per key moved (rows of keys only).
+    pub daemon_cpu_us_per_key: Option<Spread>,
+    /// Per key, less the same round's floor (its CPU per empty `Lookup`)
+    /// for each request of the sample: the work the keys cost beyond the
+    /// round trips themselves.
+    pub daemon_cpu_us_per_key_over_floor: Option<Spread>,
+}
+
+/// A series of the control table: its row and where its samples are.
+type Series = (ControlRow, fn(&ControlResult) -> &Vec<u64>);
+
 impl OpLatency {
-    fn of(ns: Vec<u64>) -> Self {
-        let samples = ns.len();
-        let mut lat = Latencies(ns);
+    /// The series over `rounds`; `whole` when it is its row's own (the
+    /// row's CPU is its, not shared with another series).
+    fn of(rounds: &[ControlRound], (row, pick): Series, whole: bool) -> Self {
+        let runs: Vec<(&RowRun, Option<&RowRun>)> = rounds
+            .iter()
+            .filter_map(|r| Some((r.row(row)?, r.row(ControlRow::Floor))))
+            .collect();
+        let p50 = runs
+            .iter()
+            .map(|(r, _)| Latencies(pick(&r.samples).clone()).percentile_us(50.0))
+            .collect();
+        let mut all = Latencies(
+            runs.iter()
+                .flat_map(|(r, _)| pick(&r.samples))
+                .copied()
+                .collect(),
+        );
+        // Microseconds of CPU per sample, less `floor` requests' worth.
+        let cpu = |less_floor: bool, per_key: bool| {
+            let values: Option<Vec<f64>> = runs
+                .iter()
+                .map(|(r, floor)| {
+                    let mut us = r.daemon_cpu?.as_secs_f64() * 1e6 / r.taken.max(1) as f64;
+                    if less_floor {
+                        let f = (*floor)?;
+                        let f_us = f.daemon_cpu?.as_secs_f64() * 1e6 / f.taken.max(1) as f64;
+                        us -= f_us * row.requests() as f64;
+                    }
+                    Some(if per_key { us / row.keys() as f64 } else { us })
+                })
+                .collect();
+            values
+                .filter(|_| whole && (!per_key || row.keys() > 0))
+                .map(Spread::of)
+        };
         Self {
-            p50_us: lat.percentile_us(50.0),
-            p99_us: lat.percentile_us(99.0),
-            samples,
+            p50_us: Spread::of(p50),
+            p99_us: all.percentile_us(99.0),
+            samples: all.0.len(),
+            daemon_cpu_us_per_sample: cpu(false, false),
+            daemon_cpu_us_per_key: cpu(false, true),
+            daemon_cpu_us_per_key_over_floor: cpu(true, true),
         }
     }
 }
@@ -158,9 +227,11 @@ pub struct Control {
     /// `Commit` of them, filled (with `verify_commits` the daemon hashes
     /// every byte here).
     pub commit: OpLatency,
-    /// `Reserve` + `Commit`, the fill between them excluded.
+    /// `Reserve` + `Commit`, the fill between them excluded; its CPU covers
+    /// the `Remove` of the keys after each.
     pub reserve_commit: OpLatency,
-    /// `Load` of resident keys, to the last `LayerReady`.
+    /// `Load` of resident keys, to the last `LayerReady`; its CPU covers
+    /// the `Release` after each.
     pub load: OpLatency,
     /// `Release` of them.
     pub release: OpLatency,
@@ -169,18 +240,20 @@ pub struct Control {
 }
 
 impl Control {
-    /// Percentiles of every worker's samples together.
-    pub fn new(c: ControlResult) -> Self {
+    /// Every series over the rounds.
+    pub fn new(rounds: &[ControlRound]) -> Self {
+        use ControlRow::{Floor, Load, Lookup, Raw, ReserveCommit};
+        let of = |s: Series, whole| OpLatency::of(rounds, s, whole);
         Self {
-            raw: OpLatency::of(c.raw),
-            floor: OpLatency::of(c.floor),
-            lookup: OpLatency::of(c.lookup),
-            reserve: OpLatency::of(c.reserve),
-            commit: OpLatency::of(c.commit),
-            reserve_commit: OpLatency::of(c.reserve_commit),
-            load: OpLatency::of(c.load),
-            release: OpLatency::of(c.release),
-            load_release: OpLatency::of(c.load_release),
+            raw: of((Raw, |c| &c.raw), true),
+            floor: of((Floor, |c| &c.floor), true),
+            lookup: of((Lookup, |c| &c.lookup), true),
+            reserve: of((ReserveCommit, |c| &c.reserve), false),
+            commit: of((ReserveCommit, |c| &c.commit), false),
+            reserve_commit: of((ReserveCommit, |c| &c.reserve_commit), true),
+            load: of((Load, |c| &c.load), true),
+            release: of((Load, |c| &c.release), false),
+            load_release: of((Load, |c| &c.load_release), false),
         }
     }
 
@@ -239,7 +312,7 @@ impl Pass {
         verify_commits: Option<bool>,
         warmup_rounds: usize,
         rounds: &[Round],
-        control: ControlResult,
+        control: &[ControlRound],
     ) -> Self {
         let ratio = |a: &PhaseTotals, b: &PhaseTotals| a.mb_s() / b.mb_s().max(1e-9);
         let daemon = |p: &PhaseTotals| p.daemon_cpu.map_or(0.0, |d| p.per_block_us(d));
@@ -286,6 +359,8 @@ pub struct Report {
     pub control_keys: usize,
     /// Control round trips timed per operation and client.
     pub samples_per_client: usize,
+    /// Control rounds the round trips were spread over.
+    pub control_rounds: usize,
     /// One pass per daemon configuration.
     pub passes: Vec<Pass>,
     /// Daemon CPU per stored block with commit verification on, less with
@@ -384,15 +459,31 @@ fn print_pass(p: &Pass) {
             f.median
         );
     }
-    println!("control round trips of {} keys:", super::wire::CONTROL_KEYS);
     println!(
-        "  {:<16} {:>10} {:>10} {:>8}",
-        "op", "p50 us", "p99 us", "samples"
+        "control round trips of {} keys (p50: median [min .. max] of the rounds' medians):",
+        super::wire::CONTROL_KEYS
     );
+    println!(
+        "  {:<22} {:>28} {:>10} {:>8} {:>26} {:>22} {:>22}",
+        "op",
+        "p50 us",
+        "p99 us",
+        "samples",
+        "daemon CPU us/sample",
+        "daemon CPU us/key",
+        "us/key over floor"
+    );
+    let cell = |s: Option<Spread>, d| s.map_or("-".into(), |s| spread(s, d));
     for (name, l) in p.control.rows() {
         println!(
-            "  {:<16} {:>10.1} {:>10.1} {:>8}",
-            name, l.p50_us, l.p99_us, l.samples
+            "  {:<22} {:>28} {:>10.1} {:>8} {:>26} {:>22} {:>22}",
+            name,
+            spread(l.p50_us, 1),
+            l.p99_us,
+            l.samples,
+            cell(l.daemon_cpu_us_per_sample, 1),
+            cell(l.daemon_cpu_us_per_key, 2),
+            cell(l.daemon_cpu_us_per_key_over_floor, 2)
         );
     }
 }

@@ -21,8 +21,17 @@ pub enum Command {
     Load,
     /// Remove the stored blocks (untimed; makes the next store a store).
     Remove,
-    /// Time the control round trips of [`CONTROL_KEYS`] keys.
-    Control,
+    /// Store the resident blocks the control rows look up and load.
+    ControlBegin,
+    /// Time `samples` round trips of one control row.
+    Control {
+        /// The row.
+        row: ControlRow,
+        /// Round trips to time.
+        samples: usize,
+    },
+    /// Remove the resident blocks.
+    ControlEnd,
     /// Leave.
     Exit,
 }
@@ -37,8 +46,56 @@ pub enum Reply {
     Phase(PhaseResult),
     /// The blocks were removed.
     Removed,
+    /// The resident blocks are stored (or removed).
+    ControlReady,
     /// Latencies of the control round trips.
     Control(ControlResult),
+}
+
+/// One row of the control table: a kind of round trip of [`CONTROL_KEYS`]
+/// keys (or none), timed `samples` times in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlRow {
+    /// A raw Unix-socket round trip with the parent: the baseline.
+    Raw,
+    /// `Lookup` of no keys.
+    Floor,
+    /// `Lookup` of the resident keys.
+    Lookup,
+    /// `Reserve` + `Commit` of new keys (filled between, then removed).
+    ReserveCommit,
+    /// `Load` of the resident keys, then `Release`.
+    Load,
+}
+
+impl ControlRow {
+    /// The daemon's rows, in the order of round 0 (rotated per round).
+    pub const DAEMON: [ControlRow; 4] = [
+        ControlRow::Floor,
+        ControlRow::Lookup,
+        ControlRow::ReserveCommit,
+        ControlRow::Load,
+    ];
+
+    /// Keys per sample of this row (the raw row and the floor carry none).
+    pub fn keys(self) -> usize {
+        match self {
+            ControlRow::Raw | ControlRow::Floor => 0,
+            _ => CONTROL_KEYS,
+        }
+    }
+
+    /// Requests to the daemon per sample: `Reserve`, `Commit` and the
+    /// `Remove` after them; `Load` and its `Release`.
+    pub fn requests(self) -> usize {
+        match self {
+            ControlRow::Raw => 0,
+            ControlRow::Floor | ControlRow::Lookup => 1,
+            ControlRow::ReserveCommit => 3,
+            ControlRow::Load => 2,
+        }
+    }
 }
 
 /// What one worker measured over one data phase.

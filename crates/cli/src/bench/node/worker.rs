@@ -17,7 +17,7 @@ use kvtier_io::AlignedBuf;
 use kvtier_protocol::KeyMap;
 
 use super::echo::EchoClient;
-use super::wire::{CONTROL_KEYS, Command, ControlResult, PhaseResult, Reply};
+use super::wire::{CONTROL_KEYS, Command, ControlResult, ControlRow, PhaseResult, Reply};
 use crate::bench::measure::{process_cpu_time, process_minor_faults};
 
 /// Arguments of the hidden `kvtier bench node-worker`, set by the parent.
@@ -93,7 +93,12 @@ pub fn run(args: NodeWorkerArgs) -> Result<()> {
             Command::Store => Reply::Phase(worker.store()?),
             Command::Load => Reply::Phase(worker.load()?),
             Command::Remove => worker.remove().map(|()| Reply::Removed)?,
-            Command::Control => Reply::Control(worker.control()?),
+            Command::ControlBegin => worker.store_resident().map(|()| Reply::ControlReady)?,
+            Command::Control { row, samples } => Reply::Control(worker.control(row, samples)?),
+            Command::ControlEnd => {
+                worker.client.remove(&worker.resident)?;
+                Reply::ControlReady
+            }
             Command::Exit => break,
         };
         reply(&mut out, &answer)?;
@@ -121,10 +126,9 @@ struct Worker {
     keys: Vec<BlockHash>,
     /// Keys kept resident for the `Lookup` and `Load` round trips.
     resident: Vec<BlockHash>,
-    /// First key of the new blocks the `Reserve` round trips store.
+    /// First key of the next new blocks a `Reserve` round trip stores.
     fresh_base: u128,
     batch: usize,
-    samples: usize,
     layers: u32,
 }
 
@@ -167,7 +171,6 @@ impl Worker {
             resident: range(2, CONTROL_KEYS).collect(),
             fresh_base: base | 3 << 64,
             batch: args.batch,
-            samples: args.samples,
             layers: args.layers,
         })
     }
@@ -227,22 +230,19 @@ impl Worker {
         Ok(())
     }
 
-    /// Times `samples` rounds of: a raw socket round trip (the baseline),
-    /// a `Lookup` of no keys (the protocol's round trip itself), `Lookup` of the resident keys, `Load`
-    /// and `Release` of them, `Reserve` and `Commit` of new keys (filled
-    /// between the two, untimed, then removed). Interleaved, so drift falls
-    /// on every operation alike.
-    fn control(&mut self) -> Result<ControlResult> {
-        self.store_resident()?;
+    /// Times `samples` round trips of `row`, one after the other (the
+    /// parent measures the daemon's CPU over them and rotates the rows).
+    fn control(&mut self, row: ControlRow, samples: usize) -> Result<ControlResult> {
         let mut out = ControlResult::default();
-        for round in 0..self.samples {
-            self.time_raw(&mut out)?;
-            self.time_floor(&mut out)?;
-            self.time_lookup(&mut out)?;
-            self.time_load_release(&mut out)?;
-            self.time_reserve_commit(round, &mut out)?;
+        for _ in 0..samples {
+            match row {
+                ControlRow::Raw => self.time_raw(&mut out)?,
+                ControlRow::Floor => self.time_floor(&mut out)?,
+                ControlRow::Lookup => self.time_lookup(&mut out)?,
+                ControlRow::ReserveCommit => self.time_reserve_commit(&mut out)?,
+                ControlRow::Load => self.time_load_release(&mut out)?,
+            }
         }
-        self.client.remove(&self.resident)?;
         Ok(out)
     }
 
@@ -306,8 +306,9 @@ impl Worker {
         Ok(())
     }
 
-    fn time_reserve_commit(&mut self, round: usize, out: &mut ControlResult) -> Result<()> {
-        let first = self.fresh_base + (round * CONTROL_KEYS) as u128;
+    fn time_reserve_commit(&mut self, out: &mut ControlResult) -> Result<()> {
+        let first = self.fresh_base;
+        self.fresh_base += CONTROL_KEYS as u128;
         let keys: Vec<BlockHash> = (0..CONTROL_KEYS as u128)
             .map(|j| BlockHash(first + j))
             .collect();
