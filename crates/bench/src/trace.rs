@@ -6,16 +6,27 @@
 //! request's timestamp):
 //!
 //! 0. [`BlockManager::step`] runs (TTL expiry, watermark pre-offload);
-//! 1. its prefix is looked up and onboarded to G1 (G2 / G3 blocks read
-//!    layer by layer through the scheduler, room made in G1 first);
+//! 1. its prefix is looked up and onboarded to G2, the node's top tier
+//!    (G3 / G4 blocks read layer by layer into reserved arena slots
+//!    through the scheduler, room made in G2 first), as the node daemon
+//!    does for a client's `Load`;
 //! 2. the engine "computes" layer by layer: the bench waits for each layer
 //!    and reports the layer's modelled prefill time (the `kvtier_sim::model`
 //!    prefill cost of the modelled GPU for the request's new tokens after
 //!    its cached ones, split evenly over the layers) to the scheduler;
-//! 3. every onboarded block's device bytes are compared with the bytes it
-//!    was stored with (the tiers also verify checksums on every read);
-//! 4. the blocks after the prefix are written to fresh device blocks and
-//!    registered in G1.
+//! 3. every onboarded block's arena bytes are read back (verified against
+//!    its checksums) and compared with the bytes it was stored with;
+//! 4. the blocks after the prefix are stored as an engine stores them
+//!    through the node: one reservation for the request's whole chain
+//!    ([`BlockManager::reserve_host`]: the prefix the node holds is
+//!    answered `AlreadyStored`, and each block's parent is the key before
+//!    it), the granted slots filled, one commit
+//!    ([`BlockManager::commit_host`]).
+//!
+//! This is the path the node daemon runs: G2 on top, no device. The
+//! engine's own GPU prefix cache sits in front of the node and is not
+//! modelled here (nor by the node); requests are cut to G2's size, so one
+//! request's blocks fit the top tier.
 //!
 //! The geometry is small (`layers` x `layer_bytes`) so that a whole trace
 //! fits this machine; hit rates do not depend on it, bytes do. The TTFTs
@@ -30,7 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_arena::MemError;
-use kvtier_core::{BlockHash, CoreError, Geometry, ModelPreset, RegionEvictionKind};
+use kvtier_core::{BlockHash, CoreError, Geometry, Lookup, ModelPreset, RegionEvictionKind};
 use kvtier_disk::{DiskError, DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::PsyncEngine;
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
@@ -40,9 +51,8 @@ use kvtier_sim::trace::{self, TraceError};
 use serde::Serialize;
 
 use kvtier_manager::admission::AdmissionConfig;
-use kvtier_manager::device::{HostDevice, HostDeviceOptions};
 use kvtier_manager::manager::{
-    BlockManager, ManagerConfig, ManagerError, ManagerStats, ManagerTiers,
+    BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerStats, ManagerTiers,
 };
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::policy::{PolicyConfig, PolicyKind};
@@ -67,9 +77,8 @@ pub struct TraceBenchConfig {
     /// Bytes per layer of a block (a multiple of 4096 for the disk's direct
     /// I/O). Default: 4096.
     pub layer_bytes: u64,
-    /// G1 blocks (the device pool). Default: 256.
-    pub g1_blocks: usize,
-    /// G2 blocks; 0 for no G2 (then no G3 either). Default: 1024.
+    /// G2 blocks, the top tier (at least one; requests are cut to this
+    /// size). Default: 1024.
     pub g2_blocks: usize,
     /// G3 blocks; 0 for no G3. Default: 4096.
     pub g3_blocks: usize,
@@ -118,7 +127,6 @@ impl Default for TraceBenchConfig {
             requests: None,
             layers: 4,
             layer_bytes: 4096,
-            g1_blocks: 256,
             g2_blocks: 1024,
             g3_blocks: 4096,
             g3_log_factor: 4,
@@ -186,15 +194,15 @@ pub struct TraceBenchReport {
     pub settings: String,
     /// Requests served.
     pub requests: usize,
-    /// Blocks of those requests (after truncation to G1).
+    /// Blocks of those requests (after truncation to G2).
     pub blocks: u64,
-    /// Blocks cut from requests longer than G1.
+    /// Blocks cut from requests longer than G2.
     pub truncated_blocks: u64,
     /// Per tier, the blocks of matched prefixes it served.
     pub hits: Vec<(Tier, u64)>,
     /// Blocks no tier held (after the prefix).
     pub misses: u64,
-    /// Onboarded blocks whose device bytes differed from what was stored,
+    /// Onboarded blocks whose arena bytes differed from what was stored,
     /// plus blocks the tiers reported corrupt. Must be 0.
     pub verify_failures: u64,
     /// Onboarded blocks that did not arrive (recomputed instead).
@@ -224,7 +232,7 @@ pub struct DiskReads {
     pub read_runs: u64,
     /// Layer pieces read from layer-major lives (alone or in runs).
     pub layer_pieces: u64,
-    /// Block-layers moved from disk to the device (`disk2d`'s blocks: a
+    /// Block-layers moved from disk to G2 (`disk2h`'s blocks: a
     /// layer-wise load counts each block once per layer).
     pub block_layers: u64,
     /// `read_ios / block_layers` (0 when nothing was loaded).
@@ -270,13 +278,12 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
             ..PoolConfig::default()
         }
     };
-    let g2 = (config.g2_blocks > 0).then(|| pool(config.g2_blocks));
-    let g3 = (config.g2_blocks > 0 && config.g3_blocks > 0).then(|| pool(config.g3_blocks));
-    let g4 = (config.g2_blocks > 0 && config.g4_blocks > 0).then(|| pool(config.g4_blocks));
+    let g3 = (config.g3_blocks > 0).then(|| pool(config.g3_blocks));
+    let g4 = (config.g4_blocks > 0).then(|| pool(config.g4_blocks));
     ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: Some(pool(config.g1_blocks)),
-            g2,
+            g1: None,
+            g2: Some(pool(config.g2_blocks)),
             g3,
             g4,
             placement: PlacementConfig {
@@ -295,8 +302,7 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
 
 /// The tiers of a run and what must outlive them.
 struct BenchTiers {
-    device: Arc<HostDevice>,
-    memory: Option<MemoryTier>,
+    memory: MemoryTier,
     disk: Option<Arc<DiskTier>>,
     remote: Option<Arc<RemoteTier>>,
     _tempdir: Option<tempfile::TempDir>,
@@ -305,12 +311,7 @@ struct BenchTiers {
 fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, TraceBenchError> {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let block_bytes = g.block_bytes();
-    let device = Arc::new(HostDevice::new(
-        g,
-        config.g1_blocks,
-        HostDeviceOptions::default(),
-    ));
-    let memory = if config.g2_blocks > 0 {
+    let memory = {
         // The G2 pool is the arena's only eviction authority (the arena
         // never evicts by itself). The slack beyond the pool's capacity
         // covers blocks the pool has released whose arena slot a reader
@@ -330,12 +331,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             table_key: None,
             access_group: None,
         };
-        Some(MemoryTier::create_owned(arena)?)
-    } else {
-        None
+        MemoryTier::create_owned(arena)?
     };
-    let wants_dir = config.g2_blocks > 0
-        && (config.g3_blocks > 0 || (config.g4_blocks > 0 && config.remote.is_none()));
+    let wants_dir = config.g3_blocks > 0 || (config.g4_blocks > 0 && config.remote.is_none());
     let (base, tempdir) = match (&config.dir, wants_dir) {
         (_, false) => (PathBuf::new(), None),
         (Some(d), true) => (d.clone(), None),
@@ -346,7 +344,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             (t.path().to_path_buf(), Some(t))
         }
     };
-    let disk = if config.g2_blocks > 0 && config.g3_blocks > 0 {
+    let disk = if config.g3_blocks > 0 {
         let dir = base.join("g3");
         let region_size: u64 = 1 << 20;
         // The log is written in regions and reclaims whole regions,
@@ -383,7 +381,7 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
     } else {
         None
     };
-    let remote = if config.g2_blocks > 0 && config.g4_blocks > 0 {
+    let remote = if config.g4_blocks > 0 {
         let cfg = match &config.remote {
             Some(c) => c.clone(),
             None => {
@@ -400,7 +398,6 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
         None
     };
     Ok(BenchTiers {
-        device,
         memory,
         disk,
         remote,
@@ -410,9 +407,9 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
 
 /// Runs the bench. Must run inside a tokio runtime.
 pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBenchError> {
-    if config.g1_blocks == 0 {
+    if config.g2_blocks == 0 {
         return Err(TraceBenchError::Config(
-            "G1 needs at least one block".into(),
+            "G2 needs at least one block".into(),
         ));
     }
     if config.layer_bytes == 0 || !config.layer_bytes.is_multiple_of(4096) {
@@ -432,8 +429,8 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         manager_config(config),
         ManagerTiers {
             geometry: g,
-            device: Some(tiers.device.clone()),
-            memory: tiers.memory.clone(),
+            device: None,
+            memory: Some(tiers.memory.clone()),
             disk: tiers.disk.clone(),
             remote: tiers.remote.clone(),
         },
@@ -453,9 +450,9 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
     for request in trace::open(&config.trace, None)?.take(limit) {
         let request = request?;
         let mut keys = request.keys.clone();
-        if keys.len() > config.g1_blocks {
-            truncated += (keys.len() - config.g1_blocks) as u64;
-            keys.truncate(config.g1_blocks);
+        if keys.len() > config.g2_blocks {
+            truncated += (keys.len() - config.g2_blocks) as u64;
+            keys.truncate(config.g2_blocks);
         }
         requests += 1;
         blocks += keys.len() as u64;
@@ -479,25 +476,14 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
             manager.record_layer_compute(layer, per_layer);
         }
         let onboarded = manager.finish_onboard(onboarding).await?;
+        let mut read = vec![0u8; block_bytes];
         for b in &onboarded.blocks {
-            let Some(id) = manager.device_block(b.slot()) else {
-                mismatches += 1;
-                continue;
-            };
             verified += 1;
-            match tiers.device.read_block(id) {
-                Ok(bytes) if bytes == block_content(b.hash(), block_bytes) => {}
-                _ => mismatches += 1,
-            }
+            let same = tiers.memory.get(b.hash(), &mut read) == Lookup::Hit
+                && read == block_content(b.hash(), block_bytes);
+            mismatches += u64::from(!same);
         }
-        let have = onboarded.blocks.len();
-        let parent = have.checked_sub(1).map(|i| keys[i]);
-        let fresh: Vec<(BlockHash, Vec<u8>)> = keys[have..]
-            .iter()
-            .map(|h| (*h, block_content(*h, block_bytes)))
-            .collect();
-        let stored = manager.store_computed(parent, fresh).await?;
-        drop(stored);
+        mismatches += store_fresh(&manager, &keys, g).await?;
         drop(onboarded);
         let per_tier: Vec<u32> = Tier::ALL
             .iter()
@@ -524,7 +510,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         let block_layers = stats
             .paths
             .iter()
-            .filter(|p| p.path == TransferPath::DiskToDevice)
+            .filter(|p| p.path == TransferPath::DiskToHost)
             .map(|p| p.blocks)
             .sum::<u64>();
         DiskReads {
@@ -563,14 +549,43 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
     })
 }
 
+/// Stores a request's blocks as a client of the node does: one
+/// reservation of G2 slots for the request's whole chain (the node answers
+/// `AlreadyStored` for the prefix it holds, and learns each block's
+/// parent), the slots granted filled, one commit. A block some tier holds
+/// already, or that no slot is left for, is skipped. Returns the commits
+/// refused for bad checksums (a verify failure: must be 0).
+async fn store_fresh(
+    manager: &BlockManager,
+    keys: &[BlockHash],
+    g: Geometry,
+) -> Result<u64, TraceBenchError> {
+    let block_bytes = g.block_bytes() as usize;
+    let layer_bytes = g.layer_bytes() as usize;
+    let mut filled = Vec::with_capacity(keys.len());
+    for reserved in manager.reserve_host(keys).await? {
+        match reserved {
+            HostReserve::Reserved(mut r) => {
+                let sums = r.fill(&block_content(r.key(), block_bytes), layer_bytes)?;
+                filled.push((r, sums));
+            }
+            HostReserve::AlreadyStored | HostReserve::InFlight | HostReserve::NoSpace => {}
+        }
+    }
+    let committed = manager.commit_host(filled).await;
+    Ok(committed
+        .iter()
+        .filter(|c| **c == HostCommit::BadChecksum)
+        .count() as u64)
+}
+
 fn settings_text(c: &TraceBenchConfig) -> String {
     format!(
-        "trace={} requests={} geometry={}x{}B g1={} g2={} g3={} disk_layout={:?} g4={} policy={} ttl_ms={} mode={:?} admit_after={} watermarks={:?}",
+        "trace={} requests={} geometry={}x{}B g2={} g3={} disk_layout={:?} g4={} policy={} ttl_ms={} mode={:?} admit_after={} watermarks={:?}",
         c.trace.display(),
         c.requests.map_or("all".to_owned(), |n| n.to_string()),
         c.layers,
         c.layer_bytes,
-        c.g1_blocks,
         c.g2_blocks,
         c.g3_blocks,
         c.disk_layout,

@@ -1,6 +1,7 @@
 //! The optimizer predicts the node: for every policy the node runs and
 //! every tier layout, the optimizer's replay (`kvtier-sim`) and the trace
-//! bench (a real block manager over real tiers with real bytes) find hit
+//! bench (a real block manager on the node's own path, G2 on top, over
+//! real tiers with real bytes and the node's default disk log) find hit
 //! rates within half a point of each other, on both shared Mooncake traces
 //! and on random traces.
 //!
@@ -27,21 +28,23 @@ const TOLERANCE_POINTS: f64 = 0.5;
 /// blocks expire within the requests replayed.
 const TTL_MS: u64 = 20_000;
 
-/// Tier layouts for the Mooncake traces, blocks per tier, fastest first (G1
-/// is the device): their reuse is minutes apart, so tiers of thousands of
-/// blocks over 2,000 requests (about 50,000 blocks) give hit rates of 4 to
-/// 18 % that differ by policy, and every tier evicts. Requests are cut to
-/// G1's size on both sides.
+/// The node's tiers, fastest first: the layouts below size them in order.
+const NODE_TIERS: [Tier; 3] = [Tier::G2, Tier::G3, Tier::G4];
+
+/// Tier layouts for the Mooncake traces, blocks of G2, G3 and G4: their
+/// reuse is minutes apart, so tiers of thousands of blocks over 2,000
+/// requests (about 50,000 blocks) give hit rates that differ by policy,
+/// and every tier evicts. Requests are cut to G2's size on both sides.
 const TRACE_LAYOUTS: [&[usize]; 4] = [
     &[1024],
     &[1024, 2048],
     &[1024, 2048, 4096],
-    &[1024, 1024, 2048, 4096],
+    &[2048, 2048, 4096],
 ];
 
 /// Tier layouts for the random traces, whose conversations come back
 /// within a few hundred blocks.
-const RANDOM_LAYOUTS: [&[usize]; 4] = [&[64], &[64, 192], &[64, 128, 256], &[64, 128, 128, 256]];
+const RANDOM_LAYOUTS: [&[usize]; 4] = [&[64], &[64, 192], &[64, 128, 256], &[128, 128, 256]];
 
 /// The hit rates of one configuration on both sides.
 #[derive(Debug)]
@@ -60,10 +63,9 @@ async fn compare(trace: &Path, requests: usize, policy: PolicyKind, caps: &[usiz
         requests: Some(requests),
         layers: 1,
         layer_bytes: 4096,
-        g1_blocks: caps[0],
-        g2_blocks: caps.get(1).copied().unwrap_or(0),
-        g3_blocks: caps.get(2).copied().unwrap_or(0),
-        g4_blocks: caps.get(3).copied().unwrap_or(0),
+        g2_blocks: caps[0],
+        g3_blocks: caps.get(1).copied().unwrap_or(0),
+        g4_blocks: caps.get(2).copied().unwrap_or(0),
         // The node's default log: it wraps (checked below), and the G3
         // pool stays its one eviction authority, as the replay models it.
         policy,
@@ -99,7 +101,7 @@ async fn compare(trace: &Path, requests: usize, policy: PolicyKind, caps: &[usiz
     }
     let bench_hits: Vec<u64> = report.hits.iter().map(|(_, h)| *h).collect();
 
-    // The replay sees what the bench serves: requests cut to G1's size.
+    // The replay sees what the bench serves: requests cut to G2's size.
     let mut reqs = kvtier_sim::trace::read_all(trace, None).expect("trace");
     reqs.truncate(requests);
     for r in &mut reqs {
@@ -107,7 +109,7 @@ async fn compare(trace: &Path, requests: usize, policy: PolicyKind, caps: &[usiz
     }
     let tiers = caps
         .iter()
-        .zip(Tier::ALL)
+        .zip(NODE_TIERS)
         .map(|(c, t)| TierSpec::new(t.to_string(), *c as u64))
         .collect();
     let cfg = ReplayConfig::tiered(policy, tiers).with_ttl_ms(TTL_MS);

@@ -21,7 +21,7 @@ pub enum BenchCommand {
     /// over HTTP and gRPC on loopback, two-phase write throughput, per
     /// index backend, next to data-structure and transport floors.
     Meta(meta::MetaBenchArgs),
-    /// A request trace through the real block manager (G1/G2/G3 with real
+    /// A request trace through the real block manager (G2/G3/G4 with real
     /// bytes): hit rates per tier, bytes per path, bubble, modelled TTFT.
     Trace(Box<trace::TraceBenchArgs>),
     /// N client processes storing and loading blocks through a node

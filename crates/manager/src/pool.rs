@@ -380,18 +380,19 @@ impl<L: PoolLock> BlockPool<L> {
         Ok(IncomingBlock::new(self.clone(), slot, hash))
     }
 
-    /// [`begin_incoming`](Self::begin_incoming) (no parent) of each of
-    /// `hashes`, under one lock: one result per hash, in order.
+    /// [`begin_incoming`](Self::begin_incoming) of each of `blocks` (a
+    /// hash and its parent link), under one lock: one result per block, in
+    /// order.
     pub fn begin_incoming_many(
         &self,
-        hashes: impl IntoIterator<Item = BlockHash>,
+        blocks: impl IntoIterator<Item = (BlockHash, Option<BlockHash>)>,
     ) -> Vec<Result<IncomingBlock<L>, PoolError>> {
         let now = self.now();
         self.with_state(|s| {
-            hashes
+            blocks
                 .into_iter()
-                .map(|h| {
-                    let slot = s.begin_incoming(h, None, now)?;
+                .map(|(h, parent)| {
+                    let slot = s.begin_incoming(h, parent, now)?;
                     Ok(IncomingBlock::new(self.clone(), slot, h))
                 })
                 .collect()

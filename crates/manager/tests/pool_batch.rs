@@ -127,9 +127,11 @@ impl Side {
             Op::AcquirePrefix(ids) => self.held.extend(p.acquire_prefix(&keys(ids))),
             Op::AcquirePresent(ids) => self.held.extend(p.acquire_present(&keys(ids))),
             Op::Release(n) => p.release_all(Self::tail(&mut self.held, *n)),
-            Op::BeginIncoming(ids) => self
-                .incoming
-                .extend(p.begin_incoming_many(keys(ids)).into_iter().flatten()),
+            Op::BeginIncoming(ids) => self.incoming.extend(
+                p.begin_incoming_many(keys(ids).into_iter().map(|k| (k, None)))
+                    .into_iter()
+                    .flatten(),
+            ),
             Op::Finish(n) => p.finish_all(Self::tail(&mut self.incoming, *n)),
             Op::RemoveInactive(ids) => {
                 p.remove_inactive_many(&keys(ids));

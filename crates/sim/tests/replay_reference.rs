@@ -8,8 +8,9 @@
 //! tier; room is made in tier 0 for the hits below it and the new blocks,
 //! the hits protected where they were found; victims are the least recent
 //! leaf (else the least recent block) and go one tier down unless a copy is
-//! there, each chain among them contiguous and root first; hits move up; then every block of the request is in tier 0, in
-//! request order. (Every policy against the real manager: `kvtier-bench`'s
+//! there, each chain among them contiguous and root first; hits move up; then the
+//! request's blocks no tier holds enter tier 0, in request order (those a
+//! tier holds stay there, unused, as the node leaves them). (Every policy against the real manager: `kvtier-bench`'s
 //! agreement test; every policy's decisions: `kvtier-policy`'s tests.)
 
 use std::collections::{HashMap, HashSet};
@@ -193,9 +194,7 @@ impl Model {
         }
         self.protected.iter_mut().for_each(HashSet::clear);
         for &k in &applied[prefix.len()..] {
-            if self.tiers[0].holds(k) {
-                self.tiers[0].touch(k);
-            } else {
+            if self.fastest(k).is_none() {
                 let p = self.parent(k);
                 self.tiers[0].insert(k, p);
             }

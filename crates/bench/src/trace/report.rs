@@ -74,7 +74,7 @@ pub fn render_text(r: &TraceBenchReport) -> String {
     if let Some(d) = &r.disk {
         let _ = writeln!(
             out,
-            "\ndisk reads ({:?} layout): {} ops ({} runs, {} layer pieces) for {} block-layers to the device: {:.3} ops per block-layer",
+            "\ndisk reads ({:?} layout): {} ops ({} runs, {} layer pieces) for {} block-layers to G2: {:.3} ops per block-layer",
             d.layout,
             d.read_ios,
             d.read_runs,

@@ -1,6 +1,7 @@
 //! `kvtier bench trace`: a request trace driven through the real block
-//! manager (G1 on a host-memory device, G2 in shared memory, G3 on disk,
-//! G4 in an object store or directory) with real bytes; see `kvtier_bench::trace` for what it does.
+//! manager on the node's path (G2 in shared memory on top, G3 on disk, G4
+//! in an object store or directory) with real bytes; see
+//! `kvtier_bench::trace` for what it does.
 
 use std::path::PathBuf;
 
@@ -37,10 +38,8 @@ pub struct TraceBenchArgs {
     /// Bytes per layer of a block (a multiple of 4096).
     #[arg(long)]
     pub layer_bytes: Option<u64>,
-    /// G1 (device) blocks.
-    #[arg(long, default_value_t = 256)]
-    pub g1: usize,
-    /// G2 (host DRAM) blocks; 0 for none.
+    /// G2 (host DRAM) blocks, the top tier as on the node (requests are
+    /// cut to this size).
     #[arg(long, default_value_t = 1024)]
     pub g2: usize,
     /// G3 (disk) blocks; 0 for none.
@@ -153,7 +152,6 @@ fn config(args: &TraceBenchArgs) -> Result<TraceBenchConfig> {
         requests: args.requests,
         layers: args.layers.unwrap_or(layers),
         layer_bytes: args.layer_bytes.unwrap_or(layer_bytes),
-        g1_blocks: args.g1,
         g2_blocks: args.g2,
         g3_blocks: args.g3,
         g3_log_factor: args.g3_log_factor,

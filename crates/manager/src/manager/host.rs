@@ -43,12 +43,20 @@ impl HostReservation {
 
     /// Fills the slot from `data` in this process and returns the block's
     /// sums, for callers that hold the bytes themselves rather than a
-    /// client that maps the arena. `data` must be one whole block.
-    fn fill(&mut self, data: &[u8], layer_bytes: usize) -> BlockSums {
+    /// client that maps the arena (the trace bench, `put_host`). `data`
+    /// must be one whole block, else nothing is written.
+    pub fn fill(&mut self, data: &[u8], layer_bytes: usize) -> Result<BlockSums, ManagerError> {
         let key = self.key();
         let dst = self.slot.as_mut_slice();
+        if data.len() != dst.len() {
+            return Err(ManagerError::Config(format!(
+                "block {key}: {} bytes given, a block is {}",
+                data.len(),
+                dst.len()
+            )));
+        }
         dst.copy_from_slice(data);
-        BlockSums::compute(key, layer_bytes, dst)
+        Ok(BlockSums::compute(key, layer_bytes, dst))
     }
 }
 
@@ -82,6 +90,13 @@ impl BlockManager {
     /// Reserves G2 slots for the keys no tier holds and nobody is bringing
     /// in, making room first (the G2 policy's victims cascade down). One
     /// result per key, in order.
+    ///
+    /// `keys` are taken as one prefix chain, in order: each key's parent is
+    /// the key before it (the first has none), which is what the pools'
+    /// leaf-first filter and the cascade's chain order read. An engine
+    /// that reserves a request's blocks from its first one (the stored
+    /// prefix answered [`HostReserve::AlreadyStored`]) gives the node the
+    /// whole chain, as the optimizer's replay assumes.
     pub async fn reserve_host(&self, keys: &[BlockHash]) -> Result<Vec<HostReserve>, ManagerError> {
         let (pool, memory) = self.host_tier()?;
         let new = self
@@ -113,8 +128,14 @@ impl BlockManager {
         keys: &[BlockHash],
     ) -> Vec<Result<IncomingBlock, HostReserve>> {
         let held = self.registry.fastest_ready(keys);
-        let fresh = keys.iter().zip(&held).filter(|(_, t)| t.is_none());
-        let mut taken = pool.begin_incoming_many(fresh.map(|(k, _)| *k)).into_iter();
+        let parents = std::iter::once(None).chain(keys.iter().copied().map(Some));
+        let fresh = keys
+            .iter()
+            .zip(parents)
+            .zip(&held)
+            .filter(|(_, t)| t.is_none())
+            .map(|((k, parent), _)| (*k, parent));
+        let mut taken = pool.begin_incoming_many(fresh).into_iter();
         held.iter()
             .map(|t| {
                 if t.is_some() {
@@ -189,17 +210,10 @@ impl BlockManager {
         key: BlockHash,
         data: &[u8],
     ) -> Result<Option<HostCommit>, ManagerError> {
-        let block_bytes = self.geometry.block_bytes() as usize;
-        if data.len() != block_bytes {
-            return Err(ManagerError::Config(format!(
-                "block {key}: {} bytes given, a block is {block_bytes}",
-                data.len()
-            )));
-        }
         let mut granted = self.reserve_host(&[key]).await?;
         match granted.pop() {
             Some(HostReserve::Reserved(mut r)) => {
-                let sums = r.fill(data, self.geometry.layer_bytes() as usize);
+                let sums = r.fill(data, self.geometry.layer_bytes() as usize)?;
                 Ok(self.commit_host(vec![(r, sums)]).await.pop())
             }
             Some(HostReserve::AlreadyStored) => Ok(Some(HostCommit::AlreadyStored)),

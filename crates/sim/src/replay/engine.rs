@@ -6,18 +6,18 @@
 //! prefix keys with one block per edge (the leaf-first filter reads it).
 //! `held[id]` says which tiers hold a block (a bit per tier), so finding a
 //! request's leading run of hits costs no policy call. Tiers are exclusive
-//! as the node's are: a block moves down when evicted and up when hit; it
-//! sits in two tiers only when a request stores it after a miss while a
-//! slower tier still holds it (the node stores a fresh copy and keeps the
-//! old one, as this replay does).
+//! as the node's are: a block moves down when evicted and up when hit, and
+//! sits in one tier at a time (a block some tier holds is not stored
+//! again: the node answers a client's `Reserve` of it `AlreadyStored`).
 //!
 //! A request is served the way the node's block manager serves it (see
 //! `replay` for the rules), so the optimizer's hit rates are the node's:
 //!
 //! 1. TTL expiry at the request's time, in every tier;
 //! 2. the leading run of held blocks is the request's hit (counted by the
-//!    fastest tier each was found in); only the first `capacity(G1)` blocks
-//!    are applied, as the node's G1 cannot hold more of one request;
+//!    fastest tier each was found in); only the first `capacity(tier 0)`
+//!    blocks are applied, as the node's top tier (G2) cannot hold more of
+//!    one request;
 //! 3. hits in tier 0 are used twice (the manager takes a handle when it
 //!    matches the prefix and another when it plans the onboarding); room
 //!    is made in tier 0 for the hits below it and the new blocks, with the
@@ -28,8 +28,9 @@
 //! 4. hits below tier 0 move to tier 0 from the tier they were found in;
 //!    then every hit is used once more, in request order (the handles the
 //!    onboarding returns);
-//! 5. the blocks after the hit run are used if tier 0 holds them, else
-//!    enter tier 0.
+//! 5. the blocks after the hit run that no tier holds enter tier 0; those
+//!    some tier holds (after a gap in the run) stay where they are, unused,
+//!    as the node's `reserve_host` leaves them.
 //!
 //! The number of uses matters to the counting policies (LFU, S3-FIFO,
 //! cost-aware) and the order to the recency ones; the agreement test in
@@ -296,9 +297,7 @@ impl Engine {
             self.use_in_top(id, now);
         }
         for &id in rest {
-            if self.blocks.holds(0, id) {
-                self.use_in_top(id, now);
-            } else {
+            if self.blocks.fastest(id).is_none() {
                 self.put_in(0, id, now);
             }
         }
