@@ -20,7 +20,6 @@ pub mod block;
 pub mod device;
 pub mod events;
 pub mod manager;
-pub mod offloading;
 pub mod placement;
 pub use kvtier_policy as policy;
 pub mod pool;
