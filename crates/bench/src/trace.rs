@@ -282,7 +282,6 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
     let g4 = (config.g4_blocks > 0).then(|| pool(config.g4_blocks));
     ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: None,
             g2: Some(pool(config.g2_blocks)),
             g3,
             g4,
@@ -429,7 +428,6 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         manager_config(config),
         ManagerTiers {
             geometry: g,
-            device: None,
             memory: Some(tiers.memory.clone()),
             disk: tiers.disk.clone(),
             remote: tiers.remote.clone(),

@@ -1,8 +1,8 @@
 //! # kvtier-manager
 //!
 //! The node block manager (Dynamo KVBM semantics, Tutti's I/O scheduler):
-//! one pool of blocks per tier (G1 device, G2 host DRAM, G3 disk, G4
-//! remote), the block lifecycle `Reset -> Partial -> Complete -> Registered`
+//! one pool of blocks per tier (G2 host DRAM, G3 disk, G4 remote; an
+//! engine's GPU cache, G1, lives in the engine in front of the node), the block lifecycle `Reset -> Partial -> Complete -> Registered`
 //! behind RAII handles, a registry that deduplicates by block hash,
 //! placement (eviction policies, watermarks, cascade offload, admission),
 //! a transfer engine with one queue per path, the slack-aware I/O
@@ -17,7 +17,6 @@
 
 pub mod admission;
 pub mod block;
-pub mod device;
 pub mod events;
 pub mod manager;
 pub mod placement;

@@ -5,18 +5,21 @@
 //! A request's life through the manager:
 //!
 //! 1. [`begin_onboard`](BlockManager::begin_onboard) matches the request's
-//!    prefix across the tiers, protects it (G1 blocks are acquired, lower
-//!    copies pinned), makes room in G1 (cascading victims down, see below),
-//!    and loads the blocks not in G1 layer by layer through the scheduler,
-//!    deduplicated against blocks resident or already in flight.
+//!    prefix across the tiers, protects it (G2 blocks are acquired, lower
+//!    copies pinned), makes room in G2 (cascading victims down, see below),
+//!    and loads the blocks not in G2 layer by layer into reserved arena
+//!    slots through the scheduler, deduplicated against blocks resident or
+//!    already in flight.
 //! 2. The engine computes layer by layer: [`Onboarding::wait_layer`], then
 //!    [`BlockManager::record_layer_compute`].
-//! 3. [`finish_onboard`](BlockManager::finish_onboard) hands back G1 handles
+//! 3. [`finish_onboard`](BlockManager::finish_onboard) hands back G2 handles
 //!    to the prefix; a block in flight is neither readable nor evictable
 //!    before then (the pools' incoming / outgoing guards, settled by
 //!    [`MoveHooks`] when the last layer lands).
-//! 4. [`store_computed`](BlockManager::store_computed) registers the new
-//!    blocks in G1 (and copies them down in inclusive mode).
+//! 4. The engine stores the new blocks into G2 itself:
+//!    [`reserve_host`](BlockManager::reserve_host), fill the arena slots,
+//!    [`commit_host`](BlockManager::commit_host) (copied down in inclusive
+//!    mode).
 //! 5. Between iterations, [`step`](BlockManager::step) offloads every tier
 //!    above its high watermark down to its low one.
 //!
@@ -50,10 +53,9 @@ pub use onboard::{Onboarded, Onboarding};
 pub use stats::{ManagerStats, TierStats};
 
 use crate::Tier;
-use crate::device::{DeviceBlockId, HostSource, Span, Upload};
 use crate::events::{EventPublisher, EventSink};
 use crate::placement::{MoveHooks, Planner};
-use crate::pool::{BlockPool, Clock, ImmutableBlock, PoolConfig, SlotId, wall_clock};
+use crate::pool::{BlockPool, Clock, PoolConfig, wall_clock};
 use crate::registry::{PrefixMatch, Registry};
 use crate::scheduler::{IoScheduler, SystemClock};
 use crate::transfer::TransferEngine;
@@ -68,8 +70,6 @@ pub struct BlockManager {
     hooks: Arc<MoveHooks>,
     scheduler: IoScheduler,
     tiers: ManagerTiers,
-    /// G1 pool slot -> device block (the manager owns the device's pool).
-    device_blocks: Vec<DeviceBlockId>,
     publisher: EventPublisher,
     config: ManagerConfig,
     counters: Mutex<Counters>,
@@ -103,8 +103,7 @@ impl std::fmt::Debug for BlockManager {
 impl BlockManager {
     /// Builds the manager over `tiers`, publishing events to `sinks`. Must
     /// run inside a tokio runtime (the engine, scheduler and publisher
-    /// spawn tasks). G1 is optional; when configured, its pool takes the
-    /// whole device: its capacity must not exceed the device's free blocks.
+    /// spawn tasks).
     pub fn new(
         config: ManagerConfig,
         tiers: ManagerTiers,
@@ -134,16 +133,8 @@ impl BlockManager {
             }
         }
         let registry: Registry = hierarchy.build_registry_on(clock)?;
-        let capacity = registry.pool(Tier::G1).map_or(0, |p| p.stats().capacity);
-        let device_blocks = match &tiers.device {
-            Some(d) => d.allocate(capacity)?,
-            None => Vec::new(),
-        };
         let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
         let mut builder = TransferEngine::builder(geometry).with_hooks(hooks.clone());
-        if let Some(d) = &tiers.device {
-            builder = builder.with_device(d.clone());
-        }
         if let Some(m) = &tiers.memory {
             builder = builder.with_memory(m.clone());
         }
@@ -176,7 +167,6 @@ impl BlockManager {
             hooks,
             scheduler,
             tiers,
-            device_blocks,
             publisher,
             config,
             counters: Mutex::new(Counters::default()),
@@ -227,11 +217,6 @@ impl BlockManager {
         &self.config
     }
 
-    /// The device block behind G1 slot `slot`.
-    pub fn device_block(&self, slot: SlotId) -> Option<DeviceBlockId> {
-        self.device_blocks.get(slot as usize).copied()
-    }
-
     /// The longest prefix of `hashes` readable in some tier, with the
     /// fastest tier of each block. Counts nothing and moves nothing.
     pub fn lookup(&self, hashes: &[BlockHash]) -> PrefixMatch {
@@ -242,57 +227,6 @@ impl BlockManager {
     /// scheduler learns the slack it may fill with writes.
     pub fn record_layer_compute(&self, layer: u32, duration: Duration) {
         self.scheduler.record_layer_compute(layer, duration);
-    }
-
-    /// Registers blocks the engine computed into G1, after `parent` (the
-    /// block before the first, `None` at a sequence start), in order: each
-    /// `(hash, bytes)` is written to a fresh device block (`bytes` is one
-    /// whole block) and registered. Makes room first. In inclusive mode the
-    /// new blocks are also copied to the tier below. Returns handles to the
-    /// blocks (an already-registered hash answers with the existing block).
-    pub async fn store_computed(
-        &self,
-        parent: Option<BlockHash>,
-        blocks: Vec<(BlockHash, Vec<u8>)>,
-    ) -> Result<Vec<ImmutableBlock>, ManagerError> {
-        let g1 = self.g1()?;
-        let block_bytes = self.geometry.block_bytes() as usize;
-        if let Some((h, b)) = blocks.iter().find(|(_, b)| b.len() != block_bytes) {
-            return Err(ManagerError::Config(format!(
-                "block {h}: {} bytes given, a block is {block_bytes}",
-                b.len()
-            )));
-        }
-        if self.config.offload_on_demand {
-            self.make_room(Tier::G1, blocks.len()).await;
-        }
-        let mut slots = g1.allocate_many(blocks.len())?;
-        let hashes: Vec<BlockHash> = blocks.iter().map(|(h, _)| *h).collect();
-        let mut uploads = Vec::with_capacity(blocks.len());
-        for (slot, (_, bytes)) in slots.iter().zip(blocks) {
-            let dst = self.device_block(slot.slot()).ok_or_else(|| {
-                ManagerError::Config(format!("G1 slot {} has no device block", slot.slot()))
-            })?;
-            uploads.push(Upload {
-                dst,
-                src: Box::new(bytes) as Box<dyn HostSource>,
-            });
-        }
-        let device = self.tiers.device.as_ref().ok_or_else(no_g1)?;
-        for (_, copied) in device.upload(Span::Block, uploads).await? {
-            copied?;
-        }
-        let mut out = Vec::with_capacity(hashes.len());
-        let mut parent = parent;
-        for (mut slot, hash) in slots.drain(..).zip(&hashes) {
-            slot.complete_external(*hash, parent)?;
-            let block = slot.register().map_err(|r| ManagerError::Block(r.error))?;
-            parent = Some(*hash);
-            out.push(block);
-        }
-        self.copy_down(Tier::G1, &hashes).await;
-        self.publish_events();
-        Ok(out)
     }
 
     /// Between engine iterations: offloads every tier above its high
@@ -381,12 +315,8 @@ impl BlockManager {
         self.publisher.flush();
     }
 
-    fn g1(&self) -> Result<&BlockPool, ManagerError> {
-        self.registry.pool(Tier::G1).ok_or_else(no_g1)
-    }
-
     /// The fastest configured tier and its pool: where blocks are
-    /// onboarded to (G1, or G2 on a node without a device).
+    /// onboarded to (G2).
     pub fn top(&self) -> Result<&BlockPool, ManagerError> {
         self.registry
             .pools()
@@ -402,10 +332,6 @@ impl Drop for BlockManager {
     }
 }
 
-fn no_g1() -> ManagerError {
-    ManagerError::Config("G1 is not configured".into())
-}
-
 /// Checks that every configured pool has its storage, and that the
 /// hierarchy has the paths its tiers need.
 fn check_tiers(
@@ -413,27 +339,8 @@ fn check_tiers(
     tiers: &ManagerTiers,
 ) -> Result<(), ManagerError> {
     let refuse = |why: String| Err(ManagerError::Config(why));
-    if let Some(g1) = &hierarchy.g1 {
-        let Some(device) = &tiers.device else {
-            return refuse("G1 is configured without a device".into());
-        };
-        if g1.capacity_blocks > device.free_blocks() {
-            return refuse(format!(
-                "G1 holds {} blocks but the device has {} free",
-                g1.capacity_blocks,
-                device.free_blocks()
-            ));
-        }
-        if *device.geometry() != tiers.geometry {
-            return refuse(format!(
-                "the device stores blocks of {}, the manager {}",
-                device.geometry(),
-                tiers.geometry
-            ));
-        }
-    }
-    if hierarchy.g1.is_none() && hierarchy.g2.is_none() {
-        return refuse("G1 or G2 must be configured".into());
+    if hierarchy.g2.is_none() {
+        return refuse("G2 must be configured".into());
     }
     if hierarchy.g2.is_some() && tiers.memory.is_none() {
         return refuse("G2 is configured without a memory tier".into());
@@ -460,17 +367,8 @@ fn check_tiers(
             limit: disk.live_capacity_blocks(),
         });
     }
-    if hierarchy.g3.is_some() && hierarchy.g2.is_none() {
-        // Every path to and from the disk except disk-to-device goes
-        // through host memory.
-        return refuse("G3 needs G2".into());
-    }
     if hierarchy.g4.is_some() && tiers.remote.is_none() {
         return refuse("G4 is configured without a remote tier".into());
-    }
-    if hierarchy.g4.is_some() && hierarchy.g2.is_none() {
-        // Offloads to the remote tier go through host memory.
-        return refuse("G4 needs G2".into());
     }
     Ok(())
 }
@@ -484,7 +382,7 @@ fn tier_config_mut(
     tier: Tier,
 ) -> Option<&mut PoolConfig> {
     match tier {
-        Tier::G1 => h.g1.as_mut(),
+        Tier::G1 => None,
         Tier::G2 => h.g2.as_mut(),
         Tier::G3 => h.g3.as_mut(),
         Tier::G4 => h.g4.as_mut(),

@@ -10,15 +10,15 @@
 //! - Offload ([`Planner::plan_offload`], between engine iterations): every
 //!   tier above its high watermark gives up blocks, in its policy's order
 //!   and leaves first, until it is down to its low watermark. Each goes to
-//!   the tier directly below (G1 -> G2 -> G3, -> G4 when configured); a
+//!   the tier directly below (G2 -> G3, -> G4 when configured); a
 //!   block whose copy is already there (inclusive mode) leaves for free; a
 //!   block the admission filter keeps out of G3, or with no tier below, is
 //!   dropped.
 //! - Write-through ([`Planner::plan_copy_down`], inclusive mode): copies of
 //!   newly registered blocks to the tier below.
 //! - Onboarding ([`Planner::plan_onboard`]): the prefix of a request brought
-//!   to G1 from the fastest tier holding each block, deduplicated against
-//!   blocks already in G1 or already on their way there.
+//!   to G2 from the fastest tier holding each block, deduplicated against
+//!   blocks already in G2 or already on their way there.
 //! - Admission ([`Planner::record_uses`]): counts uses for the filter.
 //! - Expiry ([`Planner::expire`]): drops blocks the TTL policy reports idle.
 //!

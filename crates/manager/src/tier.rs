@@ -9,41 +9,30 @@ use serde::{Deserialize, Serialize};
 pub use kvtier_core::Tier;
 
 /// A directed path a transfer takes; the transfer engine keeps one queue
-/// per path.
+/// per path. These are the node's paths: G2 is the fastest tier (engines
+/// keep their own GPU cache in front of the node).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TransferPath {
-    /// Device to host (G1 -> G2 offload).
-    DeviceToHost,
-    /// Host to device (G2 -> G1 onboard).
-    HostToDevice,
     /// Host to disk (G2 -> G3 offload).
     HostToDisk,
     /// Disk to host (G3 -> G2 onboard).
     DiskToHost,
-    /// Disk to device (G3 -> G1 onboard, bounced or direct).
-    DiskToDevice,
     /// Host to remote (G2 -> G4 offload, when no G3 is configured).
     HostToRemote,
     /// Disk to remote (G3 -> G4 offload).
     DiskToRemote,
     /// Remote to host (G4 -> G2 onboard).
     RemoteToHost,
-    /// Remote to device (G4 -> G1 onboard through a host bounce buffer).
-    RemoteToDevice,
 }
 
 impl TransferPath {
     /// Every path.
-    pub const ALL: [TransferPath; 9] = [
-        TransferPath::DeviceToHost,
-        TransferPath::HostToDevice,
+    pub const ALL: [TransferPath; 5] = [
         TransferPath::HostToDisk,
         TransferPath::DiskToHost,
-        TransferPath::DiskToDevice,
         TransferPath::HostToRemote,
         TransferPath::DiskToRemote,
         TransferPath::RemoteToHost,
-        TransferPath::RemoteToDevice,
     ];
 
     /// The path from one tier to another, if blocks move that way.
@@ -57,28 +46,19 @@ impl TransferPath {
     pub fn endpoints(self) -> (Tier, Tier) {
         use Tier::*;
         match self {
-            TransferPath::DeviceToHost => (G1, G2),
-            TransferPath::HostToDevice => (G2, G1),
             TransferPath::HostToDisk => (G2, G3),
             TransferPath::DiskToHost => (G3, G2),
-            TransferPath::DiskToDevice => (G3, G1),
             TransferPath::HostToRemote => (G2, G4),
             TransferPath::DiskToRemote => (G3, G4),
             TransferPath::RemoteToHost => (G4, G2),
-            TransferPath::RemoteToDevice => (G4, G1),
         }
     }
 
-    /// Whether the path reads from storage toward the device (an onboard),
-    /// as opposed to an offload. The scheduler serves reads first.
+    /// Whether the path reads from storage toward G2 (an onboard), as
+    /// opposed to an offload. The scheduler serves reads first.
     pub fn is_read(self) -> bool {
         let (from, to) = self.endpoints();
         to < from
-    }
-
-    /// Whether the path ends on the device (layer spans onto the device).
-    pub fn to_device(self) -> bool {
-        self.endpoints().1 == Tier::G1
     }
 
     /// Whether the path reads into host memory from the disk or G4, whose
@@ -88,18 +68,14 @@ impl TransferPath {
         matches!(self, TransferPath::DiskToHost | TransferPath::RemoteToHost)
     }
 
-    /// Metric label (`d2h`, `h2d`, ...).
+    /// Metric label (`h2disk`, `disk2h`, ...).
     pub fn name(self) -> &'static str {
         match self {
-            TransferPath::DeviceToHost => "d2h",
-            TransferPath::HostToDevice => "h2d",
             TransferPath::HostToDisk => "h2disk",
             TransferPath::DiskToHost => "disk2h",
-            TransferPath::DiskToDevice => "disk2d",
             TransferPath::HostToRemote => "h2remote",
             TransferPath::DiskToRemote => "disk2remote",
             TransferPath::RemoteToHost => "remote2h",
-            TransferPath::RemoteToDevice => "remote2d",
         }
     }
 }
@@ -111,12 +87,8 @@ mod tests {
     #[test]
     fn paths_between_tiers() {
         assert_eq!(
-            TransferPath::between(Tier::G1, Tier::G2),
-            Some(TransferPath::DeviceToHost)
-        );
-        assert_eq!(
-            TransferPath::between(Tier::G3, Tier::G1),
-            Some(TransferPath::DiskToDevice)
+            TransferPath::between(Tier::G2, Tier::G3),
+            Some(TransferPath::HostToDisk)
         );
         assert_eq!(
             TransferPath::between(Tier::G4, Tier::G2),
@@ -126,18 +98,19 @@ mod tests {
             TransferPath::between(Tier::G3, Tier::G4),
             Some(TransferPath::DiskToRemote)
         );
-        assert_eq!(TransferPath::between(Tier::G1, Tier::G4), None);
         for p in TransferPath::ALL {
             let (from, to) = p.endpoints();
             assert_eq!(TransferPath::between(from, to), Some(p));
             assert_eq!(p.is_read(), to < from, "{}", p.name());
+            assert_eq!(p.lands_in_host(), p.is_read(), "{}", p.name());
+        }
+        // G1 is the engine's, never the node's.
+        for t in Tier::ALL {
+            assert_eq!(TransferPath::between(Tier::G1, t), None);
+            assert_eq!(TransferPath::between(t, Tier::G1), None);
         }
         assert_eq!(TransferPath::between(Tier::G2, Tier::G2), None);
-        assert_eq!(TransferPath::between(Tier::G4, Tier::G4), None);
-        assert_eq!(TransferPath::between(Tier::G1, Tier::G3), None);
-        assert_eq!(Tier::G3.below(), Some(Tier::G4));
-        assert!(TransferPath::DiskToHost.is_read() && !TransferPath::HostToDisk.is_read());
-        assert!(TransferPath::RemoteToDevice.is_read() && TransferPath::RemoteToDevice.to_device());
+        assert_eq!(TransferPath::between(Tier::G4, Tier::G3), None);
         assert!(!TransferPath::DiskToRemote.is_read());
     }
 }

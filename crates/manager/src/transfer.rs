@@ -1,13 +1,14 @@
-//! The transfer engine: moves blocks between G1 (a [`Device`](crate::device::Device)),
-//! G2 (the shared-memory [`MemoryTier`](kvtier_mem::MemoryTier)) and G3 (the
-//! [`DiskTier`](kvtier_disk::DiskTier)).
+//! The transfer engine: moves blocks between G2 (the shared-memory
+//! [`MemoryTier`](kvtier_mem::MemoryTier)), G3 (the
+//! [`DiskTier`](kvtier_disk::DiskTier)) and G4 (the
+//! [`RemoteTier`](kvtier_remote::RemoteTier)).
 //!
 //! - [`TransferEngine`] keeps a queue and a worker per
 //!   [`TransferPath`](crate::TransferPath); [`submit`](TransferEngine::submit)
 //!   a [`TransferRequest`] and get a [`TransferHandle`] to await whole or
 //!   block by block.
 //! - Executors (module `executor`) run one batch per call over the real
-//!   tiers: one device call and one disk submission per batch, every read
+//!   tiers: one disk or remote submission per batch, every read
 //!   verified; a failed block is a [`BlockFailure`], never delivered.
 //! - [`InFlightHooks`] is where the block pool marks destinations
 //!   unreadable and sources unevictable until a block completes;
@@ -30,5 +31,5 @@ pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket};
 pub use landing::{HostLanding, LayerTarget};
 pub use metrics::{LatencyHistogram, LatencySummary, PathMetrics, PathStats, TransferMetrics};
 pub use request::{
-    BlockFailure, BlockMove, BlockResult, TransferHandle, TransferOutcome, TransferRequest,
+    BlockFailure, BlockMove, BlockResult, Span, TransferHandle, TransferOutcome, TransferRequest,
 };

@@ -66,7 +66,6 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
     );
     let config = ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: None,
             // Any block above the first is above the high watermark: one
             // step moves them all down.
             g2: Some(pool(G2_BLOCKS, 0.01)),
@@ -87,7 +86,6 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
     let clock: Clock = Arc::new(move || tick.fetch_add(1, Ordering::Relaxed));
     let tiers = ManagerTiers {
         geometry: g,
-        device: None,
         memory: Some(memory),
         disk: Some(disk.clone()),
         remote: None,

@@ -58,7 +58,6 @@ fn node(
 ) -> Result<BlockManager, ManagerError> {
     let config = ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: None,
             g2: Some(pool(G2_BLOCKS)),
             g3: Some(pool(g3)),
             g4: None,
@@ -74,7 +73,6 @@ fn node(
     };
     let tiers = ManagerTiers {
         geometry: geometry(),
-        device: None,
         memory: Some(memory.clone()),
         disk: Some(disk.clone()),
         remote: None,

@@ -308,7 +308,7 @@ fn onboarding_stops_when_the_device_is_full() {
     put(&r, Tier::G2, 2, Some(1));
     let plan = p.plan_onboard(&r, &[h(1), h(2)]);
     assert_eq!(plan.steps.len(), 1);
-    assert!(matches!(plan.stopped, Some(OnboardStop::DeviceFull(_))));
+    assert!(matches!(plan.stopped, Some(OnboardStop::TargetFull(_))));
     drop(plan);
     assert!(
         r.pool(Tier::G2).unwrap().is_readable(h(1)),

@@ -129,7 +129,6 @@ impl NodeOptions {
         };
         ManagerConfig {
             hierarchy: HierarchyConfig {
-                g1: None,
                 g2: Some(pool(g2_blocks)),
                 g3: g3_blocks.map(pool),
                 g4: g4_blocks.map(pool),

@@ -139,7 +139,6 @@ impl Node {
         let disk = Arc::new(disk);
         let tiers = ManagerTiers {
             geometry,
-            device: None,
             memory: Some(memory.clone()),
             disk: Some(disk.clone()),
             remote,

@@ -10,7 +10,6 @@ use kvtier_remote::RemoteTier;
 
 use crate::Tier;
 use crate::block::BlockError;
-use crate::device::{Device, DeviceError};
 use crate::events::{EventError, PublisherConfig};
 use crate::placement::HierarchyConfig;
 use crate::pool::PoolError;
@@ -21,8 +20,8 @@ use crate::transfer::TransferError;
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
     /// The tiers' pools (capacity, watermarks, policy) and the placement
-    /// rules (cascade mode, admission). The fastest configured tier is the
-    /// one blocks are onboarded to: G1 when configured, else G2.
+    /// rules (cascade mode, admission). G2, the fastest, is the tier
+    /// blocks are onboarded to.
     pub hierarchy: HierarchyConfig,
     /// Make room on demand: when a tier has too few free slots for an
     /// onboard or a store, its policy's victims cascade to the tier below
@@ -59,17 +58,15 @@ impl Default for ManagerConfig {
     }
 }
 
-/// The storage behind the tiers: G1's device, G2's shared-memory arena,
-/// G3's disk tier and G4's remote tier. A pool configured without its
+/// The storage behind the tiers: G2's shared-memory arena, G3's disk tier
+/// and G4's remote tier. A pool configured without its
 /// storage is an error. Every tier stores blocks of `geometry`.
 #[derive(Clone)]
 pub struct ManagerTiers {
     /// The block geometry shared by every tier.
     pub geometry: Geometry,
-    /// G1: absent on a node daemon, whose engines keep their own device
-    /// cache and talk to the manager's G2.
-    pub device: Option<Arc<dyn Device>>,
-    /// G2.
+    /// G2, the top tier (engines keep their own device cache in front of
+    /// it).
     pub memory: Option<MemoryTier>,
     /// G3.
     pub disk: Option<Arc<DiskTier>>,
@@ -82,7 +79,6 @@ impl std::fmt::Debug for ManagerTiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ManagerTiers")
             .field("geometry", &self.geometry)
-            .field("device", &self.device.as_ref().map(|d| d.name().to_owned()))
             .field("memory", &self.memory.is_some())
             .field("disk", &self.disk.is_some())
             .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
@@ -102,9 +98,6 @@ pub enum ManagerError {
     /// A block lifecycle transition was refused.
     #[error(transparent)]
     Block(#[from] BlockError),
-    /// The device refused.
-    #[error(transparent)]
-    Device(#[from] DeviceError),
     /// The memory tier (G2's arena) refused.
     #[error(transparent)]
     Memory(#[from] kvtier_arena::MemError),

@@ -98,17 +98,11 @@ impl BlockManager {
         arena_slot: Option<usize>,
     ) -> Option<BlockLocation> {
         match pool.tier() {
-            Tier::G1 => pool
-                .slot_of(hash)
-                .and_then(|slot| self.device_block(slot))
-                .map(|id| BlockLocation::DeviceSlot {
-                    slot: u64::from(id.0),
-                }),
             Tier::G2 => arena_slot.map(|slot| BlockLocation::ArenaSlot { slot: slot as u64 }),
             Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
                 uri: r.object_uri(hash),
             }),
-            Tier::G3 => None,
+            Tier::G1 | Tier::G3 => None,
         }
     }
 
@@ -193,7 +187,7 @@ impl BlockManager {
                 }
             }
             Tier::G4 => remote_gone.extend(gone),
-            // G1's device blocks belong to the pool's slots for good.
+            // The node has no G1 pool.
             Tier::G1 => {}
         }
     }

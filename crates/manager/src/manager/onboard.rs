@@ -1,6 +1,6 @@
-//! Onboarding a request's prefix to the fastest configured tier: to G1
-//! layer by layer, or, on a node without a device, to G2, from the disk or
-//! G4 layer by layer into arena slots reserved up front ([`HostLanding`]).
+//! Onboarding a request's prefix to G2, the node's fastest tier: from the
+//! disk or G4 layer by layer into arena slots reserved up front
+//! ([`HostLanding`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -8,13 +8,12 @@ use std::sync::Arc;
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
-use crate::device::Span;
 use crate::placement::{OnboardStep, OnboardStop};
 use crate::pool::{BlockPool, ImmutableBlock, PoolError, Presence};
 use crate::registry::PrefixMatch;
 use crate::scheduler::LoadHandle;
 use crate::transfer::{
-    BlockFailure, BlockMove, BlockResult, HostLanding, TransferHandle, TransferRequest,
+    BlockFailure, BlockMove, BlockResult, HostLanding, Span, TransferHandle, TransferRequest,
 };
 use kvtier_mem::Reserve;
 
@@ -69,7 +68,7 @@ impl OnboardLoad {
 /// then hand it to [`BlockManager::finish_onboard`].
 pub struct Onboarding {
     matched: PrefixMatch,
-    /// The prefix the plan covers (it may stop early when G1 is full).
+    /// The prefix the plan covers (it may stop early when G2 is full).
     planned: Vec<BlockHash>,
     /// Handles of the blocks already in the target tier, kept until
     /// finished.
@@ -163,11 +162,11 @@ impl std::fmt::Debug for Onboarded {
 
 impl BlockManager {
     /// Starts bringing the longest held prefix of `hashes` to the fastest
-    /// configured tier (G1, else G2), with room made for the rest of the
-    /// request's blocks too (the engine computes them next): matches
-    /// the prefix (counting per-tier hits and the misses after it), records
-    /// the uses for admission, protects the prefix, makes room in G1, and
-    /// submits one load per source path (layer-wise to the device).
+    /// configured tier (G2), with room made for the rest of the request's
+    /// blocks too (the engine computes them next): matches the prefix
+    /// (counting per-tier hits and the misses after it), records the uses
+    /// for admission, protects the prefix, makes room in G2, and submits
+    /// one load per source path (layer-wise into arena landings).
     pub async fn begin_onboard(&self, hashes: &[BlockHash]) -> Result<Onboarding, ManagerError> {
         let top = self.top()?;
         let target = top.tier();
@@ -208,7 +207,7 @@ impl BlockManager {
                 |plan| {
                     matches!(
                         plan.stopped,
-                        Some(OnboardStop::DeviceFull(PoolError::Exhausted { .. }))
+                        Some(OnboardStop::TargetFull(PoolError::Exhausted { .. }))
                     )
                 },
             )
@@ -245,10 +244,10 @@ impl BlockManager {
                             }
                         })
                     } else {
-                        self.block_move(&mv)
+                        Some(BlockMove::key(mv.hash))
                     };
                     if let Some(block) = block {
-                        let layered = mv.path.to_device() || block.landing.is_some();
+                        let layered = block.landing.is_some();
                         by_path.entry((mv.path, layered)).or_default().push(block);
                         self.hooks.stage(mv);
                     }

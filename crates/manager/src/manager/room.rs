@@ -157,36 +157,16 @@ impl BlockManager {
     pub(crate) fn submit_moves(&self, moves: Vec<Move>) -> Vec<TransferHandle> {
         let mut by_path: BTreeMap<TransferPath, Vec<BlockMove>> = BTreeMap::new();
         for mv in moves {
-            let Some(block) = self.block_move(&mv) else {
-                // A G1 slot without a device block cannot happen (the
-                // manager maps every slot); dropping the move undoes it.
-                continue;
-            };
-            by_path.entry(mv.path).or_default().push(block);
+            by_path
+                .entry(mv.path)
+                .or_default()
+                .push(BlockMove::key(mv.hash));
             self.hooks.stage(mv);
         }
         by_path
             .into_iter()
             .map(|(path, blocks)| self.scheduler.submit(TransferRequest::blocks(path, blocks)))
             .collect()
-    }
-
-    /// The engine's view of a move: its key and, for an end on G1, the
-    /// device block of the G1 slot.
-    pub(crate) fn block_move(&self, mv: &Move) -> Option<BlockMove> {
-        let g1_slot = if mv.from == Tier::G1 {
-            Some(mv.source.slot())
-        } else if mv.to == Tier::G1 {
-            Some(mv.destination.slot())
-        } else {
-            None
-        };
-        match g1_slot {
-            None => Some(BlockMove::key(mv.hash)),
-            Some(slot) => self
-                .device_block(slot)
-                .map(|id| BlockMove::with_device(mv.hash, id)),
-        }
     }
 }
 

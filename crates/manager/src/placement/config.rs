@@ -32,13 +32,13 @@ pub struct PlacementConfig {
     pub admission: AdmissionConfig,
 }
 
-/// The tiers of one node and the placement rules between them.
+/// The tiers of one node and the placement rules between them. G2 is the
+/// fastest: an engine's GPU cache (G1) lives in the engine, in front of the
+/// node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HierarchyConfig {
-    /// G1 (device memory). Default: 1024 blocks.
-    pub g1: Option<PoolConfig>,
-    /// G2 (host memory). Default: 4096 blocks.
+    /// G2 (host memory), the top tier. Default: 4096 blocks.
     pub g2: Option<PoolConfig>,
     /// G3 (local disk). Default: none.
     pub g3: Option<PoolConfig>,
@@ -51,7 +51,6 @@ pub struct HierarchyConfig {
 impl Default for HierarchyConfig {
     fn default() -> Self {
         Self {
-            g1: Some(PoolConfig::default()),
             g2: Some(PoolConfig {
                 capacity_blocks: 4096,
                 ..PoolConfig::default()
@@ -67,7 +66,7 @@ impl HierarchyConfig {
     /// The pool configuration of `tier`, if configured.
     pub fn tier(&self, tier: Tier) -> Option<&PoolConfig> {
         match tier {
-            Tier::G1 => self.g1.as_ref(),
+            Tier::G1 => None,
             Tier::G2 => self.g2.as_ref(),
             Tier::G3 => self.g3.as_ref(),
             Tier::G4 => self.g4.as_ref(),

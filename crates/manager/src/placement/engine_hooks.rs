@@ -22,8 +22,8 @@ use parking_lot::Mutex;
 
 use super::Move;
 use crate::TransferPath;
-use crate::device::Span;
 use crate::pool::{DefaultLock, PoolLock};
+use crate::transfer::Span;
 use crate::transfer::{BlockResult, InFlightHooks, TransferTicket};
 
 /// Moves staged for, or running in, the transfer engine.

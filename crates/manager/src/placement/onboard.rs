@@ -1,5 +1,5 @@
 //! Onboarding planning: bring a request's prefix to the fastest configured
-//! tier (G1, or G2 on a node without a device).
+//! tier (G2, the node's top tier).
 
 use kvtier_core::BlockHash;
 
@@ -46,7 +46,7 @@ pub enum OnboardStop {
     /// No tier holds this block (the prefix ends here).
     Missing(BlockHash),
     /// The target tier has no free or evictable slot left.
-    DeviceFull(PoolError),
+    TargetFull(PoolError),
     /// No tier is configured.
     NoDevice,
 }
@@ -81,7 +81,7 @@ impl<L: PoolLock> OnboardPlan<L> {
 
 impl Planner {
     /// Plans bringing the longest available prefix of `hashes` to the
-    /// fastest configured tier (the target: G1, else G2): blocks in the
+    /// fastest configured tier (the target, G2): blocks in the
     /// target are acquired, blocks already in flight to it are shared, and
     /// each other block is copied from the fastest tier holding it (moved,
     /// in exclusive mode). Stops at the first block no tier holds or when
@@ -145,7 +145,7 @@ impl Planner {
                     None => plan.steps.push(OnboardStep::Pending(hash)),
                 },
                 Err(e) => {
-                    plan.stopped = Some(OnboardStop::DeviceFull(e));
+                    plan.stopped = Some(OnboardStop::TargetFull(e));
                     break;
                 }
             }

@@ -13,8 +13,8 @@ use super::clock::Clock;
 use super::load::LoadHandle;
 use super::policy::{IoClass, IoPolicy, OpId, PolicyConfig, PolicyCounters};
 use super::slack::{ProfileError, SlackEstimator, SlackProfile};
-use crate::device::Span;
 use crate::tier::TransferPath;
+use crate::transfer::Span;
 use crate::transfer::completion::{Completer, CompletionCell};
 use crate::transfer::{
     BlockMove, TransferEngine, TransferHandle, TransferOutcome, TransferRequest,

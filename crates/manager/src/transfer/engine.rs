@@ -16,8 +16,8 @@ use super::completion::{Completer, CompletionCell};
 use super::executor::{Tiers, execute};
 use super::hooks::{InFlightHooks, NoHooks, TransferTicket};
 use super::metrics::{PathStats, TransferMetrics};
+use super::request::Span;
 use super::request::{BlockMove, TransferHandle, TransferRequest};
-use crate::device::{Device, Span};
 use crate::tier::TransferPath;
 
 /// Why an engine could not be built.
@@ -49,12 +49,6 @@ pub struct TransferEngineBuilder {
 }
 
 impl TransferEngineBuilder {
-    /// G1. Default: none (paths touching G1 fail as unsupported).
-    pub fn with_device(mut self, device: Arc<dyn Device>) -> Self {
-        self.tiers.device = Some(device);
-        self
-    }
-
     /// G2. Default: none.
     pub fn with_memory(mut self, memory: MemoryTier) -> Self {
         self.tiers.memory = Some(memory);
@@ -109,14 +103,6 @@ impl TransferEngineBuilder {
             return Err(TransferError::InvalidConfig(
                 "max_batch_blocks must be positive".into(),
             ));
-        }
-        if let Some(d) = &self.tiers.device
-            && d.geometry() != &g
-        {
-            return Err(TransferError::GeometryMismatch {
-                tier: "device",
-                detail: format!("{} vs {g}", d.geometry()),
-            });
         }
         if let Some(m) = &self.tiers.memory
             && m.block_bytes() as u64 != g.block_bytes()
@@ -200,8 +186,8 @@ struct Job {
 /// batches in submission order (layer-ordered reads complete in layer
 /// order; see [`TransferEngineBuilder::with_batches_in_flight`] for
 /// running several at once). A worker takes every queued request with the same span, up to
-/// `max_batch_blocks` blocks, and runs them as one batch: one device call,
-/// one disk submission.
+/// `max_batch_blocks` blocks, and runs them as one batch: one disk or
+/// remote submission.
 ///
 /// Cheap to clone. Workers stop when the last clone is dropped and their
 /// queues are drained; a transfer whose worker dies fails as

@@ -2,33 +2,26 @@
 //!
 //! | path | source | destination | verification |
 //! |---|---|---|---|
-//! | `DeviceToHost` | `Device` download | reserved DRAM slot | against carried sums, or sums computed (block enters kvtier) |
-//! | `HostToDevice` | DRAM `BlockRef` | `Device` upload | whole block or the layer's checksum, before the copy |
 //! | `HostToDisk` | DRAM `BlockRef` | `DiskTier::put_batch` (one call) | carried sums written with it |
 //! | `DiskToHost` | `get_batch_with_sums` (one call), or per layer `read_layers_with_sums` into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | disk verifies every byte or layer; committed with those sums (by the layer that completes the block) |
-//! | `DiskToDevice` | `get_batch` / `read_layers` (one call) | `Device` upload | disk verifies every byte or layer |
 //! | `HostToRemote` | DRAM `BlockRef` | `RemoteTier::put_batch` (one call) | carried sums written with it |
 //! | `DiskToRemote` | `get_batch_with_sums` (one call) | `RemoteTier::put_batch` (one call) | disk verifies; its sums written with it |
 //! | `RemoteToHost` | `RemoteTier::get_batch` (one call), or per layer `read_layers` (ranged reads) into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | remote tier verifies every byte or layer |
-//! | `RemoteToDevice` | `get_batch` / `read_layers` (ranged reads) | `Device` upload | remote tier verifies every byte or layer |
 //!
 //! A block that fails anywhere is reported and never made visible at the
-//! destination: DRAM reservations are dropped uncommitted, device uploads
-//! are not issued.
+//! destination: DRAM reservations are dropped uncommitted.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use kvtier_arena::MemError;
-use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
+use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
 use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{AlignedBuf, DmaSource, DmaTarget};
 use kvtier_mem::{BlockRef, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
 use super::landing::{HostLanding, LayerTarget};
-use super::request::{BlockFailure, BlockMove, BlockResult};
-use crate::device::{Device, Download, HostSink, HostSlice, HostSource, Span, Upload};
+use super::request::{BlockFailure, BlockMove, BlockResult, Span};
 use crate::tier::TransferPath;
 
 /// Alignment of bounce buffers for disk reads (direct I/O).
@@ -38,8 +31,6 @@ const BOUNCE_ALIGN: usize = 4096;
 /// fails its blocks as `Unsupported`.
 #[derive(Clone, Default)]
 pub struct Tiers {
-    /// G1.
-    pub device: Option<Arc<dyn Device>>,
     /// G2.
     pub memory: Option<MemoryTier>,
     /// G3.
@@ -51,7 +42,6 @@ pub struct Tiers {
 impl std::fmt::Debug for Tiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tiers")
-            .field("device", &self.device.as_ref().map(|d| d.name().to_owned()))
             .field(
                 "memory",
                 &self.memory.as_ref().map(|m| m.shm_name().to_owned()),
@@ -170,14 +160,6 @@ pub(crate) async fn execute(
     }
     let unsupported = || vec![Err(BlockFailure::Unsupported(path.name())); blocks.len()];
     match path {
-        TransferPath::DeviceToHost => match (&tiers.device, &tiers.memory) {
-            (Some(d), Some(m)) => device_to_host(d.as_ref(), m, geometry, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::HostToDevice => match (&tiers.memory, &tiers.device) {
-            (Some(m), Some(d)) => host_to_device(m, d.as_ref(), geometry, span, blocks).await,
-            _ => unsupported(),
-        },
         TransferPath::HostToDisk => match (&tiers.memory, &tiers.disk) {
             (Some(m), Some(disk)) => host_to_disk(m, disk, blocks).await,
             _ => unsupported(),
@@ -185,10 +167,6 @@ pub(crate) async fn execute(
         TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory, span) {
             (Some(disk), Some(m), Span::Block) => disk_to_host(disk, m, blocks).await,
             (Some(disk), Some(m), Span::Layer(l)) => disk_to_landings(disk, m, l, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::DiskToDevice => match (&tiers.disk, &tiers.device) {
-            (Some(disk), Some(d)) => disk_to_device(disk, d.as_ref(), geometry, span, blocks).await,
             _ => unsupported(),
         },
         TransferPath::HostToRemote => match (&tiers.memory, &tiers.remote) {
@@ -204,21 +182,17 @@ pub(crate) async fn execute(
             (Some(r), Some(m), Span::Layer(l)) => remote_to_landings(r, m, l, blocks).await,
             _ => unsupported(),
         },
-        TransferPath::RemoteToDevice => match (&tiers.remote, &tiers.device) {
-            (Some(r), Some(d)) => remote_to_device(r, d.as_ref(), span, blocks).await,
-            _ => unsupported(),
-        },
     }
 }
 
-/// Layer spans only make sense onto the device (layer-wise loading).
+/// Layer spans only make sense into host landings (layer-wise loading).
 fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(), BlockFailure> {
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !path.to_device() && !path.lands_in_host() {
+            if !path.lands_in_host() {
                 return Err(BlockFailure::InvalidRequest(format!(
-                    "layer spans are for onboarding to the device or into host landings, not {}",
+                    "layer spans are for onboarding into host landings, not {}",
                     path.name()
                 )));
             }
@@ -235,160 +209,6 @@ fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(),
 
 fn no_landing() -> BlockFailure {
     BlockFailure::InvalidRequest("a layer read into host memory needs a landing slot".into())
-}
-
-fn no_device_block() -> BlockFailure {
-    BlockFailure::InvalidRequest("no device block given".into())
-}
-
-async fn device_to_host(
-    device: &dyn Device,
-    memory: &MemoryTier,
-    geometry: &Geometry,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut copies = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        let Some(src) = b.device else {
-            results[i] = Err(no_device_block());
-            continue;
-        };
-        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
-            copies.push(Download {
-                src,
-                dst: Box::new(slot) as Box<dyn HostSink>,
-            });
-            which.push(i);
-        }
-    }
-    if copies.is_empty() {
-        return results;
-    }
-    match device.download(Span::Block, copies).await {
-        Err(e) => {
-            for i in which {
-                results[i] = Err(BlockFailure::Device(e.to_string()));
-            }
-        }
-        Ok(done) => {
-            for ((sink, copied), i) in done.into_iter().zip(which) {
-                results[i] = match copied {
-                    Err(e) => Err(BlockFailure::Device(e.to_string())),
-                    Ok(()) => commit_download(sink, &blocks[i], geometry),
-                };
-            }
-        }
-    }
-    results
-}
-
-/// Commits a downloaded block: verified against the sums it carries, or
-/// hashed now when it is new to kvtier.
-fn commit_download(sink: Box<dyn HostSink>, block: &BlockMove, geometry: &Geometry) -> BlockResult {
-    let any: Box<dyn Any> = sink;
-    let slot = any
-        .downcast::<SlotReservation>()
-        .map_err(|_| BlockFailure::Device("device returned a foreign buffer".into()))?;
-    match &block.sums {
-        Some(sums) => from_put(slot.commit(sums)),
-        None => {
-            let sums =
-                BlockSums::compute(block.key, geometry.layer_bytes() as usize, slot.as_slice());
-            from_put(slot.commit_verified(&sums))
-        }
-    }
-}
-
-async fn host_to_device(
-    memory: &MemoryTier,
-    device: &dyn Device,
-    geometry: &Geometry,
-    span: Span,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut copies = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        let Some(dst) = b.device else {
-            results[i] = Err(no_device_block());
-            continue;
-        };
-        let Some(block) = memory.get_ref(b.key) else {
-            results[i] = Err(BlockFailure::Miss);
-            continue;
-        };
-        // A caller's sums that differ from the stored ones mean a different
-        // block under this key: never deliver it.
-        if b.sums
-            .as_ref()
-            .is_some_and(|s| s.block != block.shared_sums().block)
-        {
-            results[i] = Err(BlockFailure::Corrupt);
-            continue;
-        }
-        let src: Result<Box<dyn HostSource>, BlockFailure> = match span {
-            Span::Block => {
-                if block.verify() {
-                    Ok(Box::new(block))
-                } else {
-                    Err(BlockFailure::Corrupt)
-                }
-            }
-            Span::Layer(l) => {
-                let range = geometry.layer_range(l);
-                let range = range.start as usize..range.end as usize;
-                let intact = block
-                    .get(range.clone())
-                    .zip(block.shared_sums().layers.get(l as usize))
-                    .is_some_and(|(bytes, want)| layer_checksum(b.key, l, bytes) == *want);
-                match (intact, HostSlice::new(block, range)) {
-                    (true, Some(slice)) => Ok(Box::new(slice)),
-                    _ => Err(BlockFailure::Corrupt),
-                }
-            }
-        };
-        match src {
-            Ok(src) => {
-                copies.push(Upload { dst, src });
-                which.push(i);
-            }
-            Err(e) => {
-                // The DRAM copy is bad: drop it so nobody else reads it.
-                memory.remove(b.key);
-                results[i] = Err(e);
-            }
-        }
-    }
-    upload(device, span, copies, which, &mut results).await;
-    results
-}
-
-/// Uploads `copies` (for blocks `which`) and records their results.
-async fn upload(
-    device: &dyn Device,
-    span: Span,
-    copies: Vec<Upload<Box<dyn HostSource>>>,
-    which: Vec<usize>,
-    results: &mut [BlockResult],
-) {
-    if copies.is_empty() {
-        return;
-    }
-    match device.upload(span, copies).await {
-        Err(e) => {
-            for i in which {
-                results[i] = Err(BlockFailure::Device(e.to_string()));
-            }
-        }
-        Ok(done) => {
-            for ((_, copied), i) in done.into_iter().zip(which) {
-                results[i] = copied.map_err(|e| BlockFailure::Device(e.to_string()));
-            }
-        }
-    }
 }
 
 /// A DRAM block's bytes as the source of a disk write.
@@ -534,53 +354,6 @@ async fn disk_to_landings(
             (other, _) => Err(lookup_failure(other)),
         };
     }
-    results
-}
-
-async fn disk_to_device(
-    disk: &DiskTier,
-    device: &dyn Device,
-    geometry: &Geometry,
-    span: Span,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let len = span.bytes(geometry) as usize;
-    let mut reqs = Vec::new();
-    let mut dsts = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        let Some(dst) = b.device else {
-            results[i] = Err(no_device_block());
-            continue;
-        };
-        reqs.push((b.key, AlignedBuf::zeroed(len, BOUNCE_ALIGN)));
-        dsts.push(dst);
-        which.push(i);
-    }
-    if reqs.is_empty() {
-        return results;
-    }
-    // One disk submission per batch: the whole blocks, or this one layer of
-    // every block (Tutti: one control step per layer, not per block).
-    let read = match span {
-        Span::Block => disk.get_batch(reqs).await,
-        Span::Layer(l) => disk.read_layers(reqs, l..l + 1).await,
-    };
-    let mut copies = Vec::new();
-    let mut uploading = Vec::new();
-    for (((buf, lookup), dst), i) in read.into_iter().zip(dsts).zip(which) {
-        if lookup.is_hit() {
-            copies.push(Upload {
-                dst,
-                src: Box::new(buf) as Box<dyn HostSource>,
-            });
-            uploading.push(i);
-        } else {
-            results[i] = Err(lookup_failure(lookup));
-        }
-    }
-    upload(device, span, copies, uploading, &mut results).await;
     results
 }
 
@@ -734,51 +507,5 @@ async fn remote_to_host(
             other => Err(remote_failure(other)),
         };
     }
-    results
-}
-
-async fn remote_to_device(
-    remote: &RemoteTier,
-    device: &dyn Device,
-    span: Span,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut keys = Vec::new();
-    let mut dsts = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        let Some(dst) = b.device else {
-            results[i] = Err(no_device_block());
-            continue;
-        };
-        keys.push(b.key);
-        dsts.push(dst);
-        which.push(i);
-    }
-    if keys.is_empty() {
-        return results;
-    }
-    // One remote batch: whole objects, or one ranged read of this layer per
-    // object; the remote tier verifies every byte it returns.
-    let read = match span {
-        Span::Block => remote.get_batch(&keys).await,
-        Span::Layer(l) => remote.read_layers(&keys, l..l + 1).await,
-    };
-    let mut copies = Vec::new();
-    let mut uploading = Vec::new();
-    for ((got, dst), i) in read.into_iter().zip(dsts).zip(which) {
-        match got {
-            RemoteRead::Hit { bytes, .. } => {
-                copies.push(Upload {
-                    dst,
-                    src: Box::new(bytes) as Box<dyn HostSource>,
-                });
-                uploading.push(i);
-            }
-            other => results[i] = Err(remote_failure(other)),
-        }
-    }
-    upload(device, span, copies, uploading, &mut results).await;
     results
 }

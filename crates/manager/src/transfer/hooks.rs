@@ -11,7 +11,7 @@
 //!
 //! A layer-wise load ([`IoScheduler::load`](crate::scheduler::IoScheduler::load))
 //! is one engine transfer per layer, each with `span = Span::Layer(l)`, all
-//! naming the same blocks: a block is wholly resident on the device only
+//! naming the same blocks: a block is wholly resident in its landing only
 //! after the transfer of its last layer finishes. Hooks that guard whole
 //! blocks should settle on `Span::Layer(geometry.layers - 1)` (or count
 //! layers) rather than on the first finish.
@@ -21,8 +21,7 @@ use std::collections::HashMap;
 use kvtier_core::BlockHash;
 use parking_lot::Mutex;
 
-use super::request::BlockResult;
-use crate::device::Span;
+use super::request::{BlockResult, Span};
 use crate::tier::{Tier, TransferPath};
 
 /// A transfer as the hooks see it when it starts.

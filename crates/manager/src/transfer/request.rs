@@ -1,28 +1,49 @@
 //! What a caller submits ([`TransferRequest`]) and what it gets back
 //! ([`TransferHandle`], [`BlockResult`] per block).
 
+use std::ops::Range;
 use std::sync::Arc;
 
-use kvtier_core::{BlockHash, BlockSums};
+use kvtier_core::{BlockHash, BlockSums, Geometry};
 
 use super::completion::{CompletionCell, WaitAll, WaitBlock};
 use super::landing::HostLanding;
-use crate::device::{DeviceBlockId, Span};
 use crate::tier::TransferPath;
+
+/// Which bytes of each block a transfer moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Span {
+    /// The whole block (`geometry.block_bytes()`).
+    Block,
+    /// One layer (`geometry.layer_bytes()`, at `geometry.layer_range(l)`):
+    /// layer-wise onboarding into host landings.
+    Layer(u32),
+}
+
+impl Span {
+    /// The byte range of this span inside a block of `geometry`, or `None`
+    /// when the layer is out of range.
+    pub fn range(self, geometry: &Geometry) -> Option<Range<u64>> {
+        match self {
+            Span::Block => Some(0..geometry.block_bytes()),
+            Span::Layer(l) if l < geometry.layers => Some(geometry.layer_range(l)),
+            Span::Layer(_) => None,
+        }
+    }
+
+    /// Bytes of this span for blocks of `geometry` (0 for a bad layer).
+    pub fn bytes(self, geometry: &Geometry) -> u64 {
+        self.range(geometry).map_or(0, |r| r.end - r.start)
+    }
+}
 
 /// One block of a transfer.
 #[derive(Debug, Clone)]
 pub struct BlockMove {
-    /// The block's key (its identity in G2 and G3).
+    /// The block's key (its identity in every tier).
     pub key: BlockHash,
-    /// The device block at the G1 end: the source of a device-to-host
-    /// offload, the destination of an onboard to the device. `None` on
-    /// paths that do not touch G1.
-    pub device: Option<DeviceBlockId>,
-    /// The checksums the block carries, when the caller knows them. A block
-    /// offloaded from G1 without them is entering kvtier: its checksums are
-    /// computed from the bytes downloaded. With them, the bytes are
-    /// verified against them before they are stored.
+    /// The checksums the block carries, when the caller knows them: the
+    /// bytes are verified against them before they are stored.
     pub sums: Option<BlockSums>,
     /// The arena slot a block read from the disk layer by layer lands in
     /// (`DiskToHost` with layer spans); `None` elsewhere.
@@ -36,31 +57,19 @@ impl PartialEq for BlockMove {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        self.key == other.key
-            && self.device == other.device
-            && self.sums == other.sums
-            && same_landing
+        self.key == other.key && self.sums == other.sums && same_landing
     }
 }
 
 impl Eq for BlockMove {}
 
 impl BlockMove {
-    /// A block that lives in G2 / G3 only (no device end).
+    /// A block moved whole, by its key.
     pub fn key(key: BlockHash) -> Self {
         Self {
             key,
-            device: None,
             sums: None,
             landing: None,
-        }
-    }
-
-    /// A block with a device end.
-    pub fn with_device(key: BlockHash, device: DeviceBlockId) -> Self {
-        Self {
-            device: Some(device),
-            ..Self::key(key)
         }
     }
 
@@ -78,9 +87,8 @@ impl BlockMove {
 pub struct TransferRequest {
     /// The path.
     pub path: TransferPath,
-    /// Which bytes of each block: whole blocks, or one layer (onto the
-    /// device, `HostToDevice` / `DiskToDevice`, or from the disk into
-    /// landings, `DiskToHost`).
+    /// Which bytes of each block: whole blocks, or one layer (from the
+    /// disk or G4 into landings, `DiskToHost` / `RemoteToHost`).
     pub span: Span,
     /// The blocks.
     pub blocks: Vec<BlockMove>,
@@ -111,17 +119,14 @@ pub enum BlockFailure {
     /// The destination has no room (and nothing evictable).
     #[error("destination full")]
     Full,
-    /// The request cannot be carried out as asked (missing device block,
-    /// layer span on an offload, bad layer).
+    /// The request cannot be carried out as asked (layer span on an
+    /// offload, bad layer, a layer read without a landing).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// No executor serves this path (remote transfers, or a tier the engine
     /// was built without).
     #[error("path {0} is not served")]
     Unsupported(&'static str),
-    /// The device reported an error.
-    #[error("device: {0}")]
-    Device(String),
     /// A tier reported an I/O or storage error.
     #[error("tier: {0}")]
     Tier(String),
