@@ -1,6 +1,7 @@
-//! The assembled [`BlockManager`] end to end over real tiers: a host-memory
-//! device (gated where the test decides when copies land), a shared-memory
-//! arena in /dev/shm and a disk tier in a temporary directory.
+//! The assembled [`BlockManager`] end to end over real tiers, as the node
+//! runs it: a shared-memory arena in /dev/shm as G2 (the top tier) and a
+//! disk tier in a temporary directory as G3, its reads gated where the test
+//! decides when layers land.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,9 +12,7 @@ use kvtier_arena::{ArenaClient, ArenaReader};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::{DiskPut, DiskTier};
 use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
-use kvtier_manager::Tier;
 use kvtier_manager::admission::AdmissionConfig;
-use kvtier_manager::device::{CopyDirection, Device, GatedDevice, HostDevice, HostDeviceOptions};
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
 use kvtier_manager::manager::{
     BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerTiers,
@@ -21,12 +20,15 @@ use kvtier_manager::manager::{
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
+use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
+// Shared with other tests; this one makes node arenas of its own.
+#[allow(dead_code)]
 mod tiers;
-use tiers::{disk, geometry, memory};
+use tiers::{disk, geometry};
 
 fn pool(blocks: usize) -> PoolConfig {
     PoolConfig {
@@ -42,7 +44,6 @@ fn pool(blocks: usize) -> PoolConfig {
 fn config(mode: CascadeMode) -> ManagerConfig {
     ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: Some(pool(4)),
             g2: Some(pool(4)),
             g3: Some(pool(16)),
             g4: None,
@@ -73,29 +74,57 @@ fn with_bytes(keys: &[BlockHash]) -> Vec<(BlockHash, Vec<u8>)> {
     keys.iter().map(|k| (*k, block_content(*k, len))).collect()
 }
 
+/// Stores `keys` as one prefix chain, as an engine does on the node:
+/// reserve every key (each one's parent is the key before it), fill the
+/// arena slots, commit. Every block must be stored.
+async fn store_chain(m: &BlockManager, keys: &[BlockHash]) {
+    let layer_bytes = geometry().layer_bytes() as usize;
+    let granted = m.reserve_host(keys).await.expect("reserve");
+    let mut filled = Vec::with_capacity(keys.len());
+    for ((key, bytes), grant) in with_bytes(keys).into_iter().zip(granted) {
+        let HostReserve::Reserved(mut r) = grant else {
+            panic!("{key} not reserved: {grant:?}");
+        };
+        let sums = r.fill(&bytes, layer_bytes).expect("fill");
+        filled.push((r, sums));
+    }
+    let committed = m.commit_host(filled).await;
+    assert!(
+        committed.iter().all(|c| matches!(c, HostCommit::Stored)),
+        "{committed:?}"
+    );
+}
+
+/// Checks that G2's arena serves each of `keys` with its own bytes.
+fn assert_in_arena(memory: &MemoryTier, keys: &[BlockHash]) {
+    let len = geometry().block_bytes() as usize;
+    let mut out = vec![0u8; len];
+    for k in keys {
+        assert_eq!(memory.get(*k, &mut out), Lookup::Hit, "{k} not in G2");
+        assert!(out == block_content(*k, len), "bytes of {k} in G2 differ");
+    }
+}
+
 struct Rig {
     manager: BlockManager,
-    host: Arc<HostDevice>,
-    gate: Arc<GatedDevice>,
+    memory: MemoryTier,
+    gate: Arc<ReadGate>,
     batches: mpsc::Receiver<Arc<EventBatch>>,
     _dir: tempfile::TempDir,
 }
 
-fn rig(mode: CascadeMode) -> Rig {
-    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
-    let gate = Arc::new(GatedDevice::new(host.clone() as Arc<dyn Device>));
-    let (dir, disk) = disk(
-        "kvtier-mgr-e2e",
-        8 << 20,
-        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
-    );
+/// A node's manager (G2 on a node arena of 4 slots, G3 of 16 on a disk
+/// whose reads the test may hold) publishing its events to a channel.
+fn rig(cfg: ManagerConfig) -> Rig {
+    let gate = Arc::new(ReadGate::new(psync()));
+    let (dir, disk) = disk("kvtier-mgr-e2e", 8 << 20, gate.clone());
+    let memory = node_arena(4);
     let (sink, batches) = ChannelSink::new(1024);
     let manager = BlockManager::new(
-        config(mode),
+        cfg,
         ManagerTiers {
-            geometry: *gate.geometry(),
-            device: Some(gate.clone()),
-            memory: Some(memory("e2e", 16)),
+            geometry: geometry(),
+            memory: Some(memory.clone()),
             disk: Some(disk),
             remote: None,
         },
@@ -104,7 +133,7 @@ fn rig(mode: CascadeMode) -> Rig {
     .expect("manager");
     Rig {
         manager,
-        host,
+        memory,
         gate,
         batches,
         _dir: dir,
@@ -132,36 +161,33 @@ fn digest(events: &[KvEvent]) -> Vec<(Tier, bool, BlockHash)> {
         .collect()
 }
 
+fn residency(m: &BlockManager, h: BlockHash) -> Vec<Tier> {
+    m.registry().residency(h).iter().collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_cascade_down_and_onboard_back_layer_by_layer() {
-    let mut rig = rig(CascadeMode::Exclusive);
+    let mut rig = rig(config(CascadeMode::Exclusive));
     let m = &rig.manager;
     let a = chain(1, 4);
     let b = chain(2, 4);
-    let c = chain(3, 4);
-    // A fills G1; B pushes A to G2; C pushes B to G2 and A on to G3.
-    for keys in [&a, &b, &c] {
-        let held = m
-            .store_computed(None, with_bytes(keys))
-            .await
-            .expect("store");
-        drop(held);
-    }
-    let reg = m.registry();
+    // A fills G2; B pushes A down to G3.
+    store_chain(m, &a).await;
+    store_chain(m, &b).await;
     for h in &a {
-        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G3]);
+        assert_eq!(residency(m, *h), vec![Tier::G3]);
+        assert!(!rig.memory.contains(*h), "{h} left G2 but not its arena");
     }
     for h in &b {
-        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G2]);
-    }
-    for h in &c {
-        assert_eq!(reg.residency(*h).iter().collect::<Vec<_>>(), vec![Tier::G1]);
+        assert_eq!(residency(m, *h), vec![Tier::G2]);
     }
 
-    // Onboard A back from G3, layer by layer.
+    // Onboard A back from G3, layer by layer into arena landings; B goes
+    // down to make room.
     let onboarding = m.begin_onboard(&a).await.expect("begin onboard");
     assert_eq!(onboarding.matched().count_in(Tier::G3), 4);
     assert_eq!(onboarding.loading(), 4);
+    assert!(onboarding.has_landings());
     for layer in 0..geometry().layers {
         let results = onboarding.wait_layer(layer).await;
         assert_eq!(results.len(), 4);
@@ -181,20 +207,13 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
             .collect::<Vec<_>>(),
         a
     );
-    let len = geometry().block_bytes() as usize;
-    for b in &onboarded.blocks {
-        let id = m.device_block(b.slot()).expect("device block");
-        assert_eq!(
-            rig.host.read_block(id).expect("read"),
-            block_content(b.hash(), len),
-            "bytes of {} after G3 -> G1",
-            b.hash()
-        );
-        // Exclusive: the block moved, it is in G1 only.
-        assert_eq!(
-            reg.residency(b.hash()).iter().collect::<Vec<_>>(),
-            vec![Tier::G1]
-        );
+    assert_in_arena(&rig.memory, &a);
+    for h in &a {
+        // Exclusive: the block moved, it is in G2 only.
+        assert_eq!(residency(m, *h), vec![Tier::G2]);
+    }
+    for h in &b {
+        assert_eq!(residency(m, *h), vec![Tier::G3]);
     }
     drop(onboarded);
     let stats = m.stats();
@@ -204,7 +223,7 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
         stats
             .paths
             .iter()
-            .any(|p| p.path == kvtier_manager::TransferPath::DiskToDevice && p.bytes > 0)
+            .any(|p| p.path == TransferPath::DiskToHost && p.bytes > 0)
     );
 
     // Events, in order per tier: each tier's stored / removed history is
@@ -219,15 +238,15 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
             .map(|(_, s, h)| (*s, *h))
             .collect()
     };
-    let g1 = per_tier(Tier::G1);
+    let g2 = per_tier(Tier::G2);
     let stored = |keys: &[BlockHash]| keys.iter().map(|h| (true, *h)).collect::<Vec<_>>();
-    // G1: A stored, then A removed (4 victims) before B is stored...
-    assert_eq!(&g1[..4], &stored(&a)[..]);
-    assert!(g1[4..8].iter().all(|(s, h)| !s && a.contains(h)));
-    assert_eq!(&g1[8..12], &stored(&b)[..]);
+    // G2: A stored, then A removed (4 victims) before B is stored...
+    assert_eq!(&g2[..4], &stored(&a)[..]);
+    assert!(g2[4..8].iter().all(|(s, h)| !s && a.contains(h)));
+    assert_eq!(&g2[8..12], &stored(&b)[..]);
     // ...and at the end A is stored again (onboarded).
-    assert!(g1[g1.len() - 4..].iter().all(|(s, h)| *s && a.contains(h)));
-    // G3 stored A (pushed down by C), then B (pushed down to make room
+    assert!(g2[g2.len() - 4..].iter().all(|(s, h)| *s && a.contains(h)));
+    // G3 stored A (pushed down by B), then B (pushed down to make room
     // for A), then removed A when it moved up. Victims go leaves first,
     // but the moves are written root first (co-location on disk), so a
     // chain arrives below in chain order.
@@ -243,7 +262,7 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
         if let KvEvent::Stored(s) = e {
             assert_eq!(s.bytes, geometry().block_bytes());
             let h = s.block_hashes[0];
-            let expected_parent = [&a, &b, &c]
+            let expected_parent = [&a, &b]
                 .iter()
                 .find_map(|k| {
                     k.iter()
@@ -252,8 +271,8 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
                 })
                 .flatten();
             assert_eq!(s.parent_hash, expected_parent, "parent of {h}");
-            if s.tier == Tier::G1 {
-                assert!(s.location.is_some(), "G1 events carry the device slot");
+            if s.tier == Tier::G2 {
+                assert!(s.location.is_some(), "G2 events carry the arena slot");
             }
         }
     }
@@ -263,184 +282,167 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_in_flight_is_neither_readable_nor_evictable() {
-    let rig = rig(CascadeMode::Exclusive);
+    let rig = rig(config(CascadeMode::Exclusive));
     let m = &rig.manager;
     let a = chain(7, 4);
     let b = chain(8, 4);
-    drop(
-        m.store_computed(None, with_bytes(&a))
-            .await
-            .expect("store a"),
-    );
-    drop(
-        m.store_computed(None, with_bytes(&b))
-            .await
-            .expect("store b"),
-    );
-    // A is in G2 now; B in G1. Hold the device's uploads: onboarding A
-    // starts, but its layers do not land.
-    let g1 = m.pool(Tier::G1).expect("g1");
+    store_chain(m, &a).await;
+    store_chain(m, &b).await;
+    // A is in G3 now; B in G2. Hold the disk's reads: onboarding A starts,
+    // but its layers do not land.
     let g2 = m.pool(Tier::G2).expect("g2");
-    rig.gate.hold(CopyDirection::Upload, true);
+    let g3 = m.pool(Tier::G3).expect("g3");
+    rig.gate.hold.store(true, Ordering::SeqCst);
     let onboarding = m.begin_onboard(&a[..2]).await.expect("begin");
-    rig.gate.wait_held(1).await;
+    let mut buf = vec![0u8; geometry().block_bytes() as usize];
     for h in &a[..2] {
-        // Not readable in G1 (filling), not matchable there.
-        assert_eq!(g1.presence(*h), Some(Presence::Filling));
-        assert!(g1.acquire(*h).is_none());
-        assert_eq!(m.lookup(&[*h]).blocks[0].tier, Tier::G2);
+        // Not readable in G2 (filling), not matchable there, not in the
+        // arena.
+        assert_eq!(g2.presence(*h), Some(Presence::Filling));
+        assert!(g2.acquire(*h).is_none());
+        assert_eq!(rig.memory.get(*h, &mut buf), Lookup::Miss);
+        assert_eq!(m.lookup(&[*h]).blocks[0].tier, Tier::G3);
     }
-    // The sources in G2 cannot be evicted: making room for A[..2] sent
-    // A[2..] to G3 and two of B to G2, and only those two may go.
+    // The landings' slots in G2 cannot be evicted: making room for A[..2]
+    // sent two of B to G3, and only the other two of B may go.
     assert_eq!(g2.available(), 2);
     let leaving = g2.plan_leaving(4);
     assert_eq!(leaving.len(), 2);
     assert!(leaving.iter().all(|l| b.contains(&l.hash())));
     drop(leaving);
+    // Nor can the sources in G3: everything else there may go.
+    let leaving = g3.plan_leaving(16);
+    assert_eq!(leaving.len(), 4, "A[2..] and two of B");
+    assert!(leaving.iter().all(|l| !a[..2].contains(&l.hash())));
+    drop(leaving);
     // Layer 0 lands; the next layer is held. The block is still not
     // readable: a layer-wise move settles on its last layer only.
-    let first = rig.gate.release_next(CopyDirection::Upload).await;
-    assert_eq!(first.span, kvtier_manager::device::Span::Layer(0));
-    rig.gate.wait_held(1).await;
+    rig.gate.release_next().await;
+    let layer0 = onboarding.wait_layer(0).await;
+    assert!(layer0.iter().all(|(_, r)| r.is_ok()), "{layer0:?}");
     for h in &a[..2] {
-        assert_eq!(g1.presence(*h), Some(Presence::Filling));
+        assert_eq!(g2.presence(*h), Some(Presence::Filling));
+        assert_eq!(rig.memory.get(*h, &mut buf), Lookup::Miss);
     }
     // Let every layer land.
-    rig.gate.hold(CopyDirection::Upload, false);
-    rig.gate.release_all();
+    rig.gate.open();
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 2);
     for h in &a[..2] {
-        assert_eq!(g1.presence(*h), Some(Presence::Ready));
-        assert!(g2.presence(*h).is_none(), "exclusive: moved out of G2");
+        assert_eq!(g2.presence(*h), Some(Presence::Ready));
+        assert!(g3.presence(*h).is_none(), "exclusive: moved out of G3");
     }
+    assert_in_arena(&rig.memory, &a[..2]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inclusive_mode_keeps_copies_below() {
-    let rig = rig(CascadeMode::Inclusive);
+    let rig = rig(config(CascadeMode::Inclusive));
     let m = &rig.manager;
     let a = chain(11, 3);
-    drop(m.store_computed(None, with_bytes(&a)).await.expect("store"));
+    store_chain(m, &a).await;
     for h in &a {
-        let r: Vec<Tier> = m.registry().residency(*h).iter().collect();
-        assert_eq!(r, vec![Tier::G1, Tier::G2], "write-through copy of {h}");
+        assert_eq!(
+            residency(m, *h),
+            vec![Tier::G2, Tier::G3],
+            "write-through copy of {h}"
+        );
     }
     let stats = m.stats();
-    let d2h = stats
+    let h2disk = stats
         .paths
         .iter()
-        .find(|p| p.path == kvtier_manager::TransferPath::DeviceToHost)
-        .expect("d2h used");
-    assert_eq!(d2h.bytes, 3 * geometry().block_bytes());
+        .find(|p| p.path == TransferPath::HostToDisk)
+        .expect("h2disk used");
+    assert_eq!(h2disk.bytes, 3 * geometry().block_bytes());
+    // The copy below is whole: with G2's copies gone, the blocks come
+    // back from G3 with their bytes.
+    assert_eq!(m.pool(Tier::G2).expect("g2").remove_inactive_many(&a), 3);
+    m.flush_events();
+    let onboarded = m
+        .finish_onboard(m.begin_onboard(&a).await.expect("begin"))
+        .await
+        .expect("finish");
+    assert_eq!(onboarded.blocks.len(), 3, "failed: {:?}", onboarded.failed);
+    assert_in_arena(&rig.memory, &a);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_offloads_down_to_the_low_watermark() {
     let mut cfg = config(CascadeMode::Exclusive);
-    if let Some(g1) = cfg.hierarchy.g1.as_mut() {
-        g1.high_watermark = 0.5;
-        g1.low_watermark = 0.25;
+    if let Some(g2) = cfg.hierarchy.g2.as_mut() {
+        g2.high_watermark = 0.5;
+        g2.low_watermark = 0.25;
     }
     cfg.step_waits = true;
-    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
-    let (_dir, disk) = disk(
-        "kvtier-mgr-e2e",
-        8 << 20,
-        Arc::new(PsyncEngine::new(2, 64).expect("psync engine")),
-    );
-    let m = BlockManager::new(
-        cfg,
-        ManagerTiers {
-            geometry: *host.geometry(),
-            device: Some(host),
-            memory: Some(memory("e2e", 16)),
-            disk: Some(disk),
-            remote: None,
-        },
-        Vec::new(),
-    )
-    .expect("manager");
+    let rig = rig(cfg);
+    let m = &rig.manager;
     let a = chain(21, 3);
-    drop(m.store_computed(None, with_bytes(&a)).await.expect("store"));
+    store_chain(m, &a).await;
     // 3 of 4 used is above the high watermark (2): down to the low one (1),
-    // leaves first, so the chain's root stays on the device.
+    // leaves first, so the chain's root stays in G2.
     assert_eq!(m.step().await, 2);
-    let tiers = |h: BlockHash| m.registry().residency(h).iter().collect::<Vec<_>>();
-    assert_eq!(tiers(a[0]), vec![Tier::G1]);
-    assert_eq!(tiers(a[1]), vec![Tier::G2]);
-    assert_eq!(tiers(a[2]), vec![Tier::G2]);
+    assert_eq!(residency(m, a[0]), vec![Tier::G2]);
+    assert_eq!(residency(m, a[1]), vec![Tier::G3]);
+    assert_eq!(residency(m, a[2]), vec![Tier::G3]);
     // Below the high watermark now: nothing more to do.
     assert_eq!(m.step().await, 0);
     let stats = m.stats();
-    assert_eq!(stats.tier(Tier::G1).expect("g1").offloaded, 2);
+    assert_eq!(stats.tier(Tier::G2).expect("g2").offloaded, 2);
     // The offloaded bytes arrived intact: onboard them back.
     let onboarding = m.begin_onboard(&a).await.expect("begin");
     assert_eq!(onboarding.loading(), 2);
     let onboarded = m.finish_onboard(onboarding).await.expect("finish");
     assert_eq!(onboarded.blocks.len(), 3);
     assert!(onboarded.failed.is_empty());
+    assert_in_arena(&rig.memory, &a);
 }
 
-/// G1 is optional: without it G2 is the fastest tier, and what the tiers
+/// G2 is the top tier and must be there, with its arena; what the tiers
 /// are given must agree with what is configured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn g1_is_optional_and_tiers_must_match_the_configuration() {
-    let hierarchy = |g1: bool, g2: bool| HierarchyConfig {
-        g1: g1.then(|| pool(4)),
-        g2: g2.then(|| pool(4)),
-        g3: None,
-        g4: None,
-        placement: PlacementConfig::default(),
-    };
-    let tiers = |device: bool, memory_tier: bool| ManagerTiers {
-        geometry: geometry(),
-        device: device.then(|| {
-            Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()))
-                as Arc<dyn Device>
-        }),
-        memory: memory_tier.then(|| memory("g1opt", 4)),
-        disk: None,
-        remote: None,
-    };
-    let build = |g1: bool, g2: bool, device: bool, memory_tier: bool| {
+async fn tiers_must_match_the_configuration() {
+    let build = |g2: bool, g3: bool, memory_tier: bool| {
         let config = ManagerConfig {
-            hierarchy: hierarchy(g1, g2),
+            hierarchy: HierarchyConfig {
+                g2: g2.then(|| pool(4)),
+                g3: g3.then(|| pool(4)),
+                g4: None,
+                placement: PlacementConfig::default(),
+            },
             ..ManagerConfig::default()
         };
-        BlockManager::new(config, tiers(device, memory_tier), Vec::new())
+        let tiers = ManagerTiers {
+            geometry: geometry(),
+            memory: memory_tier.then(|| node_arena(4)),
+            disk: None,
+            remote: None,
+        };
+        BlockManager::new(config, tiers, Vec::new())
     };
     let refused = |r: Result<BlockManager, ManagerError>, why: &str| match r {
         Err(e) => assert!(e.to_string().contains(why), "{e}"),
         Ok(_) => panic!("accepted; expected {why:?}"),
     };
+    refused(build(false, false, true), "G2 must be configured");
+    refused(build(false, true, true), "G2 must be configured");
     refused(
-        build(true, true, false, true),
-        "G1 is configured without a device",
-    );
-    refused(
-        build(false, false, false, true),
-        "G1 or G2 must be configured",
-    );
-    refused(
-        build(false, true, false, false),
+        build(true, false, false),
         "G2 is configured without a memory tier",
     );
+    refused(
+        build(true, true, true),
+        "G3 is configured without a disk tier",
+    );
 
-    let m = build(false, true, false, true).expect("a manager without G1");
+    let m = build(true, false, true).expect("a manager with G2 alone");
     assert_eq!(m.top().expect("top").tier(), Tier::G2);
-    // G1 operations say so rather than panic.
-    let err = m.store_computed(None, Vec::new()).await.unwrap_err();
-    assert!(err.to_string().contains("G1 is not configured"), "{err}");
     // Blocks stored into G2 from this process are found and onboarded to G2.
     let len = geometry().block_bytes() as usize;
     let keys = chain(7, 2);
     for k in &keys {
         let stored = m.put_host(*k, &block_content(*k, len)).await.expect("put");
-        assert!(matches!(
-            stored,
-            Some(kvtier_manager::manager::HostCommit::Stored)
-        ));
+        assert!(matches!(stored, Some(HostCommit::Stored)));
     }
     let found = m.lookup(&keys);
     assert_eq!(found.count_in(Tier::G2), 2);
@@ -472,7 +474,7 @@ fn node_arena(blocks: u64) -> MemoryTier {
     MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
 }
 
-/// A node's manager: no device, G2 on a node arena of 4 slots, G3 on disk.
+/// A node's manager: G2 on a node arena of 4 slots, G3 on disk.
 fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
     host_rig_on(
         mode,
@@ -482,12 +484,10 @@ fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
 
 /// [`host_rig`] with the disk on `engine`.
 fn host_rig_on(mode: CascadeMode, engine: Arc<dyn IoEngine>) -> (BlockManager, tempfile::TempDir) {
-    let mut cfg = config(mode);
-    cfg.hierarchy.g1 = None;
+    let cfg = config(mode);
     let (dir, disk) = disk("kvtier-mgr-host", 8 << 20, engine);
     let tiers = ManagerTiers {
         geometry: geometry(),
-        device: None,
         memory: Some(node_arena(4)),
         disk: Some(disk),
         remote: None,
@@ -638,14 +638,12 @@ fn psync() -> Arc<dyn IoEngine> {
     Arc::new(PsyncEngine::new(2, 64).expect("psync engine"))
 }
 
-/// A node's manager (no device, G2 of 4 blocks) started over
+/// A node's manager (G2 of 4 blocks) started over
 /// an arena and a disk log that already hold blocks, as after a restart.
 fn restarted_host(memory: &MemoryTier, disk: Arc<DiskTier>, mode: CascadeMode) -> BlockManager {
-    let mut cfg = config(mode);
-    cfg.hierarchy.g1 = None;
+    let cfg = config(mode);
     let tiers = ManagerTiers {
         geometry: geometry(),
-        device: None,
         memory: Some(memory.clone()),
         disk: Some(disk),
         remote: None,
@@ -763,7 +761,7 @@ impl IoEngine for ReadGate {
     }
 }
 
-/// On a node (no device), a block onboarded from the disk arrives in an
+/// On a node, a block onboarded from the disk arrives in an
 /// arena slot reserved before any byte moves, one layer at a time: layer 0
 /// can be read (verified against the checksum the disk authenticated)
 /// while the later layers are still on the disk, and the block is
