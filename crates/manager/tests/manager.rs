@@ -3,15 +3,13 @@
 //! disk tier in a temporary directory as G3, its reads gated where the test
 //! decides when layers land.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use kvtier_arena::{ArenaClient, ArenaReader};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::{DiskPut, DiskTier};
-use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, PsyncEngine};
+use kvtier_io::{IoEngine, PsyncEngine};
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
 use kvtier_manager::manager::{
@@ -23,6 +21,10 @@ use kvtier_manager::test_support::block_content;
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 use tokio::sync::mpsc;
+
+#[path = "support/gate.rs"]
+mod gate;
+use gate::{Held, IoGate};
 
 #[path = "support/tiers.rs"]
 // Shared with other tests; this one makes node arenas of its own.
@@ -108,7 +110,7 @@ fn assert_in_arena(memory: &MemoryTier, keys: &[BlockHash]) {
 struct Rig {
     manager: BlockManager,
     memory: MemoryTier,
-    gate: Arc<ReadGate>,
+    gate: Arc<IoGate>,
     batches: mpsc::Receiver<Arc<EventBatch>>,
     _dir: tempfile::TempDir,
 }
@@ -116,7 +118,7 @@ struct Rig {
 /// A node's manager (G2 on a node arena of 4 slots, G3 of 16 on a disk
 /// whose reads the test may hold) publishing its events to a channel.
 fn rig(cfg: ManagerConfig) -> Rig {
-    let gate = Arc::new(ReadGate::new(psync()));
+    let gate = Arc::new(IoGate::new(psync()));
     let (dir, disk) = disk("kvtier-mgr-e2e", 8 << 20, gate.clone());
     let memory = node_arena(4);
     let (sink, batches) = ChannelSink::new(1024);
@@ -292,7 +294,7 @@ async fn a_block_in_flight_is_neither_readable_nor_evictable() {
     // but its layers do not land.
     let g2 = m.pool(Tier::G2).expect("g2");
     let g3 = m.pool(Tier::G3).expect("g3");
-    rig.gate.hold.store(true, Ordering::SeqCst);
+    rig.gate.hold(Held::Reads);
     let onboarding = m.begin_onboard(&a[..2]).await.expect("begin");
     let mut buf = vec![0u8; geometry().block_bytes() as usize];
     for h in &a[..2] {
@@ -691,76 +693,6 @@ async fn push_down_and_read_back(
     }
 }
 
-/// A disk engine that, while holding, keeps batches of reads until the
-/// test releases them one by one: the test decides when each layer of an
-/// onboarding lands. Writes always pass.
-struct ReadGate {
-    inner: Arc<dyn IoEngine>,
-    hold: AtomicBool,
-    held: parking_lot::Mutex<VecDeque<(IoBatch, Completer)>>,
-    arrived: tokio::sync::Notify,
-}
-
-impl ReadGate {
-    fn new(inner: Arc<dyn IoEngine>) -> Self {
-        Self {
-            inner,
-            hold: AtomicBool::new(false),
-            held: parking_lot::Mutex::new(VecDeque::new()),
-            arrived: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// Lets the oldest held batch go, waiting for one if none is held.
-    async fn release_next(&self) {
-        loop {
-            let next = self.held.lock().pop_front();
-            if let Some((batch, completer)) = next {
-                let done = self.inner.submit(batch);
-                tokio::spawn(async move { completer.complete(done.await) });
-                return;
-            }
-            self.arrived.notified().await;
-        }
-    }
-
-    /// Stops holding and lets every held batch go.
-    fn open(&self) {
-        self.hold.store(false, Ordering::SeqCst);
-        let held: Vec<_> = self.held.lock().drain(..).collect();
-        for (batch, completer) in held {
-            let done = self.inner.submit(batch);
-            tokio::spawn(async move { completer.complete(done.await) });
-        }
-    }
-}
-
-impl IoEngine for ReadGate {
-    fn name(&self) -> &'static str {
-        "read-gate"
-    }
-    fn register_file(&self, file: std::fs::File) -> kvtier_io::Result<FileId> {
-        self.inner.register_file(file)
-    }
-    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.inner.register_memory(ptr, len) }
-    }
-    fn submit(&self, batch: IoBatch) -> Completion {
-        let reads = !batch.is_empty() && batch.ops().iter().all(|o| matches!(o.kind, IoKind::Read));
-        if !reads || !self.hold.load(Ordering::SeqCst) {
-            return self.inner.submit(batch);
-        }
-        let (completer, completion) = Completion::pair();
-        self.held.lock().push_back((batch, completer));
-        self.arrived.notify_one();
-        completion
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-}
-
 /// On a node, a block onboarded from the disk arrives in an
 /// arena slot reserved before any byte moves, one layer at a time: layer 0
 /// can be read (verified against the checksum the disk authenticated)
@@ -768,7 +700,7 @@ impl IoEngine for ReadGate {
 /// published, readable whole, only once every layer landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
-    let gate = Arc::new(ReadGate::new(Arc::new(
+    let gate = Arc::new(IoGate::new(Arc::new(
         PsyncEngine::new(2, 64).expect("psync engine"),
     )));
     let (m, _dir) = host_rig_on(CascadeMode::Exclusive, gate.clone());
@@ -788,7 +720,7 @@ async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
     let arena = ArenaClient::open(memory.shm_name()).expect("map the arena");
     let table = ArenaReader::open(memory.shm_name()).expect("map the arena read-only");
 
-    gate.hold.store(true, Ordering::SeqCst);
+    gate.hold(Held::Reads);
     let onboarding = m.begin_onboard(&a[..1]).await.expect("begin");
     let slot = onboarding
         .landing_slot(a[0])

@@ -1,7 +1,7 @@
-//! The transfer engine end to end over real tiers: a [`HostDevice`], a
-//! shared-memory [`MemoryTier`] in /dev/shm and a [`DiskTier`] in a
-//! temporary directory, on both I/O engines (io_uring and the pread/pwrite
-//! pool). Bytes must arrive equal, verified; a corrupted disk block is a
+//! The transfer engine end to end over real tiers: a shared-memory
+//! [`MemoryTier`] in /dev/shm (G2) and a [`DiskTier`] in a temporary
+//! directory (G3), on both I/O engines (io_uring and the pread/pwrite
+//! pool), the disk gated where the test decides when bytes move. Bytes must arrive equal, verified; a corrupted disk block is a
 //! per-block failure, never delivered; destinations are unreadable until
 //! their transfer completes.
 
@@ -13,14 +13,15 @@ use std::time::Duration;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
 use kvtier_disk::DiskTier;
 use kvtier_io::{IoEngine, PsyncEngine, UringEngine};
-use kvtier_manager::device::{
-    CopyDirection, Device, DeviceBlockId, GatedDevice, HostDevice, HostDeviceOptions, HostSource,
-    Span, Upload,
-};
 use kvtier_manager::transfer::{
-    BlockFailure, BlockMove, InFlightTable, TransferEngine, TransferRequest,
+    BlockFailure, BlockMove, HostLanding, InFlightTable, Span, TransferEngine, TransferRequest,
 };
+use kvtier_mem::{MemoryTier, Reserve};
 use kvtier_manager::{Tier, TransferPath};
+
+#[path = "support/gate.rs"]
+mod gate;
+use gate::{Held, IoGate};
 
 #[path = "support/tiers.rs"]
 mod tiers;
@@ -59,29 +60,43 @@ fn content(key: BlockHash, len: usize) -> Vec<u8> {
     out
 }
 
-/// Writes `content(key)` into fresh device blocks, directly.
-async fn fill_device(device: &dyn Device, keys: &[BlockHash]) -> Vec<DeviceBlockId> {
-    let len = geometry().block_bytes() as usize;
-    let ids = device.allocate(keys.len()).expect("device blocks");
-    let copies = keys
-        .iter()
-        .zip(&ids)
-        .map(|(k, id)| Upload {
-            dst: *id,
-            src: Box::new(content(*k, len)) as Box<dyn HostSource>,
-        })
-        .collect();
-    for (_, r) in device.upload(Span::Block, copies).await.expect("upload") {
-        r.expect("copy");
+/// Puts `content(key)` of each of `keys` into DRAM, with its checksums.
+fn fill_dram(mem: &MemoryTier, keys: &[BlockHash]) {
+    let g = geometry();
+    for k in keys {
+        let data = content(*k, g.block_bytes() as usize);
+        let sums = BlockSums::compute(*k, g.layer_bytes() as usize, &data);
+        mem.put(*k, &data, &sums).expect("put");
     }
-    ids
 }
 
-fn moves(keys: &[BlockHash], ids: &[DeviceBlockId]) -> Vec<BlockMove> {
+/// A DRAM slot reserved for each of `keys`, as landings of layer reads.
+fn landings(mem: &MemoryTier, keys: &[BlockHash]) -> Vec<BlockMove> {
     keys.iter()
-        .zip(ids)
-        .map(|(k, id)| BlockMove::with_device(*k, *id))
+        .map(|k| match mem.reserve(*k).expect("reserve") {
+            Reserve::Reserved(slot) => BlockMove::landing(HostLanding::new(slot, geometry().layers)),
+            other => panic!("no landing for {k}: {other:?}"),
+        })
         .collect()
+}
+
+/// Reads layer `layer` of `blocks` from the disk into their landings.
+fn layer_request(layer: u32, blocks: &[BlockMove]) -> TransferRequest {
+    TransferRequest {
+        path: TransferPath::DiskToHost,
+        span: Span::Layer(layer),
+        blocks: blocks.to_vec(),
+    }
+}
+
+/// Checks that DRAM serves each of `keys` with its own bytes.
+fn assert_in_dram(mem: &MemoryTier, keys: &[BlockHash]) {
+    let len = geometry().block_bytes() as usize;
+    let mut buf = vec![0u8; len];
+    for k in keys {
+        assert_eq!(mem.get(*k, &mut buf), Lookup::Hit, "{k} not in DRAM");
+        assert!(buf == content(*k, len), "DRAM bytes of {k}");
+    }
 }
 
 fn key_moves(keys: &[BlockHash]) -> Vec<BlockMove> {
@@ -126,41 +141,21 @@ both_engines!(
     corrupted_disk_blocks_are_per_block_misses
 );
 
-/// G1 -> G2 -> G3 -> G2 -> G1 and G3 -> G1 (whole and per layer): the bytes
-/// that arrive are the bytes that left, with the checksums they entered
-/// with; metrics count every path.
+/// G2 -> G3 -> G2, whole blocks and layer by layer into landings: the
+/// bytes that arrive are the bytes that left, with the checksums they
+/// entered with; metrics count every path.
 async fn every_path_moves_bytes_intact(kind: Kind) {
     let g = geometry();
     let len = g.block_bytes() as usize;
-    let device: Arc<HostDevice> = Arc::new(HostDevice::new(g, 64, HostDeviceOptions::default()));
     let mem = memory("e2e", 32);
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
         .with_disk(disk.clone())
         .build()
         .expect("engine");
     let keys: Vec<BlockHash> = (0..8).map(|i| key(1, i)).collect();
-    let ids = fill_device(device.as_ref(), &keys).await;
-
-    // G1 -> G2: the blocks enter kvtier; checksums computed from the bytes.
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::DeviceToHost,
-            moves(&keys, &ids),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered(), "{:?}", out.failures());
-    for k in &keys {
-        let r = mem.get_ref(*k).expect("in DRAM");
-        assert!(r[..] == content(*k, len)[..], "DRAM bytes of {k}");
-        assert_eq!(
-            r.sums(),
-            BlockSums::compute(*k, g.layer_bytes() as usize, &content(*k, len))
-        );
-    }
+    fill_dram(&mem, &keys);
 
     // G2 -> G3, in two requests submitted together (one batch if the
     // worker sees both).
@@ -176,7 +171,7 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     assert!(b.wait().await.all_delivered());
     assert!(keys.iter().all(|k| disk.contains(*k)));
 
-    // G3 -> G2 after DRAM lost them.
+    // G3 -> G2 after DRAM lost them, whole blocks.
     for k in &keys {
         assert!(mem.remove(*k));
     }
@@ -194,47 +189,26 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
         1,
         "8 blocks from disk in one I/O submission"
     );
-    let mut buf = vec![0u8; len];
+    assert_in_dram(&mem, &keys);
     for k in &keys {
-        assert_eq!(mem.get(*k, &mut buf), Lookup::Hit);
-        assert!(buf == content(*k, len), "DRAM bytes of {k} after disk");
+        let r = mem.get_ref(*k).expect("in DRAM");
+        assert_eq!(
+            r.sums(),
+            BlockSums::compute(*k, g.layer_bytes() as usize, &content(*k, len))
+        );
     }
 
-    // G2 -> G1 into fresh device blocks.
-    let fresh = device.allocate(keys.len()).expect("device blocks");
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::HostToDevice,
-            moves(&keys, &fresh),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered(), "{:?}", out.failures());
-    for (k, id) in keys.iter().zip(&fresh) {
-        assert!(device.read_block(*id).expect("block") == content(*k, len));
+    // G3 -> G2 again, layer by layer into landings: a block is published
+    // by its last layer, not before.
+    for k in &keys {
+        assert!(mem.remove(*k));
     }
-
-    // G3 -> G1, whole blocks, then layer by layer into other fresh blocks.
-    let whole = device.allocate(keys.len()).expect("device blocks");
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::DiskToDevice,
-            moves(&keys, &whole),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered(), "{:?}", out.failures());
-    let layered = device.allocate(keys.len()).expect("device blocks");
+    let landed = landings(&mem, &keys);
+    let mut buf = vec![0u8; len];
     for l in 0..g.layers {
+        assert!(keys.iter().all(|k| mem.get(*k, &mut buf) == Lookup::Miss));
         let io_batches = disk.engine().stats().batches;
-        let out = engine
-            .submit(TransferRequest {
-                path: TransferPath::DiskToDevice,
-                span: Span::Layer(l),
-                blocks: moves(&keys, &layered),
-            })
-            .wait()
-            .await;
+        let out = engine.submit(layer_request(l, &landed)).wait().await;
         assert!(out.all_delivered(), "layer {l}: {:?}", out.failures());
         assert_eq!(
             disk.engine().stats().batches - io_batches,
@@ -242,47 +216,37 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
             "layer {l} of 8 blocks in one I/O submission"
         );
     }
-    for ((k, w), y) in keys.iter().zip(&whole).zip(&layered) {
-        assert!(device.read_block(*w).expect("block") == content(*k, len));
-        assert!(device.read_block(*y).expect("block") == content(*k, len));
-    }
+    assert_in_dram(&mem, &keys);
 
-    let d2h = engine.stats(TransferPath::DeviceToHost);
-    assert_eq!((d2h.transfers, d2h.blocks, d2h.failed_blocks), (1, 8, 0));
-    assert_eq!(d2h.bytes, 8 * g.block_bytes());
-    assert_eq!(d2h.queue_depth, 0);
-    assert!(d2h.max_queue_depth >= 8);
-    assert_eq!(d2h.latency.count, 1);
     let h2disk = engine.stats(TransferPath::HostToDisk);
-    assert_eq!((h2disk.transfers, h2disk.blocks), (2, 8));
+    assert_eq!((h2disk.transfers, h2disk.blocks, h2disk.failed_blocks), (2, 8, 0));
+    assert_eq!(h2disk.bytes, 8 * g.block_bytes());
     assert!((1..=2).contains(&h2disk.batches));
-    let disk2d = engine.stats(TransferPath::DiskToDevice);
-    assert_eq!(disk2d.bytes, 2 * 8 * g.block_bytes());
-    assert_eq!(disk2d.transfers, 1 + g.layers as u64);
+    assert_eq!(h2disk.queue_depth, 0);
+    assert!(h2disk.max_queue_depth >= 4);
+    assert_eq!(h2disk.latency.count, 2);
+    let disk2h = engine.stats(TransferPath::DiskToHost);
+    assert_eq!(disk2h.bytes, 2 * 8 * g.block_bytes());
+    assert_eq!(disk2h.transfers, 1 + g.layers as u64);
+    assert_eq!(disk2h.failed_blocks, 0);
     disk.close().await.expect("close disk");
 }
 
 /// Flipped bytes on disk: those blocks fail as `Corrupt` on every read path
-/// (whole, per layer, into DRAM, onto the device) and their destination
-/// never holds them; the other blocks of the same batch arrive.
+/// (whole and per layer into DRAM) and DRAM never holds them; the other
+/// blocks of the same batch arrive.
 async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     let g = geometry();
     let len = g.block_bytes() as usize;
-    let device: Arc<HostDevice> = Arc::new(HostDevice::new(g, 64, HostDeviceOptions::default()));
     let mem = memory("corrupt", 32);
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
         .with_disk(disk.clone())
         .build()
         .expect("engine");
     let keys: Vec<BlockHash> = (0..6).map(|i| key(2, i)).collect();
-    for k in &keys {
-        let data = content(*k, len);
-        let sums = BlockSums::compute(*k, g.layer_bytes() as usize, &data);
-        mem.put(*k, &data, &sums).expect("put");
-    }
+    fill_dram(&mem, &keys);
     let out = engine
         .submit(TransferRequest::blocks(
             TransferPath::HostToDisk,
@@ -300,33 +264,28 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     flip_on_disk(&disk, keys[3], 2 * g.layer_bytes() + 7);
     flip_on_disk(&disk, keys[5], g.layer_bytes() + 3);
 
-    // Per layer onto the device: only the damaged layer of block 5 fails.
-    let ids = device.allocate(keys.len()).expect("device blocks");
-    let out = engine
-        .submit(TransferRequest {
-            path: TransferPath::DiskToDevice,
-            span: Span::Layer(1),
-            blocks: moves(&keys[4..], &ids[4..]),
-        })
-        .wait()
-        .await;
+    // Per layer into landings: layer 0 of both arrives, only the damaged
+    // layer of block 5 fails, and block 5 is never published.
+    let landed = landings(&mem, &keys[4..]);
+    let out = engine.submit(layer_request(0, &landed)).wait().await;
+    assert!(out.all_delivered(), "{:?}", out.failures());
+    let out = engine.submit(layer_request(1, &landed)).wait().await;
     assert_eq!(out.blocks[0].1, Ok(()));
     assert_eq!(out.blocks[1].1, Err(BlockFailure::Corrupt));
-    let lr = g.layer_range(1);
-    let lr = lr.start as usize..lr.end as usize;
+    for l in 2..g.layers {
+        let out = engine.submit(layer_request(l, &landed)).wait().await;
+        assert_eq!(out.blocks[0].1, Ok(()), "layer {l}");
+    }
+    assert_in_dram(&mem, &keys[4..5]);
+    let mut buf = vec![0u8; len];
+    assert_eq!(mem.get(keys[5], &mut buf), Lookup::Miss);
     assert!(
-        device.read_block(ids[4]).expect("block")[lr.clone()] == content(keys[4], len)[lr.clone()]
-    );
-    assert!(
-        device
-            .read_block(ids[5])
-            .expect("block")
-            .iter()
-            .all(|b| *b == 0),
-        "a corrupt layer was copied to the device"
+        !mem.contains(keys[5]),
+        "a block with a corrupt layer became visible in DRAM"
     );
 
     // Whole blocks into DRAM.
+    let before = engine.stats(TransferPath::DiskToHost);
     let out = engine
         .submit(TransferRequest::blocks(
             TransferPath::DiskToHost,
@@ -343,9 +302,7 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     for (i, (_, r)) in out.blocks.iter().enumerate() {
         assert_eq!(*r, expect[i], "block {i}");
     }
-    let mut buf = vec![0u8; len];
-    assert_eq!(mem.get(keys[0], &mut buf), Lookup::Hit);
-    assert!(buf == content(keys[0], len));
+    assert_in_dram(&mem, &[keys[0], keys[2]]);
     assert!(
         !mem.contains(keys[1]),
         "a corrupt block became visible in DRAM"
@@ -354,41 +311,39 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
         !mem.contains(keys[3]),
         "a corrupt block became visible in DRAM"
     );
+    let s = engine.stats(TransferPath::DiskToHost);
+    assert_eq!(
+        (s.blocks - before.blocks, s.failed_blocks - before.failed_blocks),
+        (4, 2)
+    );
+    assert_eq!(s.bytes - before.bytes, 2 * g.block_bytes());
 
-    // The disk dropped them: now plain misses onto the device.
+    // The disk dropped them: now plain misses.
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::DiskToDevice,
-            moves(&keys[1..2], &ids[1..2]),
+            TransferPath::DiskToHost,
+            key_moves(&keys[1..2]),
         ))
         .wait()
         .await;
     assert_eq!(out.blocks[0].1, Err(BlockFailure::Miss));
-    assert!(
-        device
-            .read_block(ids[1])
-            .expect("block")
-            .iter()
-            .all(|b| *b == 0)
-    );
-
-    let s = engine.stats(TransferPath::DiskToHost);
-    assert_eq!((s.blocks, s.failed_blocks), (4, 2));
-    assert_eq!(s.bytes, 2 * g.block_bytes());
+    assert!(!mem.contains(keys[1]));
     disk.close().await.expect("close disk");
 }
 
-/// A DRAM block whose bytes were damaged in place is `Corrupt` onto the
-/// device (whole and per layer), never copied, and dropped from DRAM.
+/// A DRAM block whose bytes were damaged in place goes down with the
+/// checksums it carries, never new ones computed over the damage: the copy
+/// below fails verification when read back (the damaged layer per layer,
+/// and whole), is never published in DRAM, and the disk drops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn damaged_dram_block_is_not_uploaded() {
+async fn a_damaged_dram_block_never_comes_back_from_below() {
     let g = geometry();
     let len = g.block_bytes() as usize;
-    let device: Arc<HostDevice> = Arc::new(HostDevice::new(g, 8, HostDeviceOptions::default()));
     let mem = memory("dram-bad", 8);
+    let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, Kind::Psync.engine());
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
+        .with_disk(disk.clone())
         .build()
         .expect("engine");
     let k = key(3, 0);
@@ -398,35 +353,38 @@ async fn damaged_dram_block_is_not_uploaded() {
     other[g.layer_bytes() as usize * 3 + 5] ^= 1;
     let sums = BlockSums::compute(k, g.layer_bytes() as usize, &other);
     mem.put(k, &data, &sums).expect("put");
-    let ids = device.allocate(2).expect("device blocks");
-    // Layer 0 is intact: it is delivered.
     let out = engine
-        .submit(TransferRequest {
-            path: TransferPath::HostToDevice,
-            span: Span::Layer(0),
-            blocks: moves(&[k], &ids[..1]),
-        })
+        .submit(TransferRequest::blocks(
+            TransferPath::HostToDisk,
+            key_moves(&[k]),
+        ))
         .wait()
         .await;
+    assert!(out.all_delivered(), "{:?}", out.failures());
+    assert!(mem.remove(k));
+
+    // Layer 0 is intact: it lands. Layer 3 is not: the block is never
+    // published.
+    let landed = landings(&mem, &[k]);
+    let out = engine.submit(layer_request(0, &landed)).wait().await;
     assert_eq!(out.blocks[0].1, Ok(()));
-    // Layer 3 is not.
+    let out = engine.submit(layer_request(3, &landed)).wait().await;
+    assert_eq!(out.blocks[0].1, Err(BlockFailure::Corrupt));
+    drop(landed);
+    assert!(!mem.contains(k), "the damaged block reached DRAM");
+
+    // The failed layer read dropped the disk's copy: whole, it is a miss.
     let out = engine
-        .submit(TransferRequest {
-            path: TransferPath::HostToDevice,
-            span: Span::Layer(3),
-            blocks: moves(&[k], &ids[1..]),
-        })
+        .submit(TransferRequest::blocks(
+            TransferPath::DiskToHost,
+            key_moves(&[k]),
+        ))
         .wait()
         .await;
-    assert_eq!(out.blocks[0].1, Err(BlockFailure::Corrupt));
-    assert!(
-        device
-            .read_block(ids[1])
-            .expect("block")
-            .iter()
-            .all(|b| *b == 0)
-    );
-    assert!(!mem.contains(k), "the damaged block stays in DRAM");
+    assert_eq!(out.blocks[0].1, Err(BlockFailure::Miss));
+    assert!(!mem.contains(k), "the damaged block reached DRAM");
+    assert!(!disk.contains(k), "the disk keeps a block that fails");
+    disk.close().await.expect("close disk");
 }
 
 /// Requests the engine cannot serve fail per block with a reason.
@@ -468,134 +426,122 @@ async fn unservable_requests_fail_per_block() {
 }
 
 /// In flight, a destination is not readable and a source not evictable:
-/// through the hooks (an [`InFlightTable`]) for the device, and through the
-/// tier itself for DRAM (an uncommitted slot is invisible). Completion makes
-/// both readable, and the handle reports done only then.
+/// through the hooks (an [`InFlightTable`]) and through the tiers
+/// themselves (a disk write not yet done is not indexed, an uncommitted
+/// DRAM slot is invisible). Completion makes both readable, and the
+/// handle reports done only then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destinations_are_unreadable_until_completion() {
     let g = geometry();
     let len = g.block_bytes() as usize;
-    let host: Arc<dyn Device> = Arc::new(HostDevice::new(g, 16, HostDeviceOptions::default()));
-    let device = Arc::new(GatedDevice::new(host));
     let mem = memory("inflight", 16);
+    let gate = Arc::new(IoGate::new(Kind::Psync.engine()));
+    let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
     let table = Arc::new(InFlightTable::new());
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
+        .with_disk(disk.clone())
         .with_hooks(table.clone())
         .build()
         .expect("engine");
     let keys: Vec<BlockHash> = (0..3).map(|i| key(5, i)).collect();
-    let ids = fill_device(device.as_ref(), &keys).await;
+    fill_dram(&mem, &keys);
 
-    // G1 -> G2 held at the device.
-    device.hold(CopyDirection::Download, true);
+    // G2 -> G3 held at the disk's writes.
+    gate.hold(Held::Writes);
     let h = engine.submit(TransferRequest::blocks(
-        TransferPath::DeviceToHost,
-        moves(&keys, &ids),
+        TransferPath::HostToDisk,
+        key_moves(&keys),
     ));
+    gate.wait_held(1).await;
     for k in &keys {
-        assert!(!table.is_readable(Tier::G2, *k));
-        assert!(!table.is_evictable(Tier::G1, *k));
+        assert!(!table.is_readable(Tier::G3, *k));
+        assert!(!table.is_evictable(Tier::G2, *k));
+        assert!(!disk.contains(*k), "indexed before its write completed");
     }
-    let released = device.release_next(CopyDirection::Download).await;
-    // The copy has been issued (we released it), but until the engine
-    // commits, DRAM must not serve the block.
-    assert_eq!(released.blocks, ids);
+    assert!(!h.is_done());
+    gate.open();
     let out = h.wait().await;
     assert!(out.all_delivered(), "{:?}", out.failures());
-    let mut buf = vec![0u8; len];
     for k in &keys {
-        assert!(table.is_readable(Tier::G2, *k));
-        assert!(table.is_evictable(Tier::G1, *k));
-        assert_eq!(mem.get(*k, &mut buf), Lookup::Hit);
+        assert!(table.is_readable(Tier::G3, *k));
+        assert!(table.is_evictable(Tier::G2, *k));
+        assert!(disk.contains(*k));
     }
 
-    // A second offload held: DRAM does not serve it before completion.
-    let k2 = key(5, 9);
-    let id2 = fill_device(device.as_ref(), &[k2]).await;
+    // G3 -> G2 held at the disk's reads: DRAM does not serve the block
+    // before completion, and the disk's copy is not evictable.
+    assert!(mem.remove(keys[0]));
+    gate.hold(Held::Reads);
     let h2 = engine.submit(TransferRequest::blocks(
-        TransferPath::DeviceToHost,
-        moves(&[k2], &id2),
+        TransferPath::DiskToHost,
+        key_moves(&keys[..1]),
     ));
+    gate.wait_held(1).await;
     assert!(!h2.is_done());
+    let mut buf = vec![0u8; len];
     assert_eq!(
-        mem.get(k2, &mut buf),
+        mem.get(keys[0], &mut buf),
         Lookup::Miss,
         "readable before completion"
     );
-    assert!(!mem.contains(k2));
-    assert!(!table.is_readable(Tier::G2, k2));
-    device.release_next(CopyDirection::Download).await;
+    assert!(!mem.contains(keys[0]));
+    assert!(!table.is_readable(Tier::G2, keys[0]));
+    assert!(!table.is_evictable(Tier::G3, keys[0]));
+    gate.release_next().await;
     assert_eq!(h2.block(0).await, Ok(()));
     assert!(h2.is_done());
-    assert_eq!(mem.get(k2, &mut buf), Lookup::Hit);
-    assert!(buf == content(k2, len));
-
-    // G2 -> G1 held: the device block is not readable, the DRAM source not
-    // evictable, until completion.
-    device.hold(CopyDirection::Upload, true);
-    let fresh = device.allocate(1).expect("device block");
-    let h3 = engine.submit(TransferRequest::blocks(
-        TransferPath::HostToDevice,
-        moves(&keys[..1], &fresh),
-    ));
-    assert!(!table.is_readable(Tier::G1, keys[0]));
-    assert!(!table.is_evictable(Tier::G2, keys[0]));
-    device.release_next(CopyDirection::Upload).await;
-    assert_eq!(h3.wait().await.delivered(), 1);
-    assert!(table.is_readable(Tier::G1, keys[0]));
-    assert!(table.is_evictable(Tier::G2, keys[0]));
+    assert_in_dram(&mem, &keys[..1]);
+    assert!(table.is_readable(Tier::G2, keys[0]));
+    assert!(table.is_evictable(Tier::G3, keys[0]));
     assert_eq!(table.in_flight_blocks(), 0);
+    gate.open();
+    disk.close().await.expect("close disk");
 }
 
 /// With several batches in flight per path, layer batches overlap at the
-/// device (all three held at once) and each still completes intact.
+/// disk (all three held at once) and each still completes intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_in_flight_overlap_on_one_path() {
     let g = geometry();
-    let len = g.block_bytes() as usize;
-    let host: Arc<HostDevice> = Arc::new(HostDevice::new(g, 8, HostDeviceOptions::default()));
-    let device = Arc::new(GatedDevice::new(host.clone()));
     let mem = memory("overlap", 8);
+    let gate = Arc::new(IoGate::new(Kind::Psync.engine()));
+    let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
+        .with_disk(disk.clone())
         .with_batches_in_flight(3)
         .build()
         .expect("engine");
     let keys: Vec<BlockHash> = (0..2).map(|i| key(6, i)).collect();
+    fill_dram(&mem, &keys);
+    let out = engine
+        .submit(TransferRequest::blocks(
+            TransferPath::HostToDisk,
+            key_moves(&keys),
+        ))
+        .wait()
+        .await;
+    assert!(out.all_delivered(), "{:?}", out.failures());
     for k in &keys {
-        let data = content(*k, len);
-        mem.put(
-            *k,
-            &data,
-            &BlockSums::compute(*k, g.layer_bytes() as usize, &data),
-        )
-        .expect("put");
+        assert!(mem.remove(*k));
     }
-    let ids = device.allocate(2).expect("device blocks");
-    device.hold(CopyDirection::Upload, true);
+    let landed = landings(&mem, &keys);
+    gate.hold(Held::Reads);
     let handles: Vec<_> = (0..3)
-        .map(|l| {
-            engine.submit(TransferRequest {
-                path: TransferPath::HostToDevice,
-                span: Span::Layer(l),
-                blocks: moves(&keys, &ids),
-            })
-        })
+        .map(|l| engine.submit(layer_request(l, &landed)))
         .collect();
-    tokio::time::timeout(Duration::from_secs(30), device.wait_held(3))
+    tokio::time::timeout(Duration::from_secs(30), gate.wait_held(3))
         .await
-        .expect("three layer batches should be at the device at once");
-    device.release_all();
+        .expect("three layer batches should be at the disk at once");
+    gate.open();
     for h in handles {
         assert!(h.wait().await.all_delivered());
     }
-    for (k, id) in keys.iter().zip(&ids) {
-        let got = host.read_block(*id).expect("block");
-        let upto = g.layer_range(2).end as usize;
-        assert!(got[..upto] == content(*k, len)[..upto]);
-    }
-    assert_eq!(engine.stats(TransferPath::HostToDevice).batches, 3);
+    assert_eq!(engine.stats(TransferPath::DiskToHost).batches, 3);
+    // The last layer publishes the blocks, whole and intact.
+    let out = engine.submit(layer_request(3, &landed)).wait().await;
+    assert!(out.all_delivered(), "{:?}", out.failures());
+    assert_in_dram(&mem, &keys);
+    disk.close().await.expect("close disk");
 }
