@@ -22,9 +22,9 @@ fn tier_config(capacity: usize, high: f64, low: f64) -> PoolConfig {
     }
 }
 
-fn hierarchy(g1: usize, g2: usize, g3: Option<usize>, g4: Option<usize>) -> Registry {
+/// A node's tiers: G2 on top, G3 and G4 when given.
+fn hierarchy(g2: usize, g3: Option<usize>, g4: Option<usize>) -> Registry {
     HierarchyConfig {
-        g1: Some(tier_config(g1, 0.8, 0.5)),
         g2: Some(tier_config(g2, 0.8, 0.5)),
         g3: g3.map(|c| tier_config(c, 0.8, 0.5)),
         g4: g4.map(|c| tier_config(c, 1.0, 1.0)),
@@ -53,13 +53,13 @@ fn put(registry: &Registry, tier: Tier, id: u128, parent: Option<u128>) {
 
 #[test]
 fn offload_brings_a_tier_from_high_to_low_watermark() {
-    let r = hierarchy(10, 20, None, None);
+    let r = hierarchy(10, Some(20), None);
     let p = planner(CascadeMode::Exclusive, 0);
     for i in 0..8 {
-        put(&r, Tier::G1, i, None);
+        put(&r, Tier::G2, i, None);
     }
     assert!(p.plan_offload(&r).is_empty(), "8 of 10 is not above 0.8");
-    put(&r, Tier::G1, 8, None);
+    put(&r, Tier::G2, 8, None);
     let plan = p.plan_offload(&r);
     assert_eq!(plan.moves.len(), 9 - 5, "down to the low watermark");
     let moved: Vec<u128> = plan.moves.iter().map(|m| m.hash.0).collect();
@@ -67,15 +67,15 @@ fn offload_brings_a_tier_from_high_to_low_watermark() {
     for m in &plan.moves {
         assert_eq!(
             (m.from, m.to, m.path),
-            (Tier::G1, Tier::G2, TransferPath::DeviceToHost)
+            (Tier::G2, Tier::G3, TransferPath::HostToDisk)
         );
         assert!(m.removes_source());
         assert!(
-            r.pool(Tier::G1).unwrap().is_readable(m.hash),
+            r.pool(Tier::G2).unwrap().is_readable(m.hash),
             "readable until moved"
         );
         assert_eq!(
-            r.pool(Tier::G2).unwrap().presence(m.hash),
+            r.pool(Tier::G3).unwrap().presence(m.hash),
             Some(Presence::Filling)
         );
     }
@@ -86,9 +86,9 @@ fn offload_brings_a_tier_from_high_to_low_watermark() {
     for m in plan.moves {
         drop(m.complete());
     }
-    assert_eq!(r.pool(Tier::G1).unwrap().used(), 5);
+    assert_eq!(r.pool(Tier::G2).unwrap().used(), 5);
     for i in 0..4 {
-        assert_eq!(r.residency(h(i)).iter().collect::<Vec<_>>(), [Tier::G2]);
+        assert_eq!(r.residency(h(i)).iter().collect::<Vec<_>>(), [Tier::G3]);
     }
     for pool in r.pools() {
         pool.check_invariants().unwrap();
@@ -97,13 +97,13 @@ fn offload_brings_a_tier_from_high_to_low_watermark() {
 
 #[test]
 fn offload_plans_leaves_before_parents() {
-    let r = hierarchy(4, 8, None, None);
+    let r = hierarchy(4, Some(8), None);
     let p = planner(CascadeMode::Exclusive, 0);
     // A chain registered root first; pure LRU would pick the root.
-    put(&r, Tier::G1, 1, None);
-    put(&r, Tier::G1, 2, Some(1));
-    put(&r, Tier::G1, 3, Some(2));
-    put(&r, Tier::G1, 4, Some(3));
+    put(&r, Tier::G2, 1, None);
+    put(&r, Tier::G2, 2, Some(1));
+    put(&r, Tier::G2, 3, Some(2));
+    put(&r, Tier::G2, 4, Some(3));
     let plan = p.plan_offload(&r);
     let moved: Vec<u128> = plan.moves.iter().map(|m| m.hash.0).collect();
     // 4 used > 3 high; down to 2 low: the deepest two leave (4, then its
@@ -116,15 +116,15 @@ fn offload_plans_leaves_before_parents() {
 /// planned order, though the pool gave them up leaves first.
 #[test]
 fn offload_moves_are_ordered_root_first_through_branches() {
-    let r = hierarchy(10, 20, None, None);
+    let r = hierarchy(10, Some(20), None);
     let p = planner(CascadeMode::Exclusive, 0);
     // 100 -> 101 -> {102, 103}, then five newer unrelated roots.
-    put(&r, Tier::G1, 100, None);
-    put(&r, Tier::G1, 101, Some(100));
-    put(&r, Tier::G1, 102, Some(101));
-    put(&r, Tier::G1, 103, Some(101));
+    put(&r, Tier::G2, 100, None);
+    put(&r, Tier::G2, 101, Some(100));
+    put(&r, Tier::G2, 102, Some(101));
+    put(&r, Tier::G2, 103, Some(101));
     for i in 104..109 {
-        put(&r, Tier::G1, i, None);
+        put(&r, Tier::G2, i, None);
     }
     // 9 used > 8 high, down to 5: the four oldest leave, leaves first
     // (102, 103, 101, 100), written from the root down.
@@ -135,16 +135,16 @@ fn offload_moves_are_ordered_root_first_through_branches() {
 
 #[test]
 fn a_failed_offload_keeps_the_block() {
-    let r = hierarchy(10, 20, None, None);
+    let r = hierarchy(10, Some(20), None);
     let p = planner(CascadeMode::Exclusive, 0);
     for i in 0..9 {
-        put(&r, Tier::G1, i, None);
+        put(&r, Tier::G2, i, None);
     }
     let plan = p.plan_offload(&r);
     drop(plan); // every transfer failed
-    assert_eq!(r.pool(Tier::G1).unwrap().used(), 9);
+    assert_eq!(r.pool(Tier::G2).unwrap().used(), 9);
     assert_eq!(
-        r.pool(Tier::G2).unwrap().used(),
+        r.pool(Tier::G3).unwrap().used(),
         0,
         "destination slots returned"
     );
@@ -158,33 +158,41 @@ fn a_failed_offload_keeps_the_block() {
     }
 }
 
+/// The lowest configured tier drops what it gives up; G4 takes it when
+/// configured, from G3, or from G2 directly when there is no G3.
 #[test]
 fn cascade_reaches_g4_only_when_configured() {
-    for g4 in [None, Some(100)] {
-        let r = hierarchy(10, 10, Some(10), g4);
-        let p = planner(CascadeMode::Exclusive, 0);
-        for i in 0..9 {
-            put(&r, Tier::G3, i, None);
-        }
-        let plan = p.plan_offload(&r);
-        if g4.is_some() {
-            assert_eq!(plan.moves.len(), 4);
-            assert!(
-                plan.moves
-                    .iter()
-                    .all(|m| m.to == Tier::G4 && m.path == TransferPath::DiskToRemote)
-            );
-        } else {
-            assert!(plan.moves.is_empty());
-            assert_eq!(plan.dropped.len(), 4, "nothing below G3: dropped");
-            assert_eq!(r.pool(Tier::G3).unwrap().used(), 5);
+    for (g3, from, path) in [
+        (Some(10), Tier::G3, TransferPath::DiskToRemote),
+        (None, Tier::G2, TransferPath::HostToRemote),
+    ] {
+        for g4 in [None, Some(100)] {
+            let r = hierarchy(10, g3, g4);
+            let p = planner(CascadeMode::Exclusive, 0);
+            for i in 0..9 {
+                put(&r, from, i, None);
+            }
+            let plan = p.plan_offload(&r);
+            if g4.is_some() {
+                assert_eq!(plan.moves.len(), 4, "{from}");
+                assert!(
+                    plan.moves
+                        .iter()
+                        .all(|m| m.from == from && m.to == Tier::G4 && m.path == path),
+                    "{from}"
+                );
+            } else {
+                assert!(plan.moves.is_empty(), "{from}");
+                assert_eq!(plan.dropped.len(), 4, "nothing below {from}: dropped");
+                assert_eq!(r.pool(from).unwrap().used(), 5);
+            }
         }
     }
 }
 
 #[test]
 fn admission_keeps_one_hit_blocks_off_disk() {
-    let r = hierarchy(10, 10, Some(10), None);
+    let r = hierarchy(10, Some(10), None);
     let p = planner(CascadeMode::Exclusive, 1);
     for i in 0..9 {
         put(&r, Tier::G2, i, None);
@@ -205,12 +213,12 @@ fn admission_keeps_one_hit_blocks_off_disk() {
 
 #[test]
 fn inclusive_mode_evicts_for_free_and_copies_down() {
-    let r = hierarchy(10, 20, None, None);
+    let r = hierarchy(10, Some(20), None);
     let p = planner(CascadeMode::Inclusive, 0);
     for i in 0..9 {
-        put(&r, Tier::G1, i, None);
+        put(&r, Tier::G2, i, None);
     }
-    let copies = p.plan_copy_down(&r, Tier::G1, &[h(0), h(1), h(42)]);
+    let copies = p.plan_copy_down(&r, Tier::G2, &[h(0), h(1), h(42)]);
     assert_eq!(copies.len(), 2, "absent blocks are skipped");
     assert!(copies.iter().all(|m| !m.removes_source()));
     for m in copies {
@@ -218,18 +226,18 @@ fn inclusive_mode_evicts_for_free_and_copies_down() {
     }
     assert_eq!(
         r.residency(h(0)).iter().collect::<Vec<_>>(),
-        [Tier::G1, Tier::G2]
+        [Tier::G2, Tier::G3]
     );
     let plan = p.plan_offload(&r);
-    assert_eq!(plan.already_below, [(Tier::G1, h(0)), (Tier::G1, h(1))]);
+    assert_eq!(plan.already_below, [(Tier::G2, h(0)), (Tier::G2, h(1))]);
     assert_eq!(plan.moves.len(), 2);
     assert!(
-        !r.pool(Tier::G1).unwrap().is_readable(h(0)),
+        !r.pool(Tier::G2).unwrap().is_readable(h(0)),
         "left G1 without a transfer"
     );
     assert!(
         planner(CascadeMode::Exclusive, 0)
-            .plan_copy_down(&r, Tier::G1, &[h(5)])
+            .plan_copy_down(&r, Tier::G2, &[h(5)])
             .is_empty()
     );
 }
@@ -237,18 +245,18 @@ fn inclusive_mode_evicts_for_free_and_copies_down() {
 #[test]
 fn onboarding_moves_or_copies_by_mode() {
     for mode in [CascadeMode::Exclusive, CascadeMode::Inclusive] {
-        let r = hierarchy(10, 10, Some(10), None);
+        let r = hierarchy(10, Some(10), Some(10));
         let p = planner(mode, 0);
-        put(&r, Tier::G2, 1, None);
-        put(&r, Tier::G3, 2, Some(1));
+        put(&r, Tier::G3, 1, None);
+        put(&r, Tier::G4, 2, Some(1));
         let plan = p.plan_onboard(&r, &[h(1), h(2)]);
         assert_eq!(plan.stopped, None);
         let paths: Vec<_> = plan.transfers().map(|m| (m.from, m.path)).collect();
         assert_eq!(
             paths,
             [
-                (Tier::G2, TransferPath::HostToDevice),
-                (Tier::G3, TransferPath::DiskToDevice)
+                (Tier::G3, TransferPath::DiskToHost),
+                (Tier::G4, TransferPath::RemoteToHost)
             ]
         );
         for step in plan.steps {
@@ -257,20 +265,20 @@ fn onboarding_moves_or_copies_by_mode() {
             };
             drop(m.complete());
         }
-        assert!(r.pool(Tier::G1).unwrap().is_readable(h(2)));
-        let below_kept = r.pool(Tier::G2).unwrap().is_readable(h(1));
+        assert!(r.pool(Tier::G2).unwrap().is_readable(h(2)));
+        let below_kept = r.pool(Tier::G3).unwrap().is_readable(h(1));
         assert_eq!(below_kept, mode == CascadeMode::Inclusive, "{mode:?}");
-        assert_eq!(r.pool(Tier::G1).unwrap().parent_of(h(2)), Some(Some(h(1))));
+        assert_eq!(r.pool(Tier::G2).unwrap().parent_of(h(2)), Some(Some(h(1))));
     }
 }
 
 #[test]
 fn onboarding_is_deduplicated_against_resident_and_in_flight_blocks() {
-    let r = hierarchy(10, 10, None, None);
+    let r = hierarchy(10, Some(10), None);
     let p = planner(CascadeMode::Inclusive, 0);
-    put(&r, Tier::G1, 1, None);
-    put(&r, Tier::G2, 2, Some(1));
-    put(&r, Tier::G2, 3, Some(2));
+    put(&r, Tier::G2, 1, None);
+    put(&r, Tier::G3, 2, Some(1));
+    put(&r, Tier::G3, 3, Some(2));
     let first = p.plan_onboard(&r, &[h(1), h(2), h(3), h(4)]);
     assert_eq!(first.stopped, Some(OnboardStop::Missing(h(4))));
     assert!(matches!(first.steps[0], OnboardStep::Resident(_)));
@@ -288,30 +296,30 @@ fn onboarding_is_deduplicated_against_resident_and_in_flight_blocks() {
         .collect();
     assert_eq!(kinds, ["resident", "pending", "pending"]);
     assert_eq!(
-        r.pool(Tier::G1).unwrap().stats().incoming,
+        r.pool(Tier::G2).unwrap().stats().incoming,
         2,
         "one transfer per block"
     );
     drop(second);
     // The first request's transfers fail: the blocks are planned afresh.
     drop(first);
-    assert_eq!(r.pool(Tier::G1).unwrap().stats().incoming, 0);
+    assert_eq!(r.pool(Tier::G2).unwrap().stats().incoming, 0);
     let third = p.plan_onboard(&r, &[h(1), h(2), h(3)]);
     assert_eq!(third.transfers().count(), 2);
 }
 
 #[test]
-fn onboarding_stops_when_the_device_is_full() {
-    let r = hierarchy(1, 10, None, None);
+fn onboarding_stops_when_the_target_is_full() {
+    let r = hierarchy(1, Some(10), None);
     let p = planner(CascadeMode::Exclusive, 0);
-    put(&r, Tier::G2, 1, None);
-    put(&r, Tier::G2, 2, Some(1));
+    put(&r, Tier::G3, 1, None);
+    put(&r, Tier::G3, 2, Some(1));
     let plan = p.plan_onboard(&r, &[h(1), h(2)]);
     assert_eq!(plan.steps.len(), 1);
     assert!(matches!(plan.stopped, Some(OnboardStop::TargetFull(_))));
     drop(plan);
     assert!(
-        r.pool(Tier::G2).unwrap().is_readable(h(1)),
+        r.pool(Tier::G3).unwrap().is_readable(h(1)),
         "failed move keeps the source"
     );
 }
@@ -363,24 +371,23 @@ fn admission_needs_n_reuses() {
 #[test]
 fn configs_deserialize_with_defaults() {
     let cfg: HierarchyConfig = serde_json::from_str(
-        r#"{"g1": {"capacity_blocks": 64, "policy": {"kind": "s3-fifo"}},
+        r#"{"g2": {"capacity_blocks": 64, "policy": {"kind": "s3-fifo"}},
             "g3": {"capacity_blocks": 4096},
             "placement": {"mode": "inclusive", "admission": {"min_reuses": 3}}}"#,
     )
     .unwrap();
-    let g1 = cfg.g1.as_ref().unwrap();
-    assert_eq!(g1.capacity_blocks, 64);
-    assert_eq!(g1.high_watermark, PoolConfig::default().high_watermark);
+    let g2 = cfg.g2.as_ref().unwrap();
+    assert_eq!(g2.capacity_blocks, 64);
+    assert_eq!(g2.high_watermark, PoolConfig::default().high_watermark);
     assert_eq!(cfg.placement.mode, CascadeMode::Inclusive);
     assert_eq!(cfg.placement.admission.min_reuses, 3);
-    assert_eq!(cfg.g2, HierarchyConfig::default().g2);
+    assert_eq!(cfg.g4, HierarchyConfig::default().g4);
     let r: Registry = cfg.build_registry().unwrap();
-    assert_eq!(
-        r.tiers().collect::<Vec<_>>(),
-        [Tier::G1, Tier::G2, Tier::G3]
-    );
+    assert_eq!(r.tiers().collect::<Vec<_>>(), [Tier::G2, Tier::G3]);
+    // The node has no G1 (an engine's GPU cache is the engine's).
+    assert!(serde_json::from_str::<HierarchyConfig>(r#"{"g1": null}"#).is_err());
     assert!(serde_json::from_str::<HierarchyConfig>(r#"{"g5": null}"#).is_err());
-    let _: BlockPool = BlockPool::new(Tier::G1, g1.clone()).unwrap();
+    let _: BlockPool = BlockPool::new(Tier::G2, g2.clone()).unwrap();
 }
 
 #[test]
@@ -422,14 +429,14 @@ fn expiry_drops_idle_unreferenced_blocks() {
 
 #[test]
 fn engine_hooks_settle_moves_by_block_result() {
-    use kvtier_manager::device::Span;
+    use kvtier_manager::transfer::Span;
     use kvtier_manager::placement::MoveHooks;
     use kvtier_manager::transfer::{BlockFailure, InFlightHooks, TransferTicket};
 
-    let r = hierarchy(10, 20, None, None);
+    let r = hierarchy(10, Some(20), None);
     let p = planner(CascadeMode::Exclusive, 0);
     for i in 0..9 {
-        put(&r, Tier::G1, i, None);
+        put(&r, Tier::G2, i, None);
     }
     let hooks: MoveHooks = MoveHooks::new();
     let plan = p.plan_offload(&r);
@@ -440,32 +447,32 @@ fn engine_hooks_settle_moves_by_block_result() {
     assert_eq!(hooks.counts(), (4, 0));
     hooks.begin_transfer(&TransferTicket {
         id: 7,
-        path: TransferPath::DeviceToHost,
+        path: TransferPath::HostToDisk,
         span: Span::Block,
         keys: &keys,
     });
     assert_eq!(hooks.counts(), (0, 4));
-    hooks.finish_transfer(7, TransferPath::DeviceToHost, keys[0], &Ok(()));
+    hooks.finish_transfer(7, TransferPath::HostToDisk, keys[0], &Ok(()));
     hooks.finish_transfer(
         7,
-        TransferPath::DeviceToHost,
+        TransferPath::HostToDisk,
         keys[1],
         &Err(BlockFailure::Corrupt),
     );
-    let (g1, g2) = (r.pool(Tier::G1).unwrap(), r.pool(Tier::G2).unwrap());
+    let (g2, g3) = (r.pool(Tier::G2).unwrap(), r.pool(Tier::G3).unwrap());
     assert_eq!(
         r.residency(keys[0]).iter().collect::<Vec<_>>(),
-        [Tier::G2],
+        [Tier::G3],
         "moved"
     );
     assert_eq!(
         r.residency(keys[1]).iter().collect::<Vec<_>>(),
-        [Tier::G1],
+        [Tier::G2],
         "failed: stays"
     );
-    assert_eq!(g2.presence(keys[1]), None, "failed destination freed");
-    assert_eq!(g2.presence(keys[2]), Some(Presence::Filling));
+    assert_eq!(g3.presence(keys[1]), None, "failed destination freed");
+    assert_eq!(g3.presence(keys[2]), Some(Presence::Filling));
     assert_eq!(hooks.counts(), (0, 2));
-    g1.check_invariants().unwrap();
     g2.check_invariants().unwrap();
+    g3.check_invariants().unwrap();
 }
