@@ -1,33 +1,40 @@
 //! Tutti's scheduler: reads overtake queued writes, the write budget holds
 //! while reads are pending, writes wait for slack, `wait_layer` follows the
 //! layers, bubble time is measured on a manual clock, and slack estimates
-//! converge. Completions are held at a [`GatedDevice`] and released by the
-//! test, so every ordering is decided by the test, never by sleeps.
+//! converge. The node's paths carry the I/O: loads are layer reads from the
+//! disk into G2 landings, offloads G2 -> disk writes. Disk batches are held
+//! at an [`IoGate`] and released by the test, so every ordering is decided
+//! by the test, never by sleeps.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, BlockSums, Geometry};
+use kvtier_arena::ArenaClient;
+use kvtier_core::{BlockHash, BlockSums, Lookup};
+use kvtier_disk::DiskTier;
+use kvtier_io::PsyncEngine;
 use kvtier_manager::TransferPath;
-use kvtier_manager::device::{
-    CopyDirection, Device, DeviceBlockId, GatedDevice, HostDevice, HostDeviceOptions, HostSource,
-    Span, Upload,
-};
 use kvtier_manager::scheduler::{
     Clock, IoClass, IoPolicy, IoScheduler, ManualClock, OpId, PolicyConfig, SchedulerConfig,
     SlackEstimator, SlackProfile, WriteBudget,
 };
-use kvtier_manager::transfer::{BlockMove, TransferEngine, TransferHandle, TransferRequest};
-use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_manager::transfer::{
+    BlockMove, HostLanding, TransferEngine, TransferHandle, TransferRequest,
+};
+use kvtier_mem::{MemoryTier, Reserve};
 use proptest::prelude::*;
 
-const MS: Duration = Duration::from_millis(1);
+#[path = "support/gate.rs"]
+mod gate;
+use gate::{Held, IoGate};
 
-/// 4 layers of 4 KiB.
-fn geometry() -> Geometry {
-    Geometry::raw(4, 16 << 10).expect("geometry")
-}
+#[path = "support/tiers.rs"]
+// Shared with other tests; this one needs DRAM and a disk.
+#[allow(dead_code)]
+mod tiers;
+use tiers::{disk, geometry, memory};
+
+const MS: Duration = Duration::from_millis(1);
 
 fn key(i: u64) -> BlockHash {
     BlockHash(0xabc0_0000_0000 + i as u128)
@@ -39,38 +46,26 @@ fn content(key: BlockHash, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A device, DRAM, an engine and a scheduler on a manual clock.
+/// DRAM, a disk behind a gate, an engine and a scheduler on a manual clock.
 struct Rig {
-    device: Arc<GatedDevice>,
-    host: Arc<HostDevice>,
+    gate: Arc<IoGate>,
     mem: MemoryTier,
+    disk: Arc<DiskTier>,
     sched: IoScheduler,
     clock: Arc<ManualClock>,
+    _dir: tempfile::TempDir,
 }
 
 fn rig(policy: PolicyConfig) -> Rig {
-    static N: AtomicU64 = AtomicU64::new(0);
     let g = geometry();
-    let host = Arc::new(HostDevice::new(g, 64, HostDeviceOptions::default()));
-    let device = Arc::new(GatedDevice::new(host.clone()));
-    let mem = MemoryTier::create(MemoryTierConfig {
-        shm_name: format!(
-            "kvtier-mgr-sched-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ),
-        capacity_bytes: 64 * g.block_bytes(),
-        block_bytes: g.block_bytes() as usize,
-        layer_bytes: g.layer_bytes() as usize,
-        hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
-        table_key: None,
-        access_group: None,
-    })
-    .expect("memory tier");
+    let gate = Arc::new(IoGate::new(Arc::new(
+        PsyncEngine::new(2, 64).expect("psync engine"),
+    )));
+    let (dir, disk) = disk("kvtier-mgr-sched", 4 << 20, gate.clone());
+    let mem = memory("sched", 64);
     let engine = TransferEngine::builder(g)
-        .with_device(device.clone())
         .with_memory(mem.clone())
+        .with_disk(disk.clone())
         .build()
         .expect("engine");
     let clock = Arc::new(ManualClock::new());
@@ -84,16 +79,17 @@ fn rig(policy: PolicyConfig) -> Rig {
     )
     .expect("scheduler");
     Rig {
-        device,
-        host,
+        gate,
         mem,
+        disk,
         sched,
         clock,
+        _dir: dir,
     }
 }
 
 impl Rig {
-    /// Blocks in DRAM, to load.
+    /// Blocks in DRAM, to offload.
     fn in_dram(&self, keys: &[BlockHash]) {
         let g = geometry();
         for k in keys {
@@ -103,41 +99,48 @@ impl Rig {
         }
     }
 
-    /// Blocks on the device (bypassing the gate's log), to offload.
-    async fn on_device(&self, keys: &[BlockHash]) -> Vec<DeviceBlockId> {
-        let len = geometry().block_bytes() as usize;
-        let ids = self.host.allocate(keys.len()).expect("device blocks");
-        let copies = keys
-            .iter()
-            .zip(&ids)
-            .map(|(k, id)| Upload {
-                dst: *id,
-                src: Box::new(content(*k, len)) as Box<dyn HostSource>,
-            })
-            .collect();
-        for (_, r) in self.host.upload(Span::Block, copies).await.expect("upload") {
-            r.expect("copy");
+    /// Blocks on the disk only (written past the scheduler), to load.
+    async fn on_disk(&self, keys: &[BlockHash]) {
+        self.in_dram(keys);
+        let moves = keys.iter().map(|k| BlockMove::key(*k)).collect();
+        let out = self
+            .sched
+            .engine()
+            .submit(TransferRequest::blocks(TransferPath::HostToDisk, moves))
+            .wait()
+            .await;
+        assert!(out.all_delivered(), "{:?}", out.failures());
+        for k in keys {
+            assert!(self.mem.remove(*k));
         }
-        ids
     }
 
-    fn offload(&self, k: BlockHash, id: DeviceBlockId) -> TransferHandle {
+    fn offload(&self, k: BlockHash) -> TransferHandle {
         self.sched.submit(TransferRequest::blocks(
-            TransferPath::DeviceToHost,
-            vec![BlockMove::with_device(k, id)],
+            TransferPath::HostToDisk,
+            vec![BlockMove::key(k)],
         ))
     }
 
+    /// A reserved DRAM slot for each block, where its layers land.
     fn load_targets(&self, keys: &[BlockHash]) -> Vec<BlockMove> {
-        let ids = self.host.allocate(keys.len()).expect("device blocks");
         keys.iter()
-            .zip(ids)
-            .map(|(k, id)| BlockMove::with_device(*k, id))
+            .map(|k| match self.mem.reserve(*k).expect("reserve") {
+                Reserve::Reserved(slot) => {
+                    BlockMove::landing(HostLanding::new(slot, geometry().layers))
+                }
+                other => panic!("no landing for {k}: {other:?}"),
+            })
             .collect()
+    }
+
+    /// Loads `targets` from the disk, layer by layer.
+    fn load(&self, targets: Vec<BlockMove>) -> kvtier_manager::scheduler::LoadHandle {
+        self.sched.load(TransferPath::DiskToHost, targets)
     }
 }
 
-/// Writes are queued behind one that is stuck at the device; a load
+/// Writes are queued behind one that is stuck at the disk; a load
 /// submitted after them runs all its layers before any of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_overtake_queued_writes() {
@@ -146,24 +149,20 @@ async fn reads_overtake_queued_writes() {
         ..PolicyConfig::default()
     });
     let w: Vec<BlockHash> = (0..3).map(|i| key(100 + i)).collect();
-    let w_ids = rig.on_device(&w).await;
+    rig.in_dram(&w);
     let r: Vec<BlockHash> = (0..2).map(key).collect();
-    rig.in_dram(&r);
+    rig.on_disk(&r).await;
+    let logged = rig.gate.log().len();
 
-    rig.device.hold(CopyDirection::Download, true);
-    let writes: Vec<TransferHandle> = w
-        .iter()
-        .zip(&w_ids)
-        .map(|(k, id)| rig.offload(*k, *id))
-        .collect();
+    rig.gate.hold(Held::Writes);
+    let writes: Vec<TransferHandle> = w.iter().map(|k| rig.offload(*k)).collect();
     let s = rig.sched.stats();
     assert_eq!((s.policy.writes_dispatched, s.writes_queued), (1, 2));
-    // Dispatched is not yet at the device: wait until the write is held
-    // there, so the device's log orders it before the load's layers.
-    rig.device.wait_held(1).await;
+    // Dispatched is not yet at the disk: wait until the write is held
+    // there, so the gate's log orders it before the load's layers.
+    rig.gate.wait_held(1).await;
 
-    let targets = rig.load_targets(&r);
-    let load = rig.sched.load(TransferPath::HostToDevice, targets.clone());
+    let load = rig.load(rig.load_targets(&r));
     for layer in load.wait_all().await {
         assert!(layer.all_delivered(), "{layer:?}");
     }
@@ -174,23 +173,17 @@ async fn reads_overtake_queued_writes() {
     drop(load);
 
     for _ in 0..3 {
-        rig.device.release_next(CopyDirection::Download).await;
+        rig.gate.release_next().await;
     }
     for h in &writes {
         assert!(h.wait().await.all_delivered());
     }
-    let order: Vec<(CopyDirection, Span)> = rig
-        .device
-        .log()
-        .iter()
-        .map(|e| (e.direction, e.span))
-        .collect();
-    let d = (CopyDirection::Download, Span::Block);
-    let u = |l| (CopyDirection::Upload, Span::Layer(l));
-    assert_eq!(order, vec![d, u(0), u(1), u(2), u(3), d, d]);
+    let (wr, rd) = (Held::Writes, Held::Reads);
+    assert_eq!(rig.gate.log()[logged..], [wr, rd, rd, rd, rd, wr, wr]);
+    assert!(w.iter().all(|k| rig.disk.contains(*k)));
 }
 
-/// While reads are pending (held at the device), at most `max_ops` writes
+/// While reads are pending (held at the disk), at most `max_ops` writes
 /// are in flight; with a zero budget none starts until the reads are done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_budget_holds_while_reads_pending() {
@@ -203,19 +196,13 @@ async fn write_budget_holds_while_reads_pending() {
         },
     });
     let r: Vec<BlockHash> = (0..2).map(key).collect();
-    rig.in_dram(&r);
+    rig.on_disk(&r).await;
     let w: Vec<BlockHash> = (0..4).map(|i| key(200 + i)).collect();
-    let w_ids = rig.on_device(&w).await;
+    rig.in_dram(&w);
 
-    rig.device.hold(CopyDirection::Upload, true);
-    let load = rig
-        .sched
-        .load(TransferPath::HostToDevice, rig.load_targets(&r));
-    let writes: Vec<TransferHandle> = w
-        .iter()
-        .zip(&w_ids)
-        .map(|(k, id)| rig.offload(*k, *id))
-        .collect();
+    rig.gate.hold(Held::Reads);
+    let load = rig.load(rig.load_targets(&r));
+    let writes: Vec<TransferHandle> = w.iter().map(|k| rig.offload(*k)).collect();
     for h in &writes {
         assert!(h.wait().await.all_delivered());
     }
@@ -225,28 +212,26 @@ async fn write_budget_holds_while_reads_pending() {
     assert_eq!(s.policy.max_write_ops_while_reading, 1);
 
     for _ in 0..4 {
-        rig.device.release_next(CopyDirection::Upload).await;
+        rig.gate.release_next().await;
     }
     assert!(load.wait_all().await.iter().all(|l| l.all_delivered()));
     drop(load);
 
     // Zero budget: a write waits for every read.
     let rig = rig0();
-    rig.in_dram(&r);
-    let w_ids = rig.on_device(&w[..1]).await;
-    rig.device.hold(CopyDirection::Upload, true);
-    let load = rig
-        .sched
-        .load(TransferPath::HostToDevice, rig.load_targets(&r));
-    let write = rig.offload(w[0], w_ids[0]);
+    rig.on_disk(&r).await;
+    rig.in_dram(&w[..1]);
+    rig.gate.hold(Held::Reads);
+    let load = rig.load(rig.load_targets(&r));
+    let write = rig.offload(w[0]);
     let s = rig.sched.stats();
     assert_eq!((s.policy.writes_dispatched, s.writes_queued), (0, 1));
     for _ in 0..4 {
-        rig.device.release_next(CopyDirection::Upload).await;
+        rig.gate.release_next().await;
     }
     assert!(load.wait_all().await.iter().all(|l| l.all_delivered()));
     // Reads are done but the forward pass is on, with no compute window:
-    // still deferred. Ending the pass frees the device for writing.
+    // still deferred. Ending the pass frees the disk for writing.
     assert_eq!(rig.sched.stats().policy.writes_dispatched, 0);
     drop(load);
     assert!(write.wait().await.all_delivered());
@@ -258,40 +243,50 @@ fn rig0() -> Rig {
 }
 
 /// One read batch per layer holding every block; `wait_layer(l)` resolves
-/// once layer `l` of every block is on the device and before layer `l + 1`
-/// has arrived.
+/// once layer `l` of every block is in its landing and before layer
+/// `l + 1` has arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_layer_follows_layer_order() {
     let rig = rig0();
     let g = geometry();
     let len = g.block_bytes() as usize;
     let r: Vec<BlockHash> = (0..3).map(|i| key(300 + i)).collect();
-    rig.in_dram(&r);
+    rig.on_disk(&r).await;
     let targets = rig.load_targets(&r);
-    let ids: Vec<DeviceBlockId> = targets.iter().filter_map(|t| t.device).collect();
-    rig.device.hold(CopyDirection::Upload, true);
-    let load = rig.sched.load(TransferPath::HostToDevice, targets);
+    let landings: Vec<Arc<HostLanding>> = targets
+        .iter()
+        .filter_map(|t| t.landing.clone())
+        .collect();
+    let arena = ArenaClient::open(rig.mem.shm_name()).expect("map the arena");
+    rig.gate.hold(Held::Reads);
+    let load = rig.load(targets);
+    let mut dst = vec![0u8; g.layer_bytes() as usize];
     for l in 0..g.layers {
         assert!(!load.is_layer_ready(l), "layer {l} ready before its I/O");
-        let batch = rig.device.release_next(CopyDirection::Upload).await;
-        assert_eq!(batch.span, Span::Layer(l));
-        assert_eq!(batch.blocks, ids, "one batch per layer, every block");
+        rig.gate.release_next().await;
         let out = load.wait_layer(l).await;
         assert!(out.all_delivered(), "{out:?}");
         let range = g.layer_range(l);
         let range = range.start as usize..range.end as usize;
-        for (k, id) in r.iter().zip(&ids) {
-            let on_device = rig.host.read_block(*id).expect("block");
-            assert!(
-                on_device[range.clone()] == content(*k, len)[range.clone()],
-                "layer {l} of {k}"
-            );
+        for (k, landing) in r.iter().zip(&landings) {
+            let sum = landing.layer_sum(l).expect("layer sum");
+            let got = arena
+                .read_layer(landing.slot(), *k, l as usize, sum, &mut dst)
+                .expect("read layer");
+            assert_eq!(got, Lookup::Hit, "layer {l} of {k}");
+            assert!(dst == content(*k, len)[range.clone()], "layer {l} of {k}");
         }
         if l + 1 < g.layers {
             assert!(!load.is_layer_ready(l + 1), "layer {} arrived early", l + 1);
         }
     }
+    assert_eq!(rig.gate.held(), 0, "one batch per layer");
     assert_eq!(rig.sched.stats().layer_waits, g.layers as u64);
+    let mut whole = vec![0u8; len];
+    for k in &r {
+        assert_eq!(rig.mem.get(*k, &mut whole), Lookup::Hit);
+        assert!(whole == content(*k, len), "{k}");
+    }
 }
 
 /// Plays a load whose layers take `io` each to read (back to back) against
@@ -301,11 +296,9 @@ async fn play(io: Duration, compute: Duration) -> (Duration, Duration, u64) {
     let rig = rig0();
     let g = geometry();
     let r: Vec<BlockHash> = (0..2).map(|i| key(400 + i)).collect();
-    rig.in_dram(&r);
-    rig.device.hold(CopyDirection::Upload, true);
-    let load = rig
-        .sched
-        .load(TransferPath::HostToDevice, rig.load_targets(&r));
+    rig.on_disk(&r).await;
+    rig.gate.hold(Held::Reads);
+    let load = rig.load(rig.load_targets(&r));
     // The consumer reaches layer 0 when layer 0's I/O would be done.
     let mut consumer_at = io;
     let mut expected = Duration::ZERO;
@@ -314,14 +307,14 @@ async fn play(io: Duration, compute: Duration) -> (Duration, Duration, u64) {
         let io_done = io * (l + 1);
         if io_done <= consumer_at {
             rig.clock.advance_to(io_done);
-            rig.device.release_next(CopyDirection::Upload).await;
+            rig.gate.release_next().await;
             rig.clock.advance_to(consumer_at);
             load.wait_layer(l).await;
         } else {
             rig.clock.advance_to(consumer_at);
             let wait = load.wait_layer(l);
             rig.clock.advance_to(io_done);
-            rig.device.release_next(CopyDirection::Upload).await;
+            rig.gate.release_next().await;
             wait.await;
             expected += io_done - consumer_at;
             blocked += 1;

@@ -28,6 +28,8 @@ pub struct IoGate {
     writes: AtomicBool,
     held: parking_lot::Mutex<VecDeque<(IoBatch, Completer)>>,
     arrived: tokio::sync::Notify,
+    /// The kind of every read or write batch, in the order they arrived.
+    log: parking_lot::Mutex<Vec<Held>>,
 }
 
 impl IoGate {
@@ -39,6 +41,7 @@ impl IoGate {
             writes: AtomicBool::new(false),
             held: parking_lot::Mutex::new(VecDeque::new()),
             arrived: tokio::sync::Notify::new(),
+            log: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -50,6 +53,11 @@ impl IoGate {
     /// Batches held now.
     pub fn held(&self) -> usize {
         self.held.lock().len()
+    }
+
+    /// The kind of every read or write batch so far, in arrival order.
+    pub fn log(&self) -> Vec<Held> {
+        self.log.lock().clone()
     }
 
     /// Waits until at least `n` batches are held.
@@ -130,7 +138,11 @@ impl IoEngine for IoGate {
         unsafe { self.inner.register_memory(ptr, len) }
     }
     fn submit(&self, batch: IoBatch) -> Completion {
-        let holding = Self::kind(&batch).is_some_and(|k| self.flag(k).load(Ordering::SeqCst));
+        let kind = Self::kind(&batch);
+        if let Some(k) = kind {
+            self.log.lock().push(k);
+        }
+        let holding = kind.is_some_and(|k| self.flag(k).load(Ordering::SeqCst));
         if !holding {
             return self.inner.submit(batch);
         }
