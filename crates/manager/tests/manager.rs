@@ -19,7 +19,7 @@ use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
 use kvtier_manager::{Tier, TransferPath};
-use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
+use kvtier_mem::{MemoryTier, PutOutcome};
 use tokio::sync::mpsc;
 
 #[path = "support/gate.rs"]
@@ -27,10 +27,14 @@ mod gate;
 use gate::{Held, IoGate};
 
 #[path = "support/tiers.rs"]
-// Shared with other tests; this one makes node arenas of its own.
+// Shared with other tests; this one needs node arenas and disks.
 #[allow(dead_code)]
 mod tiers;
-use tiers::{disk, geometry};
+use tiers::{disk, geometry, node_memory};
+
+#[path = "support/node.rs"]
+mod node;
+use node::{assert_in_arena, chain, store_chain, with_bytes};
 
 fn pool(blocks: usize) -> PoolConfig {
     PoolConfig {
@@ -65,48 +69,6 @@ fn config(mode: CascadeMode) -> ManagerConfig {
     }
 }
 
-fn chain(seed: u128, n: usize) -> Vec<BlockHash> {
-    (0..n as u128)
-        .map(|i| BlockHash((seed << 32) | (i + 1)))
-        .collect()
-}
-
-fn with_bytes(keys: &[BlockHash]) -> Vec<(BlockHash, Vec<u8>)> {
-    let len = geometry().block_bytes() as usize;
-    keys.iter().map(|k| (*k, block_content(*k, len))).collect()
-}
-
-/// Stores `keys` as one prefix chain, as an engine does on the node:
-/// reserve every key (each one's parent is the key before it), fill the
-/// arena slots, commit. Every block must be stored.
-async fn store_chain(m: &BlockManager, keys: &[BlockHash]) {
-    let layer_bytes = geometry().layer_bytes() as usize;
-    let granted = m.reserve_host(keys).await.expect("reserve");
-    let mut filled = Vec::with_capacity(keys.len());
-    for ((key, bytes), grant) in with_bytes(keys).into_iter().zip(granted) {
-        let HostReserve::Reserved(mut r) = grant else {
-            panic!("{key} not reserved: {grant:?}");
-        };
-        let sums = r.fill(&bytes, layer_bytes).expect("fill");
-        filled.push((r, sums));
-    }
-    let committed = m.commit_host(filled).await;
-    assert!(
-        committed.iter().all(|c| matches!(c, HostCommit::Stored)),
-        "{committed:?}"
-    );
-}
-
-/// Checks that G2's arena serves each of `keys` with its own bytes.
-fn assert_in_arena(memory: &MemoryTier, keys: &[BlockHash]) {
-    let len = geometry().block_bytes() as usize;
-    let mut out = vec![0u8; len];
-    for k in keys {
-        assert_eq!(memory.get(*k, &mut out), Lookup::Hit, "{k} not in G2");
-        assert!(out == block_content(*k, len), "bytes of {k} in G2 differ");
-    }
-}
-
 struct Rig {
     manager: BlockManager,
     memory: MemoryTier,
@@ -120,7 +82,7 @@ struct Rig {
 fn rig(cfg: ManagerConfig) -> Rig {
     let gate = Arc::new(IoGate::new(psync()));
     let (dir, disk) = disk("kvtier-mgr-e2e", 8 << 20, gate.clone());
-    let memory = node_arena(4);
+    let memory = node_memory("node", 4);
     let (sink, batches) = ChannelSink::new(1024);
     let manager = BlockManager::new(
         cfg,
@@ -416,7 +378,7 @@ async fn tiers_must_match_the_configuration() {
         };
         let tiers = ManagerTiers {
             geometry: geometry(),
-            memory: memory_tier.then(|| node_arena(4)),
+            memory: memory_tier.then(|| node_memory("node", 4)),
             disk: None,
             remote: None,
         };
@@ -456,26 +418,6 @@ async fn tiers_must_match_the_configuration() {
     assert!(onboarded.blocks.iter().all(|b| b.pool().tier() == Tier::G2));
 }
 
-/// An arena of `blocks` slots that never evicts by itself, as the node
-/// daemon's: the G2 pool is its only eviction authority. Each has a name of
-/// its own: tests run in parallel threads of one process.
-fn node_arena(blocks: u64) -> MemoryTier {
-    static ARENAS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = ARENAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let g = geometry();
-    let cfg = MemoryTierConfig {
-        shm_name: format!("kvtier-mgr-node-{}-{n}", std::process::id()),
-        capacity_bytes: blocks * g.block_bytes(),
-        block_bytes: g.block_bytes() as usize,
-        layer_bytes: g.layer_bytes() as usize,
-        hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
-        table_key: None,
-        access_group: None,
-    };
-    MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
-}
-
 /// A node's manager: G2 on a node arena of 4 slots, G3 on disk.
 fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
     host_rig_on(
@@ -490,7 +432,7 @@ fn host_rig_on(mode: CascadeMode, engine: Arc<dyn IoEngine>) -> (BlockManager, t
     let (dir, disk) = disk("kvtier-mgr-host", 8 << 20, engine);
     let tiers = ManagerTiers {
         geometry: geometry(),
-        memory: Some(node_arena(4)),
+        memory: Some(node_memory("node", 4)),
         disk: Some(disk),
         remote: None,
     };
@@ -547,7 +489,7 @@ async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
 /// mode moves them down to G3 when G2 needs room, and they come back exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
-    let memory = node_arena(6);
+    let memory = node_memory("node", 6);
     let layer_bytes = geometry().layer_bytes() as usize;
     let a = chain(41, 6);
     for (key, bytes) in with_bytes(&a) {
@@ -580,7 +522,7 @@ async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
 /// dropping it as "already below".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
-    let memory = node_arena(4);
+    let memory = node_memory("node", 4);
     let (_dir, disk) = disk("kvtier-mgr-adopt-torn", 8 << 20, psync());
     let g = geometry();
     let (len, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
@@ -614,7 +556,7 @@ async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
 /// adoption keeps both copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inclusive_mode_adopts_both_copies() {
-    let memory = node_arena(4);
+    let memory = node_memory("node", 4);
     let (_dir, disk) = disk("kvtier-mgr-adopt-incl", 8 << 20, psync());
     let g = geometry();
     let (key, bytes) = with_bytes(&chain(45, 1)).remove(0);

@@ -1,20 +1,19 @@
-//! G4 end to end: blocks cascade G1 -> G2 -> G3 -> G4 (or G2 -> G4 with no
-//! G3) into a real remote tier — a directory through `object_store`'s local
-//! file system, and a real S3-compatible server (moto) — and are onboarded
-//! back to the device layer by layer, byte for byte; a corrupted object is
-//! a miss, never delivered.
+//! G4 end to end on the node's path: blocks stored into G2 cascade G2 -> G3
+//! -> G4 (or G2 -> G4 with no G3) into a real remote tier — a directory
+//! through `object_store`'s local file system, and a real S3-compatible
+//! server (moto) — and are onboarded back into G2 landings layer by layer,
+//! byte for byte; a corrupted object is a miss, never delivered.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::{BlockHash, BlockSums};
+use kvtier_mem::MemoryTier;
 use kvtier_io::PsyncEngine;
-use kvtier_manager::device::{Device, HostDevice, HostDeviceOptions};
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventBatch, EventSink, KvEvent};
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
-use kvtier_manager::test_support::block_content;
 use kvtier_manager::transfer::{BlockFailure, BlockMove, TransferEngine, TransferRequest};
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_remote::test_support::MotoServer;
@@ -23,7 +22,11 @@ use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
 mod tiers;
-use tiers::{disk, geometry, memory};
+use tiers::{disk, geometry, memory, node_memory};
+
+#[path = "support/node.rs"]
+mod node;
+use node::{assert_in_arena, chain, store_chain, with_bytes};
 
 fn pool(blocks: usize) -> PoolConfig {
     PoolConfig {
@@ -43,7 +46,6 @@ fn config(g3: bool) -> ManagerConfig {
     placement.admission.min_reuses = 0;
     ManagerConfig {
         hierarchy: HierarchyConfig {
-            g1: Some(pool(4)),
             g2: Some(pool(4)),
             g3: g3.then(|| pool(4)),
             g4: Some(pool(64)),
@@ -51,17 +53,6 @@ fn config(g3: bool) -> ManagerConfig {
         },
         ..ManagerConfig::default()
     }
-}
-
-fn chain(seed: u128, n: usize) -> Vec<BlockHash> {
-    (0..n as u128)
-        .map(|i| BlockHash((seed << 32) | (i + 1)))
-        .collect()
-}
-
-fn with_bytes(keys: &[BlockHash]) -> Vec<(BlockHash, Vec<u8>)> {
-    let len = geometry().block_bytes() as usize;
-    keys.iter().map(|k| (*k, block_content(*k, len))).collect()
 }
 
 /// A remote tier in a fresh directory.
@@ -84,14 +75,14 @@ fn s3_remote(moto: &MotoServer, bucket: &str) -> Arc<RemoteTier> {
 
 struct Rig {
     manager: BlockManager,
-    host: Arc<HostDevice>,
+    memory: MemoryTier,
     remote: Arc<RemoteTier>,
     events: mpsc::Receiver<Arc<EventBatch>>,
     _dir: Option<tempfile::TempDir>,
 }
 
 fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
-    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
+    let memory = node_memory("g4", 4);
     let (dir, disk) = if with_g3 {
         let (d, t) = disk(
             "kvtier-mgr-g4",
@@ -106,9 +97,8 @@ fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
     let manager = BlockManager::new(
         config(with_g3),
         ManagerTiers {
-            geometry: *host.geometry(),
-            device: Some(host.clone()),
-            memory: Some(memory("g4", 8)),
+            geometry: geometry(),
+            memory: Some(memory.clone()),
             disk,
             remote: Some(remote.clone()),
         },
@@ -117,7 +107,7 @@ fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
     .expect("manager");
     Rig {
         manager,
-        host,
+        memory,
         remote,
         events,
         _dir: dir,
@@ -137,19 +127,17 @@ async fn listed(remote: &RemoteTier) -> Vec<BlockHash> {
 /// Stores `chains` one after the other (each pushes the earlier ones down).
 async fn store_all(m: &BlockManager, chains: &[&Vec<BlockHash>]) {
     for keys in chains {
-        drop(
-            m.store_computed(None, with_bytes(keys))
-                .await
-                .expect("store"),
-        );
+        store_chain(m, keys).await;
     }
 }
 
-/// Onboards `keys` layer by layer and checks every byte on the device.
+/// Onboards `keys` from G4 into G2 layer by layer and checks every byte
+/// G2 serves.
 async fn onboard_and_check(rig: &Rig, keys: &[BlockHash]) {
     let m = &rig.manager;
     let onboarding = m.begin_onboard(keys).await.expect("begin onboard");
     assert_eq!(onboarding.matched().count_in(Tier::G4), keys.len());
+    assert!(onboarding.has_landings());
     for layer in 0..geometry().layers {
         let results = onboarding.wait_layer(layer).await;
         assert!(
@@ -162,16 +150,9 @@ async fn onboard_and_check(rig: &Rig, keys: &[BlockHash]) {
     assert!(onboarded.failed.is_empty(), "{:?}", onboarded.failed);
     let got: Vec<BlockHash> = onboarded.blocks.iter().map(|b| b.hash()).collect();
     assert_eq!(got, keys);
-    let len = geometry().block_bytes() as usize;
+    assert_in_arena(&rig.memory, keys);
     for b in &onboarded.blocks {
-        let id = m.device_block(b.slot()).expect("device block");
-        assert_eq!(
-            rig.host.read_block(id).expect("read"),
-            block_content(b.hash(), len),
-            "bytes of {} after G4 -> G1",
-            b.hash()
-        );
-        assert_eq!(residency(m, b.hash()), vec![Tier::G1], "moved, not copied");
+        assert_eq!(residency(m, b.hash()), vec![Tier::G2], "moved, not copied");
     }
 }
 
@@ -179,9 +160,9 @@ async fn onboard_and_check(rig: &Rig, keys: &[BlockHash]) {
 async fn cascade_and_onboard(remote: Arc<RemoteTier>) {
     let mut rig = rig(remote, true);
     let m = &rig.manager;
-    let (a, b, c, d) = (chain(1, 4), chain(2, 4), chain(3, 4), chain(4, 4));
-    // A: G1; B pushes A to G2; C pushes A to G3; D pushes A to G4.
-    store_all(m, &[&a, &b, &c, &d]).await;
+    let (a, b, c) = (chain(1, 4), chain(2, 4), chain(3, 4));
+    // A: G2; B pushes A to G3; C pushes A to G4.
+    store_all(m, &[&a, &b, &c]).await;
     for h in &a {
         assert_eq!(residency(m, *h), vec![Tier::G4], "{h}");
     }
@@ -203,14 +184,14 @@ async fn cascade_and_onboard(remote: Arc<RemoteTier>) {
         stats
             .paths
             .iter()
-            .any(|p| p.path == TransferPath::RemoteToDevice && p.bytes > 0)
+            .any(|p| p.path == TransferPath::RemoteToHost && p.bytes > 0)
     );
     // Exclusive: the blocks left G4, and so did their objects; the blocks
     // pushed down to make room for them are there instead. The objects
     // are exactly G4's blocks.
     m.flush_events();
     m.settle().await;
-    let mut in_g4: Vec<BlockHash> = [&a, &b, &c, &d]
+    let mut in_g4: Vec<BlockHash> = [&a, &b, &c]
         .into_iter()
         .flatten()
         .copied()
@@ -258,8 +239,8 @@ async fn without_g3_host_memory_cascades_to_g4() {
     let (_dir, remote) = file_remote();
     let rig = rig(remote, false);
     let m = &rig.manager;
-    let (a, b, c) = (chain(5, 4), chain(6, 4), chain(7, 4));
-    store_all(m, &[&a, &b, &c]).await;
+    let (a, b) = (chain(5, 4), chain(6, 4));
+    store_all(m, &[&a, &b]).await;
     for h in &a {
         assert_eq!(residency(m, *h), vec![Tier::G4], "{h}");
     }
@@ -277,8 +258,8 @@ async fn a_corrupted_object_is_a_miss_never_delivered() {
     let (dir, remote) = file_remote();
     let rig = rig(remote, false);
     let m = &rig.manager;
-    let (a, b, c) = (chain(8, 4), chain(9, 4), chain(10, 4));
-    store_all(m, &[&a, &b, &c]).await;
+    let (a, b) = (chain(8, 4), chain(9, 4));
+    store_all(m, &[&a, &b]).await;
     // Flip one byte of A[2]'s data (its last byte) in the object file.
     let uri = rig.remote.object_uri(a[2]);
     let path = uri.strip_prefix("file://").expect("file uri");
@@ -311,13 +292,11 @@ async fn a_corrupted_object_is_a_miss_never_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn g4_needs_its_remote_tier_and_g2() {
-    let host = Arc::new(HostDevice::new(geometry(), 4, HostDeviceOptions::default()));
     let no_remote = BlockManager::new(
         config(false),
         ManagerTiers {
-            geometry: *host.geometry(),
-            device: Some(host.clone()),
-            memory: Some(memory("g4cfg", 8)),
+            geometry: geometry(),
+            memory: Some(node_memory("g4cfg", 4)),
             disk: None,
             remote: None,
         },
@@ -330,8 +309,7 @@ async fn g4_needs_its_remote_tier_and_g2() {
     let no_g2 = BlockManager::new(
         cfg,
         ManagerTiers {
-            geometry: *host.geometry(),
-            device: Some(host),
+            geometry: geometry(),
             memory: None,
             disk: None,
             remote: Some(remote),

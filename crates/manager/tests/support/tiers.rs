@@ -18,9 +18,19 @@ pub fn geometry() -> Geometry {
 
 /// A fresh arena of `blocks` slots, named uniquely per process and call.
 pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
+    MemoryTier::create(arena_config(tag, blocks)).expect("memory tier in /dev/shm")
+}
+
+/// A fresh arena of `blocks` slots that never evicts by itself, as the
+/// node daemon's: the G2 pool is its only eviction authority.
+pub fn node_memory(tag: &str, blocks: u64) -> MemoryTier {
+    MemoryTier::create_owned(arena_config(tag, blocks)).expect("memory tier in /dev/shm")
+}
+
+fn arena_config(tag: &str, blocks: u64) -> MemoryTierConfig {
     static N: AtomicU64 = AtomicU64::new(0);
     let g = geometry();
-    MemoryTier::create(MemoryTierConfig {
+    MemoryTierConfig {
         shm_name: format!(
             "kvtier-mgr-{tag}-{}-{}",
             std::process::id(),
@@ -33,8 +43,7 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
         policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
-    })
-    .expect("memory tier in /dev/shm")
+    }
 }
 
 /// A disk tier of `capacity` bytes in 1 MiB block-major regions over
