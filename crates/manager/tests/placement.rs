@@ -429,8 +429,8 @@ fn expiry_drops_idle_unreferenced_blocks() {
 
 #[test]
 fn engine_hooks_settle_moves_by_block_result() {
-    use kvtier_manager::transfer::Span;
     use kvtier_manager::placement::MoveHooks;
+    use kvtier_manager::transfer::Span;
     use kvtier_manager::transfer::{BlockFailure, InFlightHooks, TransferTicket};
 
     let r = hierarchy(10, Some(20), None);

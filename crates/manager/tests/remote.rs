@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::{BlockHash, BlockSums};
-use kvtier_mem::MemoryTier;
 use kvtier_io::PsyncEngine;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventBatch, EventSink, KvEvent};
 use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
@@ -16,6 +15,7 @@ use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
 use kvtier_manager::transfer::{BlockFailure, BlockMove, TransferEngine, TransferRequest};
 use kvtier_manager::{Tier, TransferPath};
+use kvtier_mem::MemoryTier;
 use kvtier_remote::test_support::MotoServer;
 use kvtier_remote::{RemoteConfig, RemoteRead, RemoteTier};
 use tokio::sync::mpsc;

@@ -253,10 +253,8 @@ async fn wait_layer_follows_layer_order() {
     let r: Vec<BlockHash> = (0..3).map(|i| key(300 + i)).collect();
     rig.on_disk(&r).await;
     let targets = rig.load_targets(&r);
-    let landings: Vec<Arc<HostLanding>> = targets
-        .iter()
-        .filter_map(|t| t.landing.clone())
-        .collect();
+    let landings: Vec<Arc<HostLanding>> =
+        targets.iter().filter_map(|t| t.landing.clone()).collect();
     let arena = ArenaClient::open(rig.mem.shm_name()).expect("map the arena");
     rig.gate.hold(Held::Reads);
     let load = rig.load(targets);

@@ -16,14 +16,16 @@ use kvtier_io::{IoEngine, PsyncEngine, UringEngine};
 use kvtier_manager::transfer::{
     BlockFailure, BlockMove, HostLanding, InFlightTable, Span, TransferEngine, TransferRequest,
 };
-use kvtier_mem::{MemoryTier, Reserve};
 use kvtier_manager::{Tier, TransferPath};
+use kvtier_mem::{MemoryTier, Reserve};
 
 #[path = "support/gate.rs"]
 mod gate;
 use gate::{Held, IoGate};
 
 #[path = "support/tiers.rs"]
+// Shared with other tests; this one needs DRAM and disks.
+#[allow(dead_code)]
 mod tiers;
 use tiers::{disk, geometry, memory};
 
@@ -74,7 +76,9 @@ fn fill_dram(mem: &MemoryTier, keys: &[BlockHash]) {
 fn landings(mem: &MemoryTier, keys: &[BlockHash]) -> Vec<BlockMove> {
     keys.iter()
         .map(|k| match mem.reserve(*k).expect("reserve") {
-            Reserve::Reserved(slot) => BlockMove::landing(HostLanding::new(slot, geometry().layers)),
+            Reserve::Reserved(slot) => {
+                BlockMove::landing(HostLanding::new(slot, geometry().layers))
+            }
             other => panic!("no landing for {k}: {other:?}"),
         })
         .collect()
@@ -219,7 +223,10 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     assert_in_dram(&mem, &keys);
 
     let h2disk = engine.stats(TransferPath::HostToDisk);
-    assert_eq!((h2disk.transfers, h2disk.blocks, h2disk.failed_blocks), (2, 8, 0));
+    assert_eq!(
+        (h2disk.transfers, h2disk.blocks, h2disk.failed_blocks),
+        (2, 8, 0)
+    );
     assert_eq!(h2disk.bytes, 8 * g.block_bytes());
     assert!((1..=2).contains(&h2disk.batches));
     assert_eq!(h2disk.queue_depth, 0);
@@ -313,7 +320,10 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     );
     let s = engine.stats(TransferPath::DiskToHost);
     assert_eq!(
-        (s.blocks - before.blocks, s.failed_blocks - before.failed_blocks),
+        (
+            s.blocks - before.blocks,
+            s.failed_blocks - before.failed_blocks
+        ),
         (4, 2)
     );
     assert_eq!(s.bytes - before.bytes, 2 * g.block_bytes());
