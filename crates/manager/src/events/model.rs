@@ -10,7 +10,9 @@ use crate::Tier;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum BlockLocation {
-    /// A slot of an engine's device pool (G1).
+    /// A slot of an engine's device pool (G1). Part of the event format
+    /// for producers that publish an engine's own cache; the node's
+    /// manager, whose top tier is G2, publishes none.
     DeviceSlot {
         /// Slot index in the engine's block pool.
         slot: u64,

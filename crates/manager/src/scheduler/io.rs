@@ -163,8 +163,7 @@ impl IoScheduler {
         &self.inner.engine
     }
 
-    /// Loads `blocks` along `path` layer by layer (`HostToDevice` or
-    /// `DiskToDevice`, each block naming its device block; `DiskToHost` or
+    /// Loads `blocks` along `path` layer by layer (`DiskToHost` or
     /// `RemoteToHost`, each block naming its landing slot):
     /// one read batch per layer for all blocks, queued in layer order ahead
     /// of every write.
