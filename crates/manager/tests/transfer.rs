@@ -107,6 +107,22 @@ fn key_moves(keys: &[BlockHash]) -> Vec<BlockMove> {
     keys.iter().map(|k| BlockMove::key(*k)).collect()
 }
 
+/// Moves `keys` from DRAM down to the disk (every block delivered), then
+/// drops DRAM's copies: the blocks are on the disk only.
+async fn onto_disk_only(engine: &TransferEngine, mem: &MemoryTier, keys: &[BlockHash]) {
+    let out = engine
+        .submit(TransferRequest::blocks(
+            TransferPath::HostToDisk,
+            key_moves(keys),
+        ))
+        .wait()
+        .await;
+    assert!(out.all_delivered(), "{:?}", out.failures());
+    for k in keys {
+        assert!(mem.remove(*k));
+    }
+}
+
 /// Flips one byte of block `key` at `offset` in its disk data file.
 fn flip_on_disk(disk: &DiskTier, key: BlockHash, offset: u64) {
     let loc = disk.location(key).expect("block on disk");
@@ -254,17 +270,7 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
         .expect("engine");
     let keys: Vec<BlockHash> = (0..6).map(|i| key(2, i)).collect();
     fill_dram(&mem, &keys);
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
-            key_moves(&keys),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered());
-    for k in &keys {
-        mem.remove(*k);
-    }
+    onto_disk_only(&engine, &mem, &keys).await;
     // Block 1: a byte in layer 0; block 3: a byte in layer 2; block 5: a
     // byte in layer 1 (read per layer below).
     flip_on_disk(&disk, keys[1], 100);
@@ -363,15 +369,7 @@ async fn a_damaged_dram_block_never_comes_back_from_below() {
     other[g.layer_bytes() as usize * 3 + 5] ^= 1;
     let sums = BlockSums::compute(k, g.layer_bytes() as usize, &other);
     mem.put(k, &data, &sums).expect("put");
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
-            key_moves(&[k]),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered(), "{:?}", out.failures());
-    assert!(mem.remove(k));
+    onto_disk_only(&engine, &mem, &[k]).await;
 
     // Layer 0 is intact: it lands. Layer 3 is not: the block is never
     // published.
@@ -525,17 +523,7 @@ async fn batches_in_flight_overlap_on_one_path() {
         .expect("engine");
     let keys: Vec<BlockHash> = (0..2).map(|i| key(6, i)).collect();
     fill_dram(&mem, &keys);
-    let out = engine
-        .submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
-            key_moves(&keys),
-        ))
-        .wait()
-        .await;
-    assert!(out.all_delivered(), "{:?}", out.failures());
-    for k in &keys {
-        assert!(mem.remove(*k));
-    }
+    onto_disk_only(&engine, &mem, &keys).await;
     let landed = landings(&mem, &keys);
     gate.hold(Held::Reads);
     let handles: Vec<_> = (0..3)
