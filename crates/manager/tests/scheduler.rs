@@ -276,6 +276,12 @@ async fn wait_layer_follows_layer_order() {
         }
         if l + 1 < g.layers {
             assert!(!load.is_layer_ready(l + 1), "layer {} arrived early", l + 1);
+            // Not whole yet: the last layer publishes the block.
+            let mut whole = vec![0u8; len];
+            assert!(
+                r.iter()
+                    .all(|k| rig.mem.get(*k, &mut whole) == Lookup::Miss)
+            );
         }
     }
     assert_eq!(rig.gate.held(), 0, "one batch per layer");
