@@ -35,7 +35,7 @@ fn pool(blocks: usize, high: f64) -> PoolConfig {
     }
 }
 
-/// A node's manager (no device): G2 on an arena that `step` empties into
+/// A node's manager: G2 on an arena that `step` empties into
 /// G3, a disk tier of `layout`. The pools' clock ticks once per reading,
 /// so the LRU order is the order blocks arrive in, without ties.
 fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir) {

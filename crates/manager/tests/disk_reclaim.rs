@@ -49,7 +49,7 @@ fn psync() -> Arc<dyn IoEngine> {
     Arc::new(PsyncEngine::new(2, 64).expect("psync engine"))
 }
 
-/// A node's manager (no device): G2 over the arena, G3 of `g3` blocks over
+/// A node's manager: G2 over the arena, G3 of `g3` blocks over
 /// `disk`, exclusive, admitting every block to G3.
 fn node(
     memory: &MemoryTier,

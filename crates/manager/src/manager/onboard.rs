@@ -19,7 +19,7 @@ use kvtier_mem::Reserve;
 
 /// One source path's share of an onboarding.
 enum OnboardLoad {
-    /// One batch per layer: to the device, or into host landings.
+    /// One batch per layer, into host landings.
     Layered(LoadHandle),
     /// Whole blocks: every layer lands at once.
     Whole(TransferHandle),

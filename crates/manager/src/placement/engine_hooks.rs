@@ -12,8 +12,8 @@
 //! A layer-wise load is one engine transfer per layer, all naming the same
 //! blocks. A move carried that way is taken when layer 0 starts and settled
 //! only when its last layer (of [`MoveHooks::with_layers`]) finishes, failed
-//! if any of its layers failed: a block is readable on the device only when
-//! every layer landed.
+//! if any of its layers failed: a block is readable in G2 only when every
+//! layer landed.
 
 use std::collections::{HashMap, VecDeque};
 

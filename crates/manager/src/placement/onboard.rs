@@ -48,7 +48,7 @@ pub enum OnboardStop {
     /// The target tier has no free or evictable slot left.
     TargetFull(PoolError),
     /// No tier is configured.
-    NoDevice,
+    NoTier,
 }
 
 /// The plan to bring a prefix to the target tier, one step per block in
@@ -96,7 +96,7 @@ impl Planner {
             stopped: None,
         };
         let Some(top) = registry.pools().next() else {
-            plan.stopped = Some(OnboardStop::NoDevice);
+            plan.stopped = Some(OnboardStop::NoTier);
             return plan;
         };
         let target = top.tier();

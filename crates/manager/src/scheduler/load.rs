@@ -37,7 +37,7 @@ impl LayerOutcome {
     }
 }
 
-/// A load of many blocks onto the device, one read batch per layer, issued
+/// A load of many blocks into G2, one read batch per layer, issued
 /// in layer order. [`wait_layer`](Self::wait_layer) resolves as soon as
 /// layer `l` of every block is resident, so the consumer computes layer
 /// `l` while layer `l + 1` is read.
