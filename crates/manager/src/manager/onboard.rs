@@ -229,6 +229,7 @@ impl BlockManager {
         let mut pending = Vec::new();
         let mut landings = HashMap::new();
         let mut by_path: BTreeMap<_, Vec<BlockMove>> = BTreeMap::new();
+        let mut moves = Vec::new();
         for step in plan.steps {
             planned.push(step.hash());
             match step {
@@ -249,11 +250,16 @@ impl BlockManager {
                     if let Some(block) = block {
                         let layered = block.landing.is_some();
                         by_path.entry((mv.path, layered)).or_default().push(block);
-                        self.hooks.stage(mv);
+                        moves.push(mv);
                     }
                 }
             }
         }
+        // The blocks arrive in the target tier fastest source first, each
+        // source's in request order, whichever load finishes first: its
+        // policy sees one order on every run, the one the replay models.
+        moves.sort_by_key(|mv| mv.from.index());
+        self.hooks.stage_ordered(moves);
         let loads = by_path
             .into_iter()
             .map(|((path, layered), blocks)| {

@@ -14,6 +14,14 @@
 //! only when its last layer (of [`MoveHooks::with_layers`]) finishes, failed
 //! if any of its layers failed: a block is readable in G2 only when every
 //! layer landed.
+//!
+//! Moves staged together with [`MoveHooks::stage_ordered`] (an
+//! onboarding's, one load per source path) settle in the order given,
+//! whatever order their transfers finish in: a move that finished waits for
+//! the ones before it. The destination tier's policy then sees the blocks
+//! arrive in one order on every run (ARC adapts its target on each block
+//! that comes back from its ghost lists, so the order of arrivals changes
+//! what it evicts next), and the optimizer's replay can model it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -50,6 +58,35 @@ struct Moves<L: PoolLock> {
     layered: HashMap<(TransferPath, BlockHash), Layered<L>>,
     /// The layer each running layer transfer carries, by engine id.
     layer_of: HashMap<u64, (u32, usize)>,
+    /// The batch of [`MoveHooks::stage_ordered`] each ordered move belongs
+    /// to, by path and block.
+    batch_of: HashMap<(TransferPath, BlockHash), u64>,
+    /// Ordered batches not fully settled yet, by id.
+    batches: HashMap<u64, Ordered<L>>,
+    /// The id of the next ordered batch.
+    next_batch: u64,
+}
+
+/// Moves that settle in a given order.
+struct Ordered<L: PoolLock> {
+    /// The moves not settled yet, in settling order.
+    order: VecDeque<(TransferPath, BlockHash)>,
+    /// Moves whose transfer finished, waiting for the ones before them,
+    /// with whether they succeeded.
+    finished: HashMap<(TransferPath, BlockHash), (Move<L>, bool)>,
+}
+
+impl<L: PoolLock> Ordered<L> {
+    /// Takes the finished moves at the front of the order.
+    fn take_ready(&mut self, out: &mut Vec<(Move<L>, bool)>) {
+        while let Some(at) = self.order.front() {
+            let Some(done) = self.finished.remove(at) else {
+                break;
+            };
+            self.order.pop_front();
+            out.push(done);
+        }
+    }
 }
 
 impl<L: PoolLock> Default for MoveHooks<L> {
@@ -85,6 +122,9 @@ impl<L: PoolLock> MoveHooks<L> {
                 running: HashMap::new(),
                 layered: HashMap::new(),
                 layer_of: HashMap::new(),
+                batch_of: HashMap::new(),
+                batches: HashMap::new(),
+                next_batch: 0,
             }),
             last_layer: layers.saturating_sub(1),
         }
@@ -101,12 +141,74 @@ impl<L: PoolLock> MoveHooks<L> {
             .push_back(mv);
     }
 
-    /// Moves staged and running.
+    /// Stages `moves`, which settle in the order given: a move whose
+    /// transfer finished first waits until every move before it settled.
+    pub fn stage_ordered(&self, moves: Vec<Move<L>>) {
+        if moves.len() < 2 {
+            moves.into_iter().for_each(|mv| self.stage(mv));
+            return;
+        }
+        let mut m = self.inner.lock();
+        let id = m.next_batch;
+        m.next_batch += 1;
+        let order: VecDeque<_> = moves.iter().map(|mv| (mv.path, mv.hash)).collect();
+        for &at in &order {
+            m.batch_of.insert(at, id);
+        }
+        m.batches.insert(
+            id,
+            Ordered {
+                order,
+                finished: HashMap::new(),
+            },
+        );
+        for mv in moves {
+            m.staged
+                .entry((mv.path, mv.hash))
+                .or_default()
+                .push_back(mv);
+        }
+    }
+
+    /// Settles `mv` (completed when `ok`, else dropped), after the moves
+    /// before it when it was staged in order.
+    fn settle(&self, mv: Move<L>, ok: bool) {
+        let ready = {
+            let mut m = self.inner.lock();
+            let at = (mv.path, mv.hash);
+            match m.batch_of.remove(&at) {
+                None => vec![(mv, ok)],
+                Some(id) => {
+                    let mut ready = Vec::new();
+                    if let Some(batch) = m.batches.get_mut(&id) {
+                        batch.finished.insert(at, (mv, ok));
+                        batch.take_ready(&mut ready);
+                        if batch.order.is_empty() {
+                            m.batches.remove(&id);
+                        }
+                    }
+                    ready
+                }
+            }
+        };
+        // Outside the lock: completing a move takes the pools' locks.
+        for (mv, ok) in ready {
+            if ok {
+                drop(mv.complete());
+            } else {
+                drop(mv);
+            }
+        }
+    }
+
+    /// Moves staged, and running (or finished, waiting for an earlier
+    /// move of their ordered batch).
     pub fn counts(&self) -> (usize, usize) {
         let m = self.inner.lock();
+        let waiting: usize = m.batches.values().map(|b| b.finished.len()).sum();
         (
             m.staged.values().map(VecDeque::len).sum(),
-            m.running.len() + m.layered.len(),
+            m.running.len() + m.layered.len() + waiting,
         )
     }
 }
@@ -170,11 +272,7 @@ impl<L: PoolLock> InFlightHooks for MoveHooks<L> {
             }
         };
         if let Some((mv, ok)) = settled {
-            if ok {
-                drop(mv.complete());
-            } else {
-                drop(mv);
-            }
+            self.settle(mv, ok);
         }
     }
 }

@@ -25,8 +25,10 @@
 //!    are chosen by the tier's policy, leaves first, and go one tier down
 //!    (which makes room there first the same way) unless that tier already
 //!    holds them; the last tier drops them;
-//! 4. hits below tier 0 move to tier 0 from the tier they were found in;
-//!    then every hit is used once more, in request order (the handles the
+//! 4. hits below tier 0 move to tier 0 from the tier they were found in,
+//!    fastest source tier first, each tier's in request order (the order
+//!    the manager settles an onboarding's blocks in, whichever of its
+//!    loads lands first); then every hit is used once more, in request order (the handles the
 //!    onboarding returns);
 //! 5. the blocks after the hit run that no tier holds enter tier 0; those
 //!    some tier holds (after a gap in the run) stay where they are, unused,
@@ -283,8 +285,9 @@ impl Engine {
             }
         }
         self.make_room(0, below + rest.len(), now);
-        // The manager loads one batch per source tier, fastest first; each
-        // block enters tier 0 as its load lands.
+        // The manager loads one batch per source tier and settles the
+        // blocks in tier 0 fastest source first, each source's in request
+        // order, whichever load lands first (`MoveHooks::stage_ordered`).
         for source in 1..self.tiers.len() {
             for &id in prefix {
                 if self.blocks.fastest(id) == Some(source) {
