@@ -127,7 +127,7 @@ impl BlockManager {
             return;
         };
         let dropped = sync.take_dropped();
-        let forget = |keys: Vec<kvtier_core::BlockHash>| -> u64 {
+        let forget = |keys: Vec<BlockHash>| -> u64 {
             keys.into_iter()
                 .filter(|k| !disk.contains(*k) && g3.remove_inactive(*k))
                 .count() as u64
