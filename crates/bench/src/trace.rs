@@ -326,11 +326,10 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             block_bytes: block_bytes as usize,
             layer_bytes: g.layer_bytes() as usize,
             hugepages: false,
-            policy: PolicyKind::Lru,
             table_key: None,
             access_group: None,
         };
-        Some(MemoryTier::create_owned(arena)?)
+        Some(MemoryTier::create(arena)?)
     } else {
         None
     };

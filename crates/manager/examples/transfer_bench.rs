@@ -85,7 +85,6 @@ async fn main() -> Result<(), Box<dyn Error>> {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })?;

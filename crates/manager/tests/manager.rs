@@ -465,11 +465,10 @@ fn node_arena(blocks: u64) -> MemoryTier {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     };
-    MemoryTier::create_owned(cfg).expect("memory tier in /dev/shm")
+    MemoryTier::create(cfg).expect("memory tier in /dev/shm")
 }
 
 /// A node's manager: no device, G2 on a node arena of 4 slots, G3 on disk.

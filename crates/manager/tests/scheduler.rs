@@ -63,7 +63,6 @@ fn rig(policy: PolicyConfig) -> Rig {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })

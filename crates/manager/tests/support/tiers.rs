@@ -30,7 +30,6 @@ pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })
