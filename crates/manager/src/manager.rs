@@ -134,6 +134,11 @@ impl BlockManager {
             }
         }
         let registry: Registry = hierarchy.build_registry_on(clock)?;
+        // G2's pool is the arena's only book: a block leaving it leaves
+        // the arena in the same step.
+        if let (Some(pool), Some(m)) = (registry.pool(Tier::G2), &tiers.memory) {
+            pool.attach_bytes(Arc::new(m.clone()));
+        }
         let capacity = registry.pool(Tier::G1).map_or(0, |p| p.stats().capacity);
         let device_blocks = match &tiers.device {
             Some(d) => d.allocate(capacity)?,
