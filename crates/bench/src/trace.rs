@@ -326,11 +326,10 @@ fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, Tra
             block_bytes: block_bytes as usize,
             layer_bytes: g.layer_bytes() as usize,
             hugepages: false,
-            policy: PolicyKind::Lru,
             table_key: None,
             access_group: None,
         };
-        MemoryTier::create_owned(arena)?
+        MemoryTier::create(arena)?
     };
     let wants_dir = config.g3_blocks > 0 || (config.g4_blocks > 0 && config.remote.is_none());
     let (base, tempdir) = match (&config.dir, wants_dir) {

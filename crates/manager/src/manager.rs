@@ -133,6 +133,11 @@ impl BlockManager {
             }
         }
         let registry: Registry = hierarchy.build_registry_on(clock)?;
+        // G2's pool is the arena's only book: a block leaving it leaves
+        // the arena in the same step.
+        if let (Some(pool), Some(m)) = (registry.pool(Tier::G2), &tiers.memory) {
+            pool.attach_bytes(Arc::new(m.clone()));
+        }
         let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
         let mut builder = TransferEngine::builder(geometry).with_hooks(hooks.clone());
         if let Some(m) = &tiers.memory {

@@ -20,8 +20,11 @@
 //! not be evicted while the [`OutgoingBlock`] lives.
 //!
 //! All bookkeeping sits in one [`PoolState`] behind one lock ([`PoolLock`]),
-//! never held across a call out of the pool; handles lock it only in their
-//! constructors and `Drop`.
+//! never held across a call out of the pool but one: a pool that is its
+//! tier's only book ([`attach_bytes`](BlockPool::attach_bytes), G2 over
+//! the arena) tells the tier's [`TierBytes`] of each block that leaves,
+//! under the lock, so the bytes go in the same step as the booking. Handles
+//! lock it only in their constructors and `Drop`.
 //!
 //! ```
 //! use kvtier_manager::Tier;
@@ -141,6 +144,24 @@ pub struct PoolStats {
     pub hits: u64,
 }
 
+/// The bytes of a tier whose pool is its only book (G2's arena): told of
+/// each block the pool lets go (evicted, removed, or moved down), so its
+/// bytes go in the same step and no reservation or load can find the
+/// tier's storage holding a block its pool no longer books.
+pub trait TierBytes: Send + Sync {
+    /// Block `hash` left the pool; its bytes may go (a reader still holding
+    /// them keeps them readable until it lets go). Runs under the pool's
+    /// lock: it takes only the storage's own leaf lock and never calls back
+    /// into a pool.
+    fn forget(&self, hash: BlockHash);
+}
+
+impl TierBytes for kvtier_mem::MemoryTier {
+    fn forget(&self, hash: BlockHash) {
+        self.remove(hash);
+    }
+}
+
 /// The pool's clock, in milliseconds; policies use it for idle times.
 pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
@@ -224,6 +245,13 @@ impl<L: PoolLock> BlockPool<L> {
 
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut PoolState) -> R) -> R {
         self.inner.lock.with(f)
+    }
+
+    /// Makes the pool its tier's only book over `bytes`: from now on each
+    /// block that leaves the pool is forgotten by `bytes` in the same call
+    /// (see [`TierBytes`]). Set it before the pool holds blocks.
+    pub fn attach_bytes(&self, bytes: Arc<dyn TierBytes>) {
+        self.with_state(|s| s.attach_bytes(bytes));
     }
 
     /// Whether two handles belong to the same pool.

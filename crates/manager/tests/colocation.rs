@@ -41,7 +41,7 @@ fn pool(blocks: usize, high: f64) -> PoolConfig {
 fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir) {
     static ARENAS: AtomicU64 = AtomicU64::new(0);
     let g = geometry();
-    let memory = MemoryTier::create_owned(MemoryTierConfig {
+    let memory = MemoryTier::create(MemoryTierConfig {
         shm_name: format!(
             "kvtier-mgr-coloc-{}-{}",
             std::process::id(),
@@ -51,7 +51,6 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })

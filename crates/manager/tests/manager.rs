@@ -30,7 +30,7 @@ use gate::{Held, IoGate};
 // Shared with other tests; this one needs node arenas and disks.
 #[allow(dead_code)]
 mod tiers;
-use tiers::{disk, geometry, node_memory};
+use tiers::{disk, geometry, memory};
 
 #[path = "support/node.rs"]
 mod node;
@@ -82,7 +82,7 @@ struct Rig {
 fn rig(cfg: ManagerConfig) -> Rig {
     let gate = Arc::new(IoGate::new(psync()));
     let (dir, disk) = disk("kvtier-mgr-e2e", 8 << 20, gate.clone());
-    let memory = node_memory("node", 4);
+    let memory = memory("node", 4);
     let (sink, batches) = ChannelSink::new(1024);
     let manager = BlockManager::new(
         cfg,
@@ -378,7 +378,7 @@ async fn tiers_must_match_the_configuration() {
         };
         let tiers = ManagerTiers {
             geometry: geometry(),
-            memory: memory_tier.then(|| node_memory("node", 4)),
+            memory: memory_tier.then(|| memory("node", 4)),
             disk: None,
             remote: None,
         };
@@ -432,7 +432,7 @@ fn host_rig_on(mode: CascadeMode, engine: Arc<dyn IoEngine>) -> (BlockManager, t
     let (dir, disk) = disk("kvtier-mgr-host", 8 << 20, engine);
     let tiers = ManagerTiers {
         geometry: geometry(),
-        memory: Some(node_memory("node", 4)),
+        memory: Some(memory("node", 4)),
         disk: Some(disk),
         remote: None,
     };
@@ -489,7 +489,7 @@ async fn a_pool_slot_freed_before_its_arena_slot_can_be_used_at_once() {
 /// mode moves them down to G3 when G2 needs room, and they come back exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
-    let memory = node_memory("node", 6);
+    let memory = memory("node", 6);
     let layer_bytes = geometry().layer_bytes() as usize;
     let a = chain(41, 6);
     for (key, bytes) in with_bytes(&a) {
@@ -522,7 +522,7 @@ async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
 /// dropping it as "already below".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
-    let memory = node_memory("node", 4);
+    let memory = memory("node", 4);
     let (_dir, disk) = disk("kvtier-mgr-adopt-torn", 8 << 20, psync());
     let g = geometry();
     let (len, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
@@ -556,7 +556,7 @@ async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
 /// adoption keeps both copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inclusive_mode_adopts_both_copies() {
-    let memory = node_memory("node", 4);
+    let memory = memory("node", 4);
     let (_dir, disk) = disk("kvtier-mgr-adopt-incl", 8 << 20, psync());
     let g = geometry();
     let (key, bytes) = with_bytes(&chain(45, 1)).remove(0);

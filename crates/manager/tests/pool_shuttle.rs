@@ -6,7 +6,9 @@
 //! Properties checked: no slot is handed to a mutable handle while another
 //! mutable handle or a live reference holds it; eviction never takes a
 //! referenced, pinned or in-flight block; the pool's invariants hold after
-//! every run.
+//! every run; a pool that is its tier's only book (G2 over the arena)
+//! forgets a block's bytes in the same step as it lets the block go, so a
+//! reservation never finds the arena holding a block its pool gave up.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use kvtier_core::BlockHash;
 use kvtier_manager::Tier;
 use kvtier_manager::pool::{
-    BlockPool, PoolConfig, PoolLock, PoolState, Presence, SlotId, wall_clock,
+    BlockPool, PoolConfig, PoolLock, PoolState, Presence, SlotId, TierBytes, wall_clock,
 };
 use shuttle::sync::Mutex;
 use shuttle::thread;
@@ -236,5 +238,166 @@ fn planned_departures_race_with_readers_and_allocation() {
             assert!(s.inactive >= 3, "{s:?}");
         },
         300,
+    );
+}
+
+/// The arena's book as the G2 pool sees it, modelled for shuttle (the real
+/// one sits behind a `parking_lot` lock shuttle cannot schedule): resident
+/// keys, each copy an instance; references per instance; slots being
+/// filled. A removed instance still referenced keeps its slot (Detached).
+#[derive(Default)]
+struct ArenaModel {
+    resident: HashMap<BlockHash, u64>,
+    refs: HashMap<u64, usize>,
+    filling: usize,
+    next: u64,
+}
+
+/// What a reservation of the model arena answered.
+#[derive(Debug, PartialEq)]
+enum ModelReserve {
+    Reserved,
+    AlreadyPresent,
+    Full,
+}
+
+impl ArenaModel {
+    /// Slots in use: resident, filling, and removed copies still read.
+    fn used(&self) -> usize {
+        let live: HashSet<u64> = self.resident.values().copied().collect();
+        let detached = self
+            .refs
+            .iter()
+            .filter(|(i, n)| **n > 0 && !live.contains(i))
+            .count();
+        self.resident.len() + self.filling + detached
+    }
+
+    fn reserve(&mut self, key: BlockHash, capacity: usize) -> ModelReserve {
+        if self.resident.contains_key(&key) {
+            return ModelReserve::AlreadyPresent;
+        }
+        if self.used() >= capacity {
+            return ModelReserve::Full;
+        }
+        self.filling += 1;
+        ModelReserve::Reserved
+    }
+
+    fn publish(&mut self, key: BlockHash) {
+        self.filling -= 1;
+        self.next += 1;
+        self.resident.insert(key, self.next);
+    }
+
+    /// Whether any removed copy is still referenced (the only reason a
+    /// reservation the pool granted may find the arena full).
+    fn detached(&self) -> bool {
+        let live: HashSet<u64> = self.resident.values().copied().collect();
+        self.refs.iter().any(|(i, n)| *n > 0 && !live.contains(i))
+    }
+}
+
+struct ShuttleArena(Mutex<ArenaModel>);
+
+impl TierBytes for ShuttleArena {
+    fn forget(&self, hash: BlockHash) {
+        self.0.lock().unwrap().resident.remove(&hash);
+    }
+}
+
+const ARENA_SLOTS: usize = 1;
+
+/// A node's load of `key` into G2: a pool slot, then an arena slot, filled
+/// and published, then the pool registers it.
+fn load(pool: &Pool, arena: &ShuttleArena, key: BlockHash) {
+    let Ok(incoming) = pool.begin_incoming(key, None) else {
+        return;
+    };
+    let (answer, detached) = {
+        let mut a = arena.0.lock().unwrap();
+        let detached = a.detached();
+        (a.reserve(key, ARENA_SLOTS), detached)
+    };
+    match answer {
+        ModelReserve::Reserved => {
+            arena.0.lock().unwrap().publish(key);
+            drop(incoming.finish());
+        }
+        ModelReserve::Full => {
+            assert!(detached, "the pool granted a slot the arena does not have");
+        }
+        ModelReserve::AlreadyPresent => {
+            panic!("the arena still holds {key} after its pool gave it up")
+        }
+    }
+}
+
+/// A reader of `key`: a pool handle, then an arena reference, held while
+/// the pool lets the block go, then released.
+fn read(pool: &Pool, arena: &ShuttleArena, key: BlockHash) {
+    let Some(handle) = pool.acquire(key) else {
+        return;
+    };
+    let instance = {
+        let mut a = arena.0.lock().unwrap();
+        let i = *a
+            .resident
+            .get(&key)
+            .expect("the pool holds a block the arena lost");
+        *a.refs.entry(i).or_insert(0) += 1;
+        i
+    };
+    drop(handle);
+    thread::yield_now();
+    *arena.0.lock().unwrap().refs.get_mut(&instance).unwrap() -= 1;
+}
+
+/// G2's pool and the arena move in one step: a reader holding a block, a
+/// load of another block that evicts it, and a reload of the same block
+/// race; no reservation the pool granted finds the old copy still in the
+/// arena, a pool handle always has its arena copy, and at the end the
+/// arena holds exactly what the pool does.
+#[test]
+fn the_g2_pool_and_the_arena_let_blocks_go_in_one_step() {
+    shuttle::check_random(
+        || {
+            let pool: Pool =
+                BlockPool::with_lock(Tier::G2, PoolConfig::new(ARENA_SLOTS, 1), wall_clock())
+                    .unwrap();
+            let arena = Arc::new(ShuttleArena(Mutex::new(ArenaModel::default())));
+            pool.attach_bytes(arena.clone());
+            load(&pool, &arena, BlockHash(1));
+            let threads: Vec<_> = [
+                (true, BlockHash(2)),
+                (true, BlockHash(1)),
+                (false, BlockHash(1)),
+            ]
+            .into_iter()
+            .map(|(loads, key)| {
+                let (p, a) = (pool.clone(), arena.clone());
+                thread::spawn(move || {
+                    if loads {
+                        load(&p, &a, key);
+                    } else {
+                        read(&p, &a, key);
+                    }
+                })
+            })
+            .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            pool.check_invariants().unwrap();
+            let a = arena.0.lock().unwrap();
+            for key in [BlockHash(1), BlockHash(2)] {
+                assert_eq!(
+                    a.resident.contains_key(&key),
+                    pool.is_readable(key),
+                    "arena and pool disagree on {key}"
+                );
+            }
+        },
+        1000,
     );
 }

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
 mod tiers;
-use tiers::{disk, geometry, memory, node_memory};
+use tiers::{disk, geometry, memory};
 
 #[path = "support/node.rs"]
 mod node;
@@ -82,7 +82,7 @@ struct Rig {
 }
 
 fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
-    let memory = node_memory("g4", 4);
+    let memory = memory("g4", 4);
     let (dir, disk) = if with_g3 {
         let (d, t) = disk(
             "kvtier-mgr-g4",
@@ -296,7 +296,7 @@ async fn g4_needs_its_remote_tier_and_g2() {
         config(false),
         ManagerTiers {
             geometry: geometry(),
-            memory: Some(node_memory("g4cfg", 4)),
+            memory: Some(memory("g4cfg", 4)),
             disk: None,
             remote: None,
         },

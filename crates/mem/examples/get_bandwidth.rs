@@ -31,7 +31,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         block_bytes: block,
         layer_bytes: layer,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })?;

@@ -2,7 +2,6 @@
 //! everything [`MemoryTier::create`](crate::MemoryTier::create) needs.
 
 use kvtier_core::{ByteSize, CoreError, Geometry};
-use kvtier_policy::PolicyKind;
 use serde::{Deserialize, Serialize};
 
 use crate::mac::TableKey;
@@ -18,9 +17,11 @@ pub struct MemoryConfig {
     pub shm_name: String,
     /// Back the arena with huge pages (`MAP_HUGETLB`) when available.
     pub hugepages: bool,
-    /// Eviction policy of an arena that evicts by itself (a standalone
-    /// arena; on a node the block manager's G2 pool evicts instead).
-    pub policy: PolicyKind,
+    /// Deprecated and ignored: the arena never evicts (G2's eviction
+    /// policy is `[manager] policy`). Still accepted, with a warning from
+    /// [`validate`](Self::validate), so older files keep loading.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 impl Default for MemoryConfig {
@@ -29,24 +30,25 @@ impl Default for MemoryConfig {
             capacity: ByteSize(1 << 30),
             shm_name: "kvtier".into(),
             hugepages: false,
-            policy: PolicyKind::Lru,
+            policy: None,
         }
     }
 }
 
 impl MemoryConfig {
-    /// Checks values that parse but make no sense.
+    /// Checks values that parse but make no sense, and warns of the
+    /// deprecated `policy`.
     pub fn validate(&self) -> kvtier_core::Result<()> {
         if self.shm_name.is_empty() || self.shm_name.contains('/') {
             return Err(CoreError::InvalidConfig(
                 "memory.shm_name must be a non-empty name without '/'".into(),
             ));
         }
-        if self.policy.optimizer_only() {
-            return Err(CoreError::InvalidConfig(format!(
-                "memory.policy {} runs only in the optimizer; the arena runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware",
-                self.policy
-            )));
+        if let Some(policy) = &self.policy {
+            tracing::warn!(
+                policy = %policy,
+                "memory.policy is deprecated and ignored: the arena never evicts; G2's eviction policy is manager.policy"
+            );
         }
         Ok(())
     }
@@ -73,8 +75,6 @@ pub struct MemoryTierConfig {
     /// kernel allows it for shared memory; falls back to 4 KiB pages with a
     /// log line otherwise.
     pub hugepages: bool,
-    /// Which eviction policy orders the blocks.
-    pub policy: PolicyKind,
     /// The key that authenticates the owner's slot table entries (a MAC
     /// per entry, docs/memory-arena.md). With a key, an arena of the same
     /// geometry that a crashed owner left at the name is adopted: its
@@ -100,7 +100,6 @@ impl MemoryTierConfig {
             block_bytes: usize::try_from(geometry.block_bytes()).unwrap_or(usize::MAX),
             layer_bytes: usize::try_from(geometry.layer_bytes()).unwrap_or(usize::MAX),
             hugepages: cfg.hugepages,
-            policy: cfg.policy,
             table_key: None,
             access_group: None,
         }
@@ -131,5 +130,14 @@ mod tests {
         assert_eq!(c.block_bytes, 2 << 20);
         assert_eq!(c.layers(), g.layers as usize);
         assert_eq!(c.shm_name, "kvtier");
+    }
+
+    /// `policy` no longer does anything but still loads, so a file written
+    /// for an older kvtier keeps working.
+    #[test]
+    fn the_deprecated_policy_still_loads() {
+        let c: MemoryConfig = toml::from_str("policy = \"lru\"").unwrap();
+        assert_eq!(c.policy.as_deref(), Some("lru"));
+        assert!(c.validate().is_ok());
     }
 }

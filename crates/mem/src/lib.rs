@@ -8,11 +8,10 @@
 //!   ([`put`](MemoryTier::put), or [`reserve`](MemoryTier::reserve) a slot
 //!   and fill it in place by direct I/O, then
 //!   [`commit`](SlotReservation::commit)), serves verified copies
-//!   ([`get`](MemoryTier::get)) and zero-copy [`BlockRef`]s, and evicts by
-//!   one of `kvtier-policy`'s policies (LRU by default), or not at all when
-//!   its owner evicts ([`MemoryTier::create_owned`], the node's arena).
-//!   Pins, references and persistence decide what may be evicted: only
-//!   blocks that are unpinned, unreferenced and persisted in a lower tier.
+//!   ([`get`](MemoryTier::get)) and zero-copy [`BlockRef`]s. It never
+//!   evicts: a full arena answers full, and its owner (the node's G2 pool,
+//!   which holds the eviction policy) removes blocks. A removed block's
+//!   slot is reused only when the last [`BlockRef`] to it is dropped.
 //! - Every other process maps the arena through `kvtier-arena`, which holds
 //!   the shared format this crate writes and the views others map it by
 //!   ([`ArenaReader`](kvtier_arena::ArenaReader) read-only,
@@ -34,7 +33,6 @@
 //! ```
 //! use kvtier_arena::ArenaReader;
 //! use kvtier_core::{BlockHash, BlockSums, Lookup};
-//! use kvtier_policy::PolicyKind;
 //! use kvtier_mem::{MemoryTier, MemoryTierConfig, PutOutcome};
 //!
 //! # fn main() -> Result<(), kvtier_arena::MemError> {
@@ -44,7 +42,6 @@
 //!     block_bytes: 8192,
 //!     layer_bytes: 2048,
 //!     hugepages: false,
-//!     policy: PolicyKind::Lru,
 //!     table_key: None,
 //!     access_group: None,
 //! })?;
@@ -73,6 +70,5 @@ mod tier;
 pub use config::{MemoryConfig, MemoryTierConfig};
 pub use mac::TableKey;
 pub use tier::{
-    ArenaAdoption, BlockRef, DEFAULT_EVICTION_SCAN_LIMIT, MemoryStats, MemoryTier, PutOutcome,
-    Reserve, SlotReservation,
+    ArenaAdoption, BlockRef, MemoryStats, MemoryTier, PutOutcome, Reserve, SlotReservation,
 };

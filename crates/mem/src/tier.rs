@@ -1,12 +1,15 @@
 //! [`MemoryTier`]: the owner's side of the arena.
 //!
 //! One process creates the tier and is the only writer of its shared
-//! memory. Its private [`Book`] (behind one mutex) decides which
+//! memory. Its private [`Book`] (behind one mutex) records which
 //! slot holds what; the shared slot table mirrors every visibility change
 //! so other processes ([`ArenaReader`](kvtier_arena::ArenaReader)) can find blocks.
 //! Block bytes are copied outside the lock: a slot being filled belongs to
 //! its filler alone, and a resident slot cannot be reused while a reference
 //! (a [`BlockRef`], or a `get` in progress) holds it.
+//!
+//! The tier never evicts: a full arena answers full, and only its owner
+//! (the node's G2 pool, or a tool's own order) removes blocks.
 
 mod adopt;
 mod block_ref;
@@ -19,7 +22,6 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_policy::{PolicyConfig, PolicyKind};
 use parking_lot::Mutex;
 
 use kvtier_arena::header;
@@ -40,10 +42,6 @@ pub use block_ref::BlockRef;
 pub use reservation::SlotReservation;
 pub use stats::MemoryStats;
 
-/// How many of the coldest blocks a `put` or `reserve` examines for one it
-/// may evict, by default. See [`MemoryTier::set_eviction_scan_limit`].
-pub const DEFAULT_EVICTION_SCAN_LIMIT: usize = 1024;
-
 /// What [`MemoryTier::put`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PutOutcome {
@@ -51,7 +49,7 @@ pub enum PutOutcome {
     Stored,
     /// The tier already held the block; nothing was copied.
     AlreadyPresent,
-    /// No slot is free and no block may be evicted; nothing changed.
+    /// No slot is free; nothing changed.
     Full,
 }
 
@@ -62,7 +60,7 @@ pub enum Reserve {
     Reserved(SlotReservation),
     /// The tier already holds the block.
     AlreadyPresent,
-    /// No slot is free and no block may be evicted.
+    /// No slot is free.
     Full,
 }
 
@@ -85,8 +83,8 @@ pub(crate) struct Inner {
     table: SlotTable,
     /// Start of the slot data area (inside `map`).
     data: NonNull<u8>,
-    /// The private bookkeeping. One lock: every operation on it is O(1)
-    /// except the bounded scans, and no copy happens while holding it.
+    /// The private bookkeeping. One lock: every operation on it is O(1),
+    /// and no copy happens while holding it.
     book: Mutex<Book>,
     counters: Counters,
     /// Computes the MAC of each entry published (`None`: no table key, the
@@ -154,12 +152,7 @@ impl Inner {
 
     fn claim_locked(self: &Arc<Self>, book: &mut Book, key: BlockHash) -> Reserve {
         match book.claim(key) {
-            Claim::Slot { slot, evicted } => {
-                if let Some(old) = evicted {
-                    self.table.clear(slot);
-                    Counters::add(&self.counters.evictions, 1);
-                    tracing::trace!(evicted = %old, slot, "evicted to make room");
-                }
+            Claim::Slot(slot) => {
                 self.table.begin_fill(slot);
                 Reserve::Reserved(SlotReservation::new(Arc::clone(self), slot, key))
             }
@@ -263,22 +256,6 @@ impl MemoryTier {
     /// ([`adoption`](Self::adoption) says what; docs/memory-arena.md,
     /// "Adoption after a crash").
     pub fn create(cfg: MemoryTierConfig) -> Result<Self> {
-        let kind = cfg.policy;
-        Self::create_evicting(cfg, Some(kind))
-    }
-
-    /// Like [`create`](Self::create) for an arena whose owner (the node's
-    /// block manager, whose G2 pool is the tier's one eviction authority)
-    /// removes blocks itself: `put` and `reserve` on a full arena answer
-    /// `Full` instead of evicting, and no block is offered for demotion
-    /// (`cfg.policy` is ignored).
-    pub fn create_owned(cfg: MemoryTierConfig) -> Result<Self> {
-        Self::create_evicting(cfg, None)
-    }
-
-    /// Creates (or, after a crash, adopts) the arena, evicting by `policy`
-    /// (none: the owner's).
-    fn create_evicting(cfg: MemoryTierConfig, policy: Option<PolicyKind>) -> Result<Self> {
         let path = kvtier_arena::shm::shm_path(&cfg.shm_name)?;
         let page = page_bytes(cfg.hugepages);
         let layout =
@@ -311,32 +288,15 @@ impl MemoryTier {
         };
         // SAFETY: data_offset < file_bytes = the mapping's length.
         let data = unsafe { map.ptr().add(layout.data_offset) };
-        let policy = match policy {
-            Some(kind) => Some(
-                PolicyConfig::of(kind)
-                    .build::<usize>(layout.slot_count)
-                    .map_err(|e| MemError::InvalidConfig(e.to_string()))?,
-            ),
-            None => None,
-        };
         let (book, adoption) = match &mac {
             Some(mac) if adopting => {
                 // SAFETY: `data` is the slot data area of the live mapping
                 // of `layout`, and `table` its table.
                 let kept = unsafe { adopt::adopt_slots(&table, data, &layout, mac) };
-                let book = Book::adopting(
-                    layout.slot_count,
-                    policy,
-                    DEFAULT_EVICTION_SCAN_LIMIT,
-                    kept.resident,
-                    &kept.unfinished,
-                );
+                let book = Book::adopting(layout.slot_count, kept.resident, &kept.unfinished);
                 (book, Some(kept.report))
             }
-            _ => (
-                Book::new(layout.slot_count, policy, DEFAULT_EVICTION_SCAN_LIMIT),
-                None,
-            ),
+            _ => (Book::new(layout.slot_count), None),
         };
         log_opened(&path, &layout, adoption.as_ref());
         Ok(Self {
@@ -426,22 +386,11 @@ impl MemoryTier {
         self.inner.book.lock().free_len()
     }
 
-    /// Sets how many of the coldest blocks `put` and `reserve` examine for
-    /// one they may evict (at least 1). Default:
-    /// [`DEFAULT_EVICTION_SCAN_LIMIT`]. When that many cold blocks are all
-    /// pinned, referenced or unpersisted, the tier reports
-    /// [`PutOutcome::Full`] even if a warmer block could go; [`evict`](Self::evict)
-    /// has no such bound.
-    pub fn set_eviction_scan_limit(&self, limit: usize) {
-        self.inner.book.lock().set_scan_limit(limit);
-    }
-
     /// Copies `data` (exactly `block_bytes` long) into a free slot with its
     /// checksums `sums` and makes it visible.
     ///
-    /// When no slot is free, the policy's coldest block that is unpinned,
-    /// unreferenced and persisted is evicted. If none is, returns
-    /// [`PutOutcome::Full`] and changes nothing. `data` is not hashed here:
+    /// When no slot is free, returns [`PutOutcome::Full`] and changes
+    /// nothing (the tier never evicts). `data` is not hashed here:
     /// `sums` must be its checksums (every read verifies against them).
     pub fn put(&self, key: BlockHash, data: &[u8], sums: &BlockSums) -> Result<PutOutcome> {
         if data.len() != self.block_bytes() {
@@ -464,7 +413,7 @@ impl MemoryTier {
     /// Reserves a slot for `key`, to be filled in place (by direct I/O from
     /// the disk tier, typically) and then [`commit`](SlotReservation::commit)ted.
     /// The block is invisible until committed; dropping the reservation
-    /// frees the slot. Eviction works as in [`put`](Self::put).
+    /// frees the slot. A full tier answers [`Reserve::Full`].
     pub fn reserve(&self, key: BlockHash) -> Result<Reserve> {
         Ok(self.inner.claim(key))
     }
@@ -482,7 +431,7 @@ impl MemoryTier {
     /// [`Lookup::Miss`] when the tier does not hold it (or `dst` has the
     /// wrong length), and [`Lookup::Corrupt`] when the stored bytes failed
     /// verification: the block was then removed and counted, and `dst`
-    /// holds garbage. A hit makes the block the most recently used.
+    /// holds garbage.
     pub fn get(&self, key: BlockHash, dst: &mut [u8]) -> Lookup {
         if dst.len() != self.block_bytes() {
             tracing::warn!(
@@ -519,10 +468,9 @@ impl MemoryTier {
     }
 
     /// Zero-copy access to block `key`: a reference that keeps its slot
-    /// intact (never reused, even if the block is removed or evicted
+    /// intact (never reused, even if the block is removed
     /// meanwhile) until dropped. The bytes are not verified here; call
-    /// [`BlockRef::verify`] before serving them to another party. A hit
-    /// makes the block the most recently used.
+    /// [`BlockRef::verify`] before serving them to another party.
     pub fn get_ref(&self, key: BlockHash) -> Option<BlockRef> {
         let r = self.acquire(key);
         let counter = match r {
@@ -566,7 +514,7 @@ impl MemoryTier {
     }
 
     /// The slot of each of `keys` that is resident, in order (one lock for
-    /// all; no reference taken, not a use).
+    /// all; no reference taken).
     pub fn slots_of(&self, keys: &[BlockHash]) -> Vec<Option<usize>> {
         let book = self.inner.book.lock();
         keys.iter().map(|k| book.slot_of(*k)).collect()
@@ -586,7 +534,7 @@ impl MemoryTier {
         removed
     }
 
-    /// Whether block `key` is resident (does not count as a use).
+    /// Whether block `key` is resident.
     pub fn contains(&self, key: BlockHash) -> bool {
         self.inner.book.lock().contains(key)
     }
@@ -596,56 +544,10 @@ impl MemoryTier {
         self.inner.book.lock().keys()
     }
 
-    /// Removes block `key` (even if pinned). Its slot is reused only after
+    /// Removes block `key`. Its slot is reused only after
     /// every [`BlockRef`] to it is dropped. Returns whether it was resident.
     pub fn remove(&self, key: BlockHash) -> bool {
         self.remove_many(&[key]) > 0
-    }
-
-    /// Takes a pin on block `key`: a pinned block is never evicted. Pins
-    /// are counted; each needs an [`unpin`](Self::unpin). Returns whether
-    /// the block is resident.
-    pub fn pin(&self, key: BlockHash) -> bool {
-        self.inner.book.lock().pin(key)
-    }
-
-    /// Drops one pin of block `key`. Returns false if the block is not
-    /// resident or not pinned.
-    pub fn unpin(&self, key: BlockHash) -> bool {
-        self.inner.book.lock().unpin(key)
-    }
-
-    /// Records whether block `key` has a copy in a lower tier; only
-    /// persisted blocks are evicted. Returns whether the block is resident.
-    pub fn set_persisted(&self, key: BlockHash, persisted: bool) -> bool {
-        self.inner.book.lock().set_persisted(key, persisted)
-    }
-
-    /// Up to `max` resident blocks that are neither persisted nor pinned,
-    /// coldest first: what to write behind to a lower tier. Each comes as a
-    /// [`BlockRef`], which keeps it from being evicted until dropped. Does
-    /// not count as a use. Scans the whole eviction order in the worst case.
-    pub fn demotion_candidates(&self, max: usize) -> Vec<BlockRef> {
-        let picked = self.inner.book.lock().demotion_candidates(max);
-        picked
-            .into_iter()
-            .map(|a| self.inner.block_ref(a))
-            .collect()
-    }
-
-    /// Evicts up to `n` blocks that are persisted, unpinned and
-    /// unreferenced, coldest first; returns their keys.
-    pub fn evict(&self, n: usize) -> Vec<BlockHash> {
-        let victims = {
-            let mut book = self.inner.book.lock();
-            let victims = book.evict(n);
-            for &(slot, _) in &victims {
-                self.inner.table.clear(slot);
-            }
-            victims
-        };
-        Counters::add(&self.inner.counters.evictions, victims.len() as u64);
-        victims.into_iter().map(|(_, key)| key).collect()
     }
 
     /// The slot data area: start and length, e.g. to register it with
@@ -660,7 +562,6 @@ impl MemoryTier {
         let mut s = self.inner.counters.snapshot();
         let book = self.inner.book.lock();
         s.len = book.len() as u64;
-        s.pinned = book.pinned() as u64;
         s.capacity = self.inner.layout.slot_count as u64;
         s
     }

@@ -56,7 +56,6 @@ fn config(name: &str, slots: u64, table_key: Option<TableKey>) -> MemoryTierConf
         block_bytes: BLOCK,
         layer_bytes: LAYER,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key,
         access_group: None,
     }
@@ -248,15 +247,23 @@ fn a_crashed_owners_blocks_are_adopted_and_its_reservations_dropped() {
     let mut visible = ArenaReader::open(&name).unwrap().keys();
     visible.sort_unstable();
     assert_eq!(visible, PUBLISHED.map(BlockHash).to_vec());
-    // Adopted blocks are ordinary: the tier fills up and evicts them.
+    // Adopted blocks are ordinary: the tier fills up, and its owner
+    // removes them to make room.
     for k in [6, 7, 8] {
         assert_eq!(
             t.put(BlockHash(k), &block(k), &sums(k)).unwrap(),
             PutOutcome::Stored
         );
     }
-    assert!(t.set_persisted(BlockHash(1), true));
-    assert_eq!(t.evict(8), vec![BlockHash(1)]);
+    assert_eq!(
+        t.put(BlockHash(9), &block(9), &sums(9)).unwrap(),
+        PutOutcome::Full
+    );
+    assert!(t.remove(BlockHash(1)));
+    assert_eq!(
+        t.put(BlockHash(9), &block(9), &sums(9)).unwrap(),
+        PutOutcome::Stored
+    );
     drop(t);
     assert!(
         !path(&name).exists(),

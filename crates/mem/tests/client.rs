@@ -31,7 +31,6 @@ fn tier_with(block: usize, layer: usize, slots: u64) -> MemoryTier {
         block_bytes: block,
         layer_bytes: layer,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })
@@ -298,7 +297,6 @@ fn the_arena_is_private_unless_a_group_is_named_and_only_an_arena_opens() {
         block_bytes: 4096,
         layer_bytes: 4096,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
         access_group: Some(group),
     })

@@ -41,7 +41,6 @@ fn tier(tag: &str) -> MemoryTier {
         block_bytes: BLOCK,
         layer_bytes: LAYER,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     })

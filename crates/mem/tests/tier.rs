@@ -1,5 +1,5 @@
 //! Behaviour of the memory tier through its public API: storing, reading,
-//! eviction rules, references, reservations, corruption, and a reference
+//! a full arena (no eviction), references, reservations, corruption, and a reference
 //! model run against random operation sequences.
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,7 +29,6 @@ fn config(tag: &str, slots: u64) -> MemoryTierConfig {
         block_bytes: BLOCK,
         layer_bytes: LAYER,
         hugepages: false,
-        policy: kvtier_policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     }
@@ -176,78 +175,25 @@ fn file_is_removed_when_the_last_handle_drops() {
     assert!(!path.exists());
 }
 
+/// The arena never evicts (its owner, the node's G2 pool, does): full
+/// means full, whatever is resident, until the owner removes a block; a
+/// referenced block that is removed keeps its slot until released.
 #[test]
-fn full_tier_evicts_only_persisted_unpinned_unreferenced_lru_first() {
-    let t = tier("evict", 3);
-    for k in 1..=3 {
-        put(&t, k);
-    }
-    // Nothing persisted: full, and nothing changed.
-    assert_eq!(put(&t, 4), PutOutcome::Full);
-    assert_eq!(t.len(), 3);
-    for k in 1..=3 {
-        assert!(t.set_persisted(BlockHash(k), true));
-    }
-    assert_eq!(get(&t, 1), Lookup::Hit); // order now 2, 3, 1
-    assert!(t.pin(BlockHash(2)));
-    let held = t.get_ref(BlockHash(3)).unwrap(); // touches 3: order 2, 1, 3
-    assert_eq!(put(&t, 4), PutOutcome::Stored); // 2 pinned, so 1 goes
-    assert!(!t.contains(BlockHash(1)));
-    t.set_persisted(BlockHash(4), true);
-    // 2 pinned, 3 referenced, 4 is the only candidate.
-    assert_eq!(t.evict(10), vec![BlockHash(4)]);
-    assert_eq!(put(&t, 5), PutOutcome::Stored);
-    assert_eq!(put(&t, 6), PutOutcome::Full);
-    assert!(t.contains(BlockHash(2)) && t.contains(BlockHash(3)));
-    assert!(held.verify());
-    drop(held);
-    assert!(t.unpin(BlockHash(2)));
-    assert!(!t.unpin(BlockHash(2)));
-    assert_eq!(t.evict(10), vec![BlockHash(2), BlockHash(3)]);
-    let s = t.stats();
-    assert_eq!((s.evictions, s.pinned), (4, 0));
-}
-
-/// An arena its owner evicts (the node's G2 pool): full means full, even
-/// with persisted, unreferenced blocks, and nothing is offered to demote.
-#[test]
-fn an_owned_arena_never_evicts() {
-    let t = MemoryTier::create_owned(config("owned", 2)).expect("create tier");
+fn a_full_arena_answers_full_until_its_owner_removes() {
+    let t = tier("full", 2);
     for k in 1..=2 {
         put(&t, k);
-        assert!(t.set_persisted(BlockHash(k), true));
     }
     assert_eq!(put(&t, 3), PutOutcome::Full);
     assert!(matches!(t.reserve(BlockHash(3)).unwrap(), Reserve::Full));
-    assert!(t.evict(10).is_empty());
-    assert!(t.demotion_candidates(10).is_empty());
+    assert_eq!(t.len(), 2);
+    assert!(t.contains(BlockHash(1)) && t.contains(BlockHash(2)));
+    let held = t.get_ref(BlockHash(1)).unwrap();
     assert!(t.remove(BlockHash(1)));
+    assert_eq!(put(&t, 3), PutOutcome::Full, "a referenced slot is reused");
+    drop(held);
     assert_eq!(put(&t, 3), PutOutcome::Stored);
-    assert_eq!(t.stats().evictions, 0);
-}
-
-/// Every policy the node runs orders the arena; the optimizer's are refused.
-#[test]
-fn the_arena_runs_every_node_policy() {
-    for kind in kvtier_policy::PolicyKind::NODE {
-        let t = MemoryTier::create(MemoryTierConfig {
-            policy: kind,
-            ..config("policy", 2)
-        })
-        .expect("create tier");
-        for k in 1..=2 {
-            put(&t, k);
-            assert!(t.set_persisted(BlockHash(k), true));
-        }
-        assert_eq!(put(&t, 3), PutOutcome::Stored, "{kind}");
-        assert_eq!(t.len(), 2, "{kind}");
-    }
-    let e = MemoryTier::create(MemoryTierConfig {
-        policy: kvtier_policy::PolicyKind::Belady,
-        ..config("belady", 2)
-    })
-    .expect_err("refused");
-    assert!(e.to_string().contains("only in the optimizer"), "{e}");
+    assert_eq!(t.stats().len, 2);
 }
 
 #[test]
@@ -261,10 +207,10 @@ fn remove_while_referenced_defers_the_free() {
     assert_eq!(t.free_blocks(), 1, "the removed block's slot is still held");
     // New blocks arrive; they must not land in the referenced slot.
     assert_eq!(put(&t, 2), PutOutcome::Stored);
-    t.set_persisted(BlockHash(2), true);
     for k in 3..10 {
+        assert_eq!(put(&t, k), PutOutcome::Full);
+        t.remove(BlockHash(k - 1));
         assert_eq!(put(&t, k), PutOutcome::Stored);
-        t.set_persisted(BlockHash(k), true);
     }
     assert_eq!(&r[..], &block(1)[..]);
     assert!(r.verify());
@@ -331,7 +277,7 @@ fn reservations_are_invisible_until_committed() {
         PutOutcome::Full,
         "one slot is reserved, the other resident"
     );
-    t.set_persisted(BlockHash(7), true);
+    t.remove(BlockHash(7));
     assert_eq!(put(&t, 8), PutOutcome::Stored);
     assert_eq!(a.commit(&sums(8)).unwrap(), PutOutcome::AlreadyPresent);
     assert_eq!(t.free_blocks(), 1);
@@ -371,40 +317,6 @@ fn corrupted_shared_bytes_are_caught_counted_and_dropped() {
     assert_eq!(out, block(1));
 }
 
-#[test]
-fn demotion_candidates_are_cold_unpersisted_unpinned() {
-    let t = tier("demote", 5);
-    for k in 1..=5 {
-        put(&t, k);
-    }
-    t.set_persisted(BlockHash(2), true);
-    t.pin(BlockHash(4));
-    get(&t, 1); // order 2 3 4 5 1
-    let keys = |v: Vec<kvtier_mem::BlockRef>| v.iter().map(|r| r.key().0).collect::<Vec<_>>();
-    assert_eq!(keys(t.demotion_candidates(10)), vec![3, 5, 1]);
-    assert_eq!(keys(t.demotion_candidates(2)), vec![3, 5]);
-    // Held candidates cannot be evicted while being written behind.
-    let held = t.demotion_candidates(1);
-    t.set_persisted(BlockHash(3), true);
-    assert_eq!(t.evict(5), vec![BlockHash(2)]);
-    drop(held);
-    assert_eq!(t.evict(5), vec![BlockHash(3)]);
-}
-
-#[test]
-fn a_narrow_eviction_scan_reports_full() {
-    let t = tier("scan", 3);
-    for k in 1..=3 {
-        put(&t, k);
-    }
-    t.set_persisted(BlockHash(3), true);
-    t.set_eviction_scan_limit(2);
-    assert_eq!(put(&t, 4), PutOutcome::Full);
-    t.set_eviction_scan_limit(3);
-    assert_eq!(put(&t, 4), PutOutcome::Stored);
-    assert!(!t.contains(BlockHash(3)));
-}
-
 /// Writers keep replacing blocks while readers read through `get`,
 /// `get_ref` and an `ArenaReader`: no read ever returns bytes of another
 /// block, and every referenced block stays intact.
@@ -421,15 +333,11 @@ fn concurrent_readers_and_writers_never_see_wrong_bytes() {
                 for i in 0..1500usize {
                     let k = keys[(i * 7 + w as usize * 3) % keys.len()];
                     match i % 3 {
-                        0 => {
+                        0 | 2 => {
                             put(&t, k);
-                            t.set_persisted(BlockHash(k), true);
-                        }
-                        1 => {
-                            t.remove(BlockHash(k));
                         }
                         _ => {
-                            t.evict(1);
+                            t.remove(BlockHash(k));
                         }
                     }
                 }
@@ -478,11 +386,6 @@ enum Op {
     GetRef(u128),
     DropRef(usize),
     Remove(u128),
-    Pin(u128),
-    Unpin(u128),
-    Persist(u128, bool),
-    Evict(usize),
-    Demote(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -490,20 +393,15 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => k.clone().prop_map(Op::Put),
         3 => k.clone().prop_map(Op::Get),
-        1 => k.clone().prop_map(Op::GetRef),
-        1 => any::<usize>().prop_map(Op::DropRef),
-        1 => k.clone().prop_map(Op::Remove),
-        1 => k.clone().prop_map(Op::Pin),
-        1 => k.clone().prop_map(Op::Unpin),
-        3 => (k, any::<bool>()).prop_map(|(k, p)| Op::Persist(k, p)),
-        1 => (0usize..4).prop_map(Op::Evict),
-        1 => (0usize..4).prop_map(Op::Demote),
+        2 => k.clone().prop_map(Op::GetRef),
+        2 => any::<usize>().prop_map(Op::DropRef),
+        3 => k.prop_map(Op::Remove),
     ]
 }
 
-/// The straightforward model: a vector in recency order (coldest first) of
-/// resident blocks, each with a unique instance number so references to a
-/// removed block can be told from references to a later copy of its key.
+/// The straightforward model: the resident blocks, each with a unique
+/// instance number so references to a removed block can be told from
+/// references to a later copy of its key.
 #[derive(Default)]
 struct Model {
     capacity: usize,
@@ -517,26 +415,11 @@ struct Model {
 struct Entry {
     key: u128,
     instance: u64,
-    pins: u32,
-    persisted: bool,
 }
 
 impl Model {
     fn find(&self, k: u128) -> Option<usize> {
         self.resident.iter().position(|e| e.key == k)
-    }
-
-    fn touch(&mut self, i: usize) {
-        let e = self.resident.remove(i);
-        self.resident.push(e);
-    }
-
-    fn referenced(&self, instance: u64) -> bool {
-        self.refs.contains(&instance)
-    }
-
-    fn evictable(&self, e: &Entry) -> bool {
-        e.pins == 0 && e.persisted && !self.referenced(e.instance)
     }
 
     /// Slots in use: resident blocks plus removed ones still referenced.
@@ -552,39 +435,20 @@ impl Model {
         self.resident.len() + detached.len()
     }
 
+    /// A put: present, full (the arena never evicts), or stored.
     fn put(&mut self, k: u128) -> PutOutcome {
-        if let Some(i) = self.find(k) {
-            self.touch(i);
+        if self.find(k).is_some() {
             return PutOutcome::AlreadyPresent;
         }
         if self.used() == self.capacity {
-            match self.resident.iter().position(|e| self.evictable(e)) {
-                Some(v) => {
-                    self.resident.remove(v);
-                }
-                None => return PutOutcome::Full,
-            }
+            return PutOutcome::Full;
         }
         self.next_instance += 1;
         self.resident.push(Entry {
             key: k,
             instance: self.next_instance,
-            pins: 0,
-            persisted: false,
         });
         PutOutcome::Stored
-    }
-
-    fn evict(&mut self, n: usize) -> Vec<BlockHash> {
-        let victims: Vec<u128> = self
-            .resident
-            .iter()
-            .filter(|e| self.evictable(e))
-            .take(n)
-            .map(|e| e.key)
-            .collect();
-        self.resident.retain(|e| !victims.contains(&e.key));
-        victims.into_iter().map(BlockHash).collect()
     }
 }
 
@@ -600,10 +464,7 @@ fn run_model(capacity: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Put(k) => prop_assert_eq!(put(&t, k), m.put(k)),
             Op::Get(k) => {
                 let want = match m.find(k) {
-                    Some(i) => {
-                        m.touch(i);
-                        Lookup::Hit
-                    }
+                    Some(_) => Lookup::Hit,
                     None => Lookup::Miss,
                 };
                 prop_assert_eq!(get(&t, k), want);
@@ -613,7 +474,6 @@ fn run_model(capacity: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 match m.find(k) {
                     Some(i) => {
                         m.refs.push(m.resident[i].instance);
-                        m.touch(i);
                         held.push(r.expect("model says resident"));
                     }
                     None => prop_assert!(r.is_none()),
@@ -630,36 +490,6 @@ fn run_model(capacity: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let want = m.find(k).map(|i| m.resident.remove(i)).is_some();
                 prop_assert_eq!(t.remove(BlockHash(k)), want);
             }
-            Op::Pin(k) => {
-                let want = m.find(k).map(|i| m.resident[i].pins += 1).is_some();
-                prop_assert_eq!(t.pin(BlockHash(k)), want);
-            }
-            Op::Unpin(k) => {
-                let want = match m.find(k) {
-                    Some(i) if m.resident[i].pins > 0 => {
-                        m.resident[i].pins -= 1;
-                        true
-                    }
-                    _ => false,
-                };
-                prop_assert_eq!(t.unpin(BlockHash(k)), want);
-            }
-            Op::Persist(k, p) => {
-                let want = m.find(k).map(|i| m.resident[i].persisted = p).is_some();
-                prop_assert_eq!(t.set_persisted(BlockHash(k), p), want);
-            }
-            Op::Evict(n) => prop_assert_eq!(t.evict(n), m.evict(n)),
-            Op::Demote(n) => {
-                let want: Vec<u128> = m
-                    .resident
-                    .iter()
-                    .filter(|e| !e.persisted && e.pins == 0)
-                    .take(n)
-                    .map(|e| e.key)
-                    .collect();
-                let got: Vec<u128> = t.demotion_candidates(n).iter().map(|r| r.key().0).collect();
-                prop_assert_eq!(got, want);
-            }
         }
         // Invariants after every step.
         prop_assert_eq!(t.len(), m.resident.len());
@@ -668,8 +498,6 @@ fn run_model(capacity: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
         for k in 0..10 {
             prop_assert_eq!(t.contains(BlockHash(k)), m.find(k).is_some(), "key {}", k);
         }
-        let pinned = m.resident.iter().filter(|e| e.pins > 0).count() as u64;
-        prop_assert_eq!(t.stats().pinned, pinned);
         for r in &held {
             prop_assert_eq!(&r[..], &block(r.key().0)[..]);
         }

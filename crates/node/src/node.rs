@@ -122,7 +122,7 @@ impl Node {
             ..MemoryTierConfig::new(&config.memory, &geometry)
         }
         .with_table_key(TableKey::from_bytes(secret.table_key()));
-        let memory = MemoryTier::create_owned(arena)?;
+        let memory = MemoryTier::create(arena)?;
         let disk = open_disk(config, geometry, &memory).await?;
         let remote = match &options.g4_url {
             Some(url) => Some(Arc::new(open_remote(url, geometry)?)),

@@ -65,8 +65,8 @@ impl<K: Eq + Hash + Copy + Debug + Send> SlotIndex<K> for HashIndex<K> {
     }
 }
 
-/// A vector indexed by the key itself, for dense keys (replay ids, arena
-/// slots): a lookup is one load.
+/// A vector indexed by the key itself, for dense keys (replay ids): a
+/// lookup is one load.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DenseIndex(Vec<u32>);
 

@@ -1,7 +1,6 @@
 //! kvtier's eviction policies: one implementation of each, shared by the
-//! node's block manager (keys are block hashes), the memory tier (arena
-//! slots) and the optimizer's replay (dense ids), so the optimizer predicts
-//! what the node runs.
+//! node's block manager (keys are block hashes) and the optimizer's replay
+//! (dense ids), so the optimizer predicts what the node runs.
 //!
 //! A policy ranks the keys one tier holds; it owns no blocks and decides
 //! nothing about safety. The tier tells it what happens

@@ -1089,7 +1089,6 @@ fn dram_cases(plan: &Plan, label: &str, geometry: Geometry, show: bool) -> Resul
         block_bytes: block,
         layer_bytes: geometry.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     };

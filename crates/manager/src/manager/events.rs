@@ -11,8 +11,9 @@ use super::BlockManager;
 
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
-    /// removes the bytes of blocks that left G2, G3 or G4 from the arena,
-    /// the disk or the remote store, and publishes the events.
+    /// removes the bytes of blocks that left G3 or G4 from the disk or the
+    /// remote store, and publishes the events. (G2's pool removes a
+    /// block's arena bytes itself, as the block leaves it: `TierBytes`.)
     pub(crate) fn publish_events(&self) {
         let mut events = self.applying.lock();
         self.forget_reclaimed();
@@ -121,7 +122,7 @@ impl BlockManager {
             return;
         };
         let dropped = sync.take_dropped();
-        let forget = |keys: Vec<kvtier_core::BlockHash>| -> u64 {
+        let forget = |keys: Vec<BlockHash>| -> u64 {
             keys.into_iter()
                 .filter(|k| !disk.contains(*k) && g3.remove_inactive(*k))
                 .count() as u64
@@ -174,11 +175,6 @@ impl BlockManager {
     /// deleted later, in the background: added to `remote_gone`).
     fn forget_bytes(&self, tier: Tier, gone: Vec<BlockHash>, remote_gone: &mut Vec<BlockHash>) {
         match tier {
-            Tier::G2 => {
-                if let Some(m) = &self.tiers.memory {
-                    m.remove_many(&gone);
-                }
-            }
             Tier::G3 => {
                 if let Some(d) = &self.tiers.disk {
                     for hash in gone {
@@ -187,8 +183,9 @@ impl BlockManager {
                 }
             }
             Tier::G4 => remote_gone.extend(gone),
-            // The node has no G1 pool.
-            Tier::G1 => {}
+            // The node has no G1 pool; G2's pool forgot the arena bytes
+            // when the block left it.
+            Tier::G1 | Tier::G2 => {}
         }
     }
 }

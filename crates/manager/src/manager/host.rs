@@ -113,10 +113,9 @@ impl BlockManager {
                 |slots: &Vec<_>| slots.iter().any(|s| matches!(s, Err(HostReserve::NoSpace))),
             )
             .await;
-        // A pool slot just taken may have been freed by an eviction (a
-        // concurrent make_room) whose arena bytes are not forgotten yet:
-        // apply such evictions first, so the arena has a slot for each.
-        self.publish_events();
+        // A pool slot freed by an eviction freed its arena slot in the
+        // same step (the pool is the arena's book), so the arena has a
+        // slot for each pool slot taken.
         Ok(arena_slots(memory, pool_slots))
     }
 

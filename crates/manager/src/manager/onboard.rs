@@ -220,10 +220,6 @@ impl BlockManager {
             }
         }
         top.release_all(held);
-        // The plan took target slots that an eviction (ours or a
-        // concurrent one) may have freed in the pool only: apply those
-        // evictions, so the arena has room for every transfer.
-        self.publish_events();
         let mut planned = Vec::with_capacity(plan.steps.len());
         let mut resident = Vec::new();
         let mut pending = Vec::new();
@@ -287,9 +283,10 @@ impl BlockManager {
 
     /// A move of `hash` from the disk or G4 into an arena slot reserved
     /// now, so its layers can land (and be read) one by one; a whole-block
-    /// move when the arena still shows the block (an eviction from the
-    /// pool not applied to the arena yet: the transfer then finds it there
-    /// and only the pool registers it); `None` when the arena has no slot.
+    /// move when the arena already shows the block (the transfer then
+    /// finds it there and only the pool registers it; the G2 pool removes
+    /// arena bytes as blocks leave it, so this is not expected); `None`
+    /// when the arena has no slot.
     fn landing(&self, hash: BlockHash) -> Option<BlockMove> {
         let memory = self.tiers.memory.as_ref()?;
         match memory.reserve(hash) {

@@ -16,10 +16,12 @@
 //! 6. `leaving` and `evictable` count the leaving and the evictable
 //!    Registered slots.
 
+use std::sync::Arc;
+
 use kvtier_core::BlockHash;
 
 use super::config::PoolConfig;
-use super::{PoolError, PoolEvent, PoolStats};
+use super::{PoolError, PoolEvent, PoolStats, TierBytes};
 use crate::Tier;
 use crate::block::BlockError;
 use kvtier_core::BlockHashMap;
@@ -88,6 +90,8 @@ pub struct PoolState {
     children: LeafFirst<BlockHash>,
     policy: Box<dyn EvictionPolicy<BlockHash>>,
     events: Vec<PoolEvent>,
+    /// The tier's storage, told of each block that leaves (G2's arena).
+    bytes: Option<Arc<dyn TierBytes>>,
     stats: PoolStats,
     /// Registered blocks marked leaving (kept as a count so the planner
     /// need not scan).
@@ -125,11 +129,17 @@ impl PoolState {
             children: LeafFirst::default(),
             policy,
             events: Vec::new(),
+            bytes: None,
             stats: PoolStats::default(),
             leaving: 0,
             evictable: 0,
             config,
         }
+    }
+
+    /// See [`BlockPool::attach_bytes`](super::BlockPool::attach_bytes).
+    pub(crate) fn attach_bytes(&mut self, bytes: Arc<dyn TierBytes>) {
+        self.bytes = Some(bytes);
     }
 
     pub(crate) fn config(&self) -> &PoolConfig {
@@ -219,6 +229,11 @@ impl PoolState {
                 self.evictable -= 1;
             }
             self.by_hash.remove(&r.hash);
+            // Under the lock: nobody can book the hash again before its
+            // old bytes are gone.
+            if let Some(bytes) = &self.bytes {
+                bytes.forget(r.hash);
+            }
             if was_counted {
                 self.count_child(r.parent, -1);
             }

@@ -80,20 +80,6 @@ fn from_put(outcome: Result<PutOutcome, MemError>) -> BlockResult {
     }
 }
 
-/// A block published in DRAM from a lower tier: its outcome, and, when it
-/// is there, a note that a copy exists below.
-fn from_below(
-    memory: &MemoryTier,
-    key: BlockHash,
-    outcome: Result<PutOutcome, MemError>,
-) -> BlockResult {
-    let done = from_put(outcome);
-    if done.is_ok() {
-        memory.set_persisted(key, true);
-    }
-    done
-}
-
 /// A DRAM slot reserved for `key`, or `None` with `result` set: `Ok` when
 /// the block is already in DRAM, else why no slot could be had.
 fn reserve_slot(
@@ -166,7 +152,7 @@ pub(crate) async fn execute(
         },
         TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory, span) {
             (Some(disk), Some(m), Span::Block) => disk_to_host(disk, m, blocks).await,
-            (Some(disk), Some(m), Span::Layer(l)) => disk_to_landings(disk, m, l, blocks).await,
+            (Some(disk), Some(_), Span::Layer(l)) => disk_to_landings(disk, l, blocks).await,
             _ => unsupported(),
         },
         TransferPath::HostToRemote => match (&tiers.memory, &tiers.remote) {
@@ -179,7 +165,7 @@ pub(crate) async fn execute(
         },
         TransferPath::RemoteToHost => match (&tiers.remote, &tiers.memory, span) {
             (Some(r), Some(m), Span::Block) => remote_to_host(r, m, blocks).await,
-            (Some(r), Some(m), Span::Layer(l)) => remote_to_landings(r, m, l, blocks).await,
+            (Some(r), Some(_), Span::Layer(l)) => remote_to_landings(r, l, blocks).await,
             _ => unsupported(),
         },
     }
@@ -251,11 +237,7 @@ async fn host_to_disk(
         })
         .collect();
     let written = disk.put_batch(&puts).await;
-    for ((i, res), r) in which.into_iter().zip(written).zip(&refs) {
-        if res.is_ok() {
-            // A copy now exists below.
-            memory.set_persisted(r.key(), true);
-        }
+    for (i, res) in which.into_iter().zip(written) {
         results[i] = res.map_err(tier_err);
     }
     results
@@ -284,7 +266,7 @@ async fn disk_to_host(
         results[i] = match (lookup, sums) {
             (Lookup::Hit, Some(sums)) => {
                 // The disk tier verified these very slot bytes against sums.
-                from_below(memory, blocks[i].key, target.0.commit_verified(&sums))
+                from_put(target.0.commit_verified(&sums))
             }
             (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
             (other, _) => Err(lookup_failure(other)),
@@ -317,15 +299,10 @@ fn landing_targets(
 /// A verified layer in place in `landing`'s slot: `Ok` while layers are
 /// missing, the publish's outcome for the layer that completes the block.
 /// (A failed layer's target is just dropped: the block never completes.)
-fn land(
-    memory: &MemoryTier,
-    landing: &HostLanding,
-    target: LayerTarget,
-    sums: &BlockSums,
-) -> BlockResult {
+fn land(landing: &HostLanding, target: LayerTarget, sums: &BlockSums) -> BlockResult {
     match landing.landed(target, sums) {
         None => Ok(()),
-        Some(published) => from_below(memory, landing.key(), published),
+        Some(published) => from_put(published),
     }
 }
 
@@ -333,12 +310,7 @@ fn land(
 /// submission reading each layer straight into its slot range, verified
 /// against the block's authenticated layer sums; the layer that completes
 /// a block publishes it.
-async fn disk_to_landings(
-    disk: &DiskTier,
-    memory: &MemoryTier,
-    layer: u32,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
+async fn disk_to_landings(disk: &DiskTier, layer: u32, blocks: &[BlockMove]) -> Vec<BlockResult> {
     let (mut results, reqs, which) = landing_targets(blocks, layer);
     if reqs.is_empty() {
         return results;
@@ -349,7 +321,7 @@ async fn disk_to_landings(
             continue;
         };
         results[i] = match (lookup, sums) {
-            (Lookup::Hit, Some(sums)) => land(memory, landing, target, &sums),
+            (Lookup::Hit, Some(sums)) => land(landing, target, &sums),
             (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
             (other, _) => Err(lookup_failure(other)),
         };
@@ -376,10 +348,7 @@ async fn host_to_remote(
         })
         .collect();
     let written = remote.put_batch(&puts).await;
-    for (i, (r, res)) in which.iter().zip(refs.iter().zip(written)) {
-        if res.is_ok() {
-            memory.set_persisted(r.key(), true);
-        }
+    for (i, res) in which.iter().zip(written) {
         results[*i] = remote_put_result(res);
     }
     results
@@ -442,7 +411,6 @@ fn remote_failure(read: RemoteRead) -> BlockFailure {
 /// that completes a block publishes it.
 async fn remote_to_landings(
     remote: &RemoteTier,
-    memory: &MemoryTier,
     layer: u32,
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
@@ -457,9 +425,7 @@ async fn remote_to_landings(
             continue;
         };
         results[i] = match got {
-            RemoteRead::Hit { bytes, sums } if target.fill(&bytes) => {
-                land(memory, landing, target, &sums)
-            }
+            RemoteRead::Hit { bytes, sums } if target.fill(&bytes) => land(landing, target, &sums),
             RemoteRead::Hit { bytes, .. } => Err(BlockFailure::Tier(format!(
                 "a remote layer of {} bytes for a slot layer of another size",
                 bytes.len()
@@ -501,7 +467,7 @@ async fn remote_to_host(
                 } else {
                     slot.as_mut_slice().copy_from_slice(&bytes);
                     // The remote tier verified these bytes against `sums`.
-                    from_below(memory, blocks[i].key, slot.commit_verified(&sums))
+                    from_put(slot.commit_verified(&sums))
                 }
             }
             other => Err(remote_failure(other)),

@@ -17,14 +17,9 @@ pub fn geometry() -> Geometry {
 }
 
 /// A fresh arena of `blocks` slots, named uniquely per process and call.
+/// It never evicts by itself: the G2 pool is its only eviction authority.
 pub fn memory(tag: &str, blocks: u64) -> MemoryTier {
     MemoryTier::create(arena_config(tag, blocks)).expect("memory tier in /dev/shm")
-}
-
-/// A fresh arena of `blocks` slots that never evicts by itself, as the
-/// node daemon's: the G2 pool is its only eviction authority.
-pub fn node_memory(tag: &str, blocks: u64) -> MemoryTier {
-    MemoryTier::create_owned(arena_config(tag, blocks)).expect("memory tier in /dev/shm")
 }
 
 fn arena_config(tag: &str, blocks: u64) -> MemoryTierConfig {
@@ -40,7 +35,6 @@ fn arena_config(tag: &str, blocks: u64) -> MemoryTierConfig {
         block_bytes: g.block_bytes() as usize,
         layer_bytes: g.layer_bytes() as usize,
         hugepages: false,
-        policy: kvtier_manager::policy::PolicyKind::Lru,
         table_key: None,
         access_group: None,
     }

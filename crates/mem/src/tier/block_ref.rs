@@ -11,9 +11,9 @@ use kvtier_arena::verify;
 /// A reference to a block's bytes in the arena.
 ///
 /// While any `BlockRef` to a slot is alive, the slot is neither reused nor
-/// written: removing or evicting the block only makes it invisible, and the
-/// slot is freed when the last reference drops. Holding a `BlockRef` also
-/// keeps the block from being evicted. Cloning takes another reference.
+/// written: removing the block only makes it invisible, and the
+/// slot is freed when the last reference drops. Cloning takes another
+/// reference.
 pub struct BlockRef {
     inner: Arc<Inner>,
     slot: usize,

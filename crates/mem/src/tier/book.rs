@@ -1,8 +1,10 @@
 //! [`Book`]: the owner's private bookkeeping of slots: which key lives where,
-//! free slots, reference counts, pins, persistence, and the eviction order.
+//! free slots, reference counts and each block's checksums.
 //!
 //! Pure data: no shared memory, no locking. The tier keeps one `Book` behind
 //! its lock and mirrors every visibility change into the shared slot table.
+//! It has no eviction: which blocks stay is its owner's decision (the
+//! node's G2 pool), so a full book answers full and only the owner removes.
 //!
 //! A slot is in one of four states:
 //!
@@ -10,7 +12,7 @@
 //!            claim                publish
 //!   Free ------------> Filling -------------> Resident
 //!    ^  <------------     |                     |  |
-//!    |     abandon        |                     |  | remove / evict
+//!    |     abandon        |                     |  | remove
 //!    |                    |                     |  v   (refs == 0)
 //!    +--------------------+---------------------+--+---> Free
 //!    |                                             |
@@ -18,16 +20,14 @@
 //!    +------------------------ Detached <----------+
 //! ```
 //!
-//! Only `Resident` slots are in the index and the eviction policy. A
-//! `Detached` slot was removed while a [`BlockRef`](crate::BlockRef) held
-//! it: invisible, but not reusable until the last reference is released.
+//! Only `Resident` slots are in the index. A `Detached` slot was removed
+//! while a [`BlockRef`](crate::BlockRef) held it: invisible, but not
+//! reusable until the last reference is released.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums};
-
-use kvtier_policy::{EvictionPolicy, Use, Verdict};
 
 /// The state of one slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,10 +49,6 @@ struct SlotMeta {
     key: BlockHash,
     /// Live [`BlockRef`](crate::BlockRef)s and in-flight copies.
     refs: u32,
-    /// Counted pins; a pinned block is never evicted.
-    pins: u32,
-    /// A copy exists in a lower tier, so eviction loses nothing.
-    persisted: bool,
     /// The checksums the block was stored with (private: shared memory can
     /// be scribbled on by other processes, this copy cannot).
     sums: Option<Arc<BlockSums>>,
@@ -63,30 +59,18 @@ impl SlotMeta {
         state: SlotState::Free,
         key: BlockHash(0),
         refs: 0,
-        pins: 0,
-        persisted: false,
         sums: None,
     };
-
-    fn evictable(&self) -> bool {
-        self.state == SlotState::Resident && self.pins == 0 && self.refs == 0 && self.persisted
-    }
 }
 
 /// The outcome of [`Book::claim`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Claim {
-    /// `slot` is now `Filling` for the caller; `evicted` names the block
-    /// evicted to make room, if one was.
-    Slot {
-        /// The claimed slot.
-        slot: usize,
-        /// The block evicted from it.
-        evicted: Option<BlockHash>,
-    },
-    /// The key is already resident (and was touched).
+    /// This slot is now `Filling` for the caller.
+    Slot(usize),
+    /// The key is already resident.
     AlreadyPresent,
-    /// No slot is free and no block may be evicted.
+    /// No slot is free.
     Full,
 }
 
@@ -108,46 +92,29 @@ pub(crate) struct Book {
     /// Free slots, used last-in first-out (a recently freed slot is likely
     /// still in cache and mapped).
     free: Vec<u32>,
-    /// The arena's eviction order over slots; `None` when its owner evicts
-    /// (the node's block manager): no victim, no demotion candidate.
-    policy: Option<Box<dyn EvictionPolicy<usize>>>,
-    /// How many of the coldest blocks `claim` examines for a victim.
-    scan_limit: usize,
-    /// Resident blocks with at least one pin.
-    pinned: usize,
 }
 
 impl Book {
-    /// A book of `slots` free slots ordered by `policy`.
-    pub(crate) fn new(
-        slots: usize,
-        policy: Option<Box<dyn EvictionPolicy<usize>>>,
-        scan_limit: usize,
-    ) -> Self {
+    /// A book of `slots` free slots.
+    pub(crate) fn new(slots: usize) -> Self {
         Self {
             index: HashMap::with_capacity(slots),
             slots: vec![SlotMeta::FREE; slots],
             // Reversed so slot 0 is handed out first.
             free: (0..slots as u32).rev().collect(),
-            policy,
-            scan_limit,
-            pinned: 0,
         }
     }
 
-    /// A book of `slots` slots, ordered by `policy`, whose `resident`
-    /// slots hold the blocks an adopted arena kept (slot, key, sums: each
-    /// unpinned, unreferenced, not persisted). Of the free slots, those in
-    /// `last` are handed out after every other: a client that was filling
-    /// one when its owner died may still be writing it.
+    /// A book of `slots` slots whose `resident` slots hold the blocks an
+    /// adopted arena kept (slot, key, sums: each unreferenced). Of the free
+    /// slots, those in `last` are handed out after every other: a client
+    /// that was filling one when its owner died may still be writing it.
     pub(crate) fn adopting(
         slots: usize,
-        policy: Option<Box<dyn EvictionPolicy<usize>>>,
-        scan_limit: usize,
         resident: Vec<(usize, BlockHash, Arc<BlockSums>)>,
         last: &[usize],
     ) -> Self {
-        let mut book = Self::new(slots, policy, scan_limit);
+        let mut book = Self::new(slots);
         for (slot, key, sums) in resident {
             book.slots[slot] = SlotMeta {
                 state: SlotState::Resident,
@@ -156,9 +123,6 @@ impl Book {
                 ..SlotMeta::FREE
             };
             book.index.insert(key, slot as u32);
-            if let Some(p) = &mut book.policy {
-                p.insert(slot, &Use::at(0));
-            }
         }
         let mut late = vec![false; slots];
         for &s in last {
@@ -175,43 +139,29 @@ impl Book {
         book
     }
 
-    /// Sets how many of the coldest blocks a claim examines for a victim.
-    pub(crate) fn set_scan_limit(&mut self, limit: usize) {
-        self.scan_limit = limit.max(1);
-    }
-
-    /// Claims a slot for `key`: a free one, else the policy's coldest
-    /// evictable block's. A resident `key` is touched instead.
+    /// Claims a free slot for `key`, unless `key` is resident or no slot is
+    /// free.
     pub(crate) fn claim(&mut self, key: BlockHash) -> Claim {
-        if let Some(&slot) = self.index.get(&key) {
-            self.touch(slot as usize);
+        if self.index.contains_key(&key) {
             return Claim::AlreadyPresent;
         }
-        let (slot, evicted) = match self.free.pop() {
-            Some(slot) => (slot as usize, None),
-            None => {
-                let Some(victim) = self.victim(self.scan_limit) else {
-                    return Claim::Full;
-                };
-                let key = self.slots[victim].key;
-                self.unindex(victim);
-                (victim, Some(key))
-            }
+        let Some(slot) = self.free.pop() else {
+            return Claim::Full;
         };
+        let slot = slot as usize;
         self.slots[slot] = SlotMeta {
             state: SlotState::Filling,
             key,
             ..SlotMeta::FREE
         };
-        Claim::Slot { slot, evicted }
+        Claim::Slot(slot)
     }
 
     /// Makes a `Filling` slot resident as `key`. Returns false (and frees the
     /// slot) when `key` became resident elsewhere meanwhile.
     pub(crate) fn publish(&mut self, slot: usize, key: BlockHash, sums: Arc<BlockSums>) -> bool {
         debug_assert_eq!(self.slots[slot].state, SlotState::Filling);
-        if let Some(&there) = self.index.get(&key) {
-            self.touch(there as usize);
+        if self.index.contains_key(&key) {
             self.free_slot(slot);
             return false;
         }
@@ -222,9 +172,6 @@ impl Book {
             ..SlotMeta::FREE
         };
         self.index.insert(key, slot as u32);
-        if let Some(p) = &mut self.policy {
-            p.insert(slot, &Use::at(0));
-        }
         true
     }
 
@@ -234,28 +181,23 @@ impl Book {
         self.free_slot(slot);
     }
 
-    /// Takes a reference on resident `key` and touches it.
+    /// Takes a reference on resident `key`.
     pub(crate) fn acquire(&mut self, key: BlockHash) -> Option<Acquired> {
         let slot = *self.index.get(&key)? as usize;
-        self.touch(slot);
-        Some(self.take_ref(slot))
-    }
-
-    fn take_ref(&mut self, slot: usize) -> Acquired {
         let m = &mut self.slots[slot];
         m.refs += 1;
-        Acquired {
+        Some(Acquired {
             slot,
             key: m.key,
-            // Resident and detached slots always have sums; empty ones would
-            // fail every verification, which is the safe way to be wrong.
+            // Resident slots always have sums; empty ones would fail every
+            // verification, which is the safe way to be wrong.
             sums: m.sums.clone().unwrap_or_else(|| {
                 Arc::new(BlockSums {
                     block: 0,
                     layers: Vec::new(),
                 })
             }),
-        }
+        })
     }
 
     /// Takes another reference on a slot already referenced.
@@ -281,15 +223,11 @@ impl Book {
     /// last reference goes. Returns the slot (whose shared entry the caller
     /// clears).
     pub(crate) fn remove(&mut self, key: BlockHash) -> Option<usize> {
-        let slot = *self.index.get(&key)? as usize;
-        self.unindex(slot);
+        let slot = self.index.remove(&key)? as usize;
         if self.slots[slot].refs == 0 {
             self.free_slot(slot);
         } else {
-            let m = &mut self.slots[slot];
-            m.state = SlotState::Detached;
-            m.pins = 0;
-            m.persisted = false;
+            self.slots[slot].state = SlotState::Detached;
         }
         Some(slot)
     }
@@ -299,117 +237,12 @@ impl Book {
         self.index.get(&key) == Some(&(slot as u32)) && self.remove(key).is_some()
     }
 
-    /// Takes a pin on resident `key`.
-    pub(crate) fn pin(&mut self, key: BlockHash) -> bool {
-        let Some(m) = self.resident_mut(key) else {
-            return false;
-        };
-        m.pins += 1;
-        if m.pins == 1 {
-            self.pinned += 1;
-        }
-        true
-    }
-
-    /// Drops a pin on resident `key`; false if it is not resident or not
-    /// pinned.
-    pub(crate) fn unpin(&mut self, key: BlockHash) -> bool {
-        let Some(m) = self.resident_mut(key) else {
-            return false;
-        };
-        if m.pins == 0 {
-            return false;
-        }
-        m.pins -= 1;
-        if m.pins == 0 {
-            self.pinned -= 1;
-        }
-        true
-    }
-
-    /// Records whether resident `key` has a copy in a lower tier.
-    pub(crate) fn set_persisted(&mut self, key: BlockHash, persisted: bool) -> bool {
-        match self.resident_mut(key) {
-            Some(m) => {
-                m.persisted = persisted;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Up to `max` resident blocks that are neither persisted nor pinned,
-    /// coldest first, each with a reference taken.
-    pub(crate) fn demotion_candidates(&mut self, max: usize) -> Vec<Acquired> {
-        let mut picked: Vec<usize> = Vec::new();
-        if max == 0 {
-            return Vec::new();
-        }
-        let slots = &self.slots;
-        if let Some(p) = &self.policy {
-            p.coldest(&mut |s| {
-                let m = &slots[s];
-                if m.state == SlotState::Resident && !m.persisted && m.pins == 0 {
-                    picked.push(s);
-                }
-                if picked.len() >= max {
-                    Verdict::Stop
-                } else {
-                    Verdict::Skip
-                }
-            });
-        }
-        picked.into_iter().map(|s| self.take_ref(s)).collect()
-    }
-
-    /// Evicts up to `n` evictable blocks, coldest first. Returns their slots
-    /// and keys.
-    pub(crate) fn evict(&mut self, n: usize) -> Vec<(usize, BlockHash)> {
-        let mut victims = Vec::new();
-        if n == 0 {
-            return victims;
-        }
-        while victims.len() < n {
-            let Some(slot) = self.victim(usize::MAX) else {
-                break;
-            };
-            victims.push((slot, self.slots[slot].key));
-            self.unindex(slot);
-            self.free_slot(slot);
-        }
-        victims
-    }
-
-    /// A use of resident `slot`.
-    fn touch(&mut self, slot: usize) {
-        if let Some(p) = &mut self.policy {
-            p.access(slot, &Use::at(0));
-        }
-    }
-
-    /// The policy's coldest evictable slot among the first `scan_limit` it
-    /// offers, taken out of the policy (the caller unindexes it). Bounding
-    /// the scan keeps a claim O(1) when many cold blocks are pinned or not
-    /// yet persisted; a block past the bound is not found and the arena
-    /// answers full.
-    fn victim(&mut self, scan_limit: usize) -> Option<usize> {
-        let slots = &self.slots;
-        let mut scans_left = scan_limit;
-        self.policy.as_mut()?.victim(0, &mut |s| {
-            if scans_left == 0 {
-                return Verdict::Stop;
-            }
-            scans_left -= 1;
-            slots.get(s).is_some_and(SlotMeta::evictable).into()
-        })
-    }
-
     /// Whether `key` is resident.
     pub(crate) fn contains(&self, key: BlockHash) -> bool {
         self.index.contains_key(&key)
     }
 
-    /// The slot of resident `key` (not a use).
+    /// The slot of resident `key`.
     pub(crate) fn slot_of(&self, key: BlockHash) -> Option<usize> {
         self.index.get(&key).map(|s| *s as usize)
     }
@@ -429,33 +262,10 @@ impl Book {
         self.free.len()
     }
 
-    /// Resident blocks with at least one pin.
-    pub(crate) fn pinned(&self) -> usize {
-        self.pinned
-    }
-
     /// The state of `slot` (for tests and assertions).
     #[cfg(test)]
     pub(crate) fn state(&self, slot: usize) -> SlotState {
         self.slots[slot].state
-    }
-
-    fn resident_mut(&mut self, key: BlockHash) -> Option<&mut SlotMeta> {
-        let slot = *self.index.get(&key)? as usize;
-        Some(&mut self.slots[slot])
-    }
-
-    /// Takes resident `slot` out of the index and the policy.
-    fn unindex(&mut self, slot: usize) {
-        let m = &self.slots[slot];
-        debug_assert_eq!(m.state, SlotState::Resident);
-        if m.pins > 0 {
-            self.pinned -= 1;
-        }
-        self.index.remove(&m.key);
-        if let Some(p) = &mut self.policy {
-            p.remove(slot);
-        }
     }
 
     fn free_slot(&mut self, slot: usize) {
@@ -467,7 +277,7 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvtier_policy::{PolicyConfig, PolicyKind};
+    use proptest::prelude::*;
 
     fn sums() -> Arc<BlockSums> {
         Arc::new(BlockSums {
@@ -476,13 +286,8 @@ mod tests {
         })
     }
 
-    fn book(n: usize) -> Book {
-        let lru = PolicyConfig::of(PolicyKind::Lru).build::<usize>(n).unwrap();
-        Book::new(n, Some(lru), usize::MAX)
-    }
-
     fn fill(b: &mut Book, k: u128) -> usize {
-        let Claim::Slot { slot, .. } = b.claim(BlockHash(k)) else {
+        let Claim::Slot(slot) = b.claim(BlockHash(k)) else {
             panic!("no slot for {k}");
         };
         assert!(b.publish(slot, BlockHash(k), sums()));
@@ -491,7 +296,7 @@ mod tests {
 
     #[test]
     fn detached_slots_wait_for_their_last_reference() {
-        let mut b = book(2);
+        let mut b = Book::new(2);
         let s = fill(&mut b, 1);
         let a = b.acquire(BlockHash(1)).unwrap();
         b.add_ref(a.slot);
@@ -507,31 +312,30 @@ mod tests {
 
     #[test]
     fn an_adopted_book_holds_its_blocks_and_hands_late_slots_out_last() {
-        let lru = PolicyConfig::of(PolicyKind::Lru).build::<usize>(5).unwrap();
         let resident = vec![(1, BlockHash(10), sums()), (3, BlockHash(30), sums())];
-        let mut b = Book::adopting(5, Some(lru), usize::MAX, resident, &[0]);
+        let mut b = Book::adopting(5, resident, &[0]);
         assert_eq!((b.len(), b.free_len()), (2, 3));
         assert!(b.contains(BlockHash(10)) && b.contains(BlockHash(30)));
         assert_eq!(b.state(3), SlotState::Resident);
         let claimed: Vec<usize> = (100..103)
             .map(|k| match b.claim(BlockHash(k)) {
-                Claim::Slot { slot, .. } => slot,
+                Claim::Slot(slot) => slot,
                 other => panic!("{other:?}"),
             })
             .collect();
         assert_eq!(claimed, vec![2, 4, 0]);
-        // Adopted blocks are ordinary residents: persisted, they go.
-        b.set_persisted(BlockHash(10), true);
-        assert_eq!(b.evict(5), vec![(1, BlockHash(10))]);
+        // Adopted blocks are ordinary residents: their owner removes them.
+        assert_eq!(b.remove(BlockHash(10)), Some(1));
+        assert_eq!(b.state(1), SlotState::Free);
     }
 
     #[test]
     fn racing_publish_of_one_key_keeps_the_first() {
-        let mut b = book(2);
-        let Claim::Slot { slot: s1, .. } = b.claim(BlockHash(5)) else {
+        let mut b = Book::new(2);
+        let Claim::Slot(s1) = b.claim(BlockHash(5)) else {
             panic!()
         };
-        let Claim::Slot { slot: s2, .. } = b.claim(BlockHash(5)) else {
+        let Claim::Slot(s2) = b.claim(BlockHash(5)) else {
             panic!()
         };
         assert!(b.publish(s1, BlockHash(5), sums()));
@@ -540,22 +344,121 @@ mod tests {
     }
 
     #[test]
-    fn claim_evicts_only_evictable_blocks() {
-        let mut b = book(2);
+    fn a_full_book_answers_full_until_its_owner_removes() {
+        let mut b = Book::new(2);
         fill(&mut b, 1);
         fill(&mut b, 2);
         assert_eq!(b.claim(BlockHash(3)), Claim::Full);
-        b.set_persisted(BlockHash(2), true);
-        b.set_persisted(BlockHash(1), true);
-        b.pin(BlockHash(1));
-        assert!(matches!(
-            b.claim(BlockHash(3)),
-            Claim::Slot {
-                evicted: Some(BlockHash(2)),
-                ..
+        assert_eq!(b.claim(BlockHash(2)), Claim::AlreadyPresent);
+        assert!(b.contains(BlockHash(1)) && b.contains(BlockHash(2)));
+        b.remove(BlockHash(2));
+        assert!(matches!(b.claim(BlockHash(3)), Claim::Slot(_)));
+    }
+
+    /// One step of the property test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Claim(u8),
+        Publish(usize),
+        Abandon(usize),
+        Acquire(u8),
+        Release(usize),
+        Remove(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..8).prop_map(Op::Claim),
+            (0usize..8).prop_map(Op::Publish),
+            (0usize..8).prop_map(Op::Abandon),
+            (0u8..8).prop_map(Op::Acquire),
+            (0usize..8).prop_map(Op::Release),
+            (0u8..8).prop_map(Op::Remove),
+        ]
+    }
+
+    /// The model: fills in flight, resident keys, and references held
+    /// (slot, key, still resident when taken).
+    #[derive(Default)]
+    struct Model {
+        filling: Vec<(usize, BlockHash)>,
+        resident: HashMap<BlockHash, usize>,
+        refs: Vec<usize>,
+    }
+
+    impl Model {
+        /// Slots neither free in the model's eyes: filling, resident or
+        /// held by a reference.
+        fn busy(&self) -> std::collections::HashSet<usize> {
+            let mut busy: std::collections::HashSet<usize> =
+                self.filling.iter().map(|(s, _)| *s).collect();
+            busy.extend(self.resident.values().copied());
+            busy.extend(self.refs.iter().copied());
+            busy
+        }
+    }
+
+    proptest! {
+        /// Against a model: a claim succeeds exactly when the key is not
+        /// resident and a slot is free; a slot is never handed out while it
+        /// is filling, resident or referenced; every slot is accounted for.
+        #[test]
+        fn the_book_never_reuses_a_busy_slot(ops in prop::collection::vec(op(), 1..200)) {
+            const SLOTS: usize = 4;
+            let mut b = Book::new(SLOTS);
+            let mut m = Model::default();
+            for op in ops {
+                match op {
+                    Op::Claim(k) => {
+                        let key = BlockHash(u128::from(k));
+                        let busy = m.busy();
+                        match b.claim(key) {
+                            Claim::Slot(s) => {
+                                prop_assert!(!m.resident.contains_key(&key));
+                                prop_assert!(!busy.contains(&s), "slot {s} handed out twice");
+                                m.filling.push((s, key));
+                            }
+                            Claim::AlreadyPresent => prop_assert!(m.resident.contains_key(&key)),
+                            Claim::Full => {
+                                prop_assert!(!m.resident.contains_key(&key));
+                                prop_assert_eq!(busy.len(), SLOTS);
+                            }
+                        }
+                    }
+                    Op::Publish(i) if i < m.filling.len() => {
+                        let (s, key) = m.filling.remove(i);
+                        let want = !m.resident.contains_key(&key);
+                        prop_assert_eq!(b.publish(s, key, sums()), want);
+                        if want {
+                            m.resident.insert(key, s);
+                        }
+                    }
+                    Op::Abandon(i) if i < m.filling.len() => {
+                        let (s, _) = m.filling.remove(i);
+                        b.abandon(s);
+                    }
+                    Op::Acquire(k) => {
+                        let key = BlockHash(u128::from(k));
+                        let got = b.acquire(key).map(|a| a.slot);
+                        prop_assert_eq!(got, m.resident.get(&key).copied());
+                        m.refs.extend(got);
+                    }
+                    Op::Release(i) if i < m.refs.len() => {
+                        let s = m.refs.remove(i);
+                        let freed = b.release(s);
+                        let still = m.refs.contains(&s) || m.resident.values().any(|r| *r == s);
+                        prop_assert_eq!(freed, !still);
+                    }
+                    Op::Remove(k) => {
+                        let key = BlockHash(u128::from(k));
+                        prop_assert_eq!(b.remove(key), m.resident.remove(&key));
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(b.len(), m.resident.len());
+                prop_assert_eq!(b.free_len(), SLOTS - m.busy().len());
             }
-        ));
-        assert_eq!(b.pinned(), 1);
+        }
     }
 
     /// The tier's discipline under every interleaving shuttle tries: the
@@ -571,14 +474,13 @@ mod tests {
 
         shuttle::check_random(
             || {
-                let book = SArc::new(SMutex::new(book(1)));
+                let book = SArc::new(SMutex::new(Book::new(1)));
                 let data = SArc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-                // Block 1 is resident and evictable; its bytes are [1, 1].
+                // Block 1 is resident; its bytes are [1, 1].
                 {
                     let mut b = book.lock().unwrap();
                     let s = fill(&mut b, 1);
                     assert_eq!(s, 0);
-                    b.set_persisted(BlockHash(1), true);
                 }
                 data[0].store(1, Relaxed);
                 data[1].store(1, Relaxed);
@@ -591,13 +493,12 @@ mod tests {
                                 b.remove(BlockHash(k as u128 - 1));
                                 b.claim(BlockHash(k as u128))
                             };
-                            if let Claim::Slot { slot, .. } = claim {
+                            if let Claim::Slot(slot) = claim {
                                 for w in data.iter() {
                                     w.store(k, Relaxed);
                                 }
                                 let mut b = book.lock().unwrap();
                                 assert!(b.publish(slot, BlockHash(k as u128), sums()));
-                                b.set_persisted(BlockHash(k as u128), true);
                             }
                         }
                     })

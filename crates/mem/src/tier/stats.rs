@@ -14,8 +14,6 @@ pub struct MemoryStats {
     pub corrupt: u64,
     /// Blocks stored (by `put` or a committed reservation).
     pub puts: u64,
-    /// Blocks evicted (by `put`/`reserve` making room, or `evict`).
-    pub evictions: u64,
     /// Bytes stored.
     pub bytes_in: u64,
     /// Bytes copied out by `get`.
@@ -24,8 +22,6 @@ pub struct MemoryStats {
     pub len: u64,
     /// Slots in the arena.
     pub capacity: u64,
-    /// Resident blocks with at least one pin.
-    pub pinned: u64,
 }
 
 /// The tier's event counters (relaxed atomics: they are statistics, not
@@ -36,7 +32,6 @@ pub(crate) struct Counters {
     pub misses: AtomicU64,
     pub corrupt: AtomicU64,
     pub puts: AtomicU64,
-    pub evictions: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
 }
@@ -55,7 +50,6 @@ impl Counters {
             misses: get(&self.misses),
             corrupt: get(&self.corrupt),
             puts: get(&self.puts),
-            evictions: get(&self.evictions),
             bytes_in: get(&self.bytes_in),
             bytes_out: get(&self.bytes_out),
             ..MemoryStats::default()
