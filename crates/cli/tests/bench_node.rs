@@ -63,13 +63,15 @@ fn check_pass(v: &Value, pass: usize, samples: f64) {
         positive_spread(v, &format!("{p}/daemon_cpu_us_per_block/{phase}"));
     }
     for op in [
+        "raw_lookup",
+        "raw_reserve_commit",
+        "raw_load",
         "lookup",
         "reserve",
         "commit",
         "reserve_commit",
         "load",
         "release",
-        "load_release",
     ] {
         let at = format!("{p}/control/{op}");
         positive_spread(v, &format!("{at}/p50_us"));
@@ -92,11 +94,30 @@ fn check_pass(v: &Value, pass: usize, samples: f64) {
         positive_spread(v, &format!("{at}/daemon_cpu_us_per_key"));
         // A difference of two measurements: present, of any sign.
         num(v, &format!("{at}/daemon_cpu_us_per_key_over_floor/median"));
+        // Against the raw row of as many round trips, same rounds.
+        num(v, &format!("{at}/over_raw/p50_us/median"));
+        positive_spread(v, &format!("{at}/over_raw/p50_ratio"));
     }
-    for op in ["reserve", "commit", "release", "load_release"] {
+    for op in ["reserve", "commit", "release"] {
+        let at = format!("{p}/control/{op}");
+        for field in ["daemon_cpu_us_per_sample", "over_raw"] {
+            assert!(
+                v.pointer(&format!("/{at}/{field}"))
+                    .is_some_and(Value::is_null),
+                "{at}/{field}"
+            );
+        }
+    }
+    for op in [
+        "raw",
+        "raw_lookup",
+        "raw_reserve_commit",
+        "raw_load",
+        "floor",
+    ] {
         let at = format!("{p}/control/{op}");
         assert!(
-            v.pointer(&format!("/{at}/daemon_cpu_us_per_sample"))
+            v.pointer(&format!("/{at}/over_raw"))
                 .is_some_and(Value::is_null),
             "{at}"
         );

@@ -4,6 +4,7 @@
 //! leaves nothing reserved, pinned or half-visible.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,47 @@ struct Leased<T> {
 struct Pin {
     block: ImmutableBlock,
     arena: BlockRef,
+}
+
+/// One key's pins, newest last. The first lives inline, so the usual
+/// single pin of a key costs the session no allocation per key.
+struct Pins<T = Pin> {
+    first: Leased<T>,
+    more: Vec<Leased<T>>,
+}
+
+impl<T> Pins<T> {
+    fn new(pin: Leased<T>) -> Self {
+        Self {
+            first: pin,
+            more: Vec::new(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// Takes the newest pin unless it is the last one (then the caller
+    /// removes the key's entry, which holds it).
+    fn pop_extra(&mut self) -> Option<Leased<T>> {
+        self.more.pop()
+    }
+
+    /// Drops the pins whose lease ended by `now` but the first, which
+    /// the caller drops with the entry when it is the last; how many
+    /// ended, and whether none is left.
+    fn expire(&mut self, now: Instant) -> (u64, bool) {
+        let n = self.len();
+        self.more.retain(|p| p.until > now);
+        if self.first.until <= now {
+            if self.more.is_empty() {
+                return (n as u64, true);
+            }
+            self.first = self.more.remove(0);
+        }
+        ((n - self.len()) as u64, false)
+    }
 }
 
 /// Where a block of a `Load` is in the arena when the answer goes out.
@@ -411,7 +453,7 @@ struct Session {
     /// Stored keys of the client keys named lately.
     key_cache: KeyCache,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
-    pins: HashMap<BlockHash, Vec<Leased<Pin>>>,
+    pins: HashMap<BlockHash, Pins>,
     /// Pins held, every key's together (the pin cap's count).
     pinned: usize,
     /// When leases are next looked at between requests.
@@ -971,10 +1013,13 @@ impl Session {
             }
             out.push((slot, sums.clone()));
             let pin = Pin { block, arena };
-            self.pins
-                .entry(pin.block.hash())
-                .or_default()
-                .push(Leased { value: pin, until });
+            let leased = Leased { value: pin, until };
+            match self.pins.entry(leased.value.block.hash()) {
+                Entry::Occupied(mut e) => e.get_mut().more.push(leased),
+                Entry::Vacant(e) => {
+                    e.insert(Pins::new(leased));
+                }
+            }
             self.pinned += 1;
         }
         out
@@ -994,15 +1039,16 @@ impl Session {
         let mut blocks = Vec::with_capacity(keys.len());
         let mut refs = Vec::with_capacity(keys.len());
         for key in &keys {
-            if let Some(pins) = self.pins.get_mut(key) {
-                if let Some(pin) = pins.pop() {
-                    blocks.push(pin.value.block);
-                    refs.push(pin.value.arena);
-                }
-                if pins.is_empty() {
-                    self.pins.remove(key);
-                }
-            }
+            let pin = match self.pins.get_mut(key).map(Pins::pop_extra) {
+                Some(Some(extra)) => extra,
+                Some(None) => match self.pins.remove(key) {
+                    Some(last) => last.first,
+                    None => continue,
+                },
+                None => continue,
+            };
+            blocks.push(pin.value.block);
+            refs.push(pin.value.arena);
         }
         let released = blocks.len() as u64;
         // The pool's references first, then the arena's, as a pin drops;
@@ -1034,10 +1080,9 @@ impl Session {
         let aborted = (before - self.reservations.len()) as u64;
         let mut released = 0u64;
         self.pins.retain(|_, pins| {
-            let n = pins.len();
-            pins.retain(|p| p.until > now);
-            released += (n - pins.len()) as u64;
-            !pins.is_empty()
+            let (gone, empty) = pins.expire(now);
+            released += gone;
+            !empty
         });
         self.pinned -= released as usize;
         if aborted + released > 0 {
@@ -1099,4 +1144,83 @@ fn last_sum(sums: &BlockSums, layer: u32) -> u64 {
 
 fn ack(request_id: u64) -> Message {
     Message::Ack(Ack { request_id })
+}
+
+#[cfg(test)]
+mod pins_tests {
+    use super::{Leased, Pins};
+    use proptest::prelude::*;
+    use std::time::{Duration, Instant};
+
+    /// A step on one key's pins: pin (lease length), release, or a sweep
+    /// at a time.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Pin(u8),
+        Release,
+        Expire(u8),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            any::<u8>().prop_map(Step::Pin),
+            Just(Step::Release),
+            any::<u8>().prop_map(Step::Expire),
+        ]
+    }
+
+    fn ids(p: &Option<Pins<u32>>) -> Vec<u32> {
+        p.as_ref().map_or(Vec::new(), |p| {
+            std::iter::once(&p.first)
+                .chain(&p.more)
+                .map(|l| l.value)
+                .collect()
+        })
+    }
+
+    proptest! {
+        /// The inline first pin changes nothing: the pins are a stack
+        /// (release takes the newest) from which a sweep drops the ended
+        /// ones in order, as the `Vec` it replaced.
+        #[test]
+        fn pins_behave_as_a_vec(steps in proptest::collection::vec(step(), 0..64)) {
+            let t0 = Instant::now();
+            let at = |s: u8| t0 + Duration::from_secs(u64::from(s));
+            let mut model: Vec<Leased<u32>> = Vec::new();
+            let mut pins: Option<Pins<u32>> = None;
+            for (id, s) in (0u32..).zip(steps) {
+                match s {
+                    Step::Pin(until) => {
+                        model.push(Leased { value: id, until: at(until) });
+                        let leased = Leased { value: id, until: at(until) };
+                        match pins.as_mut() {
+                            Some(p) => p.more.push(leased),
+                            None => pins = Some(Pins::new(leased)),
+                        }
+                    }
+                    Step::Release => {
+                        let want = model.pop().map(|l| l.value);
+                        let got = match pins.as_mut().map(Pins::pop_extra) {
+                            Some(Some(extra)) => Some(extra.value),
+                            Some(None) => pins.take().map(|p| p.first.value),
+                            None => None,
+                        };
+                        prop_assert_eq!(got, want);
+                    }
+                    Step::Expire(now) => {
+                        let n = model.len();
+                        model.retain(|l| l.until > at(now));
+                        let (gone, empty) = pins.as_mut().map_or((0, true), |p| p.expire(at(now)));
+                        if empty {
+                            pins = None;
+                        }
+                        prop_assert_eq!(gone, (n - model.len()) as u64);
+                    }
+                }
+                let want: Vec<u32> = model.iter().map(|l| l.value).collect();
+                prop_assert_eq!(ids(&pins), want);
+                prop_assert_eq!(pins.as_ref().map_or(0, Pins::len), model.len());
+            }
+        }
+    }
 }

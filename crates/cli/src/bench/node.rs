@@ -12,7 +12,9 @@
 //! store in a process pays a page fault per 4 KiB page), then rounds of
 //! memcpy, store, load and remove, every worker running each phase at
 //! once; then control rounds of round trips of 64 keys, each round the
-//! raw-socket baseline row and the daemon's rows in a rotated order. The
+//! raw-socket baseline rows and the daemon's rows in a rotated order (each
+//! daemon row times the requests an engine waits on; its raw row makes as
+//! many round trips of about its message sizes). The
 //! daemon's CPU per block (or key) is this process's CPU over a phase (or
 //! row; it does nothing else meanwhile) divided by the blocks (keys) moved.
 //! By default it runs twice, with `manager.verify_commits` on and off: the
@@ -30,6 +32,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvtier_core::{ByteSize, Geometry, IoEngineKind, ModelPreset};
 use kvtier_node::{Node, NodeConfig, NodeServer};
@@ -157,7 +160,7 @@ impl Plan {
     /// control phase's resident and reserved keys) below the low
     /// watermark, so no background offload runs during the bench.
     fn arena_slots(&self) -> u64 {
-        let per_client = self.blocks.max(2 * CONTROL_KEYS) as u64;
+        let per_client = self.blocks.max((1 + COMMITS_PER_COMMAND) * CONTROL_KEYS) as u64;
         (self.clients as u64 * per_client) * 5 / 4 + 16
     }
 
@@ -312,23 +315,25 @@ fn measure_phase(workers: &mut Workers, cmd: Command, daemon: bool) -> Result<Ph
     Ok(PhaseTotals::new(&results, daemon_cpu))
 }
 
-/// The control rounds: in each, the raw-socket row and the daemon's rows,
-/// the raw row first in even rounds and last in odd ones, the daemon's
-/// rows rotated by one per round, so no row always follows the same one.
+/// The control rounds: in each, the raw-socket rows and the daemon's
+/// rows, the raw rows first in even rounds and last in odd ones, each
+/// group rotated by one per round, so no row always follows the same one.
 fn control_rounds(plan: &Plan, workers: &mut Workers, daemon: bool) -> Result<Vec<ControlRound>> {
     workers.all(Command::ControlBegin)?;
     let mut rounds = Vec::with_capacity(plan.control_rounds);
     for r in 0..plan.control_rounds {
-        let mut order = ControlRow::DAEMON;
-        order.rotate_left(r % ControlRow::DAEMON.len());
-        let mut rows: Vec<ControlRow> = order.to_vec();
-        if kvtier_first(r as u64) {
-            rows.push(ControlRow::Raw);
+        let rotated = |mut rows: [ControlRow; 4]| {
+            rows.rotate_left(r % ControlRow::DAEMON.len());
+            rows
+        };
+        let (own, raw) = (rotated(ControlRow::DAEMON), rotated(ControlRow::RAW));
+        let rows = if kvtier_first(r as u64) {
+            [own, raw]
         } else {
-            rows.insert(0, ControlRow::Raw);
-        }
+            [raw, own]
+        };
         let mut round = ControlRound::default();
-        for row in rows {
+        for row in rows.into_iter().flatten() {
             round.push(measure_row(plan, workers, row, daemon)?);
         }
         rounds.push(round);
@@ -337,8 +342,16 @@ fn control_rounds(plan: &Plan, workers: &mut Workers, daemon: bool) -> Result<Ve
     Ok(rounds)
 }
 
+/// `Reserve` + `Commit` samples per control command: the arena holds this
+/// many samples' blocks per client beside the resident ones; the parent
+/// removes them between commands, outside the row's window.
+const COMMITS_PER_COMMAND: usize = 4;
+
 /// One control row on every worker at once, with this process's CPU over
-/// it standing for the in-process daemon's.
+/// its round trips standing for the in-process daemon's. What the row
+/// leaves (loads to release, blocks to remove) is tidied outside that
+/// window: in chunks of [`COMMITS_PER_COMMAND`] samples for
+/// `Reserve` + `Commit`, whose blocks must leave room in the arena.
 fn measure_row(
     plan: &Plan,
     workers: &mut Workers,
@@ -346,21 +359,32 @@ fn measure_row(
     daemon: bool,
 ) -> Result<RowRun> {
     let samples = plan.samples_per_round();
-    let cpu0 = process_cpu_time();
-    let replies = workers.all(Command::Control { row, samples })?;
-    let daemon_cpu = daemon.then(|| process_cpu_time().saturating_sub(cpu0));
+    let chunk = match row {
+        ControlRow::ReserveCommit => COMMITS_PER_COMMAND,
+        _ => samples,
+    };
+    let mut cpu = Duration::ZERO;
     let mut all = ControlResult::default();
-    for r in replies {
-        match r {
-            Reply::Control(c) => all.extend(c),
-            other => bail!("a worker answered {row:?} with {other:?}"),
+    let mut left = samples;
+    while left > 0 {
+        let n = left.min(chunk);
+        left -= n;
+        let cpu0 = process_cpu_time();
+        let replies = workers.all(Command::Control { row, samples: n })?;
+        cpu += process_cpu_time().saturating_sub(cpu0);
+        let tidied = workers.all(Command::ControlTidy)?;
+        for r in replies.into_iter().chain(tidied) {
+            match r {
+                Reply::Control(c) => all.extend(*c),
+                other => bail!("a worker answered {row:?} with {other:?}"),
+            }
         }
     }
     Ok(RowRun {
         row,
         samples: all,
         taken: samples * plan.clients,
-        daemon_cpu,
+        daemon_cpu: daemon.then_some(cpu),
     })
 }
 

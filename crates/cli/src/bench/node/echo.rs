@@ -1,15 +1,14 @@
 //! The control round trips' baseline: a raw Unix-socket round trip
 //! between a worker process and this one, with no protocol and no runtime
-//! (blocking reads and writes of one small frame), timed beside the
-//! daemon's round trips so both see the same machine.
+//! (blocking reads and writes of one frame each way), timed beside the
+//! daemon's round trips so both see the same machine. A request is an
+//! 8-byte header (its own length and the reply's, little-endian `u32`s)
+//! and its bytes; the reply is that many bytes.
 
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-
-/// Bytes of one echoed frame (about a small request).
-const FRAME: usize = 64;
 
 /// Echoes every frame a connection sends until it closes, a thread per
 /// connection. Lives as long as the bench; its socket is in its own
@@ -45,30 +44,55 @@ impl EchoServer {
 }
 
 fn echo(mut s: UnixStream) {
-    let mut frame = [0u8; FRAME];
-    while s.read_exact(&mut frame).is_ok() {
-        if s.write_all(&frame).is_err() {
+    let mut header = [0u8; 8];
+    let mut buf = Vec::new();
+    while s.read_exact(&mut header).is_ok() {
+        let (req, reply) = lengths(&header);
+        buf.resize(req.max(reply), 0);
+        if s.read_exact(&mut buf[..req]).is_err() || s.write_all(&buf[..reply]).is_err() {
             return;
         }
     }
 }
 
+fn lengths(header: &[u8; 8]) -> (usize, usize) {
+    let [a, b, c, d, e, f, g, h] = *header;
+    (
+        u32::from_le_bytes([a, b, c, d]) as usize,
+        u32::from_le_bytes([e, f, g, h]) as usize,
+    )
+}
+
 /// A worker's end.
-pub struct EchoClient(UnixStream);
+pub struct EchoClient {
+    stream: UnixStream,
+    /// The request (header first), reused; also where the reply is read.
+    buf: Vec<u8>,
+}
 
 impl EchoClient {
     /// Connects to the parent's echo server.
     pub fn connect(path: &Path) -> Result<Self> {
-        Ok(Self(
-            UnixStream::connect(path).context("connecting to the echo socket")?,
-        ))
+        let stream = UnixStream::connect(path).context("connecting to the echo socket")?;
+        Ok(Self {
+            stream,
+            buf: Vec::new(),
+        })
     }
 
-    /// One frame there and back.
-    pub fn round_trip(&mut self) -> Result<()> {
-        let mut frame = [7u8; FRAME];
-        self.0.write_all(&frame).context("echo write")?;
-        self.0.read_exact(&mut frame).context("echo read")?;
+    /// One request of `req` bytes there and a reply of `reply` bytes back.
+    pub fn round_trip(&mut self, req: usize, reply: usize) -> Result<()> {
+        let len = |n: usize| u32::try_from(n).context("an echo frame over 4 GiB");
+        self.buf.clear();
+        self.buf.extend_from_slice(&len(req)?.to_le_bytes());
+        self.buf.extend_from_slice(&len(reply)?.to_le_bytes());
+        self.buf.resize(8 + req.max(reply), 7);
+        self.stream
+            .write_all(&self.buf[..8 + req])
+            .context("echo write")?;
+        self.stream
+            .read_exact(&mut self.buf[..reply])
+            .context("echo read")?;
         Ok(())
     }
 }

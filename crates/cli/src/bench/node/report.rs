@@ -159,6 +159,52 @@ pub struct OpLatency {
     /// for each request of the sample: the work the keys cost beyond the
     /// round trips themselves.
     pub daemon_cpu_us_per_key_over_floor: Option<Spread>,
+    /// Against the row's raw-socket baseline of the same rounds (daemon
+    /// rows of keys only).
+    pub over_raw: Option<OverRaw>,
+}
+
+/// A daemon row against its raw-socket row ([`ControlRow::baseline`]):
+/// per round, from the two rows' medians of that round.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct OverRaw {
+    /// The row's p50 less the raw row's, microseconds.
+    pub p50_us: Spread,
+    /// The row's p50 over the raw row's.
+    pub p50_ratio: Spread,
+}
+
+/// The samples of a raw row.
+fn raw_pick(row: ControlRow) -> fn(&ControlResult) -> &Vec<u64> {
+    match row {
+        ControlRow::RawLookup => |c| &c.raw_lookup,
+        ControlRow::RawReserveCommit => |c| &c.raw_reserve_commit,
+        ControlRow::RawLoad => |c| &c.raw_load,
+        _ => |c| &c.raw,
+    }
+}
+
+/// The p50 of a row's series in one round, microseconds.
+fn round_p50(run: &RowRun, pick: fn(&ControlResult) -> &Vec<u64>) -> f64 {
+    Latencies(pick(&run.samples).clone()).percentile_us(50.0)
+}
+
+impl OverRaw {
+    /// `row` (its series `pick`) against its baseline over `rounds`.
+    fn of(rounds: &[ControlRound], (row, pick): Series) -> Option<Self> {
+        let raw = row.baseline()?;
+        let pairs: Vec<(f64, f64)> = rounds
+            .iter()
+            .filter_map(|r| {
+                let own = round_p50(r.row(row)?, pick);
+                Some((own, round_p50(r.row(raw)?, raw_pick(raw))))
+            })
+            .collect();
+        (!pairs.is_empty()).then(|| Self {
+            p50_us: Spread::of(pairs.iter().map(|(a, b)| a - b).collect()),
+            p50_ratio: Spread::of(pairs.iter().map(|(a, b)| a / b.max(1e-9)).collect()),
+        })
+    }
 }
 
 /// A series of the control table: its row and where its samples are.
@@ -172,10 +218,7 @@ impl OpLatency {
             .iter()
             .filter_map(|r| Some((r.row(row)?, r.row(ControlRow::Floor))))
             .collect();
-        let p50 = runs
-            .iter()
-            .map(|(r, _)| Latencies(pick(&r.samples).clone()).percentile_us(50.0))
-            .collect();
+        let p50 = runs.iter().map(|(r, _)| round_p50(r, pick)).collect();
         let mut all = Latencies(
             runs.iter()
                 .flat_map(|(r, _)| pick(&r.samples))
@@ -207,6 +250,7 @@ impl OpLatency {
             daemon_cpu_us_per_sample: cpu(false, false),
             daemon_cpu_us_per_key: cpu(false, true),
             daemon_cpu_us_per_key_over_floor: cpu(true, true),
+            over_raw: OverRaw::of(rounds, (row, pick)).filter(|_| whole),
         }
     }
 }
@@ -214,9 +258,17 @@ impl OpLatency {
 /// Control round trips of [`super::wire::CONTROL_KEYS`] keys.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Control {
-    /// A raw Unix-socket round trip between the worker and the bench
-    /// process (no protocol, no runtime): the machine's floor.
+    /// One raw Unix-socket round trip of 64 bytes each way between the
+    /// worker and the bench process (no protocol, no runtime): the
+    /// machine's floor.
     pub raw: OpLatency,
+    /// The raw baseline of `lookup`: one round trip of its sizes.
+    pub raw_lookup: OpLatency,
+    /// The raw baseline of `reserve_commit`: two round trips of the
+    /// `Reserve`'s and the `Commit`'s sizes.
+    pub raw_reserve_commit: OpLatency,
+    /// The raw baseline of `load`: one round trip of its sizes.
+    pub raw_load: OpLatency,
     /// `Lookup` of no keys: the protocol's round trip itself, the floor
     /// under every other row.
     pub floor: OpLatency,
@@ -227,25 +279,30 @@ pub struct Control {
     /// `Commit` of them, filled (with `verify_commits` the daemon hashes
     /// every byte here).
     pub commit: OpLatency,
-    /// `Reserve` + `Commit`, the fill between them excluded; its CPU covers
-    /// the `Remove` of the keys after each.
+    /// `Reserve` + `Commit`, the fill between them excluded; its CPU is
+    /// theirs alone (the keys are removed after, outside the row).
     pub reserve_commit: OpLatency,
-    /// `Load` of resident keys, to the last `LayerReady`; its CPU covers
-    /// the `Release` after each.
+    /// `Load` of resident keys, to the last `LayerReady`; its CPU is the
+    /// `Load`'s alone (released after the row, outside it).
     pub load: OpLatency,
-    /// `Release` of them.
+    /// `Release` of them, timed after the row (no CPU: an engine waits on
+    /// nothing for it).
     pub release: OpLatency,
-    /// `Load` + `Release`.
-    pub load_release: OpLatency,
 }
 
 impl Control {
     /// Every series over the rounds.
     pub fn new(rounds: &[ControlRound]) -> Self {
-        use ControlRow::{Floor, Load, Lookup, Raw, ReserveCommit};
+        use ControlRow::{
+            Floor, Load, Lookup, RawLoad, RawLookup, RawReserveCommit, ReserveCommit,
+        };
         let of = |s: Series, whole| OpLatency::of(rounds, s, whole);
+        let raw = |row| of((row, raw_pick(row)), true);
         Self {
-            raw: of((Raw, |c| &c.raw), true),
+            raw: raw(ControlRow::Raw),
+            raw_lookup: raw(RawLookup),
+            raw_reserve_commit: raw(RawReserveCommit),
+            raw_load: raw(RawLoad),
             floor: of((Floor, |c| &c.floor), true),
             lookup: of((Lookup, |c| &c.lookup), true),
             reserve: of((ReserveCommit, |c| &c.reserve), false),
@@ -253,21 +310,22 @@ impl Control {
             reserve_commit: of((ReserveCommit, |c| &c.reserve_commit), true),
             load: of((Load, |c| &c.load), true),
             release: of((Load, |c| &c.release), false),
-            load_release: of((Load, |c| &c.load_release), false),
         }
     }
 
-    fn rows(&self) -> [(&'static str, OpLatency); 9] {
+    fn rows(&self) -> [(&'static str, OpLatency); 11] {
         [
             ("raw socket (baseline)", self.raw),
+            ("raw socket as lookup", self.raw_lookup),
+            ("raw socket x2", self.raw_reserve_commit),
+            ("raw socket as load", self.raw_load),
             ("round trip (0 keys)", self.floor),
             ("lookup", self.lookup),
             ("reserve", self.reserve),
             ("commit", self.commit),
             ("reserve+commit", self.reserve_commit),
             ("load", self.load),
-            ("release", self.release),
-            ("load+release", self.load_release),
+            ("release (untimed row)", self.release),
         ]
     }
 }
@@ -464,26 +522,30 @@ fn print_pass(p: &Pass) {
         super::wire::CONTROL_KEYS
     );
     println!(
-        "  {:<22} {:>28} {:>10} {:>8} {:>26} {:>22} {:>22}",
+        "  {:<22} {:>28} {:>10} {:>8} {:>26} {:>22} {:>22} {:>28} {:>24}",
         "op",
         "p50 us",
         "p99 us",
         "samples",
         "daemon CPU us/sample",
         "daemon CPU us/key",
-        "us/key over floor"
+        "us/key over floor",
+        "p50 over raw us",
+        "p50 / raw"
     );
     let cell = |s: Option<Spread>, d| s.map_or("-".into(), |s| spread(s, d));
     for (name, l) in p.control.rows() {
         println!(
-            "  {:<22} {:>28} {:>10.1} {:>8} {:>26} {:>22} {:>22}",
+            "  {:<22} {:>28} {:>10.1} {:>8} {:>26} {:>22} {:>22} {:>28} {:>24}",
             name,
             spread(l.p50_us, 1),
             l.p99_us,
             l.samples,
             cell(l.daemon_cpu_us_per_sample, 1),
             cell(l.daemon_cpu_us_per_key, 2),
-            cell(l.daemon_cpu_us_per_key_over_floor, 2)
+            cell(l.daemon_cpu_us_per_key_over_floor, 2),
+            cell(l.over_raw.map(|o| o.p50_us), 1),
+            cell(l.over_raw.map(|o| o.p50_ratio), 2)
         );
     }
 }

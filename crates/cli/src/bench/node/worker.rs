@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kvtier_client::{
-    BlockHash, Client, ClientConfig, CommitEntry, CommitResult, Namespace, ReserveResult,
+    BlockHash, Client, ClientConfig, CommitEntry, CommitResult, Load, Namespace, ReserveResult,
     StoreOutcome, Tier, WireGeometry,
 };
 use kvtier_io::AlignedBuf;
@@ -94,7 +94,10 @@ pub fn run(args: NodeWorkerArgs) -> Result<()> {
             Command::Load => Reply::Phase(worker.load()?),
             Command::Remove => worker.remove().map(|()| Reply::Removed)?,
             Command::ControlBegin => worker.store_resident().map(|()| Reply::ControlReady)?,
-            Command::Control { row, samples } => Reply::Control(worker.control(row, samples)?),
+            Command::Control { row, samples } => {
+                Reply::Control(Box::new(worker.control(row, samples)?))
+            }
+            Command::ControlTidy => Reply::Control(Box::new(worker.tidy()?)),
             Command::ControlEnd => {
                 worker.client.remove(&worker.resident)?;
                 Reply::ControlReady
@@ -128,6 +131,10 @@ struct Worker {
     resident: Vec<BlockHash>,
     /// First key of the next new blocks a `Reserve` round trip stores.
     fresh_base: u128,
+    /// Loads of the `Load` row, released after the row.
+    loads: Vec<Load>,
+    /// Keys the `Reserve` + `Commit` row stored, removed after the row.
+    committed: Vec<BlockHash>,
     batch: usize,
     layers: u32,
 }
@@ -170,6 +177,8 @@ impl Worker {
             keys: range(1, args.blocks).collect(),
             resident: range(2, CONTROL_KEYS).collect(),
             fresh_base: base | 3 << 64,
+            loads: Vec::new(),
+            committed: Vec::new(),
             batch: args.batch,
             layers: args.layers,
         })
@@ -236,12 +245,27 @@ impl Worker {
         let mut out = ControlResult::default();
         for _ in 0..samples {
             match row {
-                ControlRow::Raw => self.time_raw(&mut out)?,
                 ControlRow::Floor => self.time_floor(&mut out)?,
                 ControlRow::Lookup => self.time_lookup(&mut out)?,
                 ControlRow::ReserveCommit => self.time_reserve_commit(&mut out)?,
-                ControlRow::Load => self.time_load_release(&mut out)?,
+                ControlRow::Load => self.time_load(&mut out)?,
+                raw => self.time_raw(raw, &mut out)?,
             }
+        }
+        Ok(out)
+    }
+
+    /// Releases the loads and removes the blocks the last row left; times
+    /// each `Release` (an engine sends it, but waits on nothing for it).
+    fn tidy(&mut self) -> Result<ControlResult> {
+        let mut out = ControlResult::default();
+        for load in std::mem::take(&mut self.loads) {
+            let t = Instant::now();
+            self.client.release_load(load)?;
+            out.release.push(nanos(t.elapsed()));
+        }
+        if !self.committed.is_empty() {
+            self.client.remove(&std::mem::take(&mut self.committed))?;
         }
         Ok(out)
     }
@@ -261,10 +285,13 @@ impl Worker {
         Ok(())
     }
 
-    fn time_raw(&mut self, out: &mut ControlResult) -> Result<()> {
+    fn time_raw(&mut self, row: ControlRow, out: &mut ControlResult) -> Result<()> {
+        let trips = row.raw_trips(self.layers);
         let t = Instant::now();
-        self.echo.round_trip()?;
-        out.raw.push(nanos(t.elapsed()));
+        for (req, reply) in trips {
+            self.echo.round_trip(req, reply)?;
+        }
+        out.raw_series(row).push(nanos(t.elapsed()));
         Ok(())
     }
 
@@ -287,22 +314,17 @@ impl Worker {
         Ok(())
     }
 
-    fn time_load_release(&mut self, out: &mut ControlResult) -> Result<()> {
+    fn time_load(&mut self, out: &mut ControlResult) -> Result<()> {
         let t = Instant::now();
         let load = self.client.load(&self.resident)?;
         self.client.wait_layer(&load, self.layers - 1)?;
-        let loaded = t.elapsed();
+        out.load.push(nanos(t.elapsed()));
         ensure!(
             load.prefix_len() == CONTROL_KEYS,
             "only {} resident blocks loaded",
             load.prefix_len()
         );
-        let t = Instant::now();
-        self.client.release_load(load)?;
-        let released = t.elapsed();
-        out.load.push(nanos(loaded));
-        out.release.push(nanos(released));
-        out.load_release.push(nanos(loaded + released));
+        self.loads.push(load);
         Ok(())
     }
 
@@ -323,7 +345,7 @@ impl Worker {
             committed.iter().all(|c| *c == CommitResult::Stored),
             "a control block was not committed: {committed:?}"
         );
-        self.client.remove(&keys)?;
+        self.committed.extend_from_slice(&keys);
         out.reserve.push(nanos(reserved));
         out.commit.push(nanos(commit));
         out.reserve_commit.push(nanos(reserved + commit));
