@@ -74,7 +74,10 @@ impl TierStore for DiskTier {
         })
     }
 
-    fn put_batch<'a>(&'a self, puts: &'a [BlockPut<'a>]) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
+    fn put_batch<'a>(
+        &'a self,
+        puts: &'a [BlockPut<'a>],
+    ) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
         Box::pin(async move {
             let blocks: Vec<DiskPut<'_>> = puts
                 .iter()

@@ -111,7 +111,10 @@ impl TierStore for RemoteTier {
         })
     }
 
-    fn put_batch<'a>(&'a self, puts: &'a [BlockPut<'a>]) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
+    fn put_batch<'a>(
+        &'a self,
+        puts: &'a [BlockPut<'a>],
+    ) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
         Box::pin(async move {
             let puts: Vec<RemotePut<'_>> = puts
                 .iter()

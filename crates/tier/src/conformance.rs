@@ -108,7 +108,11 @@ pub async fn check_round_trip(
     let at = layers.start as usize * layer_bytes;
     for ((lookup, bytes, _), b) in part.iter().zip(blocks) {
         assert_eq!(*lookup, Lookup::Hit, "layer read of {}", b.key);
-        assert!(bytes[..] == b.data[at..at + len], "layer bytes of {}", b.key);
+        assert!(
+            bytes[..] == b.data[at..at + len],
+            "layer bytes of {}",
+            b.key
+        );
     }
 }
 
@@ -123,7 +127,12 @@ pub async fn check_damaged_never_hit(
     let Some(len) = len else { return };
     let keys: Vec<BlockHash> = damaged.iter().map(|b| b.key).collect();
     for ((lookup, ..), b) in read(tier, &keys, None, len).await.iter().zip(damaged) {
-        assert_ne!(*lookup, Lookup::Hit, "damaged block {} read as a hit", b.key);
+        assert_ne!(
+            *lookup,
+            Lookup::Hit,
+            "damaged block {} read as a hit",
+            b.key
+        );
     }
     let keys: Vec<BlockHash> = intact.iter().map(|b| b.key).collect();
     for ((lookup, bytes, _), b) in read(tier, &keys, None, len).await.iter().zip(intact) {
@@ -144,7 +153,7 @@ pub async fn check_keys_and_remove(tier: &dyn TierStore, blocks: &[TestBlock]) {
     let (gone, kept) = blocks.split_at(blocks.len() / 2);
     let gone_keys: Vec<BlockHash> = gone.iter().map(|b| b.key).collect();
     assert_eq!(tier.remove(&gone_keys).await, gone.len());
-    let indexed = tier.len() > 0;
+    let indexed = !tier.is_empty();
     for b in gone {
         assert!(!tier.contains(b.key), "{} still contained", b.key);
     }

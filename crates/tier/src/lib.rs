@@ -266,7 +266,10 @@ pub trait TierStore: Send + Sync + 'static {
     /// Writes blocks with their sums. One result per block, in order; a
     /// block is visible (readable) only once its result is `Ok`, and a key
     /// already held is `Ok` without a write.
-    fn put_batch<'a>(&'a self, puts: &'a [BlockPut<'a>]) -> BoxFuture<'a, Vec<Result<(), TierError>>>;
+    fn put_batch<'a>(
+        &'a self,
+        puts: &'a [BlockPut<'a>],
+    ) -> BoxFuture<'a, Vec<Result<(), TierError>>>;
     /// The in-place facet, for a tier whose blocks live in memory.
     fn in_place(&self) -> Option<&dyn InPlaceTier> {
         None

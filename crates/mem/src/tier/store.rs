@@ -148,7 +148,10 @@ impl TierStore for MemoryTier {
         Box::pin(async move { done })
     }
 
-    fn put_batch<'a>(&'a self, puts: &'a [BlockPut<'a>]) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
+    fn put_batch<'a>(
+        &'a self,
+        puts: &'a [BlockPut<'a>],
+    ) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
         let results = puts
             .iter()
             .map(|p| from_put(p.key, self.put(p.key, p.data, p.sums)))
