@@ -88,11 +88,7 @@ impl TierStore for DiskTier {
                     pinned: None,
                 })
                 .collect();
-            DiskTier::put_batch(self, &blocks)
-                .await
-                .into_iter()
-                .map(|r| r.map_err(|e| TierError::storage(TierKind::Disk, e)))
-                .collect()
+            TierError::storage_all(TierKind::Disk, DiskTier::put_batch(self, &blocks).await)
         })
     }
 }

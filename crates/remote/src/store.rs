@@ -124,11 +124,7 @@ impl TierStore for RemoteTier {
                     sums: p.sums,
                 })
                 .collect();
-            RemoteTier::put_batch(self, &puts)
-                .await
-                .into_iter()
-                .map(|r| r.map_err(|e| TierError::storage(TierKind::Remote, e)))
-                .collect()
+            TierError::storage_all(TierKind::Remote, RemoteTier::put_batch(self, &puts).await)
         })
     }
 }

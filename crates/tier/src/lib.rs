@@ -117,6 +117,18 @@ impl TierError {
             source: Box::new(source),
         }
     }
+
+    /// A tier's own per-block results, each error wrapped as
+    /// [`TierError::Storage`] (what a `put_batch` adapter returns).
+    pub fn storage_all<E: std::error::Error + Send + Sync + 'static>(
+        kind: TierKind,
+        results: Vec<Result<(), E>>,
+    ) -> Vec<Result<(), TierError>> {
+        results
+            .into_iter()
+            .map(|r| r.map_err(|e| TierError::storage(kind, e)))
+            .collect()
+    }
 }
 
 /// Memory a read lands in: any [`DmaTarget`] that can also be taken back

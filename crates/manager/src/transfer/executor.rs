@@ -16,7 +16,7 @@ use std::sync::Arc;
 use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
 use kvtier_disk::{DiskPut, DiskTier};
-use kvtier_io::{AlignedBuf, DmaSource, DmaTarget};
+use kvtier_io::{AlignedBuf, DmaSource};
 use kvtier_mem::{BlockRef, MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
@@ -49,21 +49,6 @@ impl std::fmt::Debug for Tiers {
             .field("disk", &self.disk.is_some())
             .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
             .finish()
-    }
-}
-
-/// A DRAM slot as a direct-I/O target (the disk reads straight into it).
-struct SlotTarget(SlotReservation);
-
-// SAFETY: a reservation owns its slot exclusively until committed or
-// dropped, and the slot's address is fixed inside the shared-memory mapping,
-// which the reservation keeps alive (it holds the tier).
-unsafe impl DmaTarget for SlotTarget {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
     }
 }
 
@@ -197,18 +182,6 @@ fn no_landing() -> BlockFailure {
     BlockFailure::InvalidRequest("a layer read into host memory needs a landing slot".into())
 }
 
-/// A DRAM block's bytes as the source of a disk write.
-struct SlotBytes(BlockRef);
-
-// SAFETY: while a BlockRef lives its slot is neither reused nor written
-// (BlockRef's contract), and the arena stays mapped while any reference to
-// it does: the bytes stay where they are, unchanged.
-unsafe impl DmaSource for SlotBytes {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
-
 async fn host_to_disk(
     memory: &MemoryTier,
     disk: &DiskTier,
@@ -224,7 +197,7 @@ async fn host_to_disk(
     // with the checksums they were stored with.
     let pinned: Vec<Arc<dyn DmaSource>> = refs
         .iter()
-        .map(|r| Arc::new(SlotBytes(r.clone())) as Arc<dyn DmaSource>)
+        .map(|r| Arc::new(r.clone()) as Arc<dyn DmaSource>)
         .collect();
     let puts: Vec<DiskPut<'_>> = refs
         .iter()
@@ -253,7 +226,7 @@ async fn disk_to_host(
     let mut which = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
-            reqs.push((b.key, SlotTarget(slot)));
+            reqs.push((b.key, slot));
             which.push(i);
         }
     }
@@ -266,7 +239,7 @@ async fn disk_to_host(
         results[i] = match (lookup, sums) {
             (Lookup::Hit, Some(sums)) => {
                 // The disk tier verified these very slot bytes against sums.
-                from_put(target.0.commit_verified(&sums))
+                from_put(target.commit_verified(&sums))
             }
             (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
             (other, _) => Err(lookup_failure(other)),

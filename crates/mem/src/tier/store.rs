@@ -5,40 +5,14 @@
 use std::ops::Range;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup, copy_layer_checksum};
-use kvtier_io::{DmaSource, DmaTarget};
+use kvtier_io::DmaTarget;
 use kvtier_tier::{
     BlockPut, BoxFuture, InPlaceTier, Lent, ReadDone, Reserved, Target, TierError, TierKind,
     TierStore,
 };
 
-use super::{BlockRef, MemoryTier, PutOutcome, Reserve, SlotReservation};
+use super::{MemoryTier, PutOutcome, Reserve, SlotReservation};
 use kvtier_arena::MemError;
-
-/// A reserved slot as a direct-I/O target (a read lands in it).
-struct SlotTarget(SlotReservation);
-
-// SAFETY: a reservation owns its slot exclusively until committed or
-// dropped, and the slot's address is fixed inside the shared-memory
-// mapping, which the reservation keeps alive.
-unsafe impl DmaTarget for SlotTarget {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-}
-
-/// A resident block's bytes as the source of a write elsewhere.
-struct LentBytes(BlockRef);
-
-// SAFETY: while a BlockRef lives its slot is neither reused nor written,
-// and the arena stays mapped: the bytes stay where they are, unchanged.
-unsafe impl DmaSource for LentBytes {
-    fn bytes(&self) -> &[u8] {
-        &self.0
-    }
-}
 
 fn from_put(key: BlockHash, outcome: Result<PutOutcome, MemError>) -> Result<(), TierError> {
     match outcome {
@@ -170,7 +144,7 @@ impl InPlaceTier for MemoryTier {
             .map(|k| {
                 self.get_ref(*k).map(|r| Lent {
                     sums: r.sums(),
-                    bytes: Box::new(LentBytes(r)),
+                    bytes: Box::new(r),
                 })
             })
             .collect()
@@ -180,7 +154,7 @@ impl InPlaceTier for MemoryTier {
         self.reserve_many(keys.iter().copied())
             .into_iter()
             .map(|r| match r {
-                Reserve::Reserved(slot) => Reserved::Slot(Box::new(SlotTarget(slot))),
+                Reserve::Reserved(slot) => Reserved::Slot(Box::new(slot)),
                 Reserve::AlreadyPresent => Reserved::Present,
                 Reserve::Full => Reserved::Full,
             })
@@ -190,9 +164,9 @@ impl InPlaceTier for MemoryTier {
     fn commit(&self, slot: Target, sums: &BlockSums) -> Result<(), TierError> {
         let slot = slot
             .into_any()
-            .downcast::<SlotTarget>()
+            .downcast::<SlotReservation>()
             .map_err(|_| TierError::ForeignSlot)?;
-        let key = slot.0.key();
-        from_put(key, slot.0.commit_verified(sums))
+        let key = slot.key();
+        from_put(key, slot.commit_verified(sums))
     }
 }
