@@ -85,7 +85,7 @@ impl TierStore for DiskTier {
                     key: p.key,
                     data: p.data,
                     sums: p.sums,
-                    pinned: None,
+                    pinned: p.pinned,
                 })
                 .collect();
             TierError::storage_all(TierKind::Disk, DiskTier::put_batch(self, &blocks).await)

@@ -11,7 +11,7 @@ use kvtier_core::{BlockHash, Lookup};
 use kvtier_io::DmaTarget;
 use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
 
-use crate::{RemotePut, RemoteRead, RemoteTier};
+use crate::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
 /// Copies a verified read into the caller's target: a hit whose bytes do
 /// not fit the target exactly is a miss (the caller asked for another shape).
@@ -39,6 +39,15 @@ fn land(mut target: Target, read: RemoteRead) -> ReadDone {
         target,
         lookup: Lookup::Hit,
         sums: Some(sums),
+    }
+}
+
+/// A failed write as a tier error: an object that failed its own check is
+/// corrupt bytes, anything else the store's failure.
+fn put_error(key: BlockHash, e: RemoteError) -> TierError {
+    match e {
+        RemoteError::Corrupt => TierError::Corrupt { key },
+        e => TierError::storage(TierKind::Remote, e),
     }
 }
 
@@ -124,7 +133,12 @@ impl TierStore for RemoteTier {
                     sums: p.sums,
                 })
                 .collect();
-            TierError::storage_all(TierKind::Remote, RemoteTier::put_batch(self, &puts).await)
+            RemoteTier::put_batch(self, &puts)
+                .await
+                .into_iter()
+                .zip(&puts)
+                .map(|(r, p)| r.map_err(|e| put_error(p.key, e)))
+                .collect()
         })
     }
 }

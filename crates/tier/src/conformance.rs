@@ -53,6 +53,7 @@ pub async fn put_all(tier: &dyn TierStore, blocks: &[TestBlock]) {
             key: b.key,
             data: &b.data,
             sums: &b.sums,
+            pinned: None,
         })
         .collect();
     for (r, b) in tier.put_batch(&puts).await.into_iter().zip(blocks) {

@@ -43,6 +43,7 @@ use std::any::Any;
 use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_io::{DmaSource, DmaTarget};
@@ -183,7 +184,7 @@ impl std::fmt::Debug for ReadDone {
 
 /// One block to write: its key, its whole bytes and the checksums they
 /// carry from where they came from.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct BlockPut<'a> {
     /// The block.
     pub key: BlockHash,
@@ -191,13 +192,27 @@ pub struct BlockPut<'a> {
     pub data: &'a [u8],
     /// The block's checksums.
     pub sums: &'a BlockSums,
+    /// The same bytes kept in place for as long as a write needs them (a
+    /// block lent by [`InPlaceTier::lend`]): a tier that writes with direct
+    /// I/O writes straight from them instead of copying; others ignore it.
+    pub pinned: Option<&'a Arc<dyn DmaSource>>,
+}
+
+impl std::fmt::Debug for BlockPut<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockPut")
+            .field("key", &self.key)
+            .field("len", &self.data.len())
+            .field("pinned", &self.pinned.is_some())
+            .finish()
+    }
 }
 
 /// A resident block lent in place: its bytes stay put and unwritten while
 /// the value lives (a direct-I/O write can use them without a copy).
 pub struct Lent {
-    /// The bytes.
-    pub bytes: Box<dyn DmaSource>,
+    /// The bytes (shared, so a direct-I/O write can hold them until done).
+    pub bytes: Arc<dyn DmaSource>,
     /// The checksums the block was stored with (not re-verified by lending).
     pub sums: BlockSums,
 }

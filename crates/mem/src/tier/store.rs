@@ -144,7 +144,7 @@ impl InPlaceTier for MemoryTier {
             .map(|k| {
                 self.get_ref(*k).map(|r| Lent {
                     sums: r.sums(),
-                    bytes: Box::new(r),
+                    bytes: std::sync::Arc::new(r),
                 })
             })
             .collect()
