@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, Lookup};
 use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
 
 use crate::{DiskPut, DiskTier};
@@ -65,10 +65,9 @@ impl TierStore for DiskTier {
                 Some(layers) => self.read_layers_with_sums(reqs, layers).await,
             };
             done.into_iter()
-                .map(|(target, lookup, sums)| ReadDone {
-                    target,
-                    lookup,
-                    sums,
+                .map(|(target, lookup, sums)| match sums {
+                    Some(sums) if lookup == Lookup::Hit => ReadDone::hit(target, sums),
+                    _ => ReadDone::not_served(target, lookup),
                 })
                 .collect()
         })

@@ -7,39 +7,38 @@
 
 use std::ops::Range;
 
-use kvtier_core::{BlockHash, Lookup};
+use kvtier_core::BlockHash;
 use kvtier_io::DmaTarget;
 use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
 
 use crate::{RemoteError, RemotePut, RemoteRead, RemoteTier};
 
-/// Copies a verified read into the caller's target: a hit whose bytes do
-/// not fit the target exactly is a miss (the caller asked for another shape).
+/// Copies a verified read into the caller's target. A read that could
+/// not be done, or bytes that do not fit the target exactly, fail with
+/// their reason (nothing is known about the block then).
 fn land(mut target: Target, read: RemoteRead) -> ReadDone {
-    let RemoteRead::Hit { bytes, sums } = read else {
-        let lookup = read.lookup();
-        return ReadDone {
-            target,
-            lookup,
-            sums: None,
-        };
+    let (bytes, sums) = match read {
+        RemoteRead::Hit { bytes, sums } => (bytes, sums),
+        RemoteRead::Failed(e) => {
+            return ReadDone::failed(target, TierError::storage(TierKind::Remote, e));
+        }
+        other => return ReadDone::not_served(target, other.lookup()),
     };
     if bytes.len() != target.len() {
-        return ReadDone {
+        let got = target.len();
+        return ReadDone::failed(
             target,
-            lookup: Lookup::Miss,
-            sums: None,
-        };
+            TierError::WrongLength {
+                expected: bytes.len(),
+                got,
+            },
+        );
     }
     // SAFETY: the target's memory is valid for its length (DmaTarget) and
     // ours while we hold it; `bytes` is other memory of the same length.
     let dst = unsafe { std::slice::from_raw_parts_mut(target.as_mut_ptr(), bytes.len()) };
     dst.copy_from_slice(&bytes);
-    ReadDone {
-        target,
-        lookup: Lookup::Hit,
-        sums: Some(sums),
-    }
+    ReadDone::hit(target, sums)
 }
 
 /// A failed write as a tier error: an object that failed its own check is

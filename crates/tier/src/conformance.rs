@@ -166,3 +166,18 @@ pub async fn check_keys_and_remove(tier: &dyn TierStore, blocks: &[TestBlock]) {
         assert_eq!(lookup, Lookup::Miss, "a removed block reads as a miss");
     }
 }
+
+/// A read into a target of another length than the block is never a hit;
+/// the outcome is returned for the tier's own checks.
+pub async fn check_wrong_length_never_hit(tier: &dyn TierStore, block: &TestBlock) -> ReadDone {
+    let target = Box::new(AlignedBuf::zeroed(block.data.len() + ALIGN, ALIGN)) as Target;
+    let mut done = tier.read_into(vec![(block.key, target)], None).await;
+    assert_eq!(done.len(), 1, "one result per request");
+    let done = done.remove(0);
+    assert_ne!(
+        done.lookup,
+        Lookup::Hit,
+        "a target of the wrong length read as a hit"
+    );
+    done
+}

@@ -93,6 +93,14 @@ pub enum TierError {
         /// The block.
         key: BlockHash,
     },
+    /// A read target of another length than the bytes read.
+    #[error("a target of {got} bytes for {expected} bytes read")]
+    WrongLength {
+        /// The bytes read.
+        expected: usize,
+        /// The target's length.
+        got: usize,
+    },
     /// A slot given back to [`InPlaceTier::commit`] was not one a tier of
     /// this kind reserved (a slot always commits into the tier that
     /// reserved it).
@@ -171,6 +179,43 @@ pub struct ReadDone {
     pub lookup: Lookup,
     /// The block's checksums, for a hit.
     pub sums: Option<BlockSums>,
+    /// Why the read could not be done (the store unavailable, a target of
+    /// another length than the block's bytes), when it could not: then
+    /// `lookup` is [`Lookup::Corrupt`] but nothing is known about the
+    /// block, which the tier may still hold.
+    pub error: Option<TierError>,
+}
+
+impl ReadDone {
+    /// A verified hit: `target` holds the bytes, `sums` the block's sums.
+    pub fn hit(target: Target, sums: BlockSums) -> Self {
+        Self {
+            target,
+            lookup: Lookup::Hit,
+            sums: Some(sums),
+            error: None,
+        }
+    }
+
+    /// A miss or a corrupt block (which the tier dropped).
+    pub fn not_served(target: Target, lookup: Lookup) -> Self {
+        Self {
+            target,
+            lookup,
+            sums: None,
+            error: None,
+        }
+    }
+
+    /// A read that could not be done.
+    pub fn failed(target: Target, error: TierError) -> Self {
+        Self {
+            target,
+            lookup: Lookup::Corrupt,
+            sums: None,
+            error: Some(error),
+        }
+    }
 }
 
 impl std::fmt::Debug for ReadDone {

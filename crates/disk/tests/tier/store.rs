@@ -28,6 +28,8 @@ async fn round_trip_keys_and_remove(kind: Kind) {
     assert_eq!(store.len(), 12);
     let layer = geometry().layer_bytes() as usize;
     conformance::check_round_trip(&*store, &b, layer, 1..3).await;
+    conformance::check_wrong_length_never_hit(&*store, &b[0]).await;
+    assert!(store.contains(b[0].key), "the block is kept");
     conformance::check_keys_and_remove(&*store, &b).await;
 }
 

@@ -143,13 +143,16 @@ fn failure(e: TierError) -> BlockFailure {
         TierError::Full => BlockFailure::Full,
         TierError::Corrupt { .. } => BlockFailure::Corrupt,
         TierError::Storage { source, .. } => BlockFailure::Tier(source.to_string()),
-        e @ TierError::ForeignSlot => tier_err(e),
+        e @ (TierError::ForeignSlot | TierError::WrongLength { .. }) => tier_err(e),
     }
 }
 
 /// A read's target and the sums its bytes were verified against, or why
 /// the block failed.
 fn verified(done: ReadDone) -> Result<(Target, BlockSums), BlockFailure> {
+    if let Some(e) = done.error {
+        return Err(failure(e));
+    }
     match (done.lookup, done.sums) {
         (Lookup::Hit, Some(sums)) => Ok((done.target, sums)),
         (Lookup::Hit, None) => Err(BlockFailure::Tier("a hit without checksums".into())),

@@ -32,18 +32,23 @@ impl MemoryTier {
     /// Copies layers `layers` of `key` into `target`, verifying each layer
     /// as it copies; a block that fails is dropped and reported corrupt.
     fn read_one(&self, key: BlockHash, mut target: Target, layers: &Range<u32>) -> ReadDone {
-        let miss = |target, lookup| ReadDone {
-            target,
-            lookup,
-            sums: None,
-        };
         let layer_bytes = self.inner.layer_bytes();
         let want = layers.len() * layer_bytes;
-        if target.len() != want || layers.end as usize > self.layer_count() {
-            return miss(target, Lookup::Miss);
+        if layers.end as usize > self.layer_count() {
+            return ReadDone::not_served(target, Lookup::Miss);
+        }
+        if target.len() != want {
+            let got = target.len();
+            return ReadDone::failed(
+                target,
+                TierError::WrongLength {
+                    expected: want,
+                    got,
+                },
+            );
         }
         let Some(r) = self.get_ref(key) else {
-            return miss(target, Lookup::Miss);
+            return ReadDone::not_served(target, Lookup::Miss);
         };
         // SAFETY: the target's memory is valid for its length (DmaTarget)
         // and private to us while we hold it.
@@ -57,14 +62,10 @@ impl MemoryTier {
             let sum = unsafe { copy_layer_checksum(r.as_ptr().add(at), out, key, layer) };
             if r.shared_sums().layers.get(layer as usize) != Some(&sum) {
                 self.drop_corrupt(&r, layer as usize);
-                return miss(target, Lookup::Corrupt);
+                return ReadDone::not_served(target, Lookup::Corrupt);
             }
         }
-        ReadDone {
-            target,
-            lookup: Lookup::Hit,
-            sums: Some(r.sums()),
-        }
+        ReadDone::hit(target, r.sums())
     }
 }
 
