@@ -181,3 +181,15 @@ pub async fn check_wrong_length_never_hit(tier: &dyn TierStore, block: &TestBloc
     );
     done
 }
+
+/// [`check_wrong_length_never_hit`], and the read failed with
+/// [`TierError::WrongLength`](crate::TierError::WrongLength) (nothing
+/// known about the block, so a caller keeps it), not as a miss.
+pub async fn check_wrong_length_fails(tier: &dyn TierStore, block: &TestBlock) {
+    let done = check_wrong_length_never_hit(tier, block).await;
+    assert!(
+        matches!(done.error, Some(crate::TierError::WrongLength { .. })),
+        "a wrong length is a failed read, not a miss: {:?}",
+        done.error
+    );
+}
