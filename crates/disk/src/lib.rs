@@ -98,6 +98,7 @@ mod reclaim;
 mod recover;
 mod region;
 mod stats;
+mod store;
 mod tier;
 mod writer;
 

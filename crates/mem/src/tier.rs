@@ -16,6 +16,7 @@ mod block_ref;
 mod book;
 mod reservation;
 mod stats;
+mod store;
 
 use std::path::Path;
 use std::ptr::NonNull;

@@ -51,6 +51,7 @@ mod config;
 mod error;
 pub mod format;
 mod stats;
+mod store;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 mod tier;

@@ -14,4 +14,5 @@ mod lock;
 mod reclaim;
 mod recovery;
 mod runs;
+mod store;
 mod sync_latch;

@@ -1,28 +1,34 @@
-//! Executors: one batch of blocks along one path, over the real tiers.
+//! Executors: one batch of blocks along one path, over the real tiers,
+//! through their one trait ([`TierStore`], kvtier-tier) and its one move
+//! rule:
 //!
-//! | path | source | destination | verification |
-//! |---|---|---|---|
-//! | `HostToDisk` | DRAM `BlockRef` | `DiskTier::put_batch` (one call) | carried sums written with it |
-//! | `DiskToHost` | `get_batch_with_sums` (one call), or per layer `read_layers_with_sums` into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | disk verifies every byte or layer; committed with those sums (by the layer that completes the block) |
-//! | `HostToRemote` | DRAM `BlockRef` | `RemoteTier::put_batch` (one call) | carried sums written with it |
-//! | `DiskToRemote` | `get_batch_with_sums` (one call) | `RemoteTier::put_batch` (one call) | disk verifies; its sums written with it |
-//! | `RemoteToHost` | `RemoteTier::get_batch` (one call), or per layer `read_layers` (ranged reads) into a [`HostLanding`](super::HostLanding) | reserved DRAM slot | remote tier verifies every byte or layer |
+//! - **source bytes**: lent in place by a source with the in-place facet
+//!   (G2: the arena's `BlockRef`s, no copy), else a verified
+//!   [`read_into`](TierStore::read_into) into the destination's reserved
+//!   in-place slots (G2: the read lands where the block will live; per
+//!   layer into a [`HostLanding`](super::HostLanding)) or into bounce
+//!   buffers;
+//! - **destination**: the verified slot committed with the sums the read
+//!   returned (the layer that completes a landing commits it), or a
+//!   [`put_batch`](TierStore::put_batch) of the bytes with their sums (one
+//!   call; a disk writes lent bytes straight from the arena).
 //!
 //! A block that fails anywhere is reported and never made visible at the
-//! destination: DRAM reservations are dropped uncommitted.
+//! destination: reserved slots are dropped uncommitted.
 
 use std::sync::Arc;
 
 use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
-use kvtier_disk::{DiskPut, DiskTier};
-use kvtier_io::{AlignedBuf, DmaSource, DmaTarget};
-use kvtier_mem::{BlockRef, MemoryTier, PutOutcome, Reserve, SlotReservation};
-use kvtier_remote::{RemoteError, RemotePut, RemoteRead, RemoteTier};
+use kvtier_disk::DiskTier;
+use kvtier_io::AlignedBuf;
+use kvtier_mem::{MemoryTier, PutOutcome};
+use kvtier_remote::RemoteTier;
+use kvtier_tier::{BlockPut, InPlaceTier, Lent, ReadDone, Reserved, Target, TierError, TierStore};
 
 use super::landing::{HostLanding, LayerTarget};
 use super::request::{BlockFailure, BlockMove, BlockResult, Span};
-use crate::tier::TransferPath;
+use crate::tier::{Tier, TransferPath};
 
 /// Alignment of bounce buffers for disk reads (direct I/O).
 const BOUNCE_ALIGN: usize = 4096;
@@ -52,18 +58,15 @@ impl std::fmt::Debug for Tiers {
     }
 }
 
-/// A DRAM slot as a direct-I/O target (the disk reads straight into it).
-struct SlotTarget(SlotReservation);
-
-// SAFETY: a reservation owns its slot exclusively until committed or
-// dropped, and the slot's address is fixed inside the shared-memory mapping,
-// which the reservation keeps alive (it holds the tier).
-unsafe impl DmaTarget for SlotTarget {
-    fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.0.as_mut_ptr()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
+impl Tiers {
+    /// Tier `tier` as a store, if configured.
+    fn store(&self, tier: Tier) -> Option<&dyn TierStore> {
+        match tier {
+            Tier::G2 => self.memory.as_ref().map(|m| m as &dyn TierStore),
+            Tier::G3 => self.disk.as_deref().map(|d| d as &dyn TierStore),
+            Tier::G4 => self.remote.as_deref().map(|r| r as &dyn TierStore),
+            Tier::G1 => None,
+        }
     }
 }
 
@@ -76,52 +79,6 @@ fn from_put(outcome: Result<PutOutcome, MemError>) -> BlockResult {
         Ok(PutOutcome::Stored | PutOutcome::AlreadyPresent) => Ok(()),
         Ok(PutOutcome::Full) => Err(BlockFailure::Full),
         Err(MemError::ChecksumMismatch { .. }) => Err(BlockFailure::Corrupt),
-        Err(e) => Err(tier_err(e)),
-    }
-}
-
-/// A DRAM slot reserved for `key`, or `None` with `result` set: `Ok` when
-/// the block is already in DRAM, else why no slot could be had.
-fn reserve_slot(
-    memory: &MemoryTier,
-    key: BlockHash,
-    result: &mut BlockResult,
-) -> Option<SlotReservation> {
-    match memory.reserve(key) {
-        Ok(Reserve::Reserved(slot)) => return Some(slot),
-        Ok(Reserve::AlreadyPresent) => *result = Ok(()),
-        Ok(Reserve::Full) => *result = Err(BlockFailure::Full),
-        Err(e) => *result = Err(tier_err(e)),
-    }
-    None
-}
-
-/// The DRAM copies of `blocks` and their indices; a block DRAM does not
-/// hold is a `Miss` in `results`.
-fn dram_blocks(
-    memory: &MemoryTier,
-    blocks: &[BlockMove],
-    results: &mut [BlockResult],
-) -> (Vec<BlockRef>, Vec<usize>) {
-    let mut refs = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        match memory.get_ref(b.key) {
-            Some(r) => {
-                refs.push(r);
-                which.push(i);
-            }
-            None => results[i] = Err(BlockFailure::Miss),
-        }
-    }
-    (refs, which)
-}
-
-/// A remote write's outcome as a block result.
-fn remote_put_result(res: Result<(), RemoteError>) -> BlockResult {
-    match res {
-        Ok(()) => Ok(()),
-        Err(RemoteError::Corrupt) => Err(BlockFailure::Corrupt),
         Err(e) => Err(tier_err(e)),
     }
 }
@@ -144,30 +101,13 @@ pub(crate) async fn execute(
     if let Err(e) = check_span(geometry, path, span) {
         return vec![Err(e); blocks.len()];
     }
-    let unsupported = || vec![Err(BlockFailure::Unsupported(path.name())); blocks.len()];
-    match path {
-        TransferPath::HostToDisk => match (&tiers.memory, &tiers.disk) {
-            (Some(m), Some(disk)) => host_to_disk(m, disk, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::DiskToHost => match (&tiers.disk, &tiers.memory, span) {
-            (Some(disk), Some(m), Span::Block) => disk_to_host(disk, m, blocks).await,
-            (Some(disk), Some(_), Span::Layer(l)) => disk_to_landings(disk, l, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::HostToRemote => match (&tiers.memory, &tiers.remote) {
-            (Some(m), Some(r)) => host_to_remote(m, r, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::DiskToRemote => match (&tiers.disk, &tiers.remote) {
-            (Some(disk), Some(r)) => disk_to_remote(disk, r, blocks).await,
-            _ => unsupported(),
-        },
-        TransferPath::RemoteToHost => match (&tiers.remote, &tiers.memory, span) {
-            (Some(r), Some(m), Span::Block) => remote_to_host(r, m, blocks).await,
-            (Some(r), Some(_), Span::Layer(l)) => remote_to_landings(r, l, blocks).await,
-            _ => unsupported(),
-        },
+    let (from, to) = path.endpoints();
+    let (Some(from), Some(to)) = (tiers.store(from), tiers.store(to)) else {
+        return vec![Err(BlockFailure::Unsupported(path.name())); blocks.len()];
+    };
+    match span {
+        Span::Block => move_blocks(from, to, geometry, blocks).await,
+        Span::Layer(layer) => read_landings(from, layer, blocks).await,
     }
 }
 
@@ -197,82 +137,172 @@ fn no_landing() -> BlockFailure {
     BlockFailure::InvalidRequest("a layer read into host memory needs a landing slot".into())
 }
 
-/// A DRAM block's bytes as the source of a disk write.
-struct SlotBytes(BlockRef);
-
-// SAFETY: while a BlockRef lives its slot is neither reused nor written
-// (BlockRef's contract), and the arena stays mapped while any reference to
-// it does: the bytes stay where they are, unchanged.
-unsafe impl DmaSource for SlotBytes {
-    fn bytes(&self) -> &[u8] {
-        &self.0
+/// A tier's refusal as a block failure.
+fn failure(e: TierError) -> BlockFailure {
+    match e {
+        TierError::Full => BlockFailure::Full,
+        TierError::Corrupt { .. } => BlockFailure::Corrupt,
+        TierError::Storage { source, .. } => BlockFailure::Tier(source.to_string()),
+        e @ (TierError::ForeignSlot | TierError::WrongLength { .. }) => tier_err(e),
     }
 }
 
-async fn host_to_disk(
-    memory: &MemoryTier,
-    disk: &DiskTier,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let (refs, which) = dram_blocks(memory, blocks, &mut results);
-    if refs.is_empty() {
-        return results;
+/// A read's target and the sums its bytes were verified against, or why
+/// the block failed.
+fn verified(done: ReadDone) -> Result<(Target, BlockSums), BlockFailure> {
+    if let Some(e) = done.error {
+        return Err(failure(e));
     }
-    // One disk submission for the whole batch, written straight from the
-    // DRAM slots (no copy; the writes hold the slots until they finish)
-    // with the checksums they were stored with.
-    let pinned: Vec<Arc<dyn DmaSource>> = refs
-        .iter()
-        .map(|r| Arc::new(SlotBytes(r.clone())) as Arc<dyn DmaSource>)
-        .collect();
-    let puts: Vec<DiskPut<'_>> = refs
-        .iter()
-        .zip(&pinned)
-        .map(|(r, p)| DiskPut {
-            key: r.key(),
-            data: r,
-            sums: r.shared_sums(),
-            pinned: Some(p),
-        })
-        .collect();
-    let written = disk.put_batch(&puts).await;
-    for (i, res) in which.into_iter().zip(written) {
-        results[i] = res.map_err(tier_err);
+    match (done.lookup, done.sums) {
+        (Lookup::Hit, Some(sums)) => Ok((done.target, sums)),
+        (Lookup::Hit, None) => Err(BlockFailure::Tier("a hit without checksums".into())),
+        (other, _) => Err(lookup_failure(other)),
     }
-    results
 }
 
-async fn disk_to_host(
-    disk: &DiskTier,
-    memory: &MemoryTier,
+/// Whole blocks from `from` to `to` by the one move rule.
+async fn move_blocks(
+    from: &dyn TierStore,
+    to: &dyn TierStore,
+    geometry: &Geometry,
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut reqs = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
-            reqs.push((b.key, SlotTarget(slot)));
-            which.push(i);
-        }
+    let keys: Vec<BlockHash> = blocks.iter().map(|b| b.key).collect();
+    if let Some(source) = from.in_place() {
+        return put_lent(source, to, &keys).await;
     }
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
+    let slots = to.in_place();
+    let (reqs, which) = match slots {
+        Some(dst) => reserved_targets(dst, &keys, &mut results),
+        None => bounce_targets(&keys, geometry.block_bytes() as usize),
+    };
     if reqs.is_empty() {
         return results;
     }
-    // One disk submission; every byte verified by the disk tier.
-    let read = disk.get_batch_with_sums(reqs).await;
-    for ((target, lookup, sums), i) in read.into_iter().zip(which) {
-        results[i] = match (lookup, sums) {
-            (Lookup::Hit, Some(sums)) => {
-                // The disk tier verified these very slot bytes against sums.
-                from_put(target.0.commit_verified(&sums))
+    // One read of the source; every byte verified by it.
+    let mut hits = Vec::new();
+    for (done, i) in from.read_into(reqs, None).await.into_iter().zip(which) {
+        match verified(done) {
+            Ok((target, sums)) => hits.push((i, target, sums)),
+            Err(f) => results[i] = Err(f),
+        }
+    }
+    match slots {
+        // The source verified these very slot bytes against `sums`.
+        Some(dst) => {
+            for (i, slot, sums) in hits {
+                results[i] = dst.commit(slot, &sums).map_err(failure);
             }
-            (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
-            (other, _) => Err(lookup_failure(other)),
-        };
+        }
+        None => put_bounced(to, &keys, hits, &mut results).await,
     }
     results
+}
+
+/// The source's resident blocks, lent in place, written to `to` in one
+/// batch with the sums they were stored with; a block not resident is a
+/// miss.
+async fn put_lent(
+    source: &dyn InPlaceTier,
+    to: &dyn TierStore,
+    keys: &[BlockHash],
+) -> Vec<BlockResult> {
+    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); keys.len()];
+    let mut lent: Vec<(usize, Lent)> = Vec::new();
+    for (i, l) in source.lend(keys).into_iter().enumerate() {
+        match l {
+            Some(l) => lent.push((i, l)),
+            None => results[i] = Err(BlockFailure::Miss),
+        }
+    }
+    if lent.is_empty() {
+        return results;
+    }
+    let puts: Vec<BlockPut<'_>> = lent
+        .iter()
+        .map(|(i, l)| BlockPut {
+            key: keys[*i],
+            data: l.bytes.bytes(),
+            sums: &l.sums,
+            pinned: Some(&l.bytes),
+        })
+        .collect();
+    let written = to.put_batch(&puts).await;
+    for ((i, _), res) in lent.iter().zip(written) {
+        results[*i] = res.map_err(failure);
+    }
+    results
+}
+
+/// A reserved in-place slot per key as a read target, and the keys'
+/// indices; a key already held is done, a full tier fails it.
+fn reserved_targets(
+    dst: &dyn InPlaceTier,
+    keys: &[BlockHash],
+    results: &mut [BlockResult],
+) -> (Vec<(BlockHash, Target)>, Vec<usize>) {
+    let mut reqs = Vec::new();
+    let mut which = Vec::new();
+    for (i, r) in dst.reserve(keys).into_iter().enumerate() {
+        match r {
+            Reserved::Slot(slot) => {
+                reqs.push((keys[i], slot));
+                which.push(i);
+            }
+            Reserved::Present => results[i] = Ok(()),
+            Reserved::Full => results[i] = Err(BlockFailure::Full),
+        }
+    }
+    (reqs, which)
+}
+
+/// A bounce buffer of `len` bytes per key (aligned for direct I/O).
+fn bounce_targets(keys: &[BlockHash], len: usize) -> (Vec<(BlockHash, Target)>, Vec<usize>) {
+    let reqs = keys
+        .iter()
+        .map(|k| {
+            (
+                *k,
+                Box::new(AlignedBuf::zeroed(len, BOUNCE_ALIGN)) as Target,
+            )
+        })
+        .collect();
+    (reqs, (0..keys.len()).collect())
+}
+
+/// Verified blocks in bounce buffers written to `to` in one batch with
+/// the sums the source verified them against.
+async fn put_bounced(
+    to: &dyn TierStore,
+    keys: &[BlockHash],
+    hits: Vec<(usize, Target, BlockSums)>,
+    results: &mut [BlockResult],
+) {
+    let mut bufs = Vec::with_capacity(hits.len());
+    for (i, target, sums) in hits {
+        match target.into_any().downcast::<AlignedBuf>() {
+            Ok(buf) => bufs.push((i, buf, sums)),
+            Err(_) => {
+                results[i] = Err(BlockFailure::Tier(
+                    "a bounce buffer came back as another target".into(),
+                ))
+            }
+        }
+    }
+    let puts: Vec<BlockPut<'_>> = bufs
+        .iter()
+        .map(|(i, buf, sums)| BlockPut {
+            key: keys[*i],
+            data: buf,
+            sums,
+            pinned: None,
+        })
+        .collect();
+    let written = to.put_batch(&puts).await;
+    for ((i, ..), res) in bufs.iter().zip(written) {
+        results[*i] = res.map_err(failure);
+    }
 }
 
 /// The results to fill, each block's key and layer target, and the
@@ -280,14 +310,14 @@ async fn disk_to_host(
 fn landing_targets(
     blocks: &[BlockMove],
     layer: u32,
-) -> (Vec<BlockResult>, Vec<(BlockHash, LayerTarget)>, Vec<usize>) {
+) -> (Vec<BlockResult>, Vec<(BlockHash, Target)>, Vec<usize>) {
     let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
     let mut reqs = Vec::new();
     let mut which = Vec::new();
     for (i, b) in blocks.iter().enumerate() {
         match b.landing.as_ref().and_then(|l| l.layer_target(layer)) {
             Some(target) => {
-                reqs.push((b.key, target));
+                reqs.push((b.key, Box::new(target) as Target));
                 which.push(i);
             }
             None => results[i] = Err(no_landing()),
@@ -299,179 +329,32 @@ fn landing_targets(
 /// A verified layer in place in `landing`'s slot: `Ok` while layers are
 /// missing, the publish's outcome for the layer that completes the block.
 /// (A failed layer's target is just dropped: the block never completes.)
-fn land(landing: &HostLanding, target: LayerTarget, sums: &BlockSums) -> BlockResult {
-    match landing.landed(target, sums) {
+fn land(landing: &HostLanding, target: Target, sums: &BlockSums) -> BlockResult {
+    let target = target
+        .into_any()
+        .downcast::<LayerTarget>()
+        .map_err(|_| BlockFailure::Tier("a landing came back as another target".into()))?;
+    match landing.landed(*target, sums) {
         None => Ok(()),
         Some(published) => from_put(published),
     }
 }
 
-/// Layer `layer` of blocks landing in reserved arena slots: one disk
-/// submission reading each layer straight into its slot range, verified
+/// Layer `layer` of blocks landing in reserved arena slots: one read of
+/// the source putting each layer straight into its slot range, verified
 /// against the block's authenticated layer sums; the layer that completes
 /// a block publishes it.
-async fn disk_to_landings(disk: &DiskTier, layer: u32, blocks: &[BlockMove]) -> Vec<BlockResult> {
+async fn read_landings(from: &dyn TierStore, layer: u32, blocks: &[BlockMove]) -> Vec<BlockResult> {
     let (mut results, reqs, which) = landing_targets(blocks, layer);
     if reqs.is_empty() {
         return results;
     }
-    let read = disk.read_layers_with_sums(reqs, layer..layer + 1).await;
-    for ((target, lookup, sums), i) in read.into_iter().zip(which) {
+    let read = from.read_into(reqs, Some(layer..layer + 1)).await;
+    for (done, i) in read.into_iter().zip(which) {
         let Some(landing) = blocks[i].landing.as_ref() else {
             continue;
         };
-        results[i] = match (lookup, sums) {
-            (Lookup::Hit, Some(sums)) => land(landing, target, &sums),
-            (Lookup::Hit, None) => Err(BlockFailure::Tier("disk hit without checksums".into())),
-            (other, _) => Err(lookup_failure(other)),
-        };
-    }
-    results
-}
-
-async fn host_to_remote(
-    memory: &MemoryTier,
-    remote: &RemoteTier,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let (refs, which) = dram_blocks(memory, blocks, &mut results);
-    if refs.is_empty() {
-        return results;
-    }
-    let puts: Vec<RemotePut<'_>> = refs
-        .iter()
-        .map(|r| RemotePut {
-            key: r.key(),
-            data: r,
-            sums: r.shared_sums(),
-        })
-        .collect();
-    let written = remote.put_batch(&puts).await;
-    for (i, res) in which.iter().zip(written) {
-        results[*i] = remote_put_result(res);
-    }
-    results
-}
-
-async fn disk_to_remote(
-    disk: &DiskTier,
-    remote: &RemoteTier,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let len = disk.geometry().block_bytes() as usize;
-    let reqs: Vec<(BlockHash, AlignedBuf)> = blocks
-        .iter()
-        .map(|b| (b.key, AlignedBuf::zeroed(len, BOUNCE_ALIGN)))
-        .collect();
-    if reqs.is_empty() {
-        return results;
-    }
-    // One disk submission; every byte verified by the disk tier, then one
-    // remote batch with the sums the disk verified them against.
-    let read = disk.get_batch_with_sums(reqs).await;
-    let mut hits = Vec::new();
-    for ((buf, lookup, sums), i) in read.into_iter().zip(0..) {
-        match (lookup, sums) {
-            (Lookup::Hit, Some(sums)) => hits.push((i, buf, sums)),
-            (Lookup::Hit, None) => {
-                results[i] = Err(BlockFailure::Tier("disk hit without checksums".into()))
-            }
-            (other, _) => results[i] = Err(lookup_failure(other)),
-        }
-    }
-    let puts: Vec<RemotePut<'_>> = hits
-        .iter()
-        .map(|(i, buf, sums)| RemotePut {
-            key: blocks[*i].key,
-            data: buf,
-            sums,
-        })
-        .collect();
-    let written = remote.put_batch(&puts).await;
-    for ((i, _, _), res) in hits.iter().zip(written) {
-        results[*i] = remote_put_result(res);
-    }
-    results
-}
-
-fn remote_failure(read: RemoteRead) -> BlockFailure {
-    match read {
-        RemoteRead::Hit { .. } => BlockFailure::Tier("unexpected remote hit".into()),
-        RemoteRead::Miss => BlockFailure::Miss,
-        RemoteRead::Corrupt => BlockFailure::Corrupt,
-        RemoteRead::Failed(e) => tier_err(e),
-    }
-}
-
-/// Layer `layer` of blocks landing in reserved arena slots from G4: one
-/// ranged read per object (verified by the remote tier against the
-/// authenticated header), copied into the slot's layer range; the layer
-/// that completes a block publishes it.
-async fn remote_to_landings(
-    remote: &RemoteTier,
-    layer: u32,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let (mut results, reqs, which) = landing_targets(blocks, layer);
-    if reqs.is_empty() {
-        return results;
-    }
-    let (keys, targets): (Vec<BlockHash>, Vec<LayerTarget>) = reqs.into_iter().unzip();
-    let read = remote.read_layers(&keys, layer..layer + 1).await;
-    for ((got, mut target), i) in read.into_iter().zip(targets).zip(which) {
-        let Some(landing) = blocks[i].landing.as_ref() else {
-            continue;
-        };
-        results[i] = match got {
-            RemoteRead::Hit { bytes, sums } if target.fill(&bytes) => land(landing, target, &sums),
-            RemoteRead::Hit { bytes, .. } => Err(BlockFailure::Tier(format!(
-                "a remote layer of {} bytes for a slot layer of another size",
-                bytes.len()
-            ))),
-            other => Err(remote_failure(other)),
-        };
-    }
-    results
-}
-
-async fn remote_to_host(
-    remote: &RemoteTier,
-    memory: &MemoryTier,
-    blocks: &[BlockMove],
-) -> Vec<BlockResult> {
-    let mut results: Vec<BlockResult> = vec![Err(BlockFailure::Abandoned); blocks.len()];
-    let mut slots = Vec::new();
-    let mut which = Vec::new();
-    for (i, b) in blocks.iter().enumerate() {
-        if let Some(slot) = reserve_slot(memory, b.key, &mut results[i]) {
-            slots.push(slot);
-            which.push(i);
-        }
-    }
-    if slots.is_empty() {
-        return results;
-    }
-    let keys: Vec<BlockHash> = which.iter().map(|&i| blocks[i].key).collect();
-    let read = remote.get_batch(&keys).await;
-    for ((mut slot, got), i) in slots.into_iter().zip(read).zip(which) {
-        results[i] = match got {
-            RemoteRead::Hit { bytes, sums } => {
-                if bytes.len() != slot.len() {
-                    Err(BlockFailure::Tier(format!(
-                        "remote block of {} bytes, a slot holds {}",
-                        bytes.len(),
-                        slot.len()
-                    )))
-                } else {
-                    slot.as_mut_slice().copy_from_slice(&bytes);
-                    // The remote tier verified these bytes against `sums`.
-                    from_put(slot.commit_verified(&sums))
-                }
-            }
-            other => Err(remote_failure(other)),
-        };
+        results[i] = verified(done).and_then(|(target, sums)| land(landing, target, &sums));
     }
     results
 }

@@ -139,3 +139,12 @@ impl std::fmt::Debug for BlockRef {
             .finish_non_exhaustive()
     }
 }
+
+// SAFETY: while a BlockRef lives its slot is neither reused nor written
+// (see the type's doc), and the arena stays mapped while any reference to
+// it does: the bytes stay where they are, unchanged, for a direct-I/O write.
+unsafe impl kvtier_io::DmaSource for BlockRef {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}

@@ -184,3 +184,16 @@ impl std::fmt::Debug for SlotReservation {
             .finish()
     }
 }
+
+// SAFETY: a reservation owns its slot exclusively until committed or
+// dropped, and the slot's address is fixed inside the shared-memory
+// mapping, which the reservation keeps alive (it holds the tier): a
+// direct-I/O read can land in it.
+unsafe impl kvtier_io::DmaTarget for SlotReservation {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        SlotReservation::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        SlotReservation::len(self)
+    }
+}
