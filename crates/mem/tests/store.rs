@@ -74,7 +74,7 @@ async fn in_place_lend_reserve_and_commit() {
     let facet = store.in_place().expect("the arena lends in place");
     let lent = facet.lend(&[b[0].key, b[1].key]);
     let first = lent[0].as_ref().expect("resident block lent");
-    assert!(first.bytes.bytes() == b[0].data && first.sums == b[0].sums);
+    assert!(first.bytes.bytes() == b[0].data && *first.sums == b[0].sums);
     assert!(lent[1].is_none());
     // Reserve a slot for the second block, read the first block's bytes
     // into it through another tier's read path (here: a copy), commit.

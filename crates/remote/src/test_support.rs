@@ -143,3 +143,14 @@ impl MotoServer {
         std::sync::Arc::new(s)
     }
 }
+
+/// A [`RemoteConfig`](crate::RemoteConfig) for objects under the local
+/// directory `root` (`file://`), with a 5 s timeout and 4 requests at once.
+pub fn file_config(root: &std::path::Path) -> crate::RemoteConfig {
+    crate::RemoteConfig {
+        url: format!("file://{}", root.display()),
+        timeout_ms: 5_000,
+        max_concurrency: 4,
+        ..crate::RemoteConfig::default()
+    }
+}

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use kvtier_core::Geometry;
-use kvtier_remote::{RemoteConfig, RemoteTier};
+use kvtier_remote::RemoteTier;
+use kvtier_remote::test_support::file_config;
 use kvtier_tier::conformance::{self, TestBlock};
 use kvtier_tier::{TierKind, TierStore};
 
@@ -16,12 +17,7 @@ const LAYER_BYTES: usize = 1024;
 /// A tier over a fresh directory, and the directory's root.
 fn tier(dir: &tempfile::TempDir) -> (Arc<RemoteTier>, PathBuf) {
     let root = dir.path().join("g4");
-    let cfg = RemoteConfig {
-        url: format!("file://{}", root.display()),
-        timeout_ms: 5_000,
-        max_concurrency: 4,
-        ..RemoteConfig::default()
-    };
+    let cfg = file_config(&root);
     let geometry = Geometry::raw(LAYERS, u64::from(LAYERS) * LAYER_BYTES as u64).unwrap();
     (Arc::new(RemoteTier::open(&cfg, geometry).unwrap()), root)
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures::TryStreamExt;
 use kvtier_core::{BlockHash, BlockSums, Geometry};
 use kvtier_remote::format::{Header, header_len};
-use kvtier_remote::test_support::{MotoServer, free_port};
+use kvtier_remote::test_support::{MotoServer, file_config, free_port};
 use kvtier_remote::{RemoteConfig, RemoteError, RemotePut, RemoteRead, RemoteTier};
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
@@ -50,12 +50,7 @@ struct Env {
 fn file_env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("g4");
-    let cfg = RemoteConfig {
-        url: format!("file://{}", root.display()),
-        timeout_ms: 5_000,
-        max_concurrency: 4,
-        ..RemoteConfig::default()
-    };
+    let cfg = file_config(&root);
     let tier = RemoteTier::open(&cfg, geometry()).unwrap();
     let raw = Arc::new(LocalFileSystem::new_with_prefix(&root).unwrap());
     Env {

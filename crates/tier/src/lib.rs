@@ -258,8 +258,9 @@ impl std::fmt::Debug for BlockPut<'_> {
 pub struct Lent {
     /// The bytes (shared, so a direct-I/O write can hold them until done).
     pub bytes: Arc<dyn DmaSource>,
-    /// The checksums the block was stored with (not re-verified by lending).
-    pub sums: BlockSums,
+    /// The checksums the block was stored with (not re-verified by lending;
+    /// shared with the tier's record, not copied).
+    pub sums: Arc<BlockSums>,
 }
 
 impl std::fmt::Debug for Lent {

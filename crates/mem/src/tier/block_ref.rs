@@ -76,6 +76,12 @@ impl BlockRef {
         &self.sums
     }
 
+    /// The checksums as the arena's book holds them (a reference count,
+    /// not a copy), for holders that outlive this reference.
+    pub fn sums_handle(&self) -> Arc<BlockSums> {
+        Arc::clone(&self.sums)
+    }
+
     /// The slot index in the arena (offset `slot * slot_bytes` of
     /// [`MemoryTier::arena`](crate::MemoryTier::arena)).
     pub fn slot(&self) -> usize {

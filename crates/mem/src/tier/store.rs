@@ -144,7 +144,7 @@ impl InPlaceTier for MemoryTier {
         keys.iter()
             .map(|k| {
                 self.get_ref(*k).map(|r| Lent {
-                    sums: r.sums(),
+                    sums: r.sums_handle(),
                     bytes: std::sync::Arc::new(r),
                 })
             })
