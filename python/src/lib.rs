@@ -84,12 +84,7 @@ fn connect_err(e: ClientError) -> PyErr {
 }
 
 fn tier_name(t: Tier) -> &'static str {
-    match t {
-        Tier::G1 => "G1",
-        Tier::G2 => "G2",
-        Tier::G3 => "G3",
-        Tier::G4 => "G4",
-    }
+    t.label()
 }
 
 fn outcome_name(o: StoreOutcome) -> &'static str {

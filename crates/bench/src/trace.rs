@@ -482,10 +482,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         }
         mismatches += store_fresh(&manager, &keys, g).await?;
         drop(onboarded);
-        let per_tier: Vec<u32> = Tier::ALL
-            .iter()
-            .map(|t| matched.count_in(*t) as u32)
-            .collect();
+        let per_tier: Vec<u32> = Tier::all().map(|t| matched.count_in(t) as u32).collect();
         let t = request_ttft(&serving, input, hit_tokens, &per_tier);
         ttft.overlapped_s += t.with_cache;
         ttft.serial_s += t.with_cache_serial;

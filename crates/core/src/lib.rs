@@ -18,8 +18,10 @@
 //!   shards*, keyed so that engines at any tensor-parallel size share them
 //!   ([`shard`]).
 //! - [`checksum`] is the block checksum every tier stores and verifies.
-//! - [`Tier`] names the levels of the hierarchy (G1 device ... G4 remote),
-//!   the one tier type of the block manager, the wire and the binding.
+//! - [`Tier`] is a position in the ordered list of tiers (G1 the engine's
+//!   device cache, then the node's configured tiers), the one tier type of
+//!   the block manager, the wire and the binding; [`TierKind`] says what
+//!   storage a position is.
 //! - [`config`] is the machinery of the TOML configuration with `KVTIER_*`
 //!   environment overrides ([`ByteSize`], `[geometry]`); each section's
 //!   type lives in the crate that uses it.
@@ -61,4 +63,4 @@ pub use hash::{BlockHash, HashChain, Salt};
 pub use layout::Layout;
 pub use lookup::Lookup;
 pub use shard::{HeadShards, SHARED_TP_RANK, SHARED_TP_SIZE, blocks_in_prefix, virtual_block_ids};
-pub use tier::Tier;
+pub use tier::{MAX_TIERS, Tier, TierKind};

@@ -124,7 +124,7 @@ impl BlockManager {
         let mut hierarchy = config.hierarchy.clone();
         check_tiers(&hierarchy, &tiers)?;
         // The manager drains every pool's events.
-        for tier in Tier::ALL {
+        for tier in Tier::all() {
             if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
                 cfg.record_events = true;
                 // Room is made by `make_room` (cascading the victims);
@@ -391,5 +391,6 @@ fn tier_config_mut(
         Tier::G2 => h.g2.as_mut(),
         Tier::G3 => h.g3.as_mut(),
         Tier::G4 => h.g4.as_mut(),
+        _ => None,
     }
 }

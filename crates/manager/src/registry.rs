@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, MAX_TIERS};
 use serde::{Deserialize, Serialize};
 
 use crate::Tier;
@@ -41,7 +41,7 @@ impl TierSet {
 
     /// The tiers, fastest first.
     pub fn iter(self) -> impl Iterator<Item = Tier> {
-        Tier::ALL.into_iter().filter(move |t| self.contains(*t))
+        Tier::all().filter(move |t| self.contains(*t))
     }
 
     /// Whether the set is empty.
@@ -101,13 +101,13 @@ impl PrefixMatch {
 
 /// The pools of the configured tiers.
 pub struct Registry<L: PoolLock = DefaultLock> {
-    pools: [Option<BlockPool<L>>; 4],
+    pools: [Option<BlockPool<L>>; MAX_TIERS],
 }
 
 impl<L: PoolLock> Default for Registry<L> {
     fn default() -> Self {
         Self {
-            pools: [None, None, None, None],
+            pools: std::array::from_fn(|_| None),
         }
     }
 }
@@ -140,16 +140,13 @@ impl<L: PoolLock> Registry<L> {
 
     /// The configured tiers, fastest first.
     pub fn tiers(&self) -> impl Iterator<Item = Tier> + '_ {
-        Tier::ALL
-            .into_iter()
-            .filter(|t| self.pools[t.index()].is_some())
+        Tier::all().filter(|t| self.pools[t.index()].is_some())
     }
 
     /// The next configured tier below `tier` and its pool: where `tier`'s
     /// evicted blocks cascade (G2 -> G4 when no G3 is configured).
     pub fn below(&self, tier: Tier) -> Option<(Tier, &BlockPool<L>)> {
-        Tier::ALL
-            .into_iter()
+        Tier::all()
             .filter(|t| *t > tier)
             .find_map(|t| self.pool(t).map(|p| (t, p)))
     }

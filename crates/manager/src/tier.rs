@@ -44,7 +44,9 @@ impl TransferPath {
 
     /// The source and destination tiers.
     pub fn endpoints(self) -> (Tier, Tier) {
-        use Tier::*;
+        const G2: Tier = Tier::G2;
+        const G3: Tier = Tier::G3;
+        const G4: Tier = Tier::G4;
         match self {
             TransferPath::HostToDisk => (G2, G3),
             TransferPath::DiskToHost => (G3, G2),
@@ -105,7 +107,7 @@ mod tests {
             assert_eq!(p.lands_in_host(), p.is_read(), "{}", p.name());
         }
         // G1 is the engine's, never the node's.
-        for t in Tier::ALL {
+        for t in Tier::all() {
             assert_eq!(TransferPath::between(Tier::G1, t), None);
             assert_eq!(TransferPath::between(t, Tier::G1), None);
         }

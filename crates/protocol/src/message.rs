@@ -223,11 +223,26 @@ pub struct KeysRequest {
 }
 wire_struct!(KeysRequest { request_id: u64, keys: Vec<BlockHash> });
 
-/// The tier a block is held in: kvtier-core's [`Tier`], the one tier type
-/// of the block manager, the wire and the Python binding. On the wire it is
-/// one byte, `G1` = 1 ... `G4` = 4 (docs/node-protocol.md).
+/// The tier a block is held in: kvtier-core's [`Tier`], a position in the
+/// node's ordered tier list and the one tier type of the block manager, the
+/// wire and the Python binding. On the wire it is one byte, the position
+/// plus one (`G1` = 1, `G2` = 2 ...; docs/node-protocol.md).
 pub use kvtier_core::Tier;
-wire_code_enum!(Tier { G1 = 1, G2 = 2, G3 = 3, G4 = 4 });
+
+impl Wire for Tier {
+    const MIN_SIZE: usize = 1;
+    fn put(&self, out: &mut Vec<u8>) {
+        // A position is below MAX_TIERS (8), so position + 1 fits a byte.
+        out.push(self.index() as u8 + 1);
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let code = u8::get(r)?;
+        (code as usize)
+            .checked_sub(1)
+            .and_then(Tier::at)
+            .ok_or_else(|| r.malformed("unknown Tier code"))
+    }
+}
 
 /// Reply to `Lookup`: the longest stored prefix of the keys.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -329,20 +329,21 @@ fn lookup_prefix_len_is_the_tier_count() {
 }
 
 /// The wire's tier is kvtier-core's `Tier` (one type for the block manager,
-/// the wire and the Python binding), and its byte codes stay 1 = G1 ...
-/// 4 = G4 (docs/node-protocol.md); 0 and 5 are no tier.
+/// the wire and the Python binding): a position in the node's tier list,
+/// whose byte is the position plus one, 1 = G1 ... 8 = G8
+/// (docs/node-protocol.md); 0 and 9 are no tier.
 #[test]
 fn tier_codes_are_pinned_on_core_tier() {
-    let tiers: Vec<kvtier_core::Tier> = kvtier_core::Tier::ALL.to_vec();
+    let tiers: Vec<kvtier_core::Tier> = kvtier_core::Tier::all().collect();
     let ok = Message::LookupOk(LookupOk {
         request_id: 7,
         tiers,
     });
     let frame = ok.to_frame().unwrap();
-    // Length 4, type 1, request id 8, count 4, then one code per tier.
-    assert_eq!(frame[5 + 8..5 + 8 + 4], [4, 0, 0, 0]);
-    assert_eq!(frame[5 + 8 + 4..], [1, 2, 3, 4]);
-    for code in [0, 5] {
+    // Length 4, type 1, request id 8, count 8, then one code per tier.
+    assert_eq!(frame[5 + 8..5 + 8 + 4], [8, 0, 0, 0]);
+    assert_eq!(frame[5 + 8 + 4..], [1, 2, 3, 4, 5, 6, 7, 8]);
+    for code in [0, 9] {
         let err = corrupt(&ok, 5 + 8 + 4, code);
         assert!(matches!(err, Err(DecodeError::Malformed { .. })), "{err:?}");
     }

@@ -52,34 +52,8 @@ use kvtier_io::{DmaSource, DmaTarget};
 /// return, so the trait stays object-safe without an `async-trait` macro.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What kind of storage a tier is (its name in stats and metrics; the
-/// manager's behaviour depends on the facets a tier offers, not on this).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TierKind {
-    /// Host memory: the shared-memory arena (G2).
-    Memory,
-    /// Local disk: the log-structured region store (G3).
-    Disk,
-    /// An object store or shared file system (G4).
-    Remote,
-}
-
-impl TierKind {
-    /// A short lower-case name (`memory`, `disk`, `remote`).
-    pub fn name(self) -> &'static str {
-        match self {
-            TierKind::Memory => "memory",
-            TierKind::Disk => "disk",
-            TierKind::Remote => "remote",
-        }
-    }
-}
-
-impl std::fmt::Display for TierKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// What kind of storage a tier is: kvtier-core's, shared with the wire.
+pub use kvtier_core::TierKind;
 
 /// Why a tier did not store (or commit) a block.
 #[derive(Debug, thiserror::Error)]

@@ -44,7 +44,7 @@ pub const fn vllm_medium(tier: Tier) -> &'static str {
         Tier::G1 => "GPU",
         Tier::G2 => "CPU_TIER1",
         Tier::G3 => "DISK",
-        Tier::G4 => "EXTERNAL",
+        _ => "EXTERNAL",
     }
 }
 

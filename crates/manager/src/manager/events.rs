@@ -103,7 +103,7 @@ impl BlockManager {
             Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
                 uri: r.object_uri(hash),
             }),
-            Tier::G1 | Tier::G3 => None,
+            _ => None,
         }
     }
 
@@ -185,7 +185,7 @@ impl BlockManager {
             Tier::G4 => remote_gone.extend(gone),
             // The node has no G1 pool; G2's pool forgot the arena bytes
             // when the block left it.
-            Tier::G1 | Tier::G2 => {}
+            _ => {}
         }
     }
 }

@@ -70,6 +70,7 @@ impl HierarchyConfig {
             Tier::G2 => self.g2.as_ref(),
             Tier::G3 => self.g3.as_ref(),
             Tier::G4 => self.g4.as_ref(),
+            _ => None,
         }
     }
 
@@ -84,7 +85,7 @@ impl HierarchyConfig {
     /// are the trace's).
     pub fn build_registry_on<L: PoolLock>(&self, clock: Clock) -> Result<Registry<L>, PoolError> {
         let mut registry = Registry::new();
-        for tier in Tier::ALL {
+        for tier in Tier::all() {
             if let Some(cfg) = self.tier(tier) {
                 registry =
                     registry.with_pool(BlockPool::with_lock(tier, cfg.clone(), clock.clone())?);

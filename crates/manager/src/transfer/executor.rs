@@ -65,7 +65,7 @@ impl Tiers {
             Tier::G2 => self.memory.as_ref().map(|m| m as &dyn TierStore),
             Tier::G3 => self.disk.as_deref().map(|d| d as &dyn TierStore),
             Tier::G4 => self.remote.as_deref().map(|r| r as &dyn TierStore),
-            Tier::G1 => None,
+            _ => None,
         }
     }
 }
