@@ -11,7 +11,8 @@ use std::process::Command;
 use kvtier_client::{ClientError, StoreOutcome, Tier};
 use kvtier_core::{BlockHash, BlockSums, ModelPreset};
 use kvtier_disk::DiskConfig;
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+use kvtier_disk::{DiskTier, DiskTierConfig};
+use kvtier_tier::BlockPut;
 use support::node::{Daemon, Stats, block_bytes, check_block, shm_name};
 
 mod support;
@@ -63,9 +64,9 @@ fn serve_recovers_blocks_and_stops_cleanly_on_sigterm() {
                 (BlockHash(k), b, s)
             })
             .collect();
-        let puts: Vec<DiskPut<'_>> = blocks
+        let puts: Vec<BlockPut<'_>> = blocks
             .iter()
-            .map(|(k, b, s)| DiskPut {
+            .map(|(k, b, s)| BlockPut {
                 key: *k,
                 data: b,
                 sums: s,

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
+use kvtier_disk::{DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::{IoEngine, PsyncEngine, UringEngine};
+use kvtier_tier::BlockPut;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -114,11 +115,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .zip(&data)
                 .map(|(k, d)| BlockSums::compute(*k, 4096, d))
                 .collect();
-            let puts: Vec<DiskPut<'_>> = keys
+            let puts: Vec<BlockPut<'_>> = keys
                 .iter()
                 .zip(&data)
                 .zip(&sums)
-                .map(|((k, d), s)| DiskPut {
+                .map(|((k, d), s)| BlockPut {
                     key: *k,
                     data: d,
                     sums: s,

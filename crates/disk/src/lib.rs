@@ -11,7 +11,7 @@
 //! - [`DiskTier`] is the tier: [`open`](DiskTier::open) it with a
 //!   [`DiskTierConfig`] and an [`IoEngine`](kvtier_io::IoEngine) (io_uring or
 //!   the pread/pwrite pool), then [`put_batch`](DiskTier::put_batch)
-//!   [`DiskPut`]s, and [`get_batch`](DiskTier::get_batch) /
+//!   [`BlockPut`](kvtier_tier::BlockPut)s (kvtier-tier's), and [`get_batch`](DiskTier::get_batch) /
 //!   [`read_layers`](DiskTier::read_layers) into any
 //!   [`DmaTarget`](kvtier_io::DmaTarget). Reads answer a
 //!   [`Lookup`](kvtier_core::Lookup) per block: `Hit` (bytes verified),
@@ -48,7 +48,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, RegionEvictionKind};
-//! use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig};
+//! use kvtier_disk::{DiskTier, DiskTierConfig};
+//! use kvtier_tier::BlockPut;
 //! use kvtier_io::{AlignedBuf, PsyncEngine};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -74,7 +75,7 @@
 //! let key = BlockHash(7);
 //! let data = vec![1u8; 64 << 10];
 //! let sums = BlockSums::compute(key, 16 << 10, &data); // once, when the block enters kvtier
-//! tier.put_batch(&[DiskPut { key, data: &data, sums: &sums, pinned: None }]).await[0].as_ref().unwrap();
+//! tier.put_batch(&[BlockPut { key, data: &data, sums: &sums, pinned: None }]).await[0].as_ref().unwrap();
 //! let out = tier.get_batch(vec![(key, AlignedBuf::zeroed(64 << 10, 4096))]).await;
 //! assert_eq!(out[0].1, Lookup::Hit);
 //! tier.close().await?;
@@ -109,4 +110,4 @@ pub use error::{DiskError, Result};
 pub use format::RegionLayout;
 pub use reclaim::ReclaimListener;
 pub use stats::DiskStats;
-pub use tier::{DiskPut, DiskTier};
+pub use tier::DiskTier;

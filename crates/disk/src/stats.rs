@@ -33,7 +33,7 @@ pub struct DiskStats {
     /// Write operations issued.
     pub write_ios: u64,
     /// Blocks written straight from their pinned bytes, without a copy
-    /// into a region buffer (see `DiskPut::pinned`).
+    /// into a region buffer (see `BlockPut::pinned`).
     pub direct_writes: u64,
     /// I/O errors seen (failed or short operations, failed syncs).
     pub io_errors: u64,

@@ -7,7 +7,7 @@ use std::ops::Range;
 use kvtier_core::{BlockHash, Lookup};
 use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
 
-use crate::{DiskPut, DiskTier};
+use crate::DiskTier;
 
 impl TierStore for DiskTier {
     fn kind(&self) -> TierKind {
@@ -78,16 +78,7 @@ impl TierStore for DiskTier {
         puts: &'a [BlockPut<'a>],
     ) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
         Box::pin(async move {
-            let blocks: Vec<DiskPut<'_>> = puts
-                .iter()
-                .map(|p| DiskPut {
-                    key: p.key,
-                    data: p.data,
-                    sums: p.sums,
-                    pinned: p.pinned,
-                })
-                .collect();
-            TierError::storage_all(TierKind::Disk, DiskTier::put_batch(self, &blocks).await)
+            TierError::storage_all(TierKind::Disk, DiskTier::put_batch(self, puts).await)
         })
     }
 }

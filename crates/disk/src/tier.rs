@@ -10,7 +10,8 @@ use std::sync::{Arc, Condvar, Weak};
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
-use kvtier_io::{DioAlignment, DmaSource, DmaTarget, FileId, IoEngine, IoError, IoKind};
+use kvtier_io::{DioAlignment, DmaTarget, FileId, IoEngine, IoError, IoKind};
+use kvtier_tier::BlockPut;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
@@ -32,36 +33,6 @@ use crate::region::Region;
 use crate::stats::{Counters, DiskStats, add};
 use crate::writer::{DirWriter, Ticket};
 use crate::{DiskError, DiskTierConfig, Result};
-
-/// One block handed to [`DiskTier::put_batch`]: its key, bytes and the
-/// checksums computed when it entered kvtier (carried, never recomputed).
-#[derive(Clone, Copy)]
-pub struct DiskPut<'a> {
-    /// The block's key.
-    pub key: BlockHash,
-    /// The block's bytes (`geometry.block_bytes()` long).
-    pub data: &'a [u8],
-    /// The block's checksums (`geometry.layers` layer sums).
-    pub sums: &'a BlockSums,
-    /// The same bytes, kept in place for as long as the write needs them.
-    /// When given, and its bytes are `data` and suit direct I/O, the block
-    /// is written straight from them (from registered memory where the
-    /// engine has it) instead of being copied into the region buffer; the
-    /// write holds a clone until it has finished, even if the caller stops
-    /// waiting. `None` (or bytes that are not `data`): copied.
-    pub pinned: Option<&'a Arc<dyn DmaSource>>,
-}
-
-impl std::fmt::Debug for DiskPut<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskPut")
-            .field("key", &self.key)
-            .field("len", &self.data.len())
-            .field("block_sum", &self.sums.block)
-            .field("pinned", &self.pinned.is_some())
-            .finish()
-    }
-}
 
 /// One directory (device).
 pub(crate) struct Dir {
@@ -429,7 +400,7 @@ impl DiskTier {
     /// stored: keep your copy. A failed write latches its directory; others
     /// go on. A failed sync latches the whole tier: from then on every put
     /// is refused with [`DiskError::SyncFailed`] (I12).
-    pub async fn put_batch(&self, blocks: &[DiskPut<'_>]) -> Vec<Result<(), DiskError>> {
+    pub async fn put_batch(&self, blocks: &[BlockPut<'_>]) -> Vec<Result<(), DiskError>> {
         crate::writer::put_batch(&self.shared, blocks).await
     }
 

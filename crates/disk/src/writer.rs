@@ -36,8 +36,9 @@ use crate::latch::state;
 use crate::pool::RegionBuf;
 use crate::region::Fill;
 use crate::stats::add;
-use crate::tier::{Dir, DiskPut, Shared};
+use crate::tier::{Dir, Shared};
 use crate::{DiskError, Result};
+use kvtier_tier::BlockPut;
 
 /// The region currently taking writes in a directory.
 pub(crate) struct OpenRegion {
@@ -661,7 +662,7 @@ pub(crate) fn submit_placed(
 }
 
 /// The body of [`DiskTier::put_batch`](crate::DiskTier::put_batch).
-pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[DiskPut<'_>]) -> Vec<Result<()>> {
+pub(crate) async fn put_batch(shared: &Arc<Shared>, blocks: &[BlockPut<'_>]) -> Vec<Result<()>> {
     let mut results: Vec<Option<Result<()>>> = (0..blocks.len()).map(|_| None).collect();
     let Some(_guard) = shared.enter_put() else {
         add(&shared.stats.put_errors, blocks.len() as u64);

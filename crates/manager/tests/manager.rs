@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kvtier_arena::{ArenaClient, ArenaReader};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_disk::{DiskPut, DiskTier};
+use kvtier_disk::DiskTier;
 use kvtier_io::{IoEngine, PsyncEngine};
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
@@ -20,6 +20,7 @@ use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, PutOutcome};
+use kvtier_tier::BlockPut;
 use tokio::sync::mpsc;
 
 #[path = "support/gate.rs"]
@@ -537,7 +538,7 @@ async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
     // The torn copy: the block's own sums over bytes the write never put.
     let sums = BlockSums::compute(a[0], layer_bytes, &block_content(a[0], len));
     let torn = vec![0u8; len];
-    let put = DiskPut {
+    let put = BlockPut {
         key: a[0],
         data: &torn,
         sums: &sums,
@@ -565,7 +566,7 @@ async fn inclusive_mode_adopts_both_copies() {
         memory.put(key, &bytes, &sums).expect("put"),
         PutOutcome::Stored
     );
-    let put = DiskPut {
+    let put = BlockPut {
         key,
         data: &bytes,
         sums: &sums,

@@ -13,7 +13,7 @@
 //!   [`RemoteConfig`] (`s3://bucket/prefix` or `file:///dir`), or build it
 //!   over any `Arc<dyn ObjectStore>` with [`with_store`](RemoteTier::with_store)
 //!   (the seam tests and other stores use). Then
-//!   [`put_batch`](RemoteTier::put_batch) [`RemotePut`]s,
+//!   [`put_batch`](RemoteTier::put_batch) [`BlockPut`](kvtier_tier::BlockPut)s (kvtier-tier's),
 //!   [`get_batch`](RemoteTier::get_batch) whole blocks,
 //!   [`read_layers`](RemoteTier::read_layers) a layer range with one ranged
 //!   request per object, [`remove_batch`](RemoteTier::remove_batch), and
@@ -28,7 +28,8 @@
 //!
 //! ```no_run
 //! use kvtier_core::{BlockHash, BlockSums, Geometry};
-//! use kvtier_remote::{RemoteConfig, RemotePut, RemoteRead, RemoteTier};
+//! use kvtier_remote::{RemoteConfig, RemoteRead, RemoteTier};
+//! use kvtier_tier::BlockPut;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let geometry = Geometry::raw(4, 64 << 10)?;
@@ -37,7 +38,7 @@
 //! let key = BlockHash(7);
 //! let data = vec![1u8; 64 << 10];
 //! let sums = BlockSums::compute(key, geometry.layer_bytes() as usize, &data);
-//! for r in tier.put_batch(&[RemotePut { key, data: &data, sums: &sums }]).await {
+//! for r in tier.put_batch(&[BlockPut { key, data: &data, sums: &sums, pinned: None }]).await {
 //!     r?;
 //! }
 //! match &tier.read_layers(&[key], 1..3).await[0] {
@@ -59,4 +60,4 @@ mod tier;
 pub use config::RemoteConfig;
 pub use error::RemoteError;
 pub use stats::RemoteStats;
-pub use tier::{RemotePut, RemoteRead, RemoteTier};
+pub use tier::{RemoteRead, RemoteTier};

@@ -11,7 +11,7 @@ use kvtier_core::BlockHash;
 use kvtier_io::DmaTarget;
 use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
 
-use crate::{RemoteError, RemotePut, RemoteRead, RemoteTier};
+use crate::{RemoteError, RemoteRead, RemoteTier};
 
 /// Copies a verified read into the caller's target. A read that could
 /// not be done, or bytes that do not fit the target exactly, fail with
@@ -124,18 +124,10 @@ impl TierStore for RemoteTier {
         puts: &'a [BlockPut<'a>],
     ) -> BoxFuture<'a, Vec<Result<(), TierError>>> {
         Box::pin(async move {
-            let puts: Vec<RemotePut<'_>> = puts
-                .iter()
-                .map(|p| RemotePut {
-                    key: p.key,
-                    data: p.data,
-                    sums: p.sums,
-                })
-                .collect();
-            RemoteTier::put_batch(self, &puts)
+            RemoteTier::put_batch(self, puts)
                 .await
                 .into_iter()
-                .zip(&puts)
+                .zip(puts)
                 .map(|(r, p)| r.map_err(|e| put_error(p.key, e)))
                 .collect()
         })

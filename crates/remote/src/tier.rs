@@ -19,21 +19,11 @@ use object_store::path::Path;
 use object_store::{ObjectStore, PutPayload};
 use tracing::Instrument;
 
+use kvtier_tier::BlockPut;
+
 use crate::format::{self, Header, HeaderError};
 use crate::stats::{Counters, RemoteStats};
 use crate::{RemoteConfig, RemoteError};
-
-/// One block to write: its key, its bytes (`geometry.block_bytes()` long)
-/// and the checksums it carries from the tier it came from.
-#[derive(Debug, Clone, Copy)]
-pub struct RemotePut<'a> {
-    /// The block.
-    pub key: BlockHash,
-    /// The block's bytes, layer 0 first.
-    pub data: &'a [u8],
-    /// The block's checksums, as computed when it entered kvtier.
-    pub sums: &'a BlockSums,
-}
 
 /// What a read found for one block.
 #[derive(Debug, Clone)]
@@ -195,7 +185,7 @@ impl RemoteTier {
     /// system writes a temporary file and renames it. The data is verified
     /// against its sums first: a mismatch is [`RemoteError::Corrupt`] and
     /// nothing is written. Results are in `puts` order.
-    pub async fn put_batch(&self, puts: &[RemotePut<'_>]) -> Vec<Result<(), RemoteError>> {
+    pub async fn put_batch(&self, puts: &[BlockPut<'_>]) -> Vec<Result<(), RemoteError>> {
         let span = tracing::debug_span!("remote.put_batch", blocks = puts.len());
         // Indices, not references, flow through the stream: a closure over
         // borrowed items makes the future not `Send` for every lifetime,
@@ -345,7 +335,7 @@ impl RemoteTier {
         }
     }
 
-    async fn put_one(&self, p: &RemotePut<'_>) -> Result<(), RemoteError> {
+    async fn put_one(&self, p: &BlockPut<'_>) -> Result<(), RemoteError> {
         let r = self.put_checked(p).await;
         match &r {
             Ok(()) => {
@@ -358,7 +348,7 @@ impl RemoteTier {
         r
     }
 
-    async fn put_checked(&self, p: &RemotePut<'_>) -> Result<(), RemoteError> {
+    async fn put_checked(&self, p: &BlockPut<'_>) -> Result<(), RemoteError> {
         let g = &self.geometry;
         if p.data.len() as u64 != g.block_bytes() {
             return Err(RemoteError::WrongLength {

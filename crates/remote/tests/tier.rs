@@ -10,7 +10,8 @@ use futures::TryStreamExt;
 use kvtier_core::{BlockHash, BlockSums, Geometry};
 use kvtier_remote::format::{Header, header_len};
 use kvtier_remote::test_support::{MotoServer, file_config, free_port};
-use kvtier_remote::{RemoteConfig, RemoteError, RemotePut, RemoteRead, RemoteTier};
+use kvtier_remote::{RemoteConfig, RemoteError, RemoteRead, RemoteTier};
+use kvtier_tier::BlockPut;
 use object_store::ObjectStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -80,10 +81,11 @@ impl Env {
         let blocks: Vec<_> = keys.iter().map(|&k| (k, block(k))).collect();
         let puts: Vec<_> = blocks
             .iter()
-            .map(|(k, (data, sums))| RemotePut {
+            .map(|(k, (data, sums))| BlockPut {
                 key: *k,
                 data,
                 sums,
+                pinned: None,
             })
             .collect();
         for r in self.tier.put_batch(&puts).await {
@@ -285,10 +287,11 @@ async fn refused_puts(env: Env) {
     data[BLOCK_BYTES - 1] ^= 1;
     let r = env
         .tier
-        .put_batch(&[RemotePut {
+        .put_batch(&[BlockPut {
             key,
             data: &data,
             sums: &sums,
+            pinned: None,
         }])
         .await;
     assert_eq!(r, vec![Err(RemoteError::Corrupt)]);
@@ -304,25 +307,29 @@ async fn refused_puts(env: Env) {
     let r = env
         .tier
         .put_batch(&[
-            RemotePut {
+            BlockPut {
                 key,
                 data: &good,
                 sums: &other_sums,
+                pinned: None,
             },
-            RemotePut {
+            BlockPut {
                 key,
                 data: &good,
                 sums: &inconsistent,
+                pinned: None,
             },
-            RemotePut {
+            BlockPut {
                 key,
                 data: short,
                 sums: &sums,
+                pinned: None,
             },
-            RemotePut {
+            BlockPut {
                 key,
                 data: &good,
                 sums: &few,
+                pinned: None,
             },
         ])
         .await;
@@ -424,11 +431,12 @@ async fn far_layers(env: Env) {
         .zip(&data)
         .map(|(k, d)| BlockSums::compute(*k, 1 << 20, d))
         .collect();
-    let puts: Vec<RemotePut> = (0..3)
-        .map(|i| RemotePut {
+    let puts: Vec<BlockPut> = (0..3)
+        .map(|i| BlockPut {
             key: keys[i],
             data: &data[i],
             sums: &sums[i],
+            pinned: None,
         })
         .collect();
     for r in tier.put_batch(&puts).await {
@@ -541,10 +549,11 @@ async fn all_unavailable(tier: &RemoteTier, bound: Duration) {
     let start = Instant::now();
     let r = tokio::time::timeout(
         guard,
-        tier.put_batch(&[RemotePut {
+        tier.put_batch(&[BlockPut {
             key,
             data: &data,
             sums: &sums,
+            pinned: None,
         }]),
     )
     .await

@@ -212,8 +212,13 @@ pub struct BlockPut<'a> {
     /// The block's checksums.
     pub sums: &'a BlockSums,
     /// The same bytes kept in place for as long as a write needs them (a
-    /// block lent by [`InPlaceTier::lend`]): a tier that writes with direct
-    /// I/O writes straight from them instead of copying; others ignore it.
+    /// block lent by [`InPlaceTier::lend`]). When given, and its bytes are
+    /// `data` and suit direct I/O, a tier that writes with direct I/O (the
+    /// disk log) writes straight from them (from registered memory where
+    /// the engine has it) instead of copying into its buffer, and holds a
+    /// clone until the write has finished, even if the caller stops
+    /// waiting. `None` (or bytes that are not `data`): copied. Other tiers
+    /// ignore it.
     pub pinned: Option<&'a Arc<dyn DmaSource>>,
 }
 

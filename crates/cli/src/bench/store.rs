@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, IoEngineKind, ModelPreset, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout, WriteOpBytes};
+use kvtier_disk::{DiskTier, DiskTierConfig, RegionLayout, WriteOpBytes};
 use kvtier_io::{AlignedBuf, DioAlignment, DmaSource, FileId, IoBatch, IoEngine, IoKind, IoOp};
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_tier::BlockPut;
 
 use super::baseline::{self, CopyPattern, Pattern};
 use super::measure::{Case, Latencies, Rounds, Run, kvtier_first, process_cpu_time};
@@ -907,8 +908,8 @@ async fn write_side(
                     return Ok::<_, anyhow::Error>(lat);
                 }
                 let last = (first + batch).min(end);
-                let puts: Vec<DiskPut<'_>> = (first..last)
-                    .map(|i| DiskPut {
+                let puts: Vec<BlockPut<'_>> = (first..last)
+                    .map(|i| BlockPut {
                         key: keys[i],
                         data: sources[i % sources.len()].bytes(),
                         sums: &sums[i],

@@ -2,8 +2,9 @@
 //! reads, wrong lengths, concurrency.
 
 use kvtier_core::{BlockHash, BlockSums, Lookup};
-use kvtier_disk::{DiskError, DiskPut, DiskTier};
+use kvtier_disk::{DiskError, DiskTier};
 use kvtier_io::AlignedBuf;
+use kvtier_tier::BlockPut;
 
 use crate::common::*;
 use crate::{both_engines, both_layouts};
@@ -236,7 +237,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
     let short = vec![0u8; 100];
     let sums = BlockSums::compute(k, 25, &short);
     let r = tier
-        .put_batch(&[DiskPut {
+        .put_batch(&[BlockPut {
             key: k,
             data: &short,
             sums: &sums,
@@ -250,7 +251,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
         layers: vec![1, 2],
     };
     let r = tier
-        .put_batch(&[DiskPut {
+        .put_batch(&[BlockPut {
             key: k,
             data: &full,
             sums: &bad_sums,
@@ -269,7 +270,7 @@ async fn wrong_lengths_are_refused(kind: Kind) {
     // not recomputed) and caught on read.
     let lying = BlockSums::compute(BlockHash(6), g.layer_bytes() as usize, &full);
     let r = tier
-        .put_batch(&[DiskPut {
+        .put_batch(&[BlockPut {
             key: k,
             data: &full,
             sums: &lying,

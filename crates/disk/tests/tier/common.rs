@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, RegionEvictionKind};
-use kvtier_disk::{DiskPut, DiskTier, DiskTierConfig, RegionLayout};
+use kvtier_disk::{DiskTier, DiskTierConfig, RegionLayout};
 use kvtier_io::{AlignedBuf, DmaTarget, IoEngine, PsyncEngine, UringEngine};
+use kvtier_tier::BlockPut;
 
 /// Which engine a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,12 +181,12 @@ impl Blocks {
         Self::new(g, r.map(|i| key(seed, i)).collect())
     }
 
-    pub fn puts(&self) -> Vec<DiskPut<'_>> {
+    pub fn puts(&self) -> Vec<BlockPut<'_>> {
         self.keys
             .iter()
             .zip(&self.data)
             .zip(&self.sums)
-            .map(|((k, d), s)| DiskPut {
+            .map(|((k, d), s)| BlockPut {
                 key: *k,
                 data: d,
                 sums: s,

@@ -1,11 +1,12 @@
-//! Writes straight from pinned bytes (`DiskPut::pinned`): no copy into the
+//! Writes straight from pinned bytes (`BlockPut::pinned`): no copy into the
 //! region buffer where the source suits direct I/O, a copy where it does
 //! not, and the same bytes on disk either way.
 
 use std::sync::Arc;
 
-use kvtier_disk::{DiskPut, DiskTier};
+use kvtier_disk::DiskTier;
 use kvtier_io::{AlignedBuf, DmaSource};
+use kvtier_tier::BlockPut;
 
 use crate::both_engines;
 use crate::common::*;
@@ -56,14 +57,14 @@ async fn pinned_blocks_are_written_without_a_copy_and_read_back_exactly(kind: Ki
     // A source whose bytes are not `data` is ignored: `data` is what the
     // caller vouched for with its checksums.
     let decoy = aligned_copy(&vec![0xEE; len]);
-    let puts: Vec<DiskPut<'_>> = (0..blocks.keys.len())
+    let puts: Vec<BlockPut<'_>> = (0..blocks.keys.len())
         .map(|i| {
             let (data, pinned) = match i % 4 {
                 0 | 3 => (sources[i].bytes(), Some(&sources[i])),
                 1 => (&blocks.data[i][..], None),
                 _ => (&blocks.data[i][..], Some(&decoy)),
             };
-            DiskPut {
+            BlockPut {
                 key: blocks.keys[i],
                 data,
                 sums: &blocks.sums[i],

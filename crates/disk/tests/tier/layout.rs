@@ -10,7 +10,8 @@ use kvtier_disk::format::{
     SlotSeal,
 };
 use kvtier_disk::meta::{META_FILE, Meta};
-use kvtier_disk::{DiskPut, DiskTier, RegionLayout};
+use kvtier_disk::{DiskTier, RegionLayout};
+use kvtier_tier::BlockPut;
 
 use crate::both_engines;
 use crate::common::*;
@@ -339,7 +340,7 @@ async fn a_header_forged_in_block_data_is_not_recovered_by_a_life_of_the_other_l
             let lb = g.layer_bytes() as usize;
             blocks.sums[i] = BlockSums::compute(blocks.keys[i], lb, &blocks.data[i]);
         }
-        let puts: Vec<DiskPut<'_>> = blocks.puts();
+        let puts: Vec<BlockPut<'_>> = blocks.puts();
         for r in tier.put_batch(&puts).await {
             r.unwrap();
         }
