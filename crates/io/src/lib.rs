@@ -10,7 +10,10 @@
 //!   `io_uring_setup` is refused (Docker's and Kubernetes' default seccomp
 //!   profiles);
 //! - [`FaultyEngine`]: wraps another engine and injects errors, short I/O
-//!   and bit flips, for tests.
+//!   and bit flips, for tests;
+//! - [`GatedEngine`]: wraps another engine and holds batches of reads or
+//!   writes until a test lets them go, for tests of what is visible while
+//!   I/O is in flight.
 //!
 //! [`build_engine`] picks one from an [`IoEngineKind`](kvtier_core::IoEngineKind)
 //! (`auto` probes io_uring and falls back; setting
@@ -52,6 +55,7 @@ mod error;
 mod fault;
 mod file;
 mod files;
+mod gate;
 mod psync;
 mod stats;
 mod uring;
@@ -68,6 +72,7 @@ pub use file::{
     DioAlignment, PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, create_private_dir_all, dio_alignment,
     open_direct, prefill, restrict_mode,
 };
+pub use gate::{GatedEngine, Held};
 pub use psync::PsyncEngine;
 pub use uring::{DISABLE_IO_URING_ENV, REQUIRE_IO_URING_ENV, UringEngine, uring_unavailable};
 pub use vectored::VectoredError;

@@ -23,9 +23,7 @@ use kvtier_mem::{MemoryTier, PutOutcome};
 use kvtier_tier::BlockPut;
 use tokio::sync::mpsc;
 
-#[path = "support/gate.rs"]
-mod gate;
-use gate::{Held, IoGate};
+use kvtier_io::{GatedEngine, Held};
 
 #[path = "support/tiers.rs"]
 // Shared with other tests; this one needs node arenas and disks.
@@ -73,7 +71,7 @@ fn config(mode: CascadeMode) -> ManagerConfig {
 struct Rig {
     manager: BlockManager,
     memory: MemoryTier,
-    gate: Arc<IoGate>,
+    gate: Arc<GatedEngine>,
     batches: mpsc::Receiver<Arc<EventBatch>>,
     _dir: tempfile::TempDir,
 }
@@ -81,7 +79,7 @@ struct Rig {
 /// A node's manager (G2 on a node arena of 4 slots, G3 of 16 on a disk
 /// whose reads the test may hold) publishing its events to a channel.
 fn rig(cfg: ManagerConfig) -> Rig {
-    let gate = Arc::new(IoGate::new(psync()));
+    let gate = Arc::new(GatedEngine::new(psync()));
     let (dir, disk) = disk("kvtier-mgr-e2e", 8 << 20, gate.clone());
     let memory = memory("node", 4);
     let (sink, batches) = ChannelSink::new(1024);
@@ -643,7 +641,7 @@ async fn push_down_and_read_back(
 /// published, readable whole, only once every layer landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
-    let gate = Arc::new(IoGate::new(Arc::new(
+    let gate = Arc::new(GatedEngine::new(Arc::new(
         PsyncEngine::new(2, 64).expect("psync engine"),
     )));
     let (m, _dir) = host_rig_on(CascadeMode::Exclusive, gate.clone());

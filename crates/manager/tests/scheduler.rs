@@ -3,7 +3,7 @@
 //! layers, bubble time is measured on a manual clock, and slack estimates
 //! converge. The node's paths carry the I/O: loads are layer reads from the
 //! disk into G2 landings, offloads G2 -> disk writes. Disk batches are held
-//! at an [`IoGate`] and released by the test, so every ordering is decided
+//! at an [`GatedEngine`] and released by the test, so every ordering is decided
 //! by the test, never by sleeps.
 
 use std::sync::Arc;
@@ -24,9 +24,7 @@ use kvtier_manager::transfer::{
 use kvtier_mem::{MemoryTier, Reserve};
 use proptest::prelude::*;
 
-#[path = "support/gate.rs"]
-mod gate;
-use gate::{Held, IoGate};
+use kvtier_io::{GatedEngine, Held};
 
 #[path = "support/tiers.rs"]
 // Shared with other tests; this one needs DRAM and a disk.
@@ -48,7 +46,7 @@ fn content(key: BlockHash, len: usize) -> Vec<u8> {
 
 /// DRAM, a disk behind a gate, an engine and a scheduler on a manual clock.
 struct Rig {
-    gate: Arc<IoGate>,
+    gate: Arc<GatedEngine>,
     mem: MemoryTier,
     disk: Arc<DiskTier>,
     sched: IoScheduler,
@@ -58,7 +56,7 @@ struct Rig {
 
 fn rig(policy: PolicyConfig) -> Rig {
     let g = geometry();
-    let gate = Arc::new(IoGate::new(Arc::new(
+    let gate = Arc::new(GatedEngine::new(Arc::new(
         PsyncEngine::new(2, 64).expect("psync engine"),
     )));
     let (dir, disk) = disk("kvtier-mgr-sched", 4 << 20, gate.clone());

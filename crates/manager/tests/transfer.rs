@@ -19,9 +19,7 @@ use kvtier_manager::transfer::{
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, Reserve};
 
-#[path = "support/gate.rs"]
-mod gate;
-use gate::{Held, IoGate};
+use kvtier_io::{GatedEngine, Held};
 
 #[path = "support/tiers.rs"]
 // Shared with other tests; this one needs DRAM and disks.
@@ -443,7 +441,7 @@ async fn destinations_are_unreadable_until_completion() {
     let g = geometry();
     let len = g.block_bytes() as usize;
     let mem = memory("inflight", 16);
-    let gate = Arc::new(IoGate::new(Kind::Psync.engine()));
+    let gate = Arc::new(GatedEngine::new(Kind::Psync.engine()));
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
     let table = Arc::new(InFlightTable::new());
     let engine = TransferEngine::builder(g)
@@ -513,7 +511,7 @@ async fn destinations_are_unreadable_until_completion() {
 async fn batches_in_flight_overlap_on_one_path() {
     let g = geometry();
     let mem = memory("overlap", 8);
-    let gate = Arc::new(IoGate::new(Kind::Psync.engine()));
+    let gate = Arc::new(GatedEngine::new(Kind::Psync.engine()));
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
     let engine = TransferEngine::builder(g)
         .with_memory(mem.clone())

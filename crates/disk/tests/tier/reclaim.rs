@@ -1,12 +1,11 @@
 //! Region reclaim: filling past capacity, FIFO and LRU order, re-insertion
 //! of hot blocks, and a region with a reader in flight.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 
 use kvtier_core::{BlockHash, Lookup, RegionEvictionKind};
 use kvtier_disk::DiskTier;
-use kvtier_io::{AlignedBuf, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats};
+use kvtier_io::{AlignedBuf, GatedEngine, Held, IoEngine};
 
 use crate::common::*;
 use crate::{both_engines, both_layouts};
@@ -114,66 +113,10 @@ async fn reinsert_hot_keeps_read_blocks(kind: Kind) {
     tier.close().await.unwrap();
 }
 
-/// An engine that holds read batches until a gate opens (writes pass).
-struct GateEngine {
-    inner: Arc<dyn IoEngine>,
-    hold: AtomicBool,
-    gate: Arc<(Mutex<bool>, Condvar)>,
-    held: tokio::sync::mpsc::UnboundedSender<()>,
-}
-
-impl GateEngine {
-    fn open_gate(&self) {
-        *self.gate.0.lock().unwrap() = true;
-        self.gate.1.notify_all();
-    }
-}
-
-impl IoEngine for GateEngine {
-    fn name(&self) -> &'static str {
-        "gate"
-    }
-    fn register_file(&self, file: std::fs::File) -> kvtier_io::Result<FileId> {
-        self.inner.register_file(file)
-    }
-    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
-        // SAFETY: our caller's promise is passed on unchanged.
-        unsafe { self.inner.register_memory(ptr, len) }
-    }
-    fn submit(&self, batch: IoBatch) -> Completion {
-        let reads = batch.ops().iter().any(|o| o.kind == IoKind::Read);
-        if !reads || !self.hold.load(Ordering::SeqCst) {
-            return self.inner.submit(batch);
-        }
-        let (completer, completion) = Completion::pair();
-        let inner = self.inner.clone();
-        let gate = self.gate.clone();
-        let _ = self.held.send(());
-        std::thread::spawn(move || {
-            let mut open = gate.0.lock().unwrap();
-            while !*open {
-                open = gate.1.wait(open).unwrap();
-            }
-            drop(open);
-            completer.complete(inner.submit(batch).wait());
-        });
-        completion
-    }
-    fn stats(&self) -> IoStats {
-        self.inner.stats()
-    }
-}
-
 async fn a_region_with_a_reader_in_flight_is_not_reclaimed(kind: Kind) {
     let (_t, d) = dirs(1);
     let g = geometry();
-    let (tx, mut held) = tokio::sync::mpsc::unbounded_channel();
-    let gate = Arc::new(GateEngine {
-        inner: kind.engine(),
-        hold: AtomicBool::new(false),
-        gate: Arc::new((Mutex::new(false), Condvar::new())),
-        held: tx,
-    });
+    let gate = Arc::new(GatedEngine::new(kind.engine()));
     let engine: Arc<dyn IoEngine> = gate.clone();
     let tier = DiskTier::open(config(d, 4 * REGION), engine).unwrap();
     let blocks = Blocks::range(&g, 36, 0..(4 * SLOTS) as u64);
@@ -181,7 +124,7 @@ async fn a_region_with_a_reader_in_flight_is_not_reclaimed(kind: Kind) {
     let r0 = in_region(&tier, &blocks.keys, 0);
     let r1 = in_region(&tier, &blocks.keys, 1);
     let k0 = blocks.keys[r0[0]];
-    gate.hold.store(true, Ordering::SeqCst);
+    gate.hold(Held::Reads);
     let reader = {
         let tier = tier.clone();
         tokio::spawn(async move {
@@ -191,14 +134,14 @@ async fn a_region_with_a_reader_in_flight_is_not_reclaimed(kind: Kind) {
         })
     };
     // The read is submitted (region 0 pinned) and held.
-    held.recv().await.unwrap();
-    gate.hold.store(false, Ordering::SeqCst);
+    gate.wait_held(1).await;
+    gate.stop_holding(Held::Reads);
     // FIFO would take region 0; its reader makes reclaim take region 1.
     let more = Blocks::range(&g, 37, 0..10);
     put_all(&tier, &more, 10).await;
     assert!(r0.iter().all(|&i| tier.contains(blocks.keys[i])));
     assert!(r1.iter().all(|&i| !tier.contains(blocks.keys[i])));
-    gate.open_gate();
+    gate.open();
     let out = reader.await.unwrap();
     assert_eq!(out[0].1, Lookup::Hit);
     assert!(out[0].0[..] == content(k0, g.block_bytes() as usize));
@@ -213,18 +156,12 @@ async fn no_reclaimable_region_refuses_the_put_without_losing_anything() {
     // One region, full, with a reader in flight: nothing can be reclaimed.
     let (_t, d) = dirs(1);
     let g = geometry();
-    let (tx, mut held) = tokio::sync::mpsc::unbounded_channel();
-    let gate = Arc::new(GateEngine {
-        inner: Kind::Psync.engine(),
-        hold: AtomicBool::new(false),
-        gate: Arc::new((Mutex::new(false), Condvar::new())),
-        held: tx,
-    });
+    let gate = Arc::new(GatedEngine::new(Kind::Psync.engine()));
     let engine: Arc<dyn IoEngine> = gate.clone();
     let tier = DiskTier::open(config(d, REGION), engine).unwrap();
     let blocks = Blocks::range(&g, 39, 0..SLOTS as u64);
     put_all(&tier, &blocks, SLOTS).await;
-    gate.hold.store(true, Ordering::SeqCst);
+    gate.hold(Held::Reads);
     let reader = {
         let tier = tier.clone();
         let k = blocks.keys[0];
@@ -234,7 +171,7 @@ async fn no_reclaimable_region_refuses_the_put_without_losing_anything() {
                 .await
         })
     };
-    held.recv().await.unwrap();
+    gate.wait_held(1).await;
     let more = Blocks::range(&g, 40, 0..3);
     let r = tier.put_batch(&more.puts()).await;
     assert!(
@@ -242,9 +179,8 @@ async fn no_reclaimable_region_refuses_the_put_without_losing_anything() {
             .all(|r| matches!(r, Err(kvtier_disk::DiskError::NoRegion { .. }))),
         "{r:?}"
     );
-    gate.open_gate();
+    gate.open();
     assert_eq!(reader.await.unwrap()[0].1, Lookup::Hit);
-    gate.hold.store(false, Ordering::SeqCst);
     check_all_hit(&tier, &blocks.keys).await;
     // With the reader gone the region is reclaimed and the put succeeds.
     put_all(&tier, &more, 3).await;

@@ -1,53 +1,62 @@
-//! A disk engine for the manager's integration tests that, while told to,
-//! holds batches of reads or of writes until the test releases them: the
-//! test decides when a transfer's bytes move (a layer lands, a write
-//! completes) and checks what is visible meanwhile. Other batches pass.
-
-// Each test file uses the part it needs.
-#![allow(dead_code)]
+//! [`GatedEngine`]: wraps another engine and, while told to, holds batches
+//! of reads or of writes until the test releases them, for tests that must
+//! decide when bytes move (a layer lands, a write completes, a reader is
+//! still in flight) and check what is visible meanwhile.
 
 use std::collections::VecDeque;
+use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kvtier_io::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats};
+use parking_lot::Mutex;
 
-/// Which batches an [`IoGate`] may hold.
+use crate::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, Result};
+
+/// Which batches a [`GatedEngine`] may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// Batches of reads only (onboarding, whole or per layer).
+    /// Batches of reads only (plain or vectored).
     Reads,
-    /// Batches with a write (offloads to the disk).
+    /// Batches with a write (plain or vectored).
     Writes,
 }
 
-/// See the module docs.
-pub struct IoGate {
+/// An engine that passes batches to `inner`, except that, while holding a
+/// kind ([`hold`](Self::hold)), it keeps batches of that kind (in arrival
+/// order) until [`release_next`](Self::release_next) or
+/// [`open`](Self::open) lets them go. Other batches (syncs, a kind not
+/// held) pass at once.
+pub struct GatedEngine {
     inner: Arc<dyn IoEngine>,
     reads: AtomicBool,
     writes: AtomicBool,
-    held: parking_lot::Mutex<VecDeque<(IoBatch, Completer)>>,
+    held: Mutex<VecDeque<(IoBatch, Completer)>>,
     arrived: tokio::sync::Notify,
     /// The kind of every read or write batch, in the order they arrived.
-    log: parking_lot::Mutex<Vec<Held>>,
+    log: Mutex<Vec<Held>>,
 }
 
-impl IoGate {
+impl GatedEngine {
     /// A gate over `inner`, holding nothing yet.
     pub fn new(inner: Arc<dyn IoEngine>) -> Self {
         Self {
             inner,
             reads: AtomicBool::new(false),
             writes: AtomicBool::new(false),
-            held: parking_lot::Mutex::new(VecDeque::new()),
+            held: Mutex::new(VecDeque::new()),
             arrived: tokio::sync::Notify::new(),
-            log: parking_lot::Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
         }
     }
 
     /// Starts holding batches of `kind`.
     pub fn hold(&self, kind: Held) {
         self.flag(kind).store(true, Ordering::SeqCst);
+    }
+
+    /// Stops holding new batches of `kind`; those held stay held.
+    pub fn stop_holding(&self, kind: Held) {
+        self.flag(kind).store(false, Ordering::SeqCst);
     }
 
     /// Batches held now.
@@ -82,8 +91,8 @@ impl IoGate {
 
     /// Stops holding anything and lets every held batch go.
     pub fn open(&self) {
-        self.reads.store(false, Ordering::SeqCst);
-        self.writes.store(false, Ordering::SeqCst);
+        self.stop_holding(Held::Reads);
+        self.stop_holding(Held::Writes);
         let held: Vec<_> = self.held.lock().drain(..).collect();
         for (batch, completer) in held {
             self.pass(batch, completer);
@@ -97,25 +106,23 @@ impl IoGate {
         }
     }
 
+    /// Submits a released batch and completes its caller's completion when
+    /// it is done, on a thread of its own (so the gate needs no runtime).
     fn pass(&self, batch: IoBatch, completer: Completer) {
         let done = self.inner.submit(batch);
-        tokio::spawn(async move { completer.complete(done.await) });
+        std::thread::spawn(move || completer.complete(done.wait()));
     }
 
     /// Which kind `batch` is, if the gate may hold it.
     fn kind(batch: &IoBatch) -> Option<Held> {
         let ops = batch.ops();
+        let is_read = |k: IoKind| matches!(k, IoKind::Read | IoKind::ReadV);
+        let is_write = |k: IoKind| matches!(k, IoKind::Write | IoKind::WriteV);
         if ops.is_empty() {
             None
-        } else if ops
-            .iter()
-            .all(|o| matches!(o.kind, IoKind::Read | IoKind::ReadV))
-        {
+        } else if ops.iter().all(|o| is_read(o.kind)) {
             Some(Held::Reads)
-        } else if ops
-            .iter()
-            .any(|o| matches!(o.kind, IoKind::Write | IoKind::WriteV))
-        {
+        } else if ops.iter().any(|o| is_write(o.kind)) {
             Some(Held::Writes)
         } else {
             None
@@ -123,20 +130,24 @@ impl IoGate {
     }
 }
 
-impl IoEngine for IoGate {
+impl IoEngine for GatedEngine {
     fn name(&self) -> &'static str {
-        "gate"
+        "gated"
     }
-    fn register_file(&self, file: std::fs::File) -> kvtier_io::Result<FileId> {
+
+    fn register_file(&self, file: File) -> Result<FileId> {
         self.inner.register_file(file)
     }
-    fn close_file(&self, id: FileId) -> kvtier_io::Result<()> {
+
+    fn close_file(&self, id: FileId) -> Result<()> {
         self.inner.close_file(id)
     }
+
     unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
         // SAFETY: the caller's contract, passed on.
         unsafe { self.inner.register_memory(ptr, len) }
     }
+
     fn submit(&self, batch: IoBatch) -> Completion {
         let kind = Self::kind(&batch);
         if let Some(k) = kind {
@@ -151,6 +162,7 @@ impl IoEngine for IoGate {
         self.arrived.notify_waiters();
         completion
     }
+
     fn stats(&self) -> IoStats {
         self.inner.stats()
     }
