@@ -147,9 +147,7 @@ fn log_ready(
         shape = %shape,
         socket = %server.path().display(),
         dram_blocks,
-        adopted_g2 = adopted.g2,
-        adopted_g3 = adopted.g3,
-        adopted_g4 = adopted.g4,
+        adopted = ?adopted.by_tier,
         metrics = %http.map_or("off".into(), |h| h.addr().to_string()),
         data_dir = %config.serve.data_dir.display(),
         "kvtier serving; Ctrl-C or SIGTERM to stop"

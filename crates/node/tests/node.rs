@@ -121,8 +121,8 @@ fn a_restart_adopts_what_the_disk_log_holds() {
     let arena = Path::new("/dev/shm").join(&config.memory.shm_name);
     assert!(!arena.exists(), "a clean stop left {arena:?}");
     let daemon = Daemon::start(config);
-    assert_eq!(daemon.node.adopted().g3, 3);
-    assert_eq!(daemon.node.adopted().g2, 0);
+    assert_eq!(daemon.node.adopted().in_tier(Tier::G3), 3);
+    assert_eq!(daemon.node.adopted().in_tier(Tier::G2), 0);
     assert_eq!(daemon.node.memory().adoption(), None);
     let stats = daemon.node.stats();
     assert_eq!((stats.adopted_g2, stats.adopted_g3), (0, 3));
@@ -397,7 +397,11 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     drop(client);
     let config = daemon.stop();
     let daemon = Daemon::start(config);
-    assert!(daemon.node.adopted().g4 > 0, "{:?}", daemon.node.adopted());
+    assert!(
+        daemon.node.adopted().in_tier(Tier::G4) > 0,
+        "{:?}",
+        daemon.node.adopted()
+    );
     let mut client = daemon.client();
     let tiers = client.lookup(&keys).unwrap();
     assert!(tiers.contains(&Tier::G4), "{tiers:?}");
@@ -411,7 +415,13 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
         .stats()
         .paths
         .into_iter()
-        .find(|p| p.path == kvtier_manager::TransferPath::RemoteToHost)
+        .find(|p| {
+            p.path
+                == kvtier_manager::TransferPath {
+                    from: Tier::G4,
+                    to: Tier::G2,
+                }
+        })
         .expect("blocks came from G4");
     assert_eq!(
         remote.transfers,
@@ -436,7 +446,7 @@ fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
     drop(client);
     let daemon = Daemon::start(daemon.stop());
     assert_eq!(
-        daemon.node.adopted().g3,
+        daemon.node.adopted().in_tier(Tier::G3),
         3,
         "every block is on the disk only"
     );

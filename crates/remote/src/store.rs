@@ -55,6 +55,15 @@ impl TierStore for RemoteTier {
         TierKind::Remote
     }
 
+    fn block_bytes(&self) -> u64 {
+        self.geometry().block_bytes()
+    }
+
+    /// The block's object, which other nodes sharing the store can read.
+    fn uri(&self, key: BlockHash) -> Option<String> {
+        Some(self.object_uri(key))
+    }
+
     /// An object store has no block limit the tier knows of.
     fn capacity_blocks(&self) -> usize {
         usize::MAX

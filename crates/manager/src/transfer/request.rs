@@ -123,10 +123,9 @@ pub enum BlockFailure {
     /// offload, bad layer, a layer read without a landing).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    /// No executor serves this path (remote transfers, or a tier the engine
-    /// was built without).
+    /// No executor serves this path (a tier the engine was built without).
     #[error("path {0} is not served")]
-    Unsupported(&'static str),
+    Unsupported(TransferPath),
     /// A tier reported an I/O or storage error.
     #[error("tier: {0}")]
     Tier(String),
