@@ -233,7 +233,7 @@ pub struct DiskReads {
     pub read_runs: u64,
     /// Layer pieces read from layer-major lives (alone or in runs).
     pub layer_pieces: u64,
-    /// Block-layers moved from disk to G2 (`disk2h`'s blocks: a
+    /// Block-layers moved from disk to G2 (`g3_to_g2`'s blocks: a
     /// layer-wise load counts each block once per layer).
     pub block_layers: u64,
     /// `read_ios / block_layers` (0 when nothing was loaded).

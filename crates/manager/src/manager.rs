@@ -29,7 +29,12 @@
 //! may keep a block out of G3 (then it is dropped). Pool stored / removed
 //! events become [`KvEvent`](crate::events::KvEvent)s with tier, bytes,
 //! location and parent, published through the configured sinks; a block
-//! that leaves G2 or G3 also leaves the arena or the disk.
+//! that leaves a tier's pool also leaves the tier's store.
+//!
+//! The tiers are one ordered [`TierList`] the manager shares with its
+//! transfer engine ([`BlockManager::tiers`]); the manager reaches each
+//! through kvtier-tier's `TierStore` trait, and the arena also as itself
+//! for the host API.
 
 mod adopt;
 mod config;

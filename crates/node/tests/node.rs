@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
+use kvtier_core::TierKind;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::NodeServer;
@@ -87,6 +88,11 @@ fn load_exact(client: &mut Client, ks: std::ops::Range<u128>, len: usize) -> usi
 fn a_full_g2_moves_blocks_to_disk_and_loads_bring_them_back() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(config(dir.path(), 4));
+    // No remote store configured: the arena and the disk log.
+    assert_eq!(
+        daemon.node.tier_list(),
+        [(Tier::G2, TierKind::Memory), (Tier::G3, TierKind::Disk)]
+    );
     let len = daemon.len();
     let mut client = daemon.client();
     // Three times what the arena holds: each reserve makes room by moving
@@ -379,6 +385,15 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     // evict a block that has no copy below (a block was lost that way).
     c.manager.step_interval_ms = 20;
     let daemon = Daemon::start(c);
+    // Registered in order: the arena, the disk log, then the remote store.
+    assert_eq!(
+        daemon.node.tier_list(),
+        [
+            (Tier::G2, TierKind::Memory),
+            (Tier::G3, TierKind::Disk),
+            (Tier::G4, TierKind::Remote)
+        ]
+    );
     let len = daemon.len();
     let disk_blocks = (2 << 20) / len as u128;
     let n = disk_blocks + 40;

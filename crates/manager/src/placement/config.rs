@@ -52,7 +52,7 @@ pub struct HierarchyConfig {
 impl Default for HierarchyConfig {
     fn default() -> Self {
         Self::none().with(
-            Tier::G2,
+            crate::TierList::TOP,
             PoolConfig {
                 capacity_blocks: 4096,
                 ..PoolConfig::default()
