@@ -77,13 +77,16 @@ impl TierStore for RemoteTier {
         false
     }
 
+    /// A failed delete leaves its object behind (logged; nothing to undo).
     fn remove<'a>(&'a self, keys: &'a [BlockHash]) -> BoxFuture<'a, usize> {
         Box::pin(async move {
-            self.remove_batch(keys)
-                .await
-                .iter()
-                .filter(|r| r.is_ok())
-                .count()
+            let results = self.remove_batch(keys).await;
+            for (key, res) in keys.iter().zip(&results) {
+                if let Err(e) = res {
+                    tracing::warn!(%key, error = %e, "deleting a remote object failed");
+                }
+            }
+            results.iter().filter(|r| r.is_ok()).count()
         })
     }
 
