@@ -142,7 +142,6 @@ impl BlockManager {
         if let (Some(pool), Some(m)) = (registry.pool(TierList::TOP), tiers.arena()) {
             pool.attach_bytes(Arc::new(m.clone()));
         }
-        let reclaim_syncs = ReclaimSync::attach(&registry, &tiers);
         let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
         let engine = TransferEngine::builder(tiers)
             .with_hooks(hooks.clone())
@@ -153,6 +152,8 @@ impl BlockManager {
             Arc::new(SystemClock::new()),
         )?;
         let publisher = EventPublisher::new(config.events, sinks)?;
+        // Last: a tier's listener goes in only once the manager is built.
+        let reclaim_syncs = ReclaimSync::attach(&registry, scheduler.engine().tiers());
         let planner = Planner::new(hierarchy.placement.clone());
         Ok(Self {
             geometry,
