@@ -351,6 +351,12 @@ async fn the_engine_moves_blocks_between_host_memory_and_the_remote_tier() {
     ))
     .build()
     .expect("engine");
+    // The remote store registered right below the arena: one path each way.
+    let path = |from, to| TransferPath { from, to };
+    assert_eq!(
+        engine.tiers().paths(),
+        [path(Tier::G2, Tier::G3), path(Tier::G3, Tier::G2)]
+    );
     let keys = chain(11, 3);
     let g = geometry();
     for (k, bytes) in with_bytes(&keys) {
