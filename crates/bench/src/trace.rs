@@ -52,13 +52,14 @@ use serde::Serialize;
 
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::manager::{
-    BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerStats, ManagerTiers,
+    BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerStats,
 };
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::policy::{PolicyConfig, PolicyKind};
 use kvtier_manager::pool::PoolConfig;
 pub use kvtier_manager::test_support::block_content;
-use kvtier_manager::{Tier, TransferPath};
+use kvtier_manager::{Tier, TierList};
+use kvtier_tier::TierStore;
 
 pub use report::render_text;
 
@@ -86,7 +87,7 @@ pub struct TraceBenchConfig {
     /// reclaims whole regions when it wraps, re-inserting every block the
     /// pool holds; the larger the log, the fewer it rewrites. It must leave
     /// the slack `DiskTier::live_capacity_blocks` asks for (else the run is
-    /// refused with `ManagerError::G3PoolTooLarge`). Default: 4.
+    /// refused with `ManagerError::PoolTooLarge`). Default: 4.
     pub g3_log_factor: u32,
     /// How G3's region lives place their bytes. Default: block-major.
     pub disk_layout: RegionLayout,
@@ -232,7 +233,7 @@ pub struct DiskReads {
     pub read_runs: u64,
     /// Layer pieces read from layer-major lives (alone or in runs).
     pub layer_pieces: u64,
-    /// Block-layers moved from disk to G2 (`disk2h`'s blocks: a
+    /// Block-layers moved from disk to G2 (`g3_to_g2`'s blocks: a
     /// layer-wise load counts each block once per layer).
     pub block_layers: u64,
     /// `read_ios / block_layers` (0 when nothing was loaded).
@@ -278,21 +279,24 @@ pub fn manager_config(config: &TraceBenchConfig) -> ManagerConfig {
             ..PoolConfig::default()
         }
     };
-    let g3 = (config.g3_blocks > 0).then(|| pool(config.g3_blocks));
-    let g4 = (config.g4_blocks > 0).then(|| pool(config.g4_blocks));
+    // The configured tiers take the list's positions in order, as
+    // `build_tiers` registers them: the arena, the disk, the remote store.
+    let sizes = [config.g2_blocks, config.g3_blocks, config.g4_blocks];
+    let hierarchy = sizes
+        .into_iter()
+        .filter(|&blocks| blocks > 0)
+        .zip(Tier::all().skip(TierList::TOP.index()))
+        .fold(HierarchyConfig::none(), |h, (blocks, tier)| {
+            h.with(tier, pool(blocks))
+        });
     ManagerConfig {
-        hierarchy: HierarchyConfig {
-            g2: Some(pool(config.g2_blocks)),
-            g3,
-            g4,
-            placement: PlacementConfig {
-                mode: config.mode,
-                admission: AdmissionConfig {
-                    min_reuses: config.admit_after,
-                    ..AdmissionConfig::default()
-                },
+        hierarchy: hierarchy.with_placement(PlacementConfig {
+            mode: config.mode,
+            admission: AdmissionConfig {
+                min_reuses: config.admit_after,
+                ..AdmissionConfig::default()
             },
-        },
+        }),
         offload_on_demand: true,
         step_waits: true,
         ..ManagerConfig::default()
@@ -305,6 +309,22 @@ struct BenchTiers {
     disk: Option<Arc<DiskTier>>,
     remote: Option<Arc<RemoteTier>>,
     _tempdir: Option<tempfile::TempDir>,
+}
+
+impl BenchTiers {
+    /// The tiers in order, as the manager holds them: the arena, then the
+    /// disk and the remote store when configured.
+    fn list(&self, g: Geometry) -> Result<TierList, ManagerError> {
+        let below = [
+            self.disk.clone().map(|d| d as Arc<dyn TierStore>),
+            self.remote.clone().map(|r| r as Arc<dyn TierStore>),
+        ];
+        Ok(TierList::new(
+            g,
+            Some(self.memory.clone()),
+            below.into_iter().flatten(),
+        )?)
+    }
 }
 
 fn build_tiers(config: &TraceBenchConfig, g: Geometry) -> Result<BenchTiers, TraceBenchError> {
@@ -425,12 +445,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
     let clock_now = trace_now.clone();
     let manager = BlockManager::with_pool_clock(
         manager_config(config),
-        ManagerTiers {
-            geometry: g,
-            memory: Some(tiers.memory.clone()),
-            disk: tiers.disk.clone(),
-            remote: tiers.remote.clone(),
-        },
+        tiers.list(g)?,
         Vec::new(),
         Arc::new(move || clock_now.load(Ordering::Relaxed)),
     )?;
@@ -504,7 +519,7 @@ pub async fn run(config: &TraceBenchConfig) -> Result<TraceBenchReport, TraceBen
         let block_layers = stats
             .paths
             .iter()
-            .filter(|p| p.path == TransferPath::DiskToHost)
+            .filter(|p| p.path.to == TierList::TOP && Some(p.path.from) == TierList::TOP.below())
             .map(|p| p.blocks)
             .sum::<u64>();
         DiskReads {

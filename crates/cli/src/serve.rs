@@ -11,6 +11,7 @@ use std::time::Duration;
 use std::sync::{Arc, OnceLock};
 
 use kvtier_backend::{NodeView, NodeViewConfig, NodeViewSink};
+use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
 use kvtier_node::{Node, NodeHost, NodeServer, OpenHook};
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -147,9 +148,9 @@ fn log_ready(
         shape = %shape,
         socket = %server.path().display(),
         dram_blocks,
-        adopted_g2 = adopted.g2,
-        adopted_g3 = adopted.g3,
-        adopted_g4 = adopted.g4,
+        adopted_g2 = adopted.in_tier(Tier::G2),
+        adopted_g3 = adopted.in_tier(Tier::G3),
+        adopted_g4 = adopted.in_tier(Tier::G4),
         metrics = %http.map_or("off".into(), |h| h.addr().to_string()),
         data_dir = %config.serve.data_dir.display(),
         "kvtier serving; Ctrl-C or SIGTERM to stop"

@@ -68,44 +68,18 @@ pub(crate) fn choose_victim(
 }
 
 /// The owner of the tier's contents: asked which blocks a reclaim must
-/// keep, told which it dropped.
+/// keep, told which it dropped (kvtier-tier's, the one listener of every
+/// tier that makes room on its own).
 ///
 /// Install one with [`DiskTier::set_reclaim_listener`](crate::DiskTier::set_reclaim_listener).
-/// The owner (the block manager's G3 pool) is then the tier's one eviction
-/// authority: a reclaim re-inserts every block it wants (read back,
-/// verified, rewritten), and drops only those it no longer wants
-/// ([`evicted`](Self::evicted)) or that could not be re-inserted
-/// ([`lost`](Self::lost)).
-///
-/// All methods are called on the reclaiming writer's task with the
-/// directory's writer lock held (or, for a failed re-insertion write, on the
-/// directory's reaper thread, which acknowledges writes), never with an
-/// index or region lock held: they must be cheap, must not block, and must
-/// not call back into the [`DiskTier`](crate::DiskTier) other than its
+/// The owner (the block manager's pool of the disk's tier) is then the
+/// tier's one eviction authority: a reclaim re-inserts every block it wants
+/// (read back, verified, rewritten), and drops only those it no longer
+/// wants (`evicted`) or that could not be re-inserted (`lost`). Its methods
+/// must not call back into the [`DiskTier`](crate::DiskTier) other than its
 /// read-only queries [`contains`](crate::DiskTier::contains) and
-/// [`location`](crate::DiskTier::location) (a `put_batch`, `close` or
-/// anything that takes the writer lock would deadlock).
-pub trait ReclaimListener: Send + Sync + 'static {
-    /// Whether the owner still holds `key`. Wanted blocks of a victim
-    /// region are all re-inserted. Asked once per block still indexed in a
-    /// region considered for reclaim, before any of them is dropped.
-    fn retain(&self, key: BlockHash) -> bool;
-
-    /// Keys a reclaim dropped from the index that [`retain`](Self::retain)
-    /// did not want, in the victim's slot order. Called once per reclaimed
-    /// region, after the index no longer holds them (possibly with an
-    /// empty slice). Keys removed with
-    /// [`DiskTier::remove`](crate::DiskTier::remove) or put again elsewhere
-    /// meanwhile are never reported.
-    fn evicted(&self, keys: &[BlockHash]);
-
-    /// Keys `retain` wanted that a reclaim could not keep: reading one back
-    /// failed, its copy failed verification, or the write re-inserting it
-    /// failed (then reported from the reaper, for those not indexed again
-    /// since). Their bytes are gone: the owner must forget them. Called
-    /// only when there are some.
-    fn lost(&self, keys: &[BlockHash]);
-}
+/// [`location`](crate::DiskTier::location).
+pub use kvtier_tier::ReclaimListener;
 
 /// A block read back from a victim, to be written again.
 pub(crate) struct HotBlock {

@@ -5,13 +5,38 @@
 use std::ops::Range;
 
 use kvtier_core::{BlockHash, Lookup};
-use kvtier_tier::{BlockPut, BoxFuture, ReadDone, Target, TierError, TierKind, TierStore};
+use std::sync::Arc;
+
+use kvtier_tier::{
+    BlockPut, BoxFuture, ReadDone, ReclaimListener, Reclaiming, Target, TierError, TierKind,
+    TierStore,
+};
 
 use crate::DiskTier;
+
+/// The log reclaims whole regions on its own: its owner's pool decides
+/// which blocks a reclaim keeps.
+impl Reclaiming for DiskTier {
+    fn set_reclaim_listener(&self, listener: Arc<dyn ReclaimListener>) {
+        DiskTier::set_reclaim_listener(self, listener)
+    }
+
+    fn live_capacity_blocks(&self) -> usize {
+        DiskTier::live_capacity_blocks(self)
+    }
+}
 
 impl TierStore for DiskTier {
     fn kind(&self) -> TierKind {
         TierKind::Disk
+    }
+
+    fn block_bytes(&self) -> u64 {
+        self.geometry().block_bytes()
+    }
+
+    fn reclaiming(&self) -> Option<&dyn Reclaiming> {
+        Some(self)
     }
 
     fn capacity_blocks(&self) -> usize {

@@ -10,8 +10,10 @@
 //! scheduler with layer-wise loading, and stored / removed events.
 //!
 //! The manager does not know the server or the socket; the tiers' bytes
-//! live in `kvtier-mem`'s arena, `kvtier-disk`'s log and `kvtier-remote`'s
-//! object store, behind the [`Tier`]-keyed seams of this crate. G2 is the
+//! live behind kvtier-tier's `TierStore` trait (`kvtier-mem`'s arena,
+//! `kvtier-disk`'s log, `kvtier-remote`'s object store), held as one
+//! ordered [`TierList`] and reached through the [`Tier`]-keyed seams of
+//! this crate. G2 is the
 //! fastest tier: engine processes fill and read its arena slots themselves
 //! ([`manager::HostReservation`]).
 
@@ -29,4 +31,4 @@ pub mod test_support;
 pub mod tier;
 pub mod transfer;
 
-pub use tier::{Tier, TransferPath};
+pub use tier::{Tier, TierList, TransferPath};

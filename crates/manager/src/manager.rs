@@ -29,14 +29,19 @@
 //! may keep a block out of G3 (then it is dropped). Pool stored / removed
 //! events become [`KvEvent`](crate::events::KvEvent)s with tier, bytes,
 //! location and parent, published through the configured sinks; a block
-//! that leaves G2 or G3 also leaves the arena or the disk.
+//! that leaves a tier's pool also leaves the tier's store.
+//!
+//! The tiers are one ordered [`TierList`] the manager shares with its
+//! transfer engine ([`BlockManager::tiers`]); the manager reaches each
+//! through kvtier-tier's `TierStore` trait, and the arena also as itself
+//! for the host API.
 
 mod adopt;
 mod config;
-mod disk_sync;
 mod events;
 mod host;
 mod onboard;
+mod reclaim_sync;
 mod room;
 mod stats;
 
@@ -47,19 +52,19 @@ use kvtier_core::{BlockHash, Geometry};
 use parking_lot::Mutex;
 
 pub use adopt::Adopted;
-pub use config::{ManagerConfig, ManagerError, ManagerTiers};
+pub use config::{ManagerConfig, ManagerError};
 pub use host::{HostCommit, HostReservation, HostReserve};
 pub use onboard::{Onboarded, Onboarding};
 pub use stats::{ManagerStats, TierStats};
 
-use crate::Tier;
 use crate::events::{EventPublisher, EventSink};
 use crate::placement::{MoveHooks, Planner};
-use crate::pool::{BlockPool, Clock, PoolConfig, wall_clock};
+use crate::pool::{BlockPool, Clock, wall_clock};
 use crate::registry::{PrefixMatch, Registry};
 use crate::scheduler::{IoScheduler, SystemClock};
 use crate::transfer::TransferEngine;
-use disk_sync::DiskSync;
+use crate::{Tier, TierList};
+use reclaim_sync::ReclaimSync;
 use stats::Counters;
 
 /// The node's block manager: see the [module docs](self).
@@ -69,16 +74,17 @@ pub struct BlockManager {
     planner: Planner,
     hooks: Arc<MoveHooks>,
     scheduler: IoScheduler,
-    tiers: ManagerTiers,
     publisher: EventPublisher,
     config: ManagerConfig,
     counters: Mutex<Counters>,
     /// Woken whenever an onboarding settles, for requests waiting on a
     /// block another request is bringing in.
     arrivals: tokio::sync::Notify,
-    /// The G3 pool's listener on the disk log's region reclaim.
-    disk_sync: Option<Arc<DiskSync>>,
-    /// Background deletes of G4 objects, awaited by
+    /// The listeners of the pools of tiers that make room on their own
+    /// (the disk log's region reclaim).
+    reclaim_syncs: Vec<Arc<ReclaimSync>>,
+    /// Background removals from tiers that answer later (a remote store's
+    /// deletes), awaited by
     /// [`settle`](Self::settle).
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Held while pool events are applied to the tiers' bytes, so that
@@ -95,7 +101,7 @@ impl std::fmt::Debug for BlockManager {
         f.debug_struct("BlockManager")
             .field("geometry", &self.geometry)
             .field("registry", &self.registry)
-            .field("tiers", &self.tiers)
+            .field("tiers", self.tiers())
             .finish_non_exhaustive()
     }
 }
@@ -106,7 +112,7 @@ impl BlockManager {
     /// spawn tasks).
     pub fn new(
         config: ManagerConfig,
-        tiers: ManagerTiers,
+        tiers: TierList,
         sinks: Vec<Arc<dyn EventSink>>,
     ) -> Result<Self, ManagerError> {
         Self::with_pool_clock(config, tiers, sinks, wall_clock())
@@ -116,54 +122,38 @@ impl BlockManager {
     /// TTLs) given: the trace bench replays on the trace's time.
     pub fn with_pool_clock(
         config: ManagerConfig,
-        tiers: ManagerTiers,
+        tiers: TierList,
         sinks: Vec<Arc<dyn EventSink>>,
         clock: Clock,
     ) -> Result<Self, ManagerError> {
-        let geometry = tiers.geometry;
+        let geometry = *tiers.geometry();
         let mut hierarchy = config.hierarchy.clone();
         check_tiers(&hierarchy, &tiers)?;
         // The manager drains every pool's events.
-        for tier in Tier::all() {
-            if let Some(cfg) = tier_config_mut(&mut hierarchy, tier) {
-                cfg.record_events = true;
-                // Room is made by `make_room` (cascading the victims);
-                // an eviction by allocation would lose them silently.
-                cfg.evict_on_allocate = !config.offload_on_demand;
-            }
+        for cfg in hierarchy.pools.values_mut() {
+            cfg.record_events = true;
+            // Room is made by `make_room` (cascading the victims); an
+            // eviction by allocation would lose them silently.
+            cfg.evict_on_allocate = !config.offload_on_demand;
         }
         let registry: Registry = hierarchy.build_registry_on(clock)?;
-        // G2's pool is the arena's only book: a block leaving it leaves
+        // The top pool is the arena's only book: a block leaving it leaves
         // the arena in the same step.
-        if let (Some(pool), Some(m)) = (registry.pool(Tier::G2), &tiers.memory) {
+        if let (Some(pool), Some(m)) = (registry.pool(TierList::TOP), tiers.arena()) {
             pool.attach_bytes(Arc::new(m.clone()));
         }
         let hooks = Arc::new(MoveHooks::with_layers(geometry.layers));
-        let mut builder = TransferEngine::builder(geometry).with_hooks(hooks.clone());
-        if let Some(m) = &tiers.memory {
-            builder = builder.with_memory(m.clone());
-        }
-        if let Some(d) = &tiers.disk {
-            builder = builder.with_disk(d.clone());
-        }
-        if let Some(r) = &tiers.remote {
-            builder = builder.with_remote(r.clone());
-        }
-        let engine = builder.build()?;
+        let engine = TransferEngine::builder(tiers)
+            .with_hooks(hooks.clone())
+            .build()?;
         let scheduler = IoScheduler::new(
             engine,
             config.scheduler.clone(),
             Arc::new(SystemClock::new()),
         )?;
         let publisher = EventPublisher::new(config.events, sinks)?;
-        let disk_sync = match (registry.pool(Tier::G3), &tiers.disk) {
-            (Some(pool), Some(disk)) => {
-                let sync = Arc::new(DiskSync::new(pool.clone()));
-                disk.set_reclaim_listener(sync.clone());
-                Some(sync)
-            }
-            _ => None,
-        };
+        // Last: a tier's listener goes in only once the manager is built.
+        let reclaim_syncs = ReclaimSync::attach(&registry, scheduler.engine().tiers());
         let planner = Planner::new(hierarchy.placement.clone());
         Ok(Self {
             geometry,
@@ -171,12 +161,11 @@ impl BlockManager {
             planner,
             hooks,
             scheduler,
-            tiers,
             publisher,
             config,
             counters: Mutex::new(Counters::default()),
             arrivals: tokio::sync::Notify::new(),
-            disk_sync,
+            reclaim_syncs,
             background: Mutex::new(Vec::new()),
             applying: Mutex::new(Vec::new()),
         })
@@ -212,9 +201,10 @@ impl BlockManager {
         &self.publisher
     }
 
-    /// The storage behind the tiers.
-    pub fn tiers(&self) -> &ManagerTiers {
-        &self.tiers
+    /// The tiers, in order: the list the transfer engine moves blocks
+    /// between.
+    pub fn tiers(&self) -> &TierList {
+        self.scheduler.engine().tiers()
     }
 
     /// The configuration.
@@ -304,8 +294,8 @@ impl BlockManager {
         }
     }
 
-    /// Waits for the background work started so far (deletes of objects
-    /// of blocks that left G4) to finish.
+    /// Waits for the background work started so far (removals from tiers
+    /// that answer later, such as a remote store's deletes) to finish.
     pub async fn settle(&self) {
         let pending = std::mem::take(&mut *self.background.lock());
         for task in pending {
@@ -321,7 +311,7 @@ impl BlockManager {
     }
 
     /// The fastest configured tier and its pool: where blocks are
-    /// onboarded to (G2).
+    /// onboarded to (the arena's, [`TierList::TOP`]).
     pub fn top(&self) -> Result<&BlockPool, ManagerError> {
         self.registry
             .pools()
@@ -337,60 +327,43 @@ impl Drop for BlockManager {
     }
 }
 
-/// Checks that every configured pool has its storage, and that the
-/// hierarchy has the paths its tiers need.
+/// Checks that the top tier is configured with its arena, that every
+/// configured pool has its tier, and that a pool of a tier that makes room
+/// on its own fits what the tier keeps while it does.
 fn check_tiers(
     hierarchy: &crate::placement::HierarchyConfig,
-    tiers: &ManagerTiers,
+    tiers: &TierList,
 ) -> Result<(), ManagerError> {
     let refuse = |why: String| Err(ManagerError::Config(why));
-    if hierarchy.g2.is_none() {
-        return refuse("G2 must be configured".into());
+    let top = TierList::TOP;
+    if hierarchy.tier(top).is_none() {
+        return refuse(format!("{} must be configured", top.label()));
     }
-    if hierarchy.g2.is_some() && tiers.memory.is_none() {
-        return refuse("G2 is configured without a memory tier".into());
-    }
-    if let Some(m) = &tiers.memory
-        && m.block_bytes() as u64 != tiers.geometry.block_bytes()
-    {
+    if tiers.arena().is_none() {
         return refuse(format!(
-            "the memory tier stores blocks of {} bytes, the manager {}",
-            m.block_bytes(),
-            tiers.geometry
+            "{} is configured without a memory tier",
+            top.label()
         ));
     }
-    if hierarchy.g3.is_some() && tiers.disk.is_none() {
-        return refuse("G3 is configured without a disk tier".into());
-    }
-    if let (Some(g3), Some(disk)) = (&hierarchy.g3, &tiers.disk)
-        && g3.capacity_blocks > disk.live_capacity_blocks()
-    {
-        // Else a reclaim could find every slot of the log wanted by the
+    for (tier, pool) in hierarchy.pools() {
+        let Some(store) = tiers.store(tier) else {
+            return refuse(format!("{} is configured without a tier", tier.label()));
+        };
+        // Else a reclaim could find every slot the tier keeps wanted by the
         // pool and have to drop one (docs/disk-format.md, I24).
-        return Err(ManagerError::G3PoolTooLarge {
-            pool: g3.capacity_blocks,
-            limit: disk.live_capacity_blocks(),
-        });
-    }
-    if hierarchy.g4.is_some() && tiers.remote.is_none() {
-        return refuse("G4 is configured without a remote tier".into());
+        if let Some(r) = store.reclaiming()
+            && pool.capacity_blocks > r.live_capacity_blocks()
+        {
+            return Err(ManagerError::PoolTooLarge {
+                tier,
+                pool: pool.capacity_blocks,
+                limit: r.live_capacity_blocks(),
+            });
+        }
     }
     Ok(())
 }
 
 fn ratio(n: u64, d: u64) -> f64 {
     if d == 0 { 0.0 } else { n as f64 / d as f64 }
-}
-
-fn tier_config_mut(
-    h: &mut crate::placement::HierarchyConfig,
-    tier: Tier,
-) -> Option<&mut PoolConfig> {
-    match tier {
-        Tier::G1 => None,
-        Tier::G2 => h.g2.as_mut(),
-        Tier::G3 => h.g3.as_mut(),
-        Tier::G4 => h.g4.as_mut(),
-        _ => None,
-    }
 }

@@ -121,8 +121,9 @@ impl Planner {
         }
     }
 
-    /// Whether `hash` may be written to `tier` (the filter guards G3 only).
+    /// Whether `hash` may be written to `tier` (the filter guards the
+    /// tier right below the top one only: G3, the disk log by default).
     pub fn admits(&self, tier: Tier, hash: BlockHash) -> bool {
-        tier != Tier::G3 || self.admission.lock().admits(hash)
+        Some(tier) != crate::TierList::TOP.below() || self.admission.lock().admits(hash)
     }
 }

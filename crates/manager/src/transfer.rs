@@ -1,7 +1,5 @@
-//! The transfer engine: moves blocks between G2 (the shared-memory
-//! [`MemoryTier`](kvtier_mem::MemoryTier)), G3 (the
-//! [`DiskTier`](kvtier_disk::DiskTier)) and G4 (the
-//! [`RemoteTier`](kvtier_remote::RemoteTier)).
+//! The transfer engine: moves blocks between the tiers of a
+//! [`TierList`](crate::TierList), each a `TierStore` (kvtier-tier's).
 //!
 //! - [`TransferEngine`] keeps a queue and a worker per
 //!   [`TransferPath`](crate::TransferPath); [`submit`](TransferEngine::submit)
@@ -26,7 +24,6 @@ mod request;
 
 pub use completion::{WaitAll, WaitBlock};
 pub use engine::{TransferEngine, TransferEngineBuilder, TransferError};
-pub use executor::Tiers;
 pub use hooks::{InFlightHooks, InFlightTable, NoHooks, TransferTicket};
 pub use landing::{HostLanding, LayerTarget};
 pub use metrics::{LatencyHistogram, LatencySummary, PathMetrics, PathStats, TransferMetrics};

@@ -9,12 +9,14 @@ use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::{DiskTier, RegionLayout};
 use kvtier_io::PsyncEngine;
 use kvtier_manager::Tier;
+use kvtier_manager::TierList;
 use kvtier_manager::admission::AdmissionConfig;
-use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerTiers};
+use kvtier_manager::manager::{BlockManager, ManagerConfig};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{Clock, PoolConfig};
 use kvtier_manager::test_support::block_content;
 use kvtier_mem::{MemoryTier, MemoryTierConfig};
+use kvtier_tier::TierStore;
 
 #[path = "support/tiers.rs"]
 // Shared with other tests; this one needs a node arena and a layout.
@@ -64,31 +66,25 @@ fn rig(layout: RegionLayout) -> (BlockManager, Arc<DiskTier>, tempfile::TempDir)
         layout,
     );
     let config = ManagerConfig {
-        hierarchy: HierarchyConfig {
-            // Any block above the first is above the high watermark: one
-            // step moves them all down.
-            g2: Some(pool(G2_BLOCKS, 0.01)),
-            g3: Some(pool(256, 1.0)),
-            g4: None,
-            placement: PlacementConfig {
+        // Any block above the first is above the high watermark: one
+        // step moves them all down.
+        hierarchy: HierarchyConfig::none()
+            .with(Tier::G2, Some(pool(G2_BLOCKS, 0.01)))
+            .with(Tier::G3, Some(pool(256, 1.0)))
+            .with_placement(PlacementConfig {
                 mode: CascadeMode::Exclusive,
                 admission: AdmissionConfig {
                     min_reuses: 0,
                     ..AdmissionConfig::default()
                 },
-            },
-        },
+            }),
         step_waits: true,
         ..ManagerConfig::default()
     };
     let tick = Arc::new(AtomicU64::new(0));
     let clock: Clock = Arc::new(move || tick.fetch_add(1, Ordering::Relaxed));
-    let tiers = ManagerTiers {
-        geometry: g,
-        memory: Some(memory),
-        disk: Some(disk.clone()),
-        remote: None,
-    };
+    let tiers =
+        TierList::new(g, Some(memory), vec![disk.clone() as Arc<dyn TierStore>]).expect("tiers");
     let manager = BlockManager::with_pool_clock(config, tiers, Vec::new(), clock).expect("manager");
     (manager, disk, dir)
 }
@@ -105,7 +101,7 @@ fn chain(seed: u128, n: usize) -> Vec<BlockHash> {
 fn fill_interleaved(m: &BlockManager, a: &[BlockHash], b: &[BlockHash]) {
     let g = geometry();
     let (block_bytes, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
-    let memory = m.tiers().memory.clone().expect("memory tier");
+    let memory = m.tiers().arena().cloned().expect("memory tier");
     let g2 = m.pool(Tier::G2).expect("g2");
     for i in (0..a.len()).rev() {
         for c in [a, b] {
@@ -172,7 +168,7 @@ async fn a_prefix_onboarded_from_layer_major_disk_reads_one_op_per_layer() {
     // A hit per block and layer read.
     assert_eq!(after.hits - before.hits, 16 * layers);
 
-    let memory = m.tiers().memory.clone().expect("memory tier");
+    let memory = m.tiers().arena().cloned().expect("memory tier");
     let block_bytes = geometry().block_bytes() as usize;
     let mut got = vec![0u8; block_bytes];
     for key in &a {

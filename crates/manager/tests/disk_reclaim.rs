@@ -14,14 +14,14 @@ use kvtier_core::{BlockHash, Lookup};
 use kvtier_disk::{DiskTier, RegionLayout};
 use kvtier_io::{IoEngine, PsyncEngine};
 use kvtier_manager::Tier;
+use kvtier_manager::TierList;
 use kvtier_manager::admission::AdmissionConfig;
-use kvtier_manager::manager::{
-    BlockManager, HostCommit, ManagerConfig, ManagerError, ManagerTiers,
-};
+use kvtier_manager::manager::{BlockManager, HostCommit, ManagerConfig, ManagerError};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
 use kvtier_manager::test_support::block_content;
 use kvtier_mem::MemoryTier;
+use kvtier_tier::TierStore;
 use proptest::prelude::*;
 
 #[path = "support/tiers.rs"]
@@ -57,26 +57,24 @@ fn node(
     g3: usize,
 ) -> Result<BlockManager, ManagerError> {
     let config = ManagerConfig {
-        hierarchy: HierarchyConfig {
-            g2: Some(pool(G2_BLOCKS)),
-            g3: Some(pool(g3)),
-            g4: None,
-            placement: PlacementConfig {
+        hierarchy: HierarchyConfig::none()
+            .with(Tier::G2, Some(pool(G2_BLOCKS)))
+            .with(Tier::G3, Some(pool(g3)))
+            .with_placement(PlacementConfig {
                 mode: CascadeMode::Exclusive,
                 admission: AdmissionConfig {
                     min_reuses: 0,
                     ..AdmissionConfig::default()
                 },
-            },
-        },
+            }),
         ..ManagerConfig::default()
     };
-    let tiers = ManagerTiers {
-        geometry: geometry(),
-        memory: Some(memory.clone()),
-        disk: Some(disk.clone()),
-        remote: None,
-    };
+    let tiers = TierList::new(
+        geometry(),
+        Some(memory.clone()),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    )
+    .expect("tiers");
     BlockManager::new(config, tiers, Vec::new())
 }
 
@@ -147,7 +145,11 @@ async fn a_g3_pool_larger_than_the_log_keeps_is_refused() {
     assert_eq!(limit, 3 * disk.layout().slots_per_region as usize);
     let arena = memory("reclaim-refuse", 8);
     match node(&arena, &disk, limit + 1) {
-        Err(ManagerError::G3PoolTooLarge { pool, limit: l }) => {
+        Err(ManagerError::PoolTooLarge {
+            tier: Tier::G3,
+            pool,
+            limit: l,
+        }) => {
             assert_eq!((pool, l), (limit + 1, limit));
         }
         other => panic!("not refused: {:?}", other.map(|_| ())),
@@ -238,8 +240,11 @@ async fn a_restart_adopts_the_log_and_keeps_one_book() {
         let arena = memory("reclaim-restart-b", 8);
         let m = node(&arena, &disk, limit).expect("manager");
         let adopted = m.adopt().await.expect("adopt");
-        assert_eq!((adopted.g3, adopted.skipped), (disk.len(), 0));
-        assert!(adopted.g3 > 0);
+        assert_eq!(
+            (adopted.in_tier(Tier::G3), adopted.skipped),
+            (disk.len(), 0)
+        );
+        assert!(adopted.in_tier(Tier::G3) > 0);
         assert_one_book(&m, &disk, &universe);
         let more: Vec<BlockHash> = (600..900).map(key).collect();
         for k in &more {
@@ -262,13 +267,16 @@ async fn a_restart_adopts_the_log_and_keeps_one_book() {
         let arena = memory("reclaim-restart-c", 8);
         let m = node(&arena, &disk, 40).expect("manager");
         let adopted = m.adopt().await.expect("adopt");
-        assert_eq!((adopted.g3, adopted.skipped), (40, before - 40));
+        assert_eq!(
+            (adopted.in_tier(Tier::G3), adopted.skipped),
+            (40, before - 40)
+        );
         assert_one_book(&m, &disk, &held);
         drop(m);
         // A pool the log cannot keep: refused.
         assert!(matches!(
             node(&arena, &disk, limit + 1),
-            Err(ManagerError::G3PoolTooLarge { .. })
+            Err(ManagerError::PoolTooLarge { .. })
         ));
         disk.close().await.expect("close");
     }

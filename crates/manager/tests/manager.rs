@@ -10,17 +10,16 @@ use kvtier_arena::{ArenaClient, ArenaReader};
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::DiskTier;
 use kvtier_io::{IoEngine, PsyncEngine};
+use kvtier_manager::TierList;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::events::{ChannelSink, EventBatch, EventSink, KvEvent, PublisherConfig};
-use kvtier_manager::manager::{
-    BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError, ManagerTiers,
-};
+use kvtier_manager::manager::{BlockManager, HostCommit, HostReserve, ManagerConfig, ManagerError};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::{PoolConfig, Presence};
 use kvtier_manager::test_support::block_content;
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, PutOutcome};
-use kvtier_tier::BlockPut;
+use kvtier_tier::{BlockPut, TierStore};
 use tokio::sync::mpsc;
 
 use kvtier_io::{GatedEngine, Held};
@@ -48,18 +47,16 @@ fn pool(blocks: usize) -> PoolConfig {
 
 fn config(mode: CascadeMode) -> ManagerConfig {
     ManagerConfig {
-        hierarchy: HierarchyConfig {
-            g2: Some(pool(4)),
-            g3: Some(pool(16)),
-            g4: None,
-            placement: PlacementConfig {
+        hierarchy: HierarchyConfig::none()
+            .with(Tier::G2, Some(pool(4)))
+            .with(Tier::G3, Some(pool(16)))
+            .with_placement(PlacementConfig {
                 mode,
                 admission: AdmissionConfig {
                     min_reuses: 0,
                     ..AdmissionConfig::default()
                 },
-            },
-        },
+            }),
         events: PublisherConfig {
             max_batch_events: 1,
             ..PublisherConfig::default()
@@ -85,12 +82,12 @@ fn rig(cfg: ManagerConfig) -> Rig {
     let (sink, batches) = ChannelSink::new(1024);
     let manager = BlockManager::new(
         cfg,
-        ManagerTiers {
-            geometry: geometry(),
-            memory: Some(memory.clone()),
-            disk: Some(disk),
-            remote: None,
-        },
+        TierList::new(
+            geometry(),
+            Some(memory.clone()),
+            vec![disk as Arc<dyn TierStore>],
+        )
+        .expect("tiers"),
         vec![Arc::new(sink) as Arc<dyn EventSink>],
     )
     .expect("manager");
@@ -182,12 +179,12 @@ async fn store_cascade_down_and_onboard_back_layer_by_layer() {
     let stats = m.stats();
     assert_eq!(stats.tier(Tier::G3).expect("g3").hits, 4);
     assert!(stats.scheduler.layer_waits >= u64::from(geometry().layers));
-    assert!(
-        stats
-            .paths
-            .iter()
-            .any(|p| p.path == TransferPath::DiskToHost && p.bytes > 0)
-    );
+    assert!(stats.paths.iter().any(|p| p.path
+        == TransferPath {
+            from: Tier::G3,
+            to: Tier::G2
+        }
+        && p.bytes > 0));
 
     // Events, in order per tier: each tier's stored / removed history is
     // what the blocks went through.
@@ -315,7 +312,13 @@ async fn inclusive_mode_keeps_copies_below() {
     let h2disk = stats
         .paths
         .iter()
-        .find(|p| p.path == TransferPath::HostToDisk)
+        .find(|p| {
+            p.path
+                == TransferPath {
+                    from: Tier::G2,
+                    to: Tier::G3,
+                }
+        })
         .expect("h2disk used");
     assert_eq!(h2disk.bytes, 3 * geometry().block_bytes());
     // The copy below is whole: with G2's copies gone, the blocks come
@@ -333,7 +336,7 @@ async fn inclusive_mode_keeps_copies_below() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_offloads_down_to_the_low_watermark() {
     let mut cfg = config(CascadeMode::Exclusive);
-    if let Some(g2) = cfg.hierarchy.g2.as_mut() {
+    if let Some(g2) = cfg.hierarchy.tier_mut(Tier::G2) {
         g2.high_watermark = 0.5;
         g2.low_watermark = 0.25;
     }
@@ -367,20 +370,14 @@ async fn step_offloads_down_to_the_low_watermark() {
 async fn tiers_must_match_the_configuration() {
     let build = |g2: bool, g3: bool, memory_tier: bool| {
         let config = ManagerConfig {
-            hierarchy: HierarchyConfig {
-                g2: g2.then(|| pool(4)),
-                g3: g3.then(|| pool(4)),
-                g4: None,
-                placement: PlacementConfig::default(),
-            },
+            hierarchy: HierarchyConfig::none()
+                .with(Tier::G2, g2.then(|| pool(4)))
+                .with(Tier::G3, g3.then(|| pool(4)))
+                .with_placement(PlacementConfig::default()),
             ..ManagerConfig::default()
         };
-        let tiers = ManagerTiers {
-            geometry: geometry(),
-            memory: memory_tier.then(|| memory("node", 4)),
-            disk: None,
-            remote: None,
-        };
+        let tiers = TierList::new(geometry(), memory_tier.then(|| memory("node", 4)), vec![])
+            .expect("tiers");
         BlockManager::new(config, tiers, Vec::new())
     };
     let refused = |r: Result<BlockManager, ManagerError>, why: &str| match r {
@@ -393,10 +390,7 @@ async fn tiers_must_match_the_configuration() {
         build(true, false, false),
         "G2 is configured without a memory tier",
     );
-    refused(
-        build(true, true, true),
-        "G3 is configured without a disk tier",
-    );
+    refused(build(true, true, true), "G3 is configured without a tier");
 
     let m = build(true, false, true).expect("a manager with G2 alone");
     assert_eq!(m.top().expect("top").tier(), Tier::G2);
@@ -429,12 +423,12 @@ fn host_rig(mode: CascadeMode) -> (BlockManager, tempfile::TempDir) {
 fn host_rig_on(mode: CascadeMode, engine: Arc<dyn IoEngine>) -> (BlockManager, tempfile::TempDir) {
     let cfg = config(mode);
     let (dir, disk) = disk("kvtier-mgr-host", 8 << 20, engine);
-    let tiers = ManagerTiers {
-        geometry: geometry(),
-        memory: Some(memory("node", 4)),
-        disk: Some(disk),
-        remote: None,
-    };
+    let tiers = TierList::new(
+        geometry(),
+        Some(memory("node", 4)),
+        vec![disk as Arc<dyn TierStore>],
+    )
+    .expect("tiers");
     let manager = BlockManager::new(cfg, tiers, Vec::new()).expect("manager");
     (manager, dir)
 }
@@ -499,7 +493,14 @@ async fn arena_blocks_are_adopted_into_g2_and_move_down_like_any_other() {
     let (_dir, disk) = disk("kvtier-mgr-adopt", 8 << 20, psync());
     let m = restarted_host(&memory, disk, CascadeMode::Exclusive);
     let adopted = m.adopt().await.expect("adopt");
-    assert_eq!((adopted.g2, adopted.g3, adopted.skipped), (4, 0, 2));
+    assert_eq!(
+        (
+            adopted.in_tier(Tier::G2),
+            adopted.in_tier(Tier::G3),
+            adopted.skipped
+        ),
+        (4, 0, 2)
+    );
     // What the pool took is what the arena keeps.
     let kept: Vec<BlockHash> = a.iter().copied().filter(|k| memory.contains(*k)).collect();
     assert_eq!(kept.len(), 4);
@@ -545,7 +546,10 @@ async fn a_block_in_the_arena_and_the_disk_log_keeps_the_arenas_copy() {
     assert!(disk.put_batch(&[put]).await[0].is_ok());
     let m = restarted_host(&memory, disk.clone(), CascadeMode::Exclusive);
     let adopted = m.adopt().await.expect("adopt");
-    assert_eq!((adopted.g2, adopted.g3), (4, 0));
+    assert_eq!(
+        (adopted.in_tier(Tier::G2), adopted.in_tier(Tier::G3)),
+        (4, 0)
+    );
     assert!(!disk.contains(a[0]), "the log's copy is still indexed");
     push_down_and_read_back(&m, &memory, &a, 44).await;
 }
@@ -573,7 +577,10 @@ async fn inclusive_mode_adopts_both_copies() {
     assert!(disk.put_batch(&[put]).await[0].is_ok());
     let m = restarted_host(&memory, disk.clone(), CascadeMode::Inclusive);
     let adopted = m.adopt().await.expect("adopt");
-    assert_eq!((adopted.g2, adopted.g3), (1, 1));
+    assert_eq!(
+        (adopted.in_tier(Tier::G2), adopted.in_tier(Tier::G3)),
+        (1, 1)
+    );
     assert!(disk.contains(key));
 }
 
@@ -585,12 +592,12 @@ fn psync() -> Arc<dyn IoEngine> {
 /// an arena and a disk log that already hold blocks, as after a restart.
 fn restarted_host(memory: &MemoryTier, disk: Arc<DiskTier>, mode: CascadeMode) -> BlockManager {
     let cfg = config(mode);
-    let tiers = ManagerTiers {
-        geometry: geometry(),
-        memory: Some(memory.clone()),
-        disk: Some(disk),
-        remote: None,
-    };
+    let tiers = TierList::new(
+        geometry(),
+        Some(memory.clone()),
+        vec![disk as Arc<dyn TierStore>],
+    )
+    .expect("tiers");
     BlockManager::new(cfg, tiers, Vec::new()).expect("manager")
 }
 
@@ -657,7 +664,7 @@ async fn blocks_onboarded_from_disk_to_host_land_layer_by_layer() {
     let g = geometry();
     let (block_bytes, layer_bytes) = (g.block_bytes() as usize, g.layer_bytes() as usize);
     let expected = block_content(a[0], block_bytes);
-    let memory = m.tiers().memory.clone().expect("memory tier");
+    let memory = m.tiers().arena().cloned().expect("memory tier");
     let arena = ArenaClient::open(memory.shm_name()).expect("map the arena");
     let table = ArenaReader::open(memory.shm_name()).expect("map the arena read-only");
 

@@ -108,7 +108,10 @@ fn blocks_arrive_fastest_source_first_whichever_load_finishes_first() {
     transfer(
         &hooks,
         1,
-        TransferPath::RemoteToHost,
+        TransferPath {
+            from: Tier::G4,
+            to: Tier::G2,
+        },
         &prefix[2..],
         &[Ok(()), Ok(())],
     );
@@ -123,7 +126,10 @@ fn blocks_arrive_fastest_source_first_whichever_load_finishes_first() {
     transfer(
         &hooks,
         2,
-        TransferPath::DiskToHost,
+        TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
         &prefix[..2],
         &[Ok(()), Ok(())],
     );
@@ -162,20 +168,42 @@ fn a_failed_block_releases_the_blocks_after_it() {
     transfer(
         &hooks,
         1,
-        TransferPath::RemoteToHost,
+        TransferPath {
+            from: Tier::G4,
+            to: Tier::G2,
+        },
         &prefix[2..],
         &[Ok(())],
     );
     // Within one load too: block 2 finished before block 1.
     hooks.begin_transfer(&TransferTicket {
         id: 2,
-        path: TransferPath::DiskToHost,
+        path: TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
         span: Span::Block,
         keys: &prefix[..2],
     });
-    hooks.finish_transfer(2, TransferPath::DiskToHost, h(2), &Ok(()));
+    hooks.finish_transfer(
+        2,
+        TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
+        h(2),
+        &Ok(()),
+    );
     assert!(stored(g2).is_empty(), "2 and 3 wait for 1");
-    hooks.finish_transfer(2, TransferPath::DiskToHost, h(1), &Err(BlockFailure::Miss));
+    hooks.finish_transfer(
+        2,
+        TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
+        h(1),
+        &Err(BlockFailure::Miss),
+    );
     assert_eq!(stored(g2), [2, 3]);
     assert_eq!(g2.presence(h(1)), None, "failed: destination freed");
     assert_eq!(

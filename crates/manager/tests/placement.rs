@@ -24,14 +24,13 @@ fn tier_config(capacity: usize, high: f64, low: f64) -> PoolConfig {
 
 /// A node's tiers: G2 on top, G3 and G4 when given.
 fn hierarchy(g2: usize, g3: Option<usize>, g4: Option<usize>) -> Registry {
-    HierarchyConfig {
-        g2: Some(tier_config(g2, 0.8, 0.5)),
-        g3: g3.map(|c| tier_config(c, 0.8, 0.5)),
-        g4: g4.map(|c| tier_config(c, 1.0, 1.0)),
-        placement: PlacementConfig::default(),
-    }
-    .build_registry()
-    .unwrap()
+    HierarchyConfig::none()
+        .with(Tier::G2, Some(tier_config(g2, 0.8, 0.5)))
+        .with(Tier::G3, g3.map(|c| tier_config(c, 0.8, 0.5)))
+        .with(Tier::G4, g4.map(|c| tier_config(c, 1.0, 1.0)))
+        .with_placement(PlacementConfig::default())
+        .build_registry()
+        .unwrap()
 }
 
 fn planner(mode: CascadeMode, min_reuses: u32) -> Planner {
@@ -67,7 +66,14 @@ fn offload_brings_a_tier_from_high_to_low_watermark() {
     for m in &plan.moves {
         assert_eq!(
             (m.from, m.to, m.path),
-            (Tier::G2, Tier::G3, TransferPath::HostToDisk)
+            (
+                Tier::G2,
+                Tier::G3,
+                TransferPath {
+                    from: Tier::G2,
+                    to: Tier::G3
+                }
+            )
         );
         assert!(m.removes_source());
         assert!(
@@ -163,8 +169,22 @@ fn a_failed_offload_keeps_the_block() {
 #[test]
 fn cascade_reaches_g4_only_when_configured() {
     for (g3, from, path) in [
-        (Some(10), Tier::G3, TransferPath::DiskToRemote),
-        (None, Tier::G2, TransferPath::HostToRemote),
+        (
+            Some(10),
+            Tier::G3,
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G4,
+            },
+        ),
+        (
+            None,
+            Tier::G2,
+            TransferPath {
+                from: Tier::G2,
+                to: Tier::G4,
+            },
+        ),
     ] {
         for g4 in [None, Some(100)] {
             let r = hierarchy(10, g3, g4);
@@ -204,11 +224,11 @@ fn admission_keeps_one_hit_blocks_off_disk() {
     let to_disk: Vec<u128> = plan.moves.iter().map(|m| m.hash.0).collect();
     assert_eq!(to_disk, [0, 1]);
     assert_eq!(plan.dropped, [(Tier::G2, h(2)), (Tier::G2, h(3))]);
-    assert!(
-        plan.moves
-            .iter()
-            .all(|m| m.path == TransferPath::HostToDisk)
-    );
+    assert!(plan.moves.iter().all(|m| m.path
+        == TransferPath {
+            from: Tier::G2,
+            to: Tier::G3
+        }));
 }
 
 #[test]
@@ -255,8 +275,20 @@ fn onboarding_moves_or_copies_by_mode() {
         assert_eq!(
             paths,
             [
-                (Tier::G3, TransferPath::DiskToHost),
-                (Tier::G4, TransferPath::RemoteToHost)
+                (
+                    Tier::G3,
+                    TransferPath {
+                        from: Tier::G3,
+                        to: Tier::G2
+                    }
+                ),
+                (
+                    Tier::G4,
+                    TransferPath {
+                        from: Tier::G4,
+                        to: Tier::G2
+                    }
+                )
             ]
         );
         for step in plan.steps {
@@ -371,22 +403,32 @@ fn admission_needs_n_reuses() {
 #[test]
 fn configs_deserialize_with_defaults() {
     let cfg: HierarchyConfig = serde_json::from_str(
-        r#"{"g2": {"capacity_blocks": 64, "policy": {"kind": "s3-fifo"}},
-            "g3": {"capacity_blocks": 4096},
+        r#"{"pools": {"g2": {"capacity_blocks": 64, "policy": {"kind": "s3-fifo"}},
+                      "G3": {"capacity_blocks": 4096}},
             "placement": {"mode": "inclusive", "admission": {"min_reuses": 3}}}"#,
     )
     .unwrap();
-    let g2 = cfg.g2.as_ref().unwrap();
+    let g2 = cfg.tier(Tier::G2).unwrap();
     assert_eq!(g2.capacity_blocks, 64);
     assert_eq!(g2.high_watermark, PoolConfig::default().high_watermark);
     assert_eq!(cfg.placement.mode, CascadeMode::Inclusive);
     assert_eq!(cfg.placement.admission.min_reuses, 3);
-    assert_eq!(cfg.g4, HierarchyConfig::default().g4);
+    assert_eq!(cfg.tier(Tier::G4), None);
+    assert_eq!(
+        cfg.pools().map(|(t, _)| t).collect::<Vec<_>>(),
+        [Tier::G2, Tier::G3]
+    );
     let r: Registry = cfg.build_registry().unwrap();
     assert_eq!(r.tiers().collect::<Vec<_>>(), [Tier::G2, Tier::G3]);
-    // The node has no G1 (an engine's GPU cache is the engine's).
-    assert!(serde_json::from_str::<HierarchyConfig>(r#"{"g1": null}"#).is_err());
-    assert!(serde_json::from_str::<HierarchyConfig>(r#"{"g5": null}"#).is_err());
+    // Positions are the tier list's, up to its last; the fixed fields are
+    // gone.
+    assert!(serde_json::from_str::<HierarchyConfig>(r#"{"g2": null}"#).is_err());
+    assert!(serde_json::from_str::<HierarchyConfig>(r#"{"pools": {"g9": {}}}"#).is_err());
+    let round = serde_json::to_string(&cfg).unwrap();
+    assert_eq!(
+        serde_json::from_str::<HierarchyConfig>(&round).unwrap(),
+        cfg
+    );
     let _: BlockPool = BlockPool::new(Tier::G2, g2.clone()).unwrap();
 }
 
@@ -447,15 +489,29 @@ fn engine_hooks_settle_moves_by_block_result() {
     assert_eq!(hooks.counts(), (4, 0));
     hooks.begin_transfer(&TransferTicket {
         id: 7,
-        path: TransferPath::HostToDisk,
+        path: TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
         span: Span::Block,
         keys: &keys,
     });
     assert_eq!(hooks.counts(), (0, 4));
-    hooks.finish_transfer(7, TransferPath::HostToDisk, keys[0], &Ok(()));
     hooks.finish_transfer(
         7,
-        TransferPath::HostToDisk,
+        TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
+        keys[0],
+        &Ok(()),
+    );
+    hooks.finish_transfer(
+        7,
+        TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
         keys[1],
         &Err(BlockFailure::Corrupt),
     );

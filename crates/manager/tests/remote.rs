@@ -7,17 +7,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvtier_core::TierKind;
 use kvtier_core::{BlockHash, BlockSums};
 use kvtier_io::PsyncEngine;
+use kvtier_manager::TierList;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventBatch, EventSink, KvEvent};
-use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError, ManagerTiers};
+use kvtier_manager::manager::{BlockManager, ManagerConfig, ManagerError};
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
 use kvtier_manager::pool::PoolConfig;
-use kvtier_manager::transfer::{BlockFailure, BlockMove, TransferEngine, TransferRequest};
+use kvtier_manager::transfer::{BlockFailure, BlockMove, Span, TransferEngine, TransferRequest};
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::MemoryTier;
 use kvtier_remote::test_support::MotoServer;
 use kvtier_remote::{RemoteConfig, RemoteRead, RemoteTier};
+use kvtier_tier::TierStore;
 use tokio::sync::mpsc;
 
 #[path = "support/tiers.rs"]
@@ -45,14 +48,20 @@ fn config(g3: bool) -> ManagerConfig {
     };
     placement.admission.min_reuses = 0;
     ManagerConfig {
-        hierarchy: HierarchyConfig {
-            g2: Some(pool(4)),
-            g3: g3.then(|| pool(4)),
-            g4: Some(pool(64)),
-            placement,
-        },
+        // The remote store takes the position after the last tier above
+        // it: G4 below a disk, G3 right below the arena.
+        hierarchy: HierarchyConfig::none()
+            .with(Tier::G2, pool(4))
+            .with(Tier::G3, g3.then(|| pool(4)))
+            .with(remote_position(g3), pool(64))
+            .with_placement(placement),
         ..ManagerConfig::default()
     }
+}
+
+/// Where the remote tier registers: below the disk when there is one.
+fn remote_position(with_g3: bool) -> Tier {
+    if with_g3 { Tier::G4 } else { Tier::G3 }
 }
 
 /// A remote tier in a fresh directory.
@@ -96,12 +105,15 @@ fn rig(remote: Arc<RemoteTier>, with_g3: bool) -> Rig {
     let (sink, events) = ChannelSink::new(1024);
     let manager = BlockManager::new(
         config(with_g3),
-        ManagerTiers {
-            geometry: geometry(),
-            memory: Some(memory.clone()),
-            disk,
-            remote: Some(remote.clone()),
-        },
+        TierList::new(
+            geometry(),
+            Some(memory.clone()),
+            disk.into_iter()
+                .map(|d| d as Arc<dyn TierStore>)
+                .chain([remote.clone() as Arc<dyn TierStore>])
+                .collect::<Vec<_>>(),
+        )
+        .expect("tiers"),
         vec![Arc::new(sink) as Arc<dyn EventSink>],
     )
     .expect("manager");
@@ -135,8 +147,10 @@ async fn store_all(m: &BlockManager, chains: &[&Vec<BlockHash>]) {
 /// G2 serves.
 async fn onboard_and_check(rig: &Rig, keys: &[BlockHash]) {
     let m = &rig.manager;
+    // The remote store is the last tier of the list.
+    let (remote_at, _) = *m.tiers().kinds().last().expect("tiers");
     let onboarding = m.begin_onboard(keys).await.expect("begin onboard");
-    assert_eq!(onboarding.matched().count_in(Tier::G4), keys.len());
+    assert_eq!(onboarding.matched().count_in(remote_at), keys.len());
     assert!(onboarding.has_landings());
     for layer in 0..geometry().layers {
         let results = onboarding.wait_layer(layer).await;
@@ -173,19 +187,25 @@ async fn cascade_and_onboard(remote: Arc<RemoteTier>) {
     let d2r = stats
         .paths
         .iter()
-        .find(|p| p.path == TransferPath::DiskToRemote)
+        .find(|p| {
+            p.path
+                == TransferPath {
+                    from: Tier::G3,
+                    to: Tier::G4,
+                }
+        })
         .expect("disk2remote used");
     assert_eq!(d2r.bytes, 4 * geometry().block_bytes());
 
     onboard_and_check(&rig, &a).await;
     let stats = m.stats();
     assert_eq!(stats.tier(Tier::G4).expect("g4").hits, 4);
-    assert!(
-        stats
-            .paths
-            .iter()
-            .any(|p| p.path == TransferPath::RemoteToHost && p.bytes > 0)
-    );
+    assert!(stats.paths.iter().any(|p| p.path
+        == TransferPath {
+            from: Tier::G4,
+            to: Tier::G2
+        }
+        && p.bytes > 0));
     // Exclusive: the blocks left G4, and so did their objects; the blocks
     // pushed down to make room for them are there instead. The objects
     // are exactly G4's blocks.
@@ -235,22 +255,32 @@ async fn blocks_cascade_to_s3_and_come_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_g3_host_memory_cascades_to_g4() {
+async fn without_a_disk_host_memory_cascades_to_the_remote_tier_at_g3() {
     let (_dir, remote) = file_remote();
     let rig = rig(remote, false);
     let m = &rig.manager;
+    // The list is the arena and the remote store, which registered right
+    // below it.
+    let kinds: Vec<_> = m.tiers().kinds();
+    assert_eq!(
+        kinds,
+        [(Tier::G2, TierKind::Memory), (Tier::G3, TierKind::Remote)]
+    );
     let (a, b) = (chain(5, 4), chain(6, 4));
     store_all(m, &[&a, &b]).await;
     for h in &a {
-        assert_eq!(residency(m, *h), vec![Tier::G4], "{h}");
+        assert_eq!(residency(m, *h), vec![Tier::G3], "{h}");
     }
-    assert!(
+    let moved = |from, to| {
         m.stats()
             .paths
             .iter()
-            .any(|p| p.path == TransferPath::HostToRemote && p.bytes > 0)
-    );
+            .any(|p| p.path == TransferPath { from, to } && p.bytes > 0)
+    };
+    assert!(moved(Tier::G2, Tier::G3));
+    // Onboarded back from G3 into the arena, verified.
     onboard_and_check(&rig, &a).await;
+    assert!(moved(Tier::G3, Tier::G2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,26 +324,16 @@ async fn a_corrupted_object_is_a_miss_never_delivered() {
 async fn g4_needs_its_remote_tier_and_g2() {
     let no_remote = BlockManager::new(
         config(false),
-        ManagerTiers {
-            geometry: geometry(),
-            memory: Some(memory("g4cfg", 4)),
-            disk: None,
-            remote: None,
-        },
+        TierList::new(geometry(), Some(memory("g4cfg", 4)), vec![]).expect("tiers"),
         Vec::new(),
     );
     assert!(matches!(no_remote, Err(ManagerError::Config(_))));
     let (_dir, remote) = file_remote();
     let mut cfg = config(false);
-    cfg.hierarchy.g2 = None;
+    cfg.hierarchy.pools.remove(&Tier::G2);
     let no_g2 = BlockManager::new(
         cfg,
-        ManagerTiers {
-            geometry: geometry(),
-            memory: None,
-            disk: None,
-            remote: Some(remote),
-        },
+        TierList::new(geometry(), None, vec![remote as Arc<dyn TierStore>]).expect("tiers"),
         Vec::new(),
     );
     assert!(matches!(no_g2, Err(ManagerError::Config(_))));
@@ -325,11 +345,18 @@ async fn g4_needs_its_remote_tier_and_g2() {
 async fn the_engine_moves_blocks_between_host_memory_and_the_remote_tier() {
     let (_dir, remote) = file_remote();
     let mem = memory("g4eng", 8);
-    let engine = TransferEngine::builder(geometry())
-        .with_memory(mem.clone())
-        .with_remote(remote.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![remote.clone() as Arc<dyn TierStore>],
+    ))
+    .build()
+    .expect("engine");
+    // The remote store registered right below the arena: one path each way.
+    let path = |from, to| TransferPath { from, to };
+    assert_eq!(
+        engine.tiers().paths(),
+        [path(Tier::G2, Tier::G3), path(Tier::G3, Tier::G2)]
+    );
     let keys = chain(11, 3);
     let g = geometry();
     for (k, bytes) in with_bytes(&keys) {
@@ -339,12 +366,31 @@ async fn the_engine_moves_blocks_between_host_memory_and_the_remote_tier() {
     let blocks: Vec<BlockMove> = keys.iter().map(|k| BlockMove::key(*k)).collect();
     let up = engine
         .submit(TransferRequest::blocks(
-            TransferPath::HostToRemote,
+            TransferPath {
+                from: Tier::G2,
+                to: Tier::G3,
+            },
             blocks.clone(),
         ))
         .wait()
         .await;
     assert!(up.all_delivered(), "{up:?}");
+    // Layer spans are for reads into the arena, not for an offload.
+    let layered = engine
+        .submit(TransferRequest {
+            path: TransferPath {
+                from: Tier::G2,
+                to: Tier::G3,
+            },
+            span: Span::Layer(0),
+            blocks: blocks.clone(),
+        })
+        .wait()
+        .await;
+    assert!(matches!(
+        layered.blocks[0].1,
+        Err(BlockFailure::InvalidRequest(_))
+    ));
     for k in &keys {
         assert!(mem.remove(*k));
     }
@@ -352,7 +398,13 @@ async fn the_engine_moves_blocks_between_host_memory_and_the_remote_tier() {
     let mut back = blocks.clone();
     back.push(BlockMove::key(BlockHash(0xdead)));
     let down = engine
-        .submit(TransferRequest::blocks(TransferPath::RemoteToHost, back))
+        .submit(TransferRequest::blocks(
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
+            back,
+        ))
         .wait()
         .await;
     assert_eq!(down.delivered(), 3);

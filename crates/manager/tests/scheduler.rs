@@ -13,7 +13,6 @@ use kvtier_arena::ArenaClient;
 use kvtier_core::{BlockHash, BlockSums, Lookup};
 use kvtier_disk::DiskTier;
 use kvtier_io::PsyncEngine;
-use kvtier_manager::TransferPath;
 use kvtier_manager::scheduler::{
     Clock, IoClass, IoPolicy, IoScheduler, ManualClock, OpId, PolicyConfig, SchedulerConfig,
     SlackEstimator, SlackProfile, WriteBudget,
@@ -21,7 +20,9 @@ use kvtier_manager::scheduler::{
 use kvtier_manager::transfer::{
     BlockMove, HostLanding, TransferEngine, TransferHandle, TransferRequest,
 };
+use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, Reserve};
+use kvtier_tier::TierStore;
 use proptest::prelude::*;
 
 use kvtier_io::{GatedEngine, Held};
@@ -55,17 +56,17 @@ struct Rig {
 }
 
 fn rig(policy: PolicyConfig) -> Rig {
-    let g = geometry();
     let gate = Arc::new(GatedEngine::new(Arc::new(
         PsyncEngine::new(2, 64).expect("psync engine"),
     )));
     let (dir, disk) = disk("kvtier-mgr-sched", 4 << 20, gate.clone());
     let mem = memory("sched", 64);
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .build()
+    .expect("engine");
     let clock = Arc::new(ManualClock::new());
     let sched = IoScheduler::new(
         engine,
@@ -104,7 +105,13 @@ impl Rig {
         let out = self
             .sched
             .engine()
-            .submit(TransferRequest::blocks(TransferPath::HostToDisk, moves))
+            .submit(TransferRequest::blocks(
+                TransferPath {
+                    from: Tier::G2,
+                    to: Tier::G3,
+                },
+                moves,
+            ))
             .wait()
             .await;
         assert!(out.all_delivered(), "{:?}", out.failures());
@@ -115,7 +122,10 @@ impl Rig {
 
     fn offload(&self, k: BlockHash) -> TransferHandle {
         self.sched.submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
+            TransferPath {
+                from: Tier::G2,
+                to: Tier::G3,
+            },
             vec![BlockMove::key(k)],
         ))
     }
@@ -134,7 +144,13 @@ impl Rig {
 
     /// Loads `targets` from the disk, layer by layer.
     fn load(&self, targets: Vec<BlockMove>) -> kvtier_manager::scheduler::LoadHandle {
-        self.sched.load(TransferPath::DiskToHost, targets)
+        self.sched.load(
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
+            targets,
+        )
     }
 }
 

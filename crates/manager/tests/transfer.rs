@@ -18,6 +18,7 @@ use kvtier_manager::transfer::{
 };
 use kvtier_manager::{Tier, TransferPath};
 use kvtier_mem::{MemoryTier, Reserve};
+use kvtier_tier::TierStore;
 
 use kvtier_io::{GatedEngine, Held};
 
@@ -85,7 +86,10 @@ fn landings(mem: &MemoryTier, keys: &[BlockHash]) -> Vec<BlockMove> {
 /// Reads layer `layer` of `blocks` from the disk into their landings.
 fn layer_request(layer: u32, blocks: &[BlockMove]) -> TransferRequest {
     TransferRequest {
-        path: TransferPath::DiskToHost,
+        path: TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
         span: Span::Layer(layer),
         blocks: blocks.to_vec(),
     }
@@ -110,7 +114,10 @@ fn key_moves(keys: &[BlockHash]) -> Vec<BlockMove> {
 async fn onto_disk_only(engine: &TransferEngine, mem: &MemoryTier, keys: &[BlockHash]) {
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
+            TransferPath {
+                from: Tier::G2,
+                to: Tier::G3,
+            },
             key_moves(keys),
         ))
         .wait()
@@ -167,22 +174,29 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     let len = g.block_bytes() as usize;
     let mem = memory("e2e", 32);
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .build()
+    .expect("engine");
     let keys: Vec<BlockHash> = (0..8).map(|i| key(1, i)).collect();
     fill_dram(&mem, &keys);
 
     // G2 -> G3, in two requests submitted together (one batch if the
     // worker sees both).
     let a = engine.submit(TransferRequest::blocks(
-        TransferPath::HostToDisk,
+        TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
         key_moves(&keys[..4]),
     ));
     let b = engine.submit(TransferRequest::blocks(
-        TransferPath::HostToDisk,
+        TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
         key_moves(&keys[4..]),
     ));
     assert!(a.wait().await.all_delivered());
@@ -196,7 +210,10 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     let io_batches = disk.engine().stats().batches;
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::DiskToHost,
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
             key_moves(&keys),
         ))
         .wait()
@@ -236,7 +253,10 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     }
     assert_in_dram(&mem, &keys);
 
-    let h2disk = engine.stats(TransferPath::HostToDisk);
+    let h2disk = engine.stats(TransferPath {
+        from: Tier::G2,
+        to: Tier::G3,
+    });
     assert_eq!(
         (h2disk.transfers, h2disk.blocks, h2disk.failed_blocks),
         (2, 8, 0)
@@ -246,7 +266,10 @@ async fn every_path_moves_bytes_intact(kind: Kind) {
     assert_eq!(h2disk.queue_depth, 0);
     assert!(h2disk.max_queue_depth >= 4);
     assert_eq!(h2disk.latency.count, 2);
-    let disk2h = engine.stats(TransferPath::DiskToHost);
+    let disk2h = engine.stats(TransferPath {
+        from: Tier::G3,
+        to: Tier::G2,
+    });
     assert_eq!(disk2h.bytes, 2 * 8 * g.block_bytes());
     assert_eq!(disk2h.transfers, 1 + g.layers as u64);
     assert_eq!(disk2h.failed_blocks, 0);
@@ -261,11 +284,12 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     let len = g.block_bytes() as usize;
     let mem = memory("corrupt", 32);
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, kind.engine());
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .build()
+    .expect("engine");
     let keys: Vec<BlockHash> = (0..6).map(|i| key(2, i)).collect();
     fill_dram(&mem, &keys);
     onto_disk_only(&engine, &mem, &keys).await;
@@ -296,10 +320,16 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     );
 
     // Whole blocks into DRAM.
-    let before = engine.stats(TransferPath::DiskToHost);
+    let before = engine.stats(TransferPath {
+        from: Tier::G3,
+        to: Tier::G2,
+    });
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::DiskToHost,
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
             key_moves(&keys[..4]),
         ))
         .wait()
@@ -322,7 +352,10 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
         !mem.contains(keys[3]),
         "a corrupt block became visible in DRAM"
     );
-    let s = engine.stats(TransferPath::DiskToHost);
+    let s = engine.stats(TransferPath {
+        from: Tier::G3,
+        to: Tier::G2,
+    });
     assert_eq!(
         (
             s.blocks - before.blocks,
@@ -335,7 +368,10 @@ async fn corrupted_disk_blocks_are_per_block_misses(kind: Kind) {
     // The disk dropped them: now plain misses.
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::DiskToHost,
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
             key_moves(&keys[1..2]),
         ))
         .wait()
@@ -355,11 +391,12 @@ async fn a_damaged_dram_block_never_comes_back_from_below() {
     let len = g.block_bytes() as usize;
     let mem = memory("dram-bad", 8);
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, Kind::Psync.engine());
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .build()
+    .expect("engine");
     let k = key(3, 0);
     let data = content(k, len);
     // Stored with the checksums of other bytes: as if DRAM flipped a bit.
@@ -382,7 +419,10 @@ async fn a_damaged_dram_block_never_comes_back_from_below() {
     // The failed layer read dropped the disk's copy: whole, it is a miss.
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::DiskToHost,
+            TransferPath {
+                from: Tier::G3,
+                to: Tier::G2,
+            },
             key_moves(&[k]),
         ))
         .wait()
@@ -396,38 +436,47 @@ async fn a_damaged_dram_block_never_comes_back_from_below() {
 /// Requests the engine cannot serve fail per block with a reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unservable_requests_fail_per_block() {
-    let g = geometry();
     let mem = memory("unservable", 8);
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
+    let engine = TransferEngine::builder(tiers::list(Some(&mem), vec![]))
         .build()
         .expect("engine");
     let k = key(4, 0);
     let out = engine
         .submit(TransferRequest::blocks(
-            TransferPath::HostToDisk,
+            TransferPath {
+                from: Tier::G2,
+                to: Tier::G3,
+            },
             key_moves(&[k]),
         ))
         .wait()
         .await;
-    assert_eq!(out.blocks[0].1, Err(BlockFailure::Unsupported("h2disk")));
+    let g2_to_g3 = TransferPath {
+        from: Tier::G2,
+        to: Tier::G3,
+    };
+    assert_eq!(out.blocks[0].1, Err(BlockFailure::Unsupported(g2_to_g3)));
     let out = engine
         .submit(TransferRequest {
-            path: TransferPath::HostToRemote,
+            path: TransferPath {
+                from: Tier::G2,
+                to: Tier::G4,
+            },
             span: Span::Layer(0),
             blocks: key_moves(&[k]),
         })
         .wait()
         .await;
-    assert!(matches!(
-        out.blocks[0].1,
-        Err(BlockFailure::InvalidRequest(_))
-    ));
+    // A path to a tier the engine lacks is not served, whatever its span.
+    assert!(matches!(out.blocks[0].1, Err(BlockFailure::Unsupported(_))));
+    // A tier of another block size is refused when the list is made.
     assert!(
-        TransferEngine::builder(Geometry::raw(2, 8192).expect("geometry"))
-            .with_memory(mem)
-            .build()
-            .is_err()
+        kvtier_manager::TierList::new(
+            Geometry::raw(2, 8192).expect("geometry"),
+            Some(mem),
+            Vec::new()
+        )
+        .is_err()
     );
 }
 
@@ -444,19 +493,23 @@ async fn destinations_are_unreadable_until_completion() {
     let gate = Arc::new(GatedEngine::new(Kind::Psync.engine()));
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
     let table = Arc::new(InFlightTable::new());
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .with_hooks(table.clone())
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .with_hooks(table.clone())
+    .build()
+    .expect("engine");
     let keys: Vec<BlockHash> = (0..3).map(|i| key(5, i)).collect();
     fill_dram(&mem, &keys);
 
     // G2 -> G3 held at the disk's writes.
     gate.hold(Held::Writes);
     let h = engine.submit(TransferRequest::blocks(
-        TransferPath::HostToDisk,
+        TransferPath {
+            from: Tier::G2,
+            to: Tier::G3,
+        },
         key_moves(&keys),
     ));
     gate.wait_held(1).await;
@@ -480,7 +533,10 @@ async fn destinations_are_unreadable_until_completion() {
     assert!(mem.remove(keys[0]));
     gate.hold(Held::Reads);
     let h2 = engine.submit(TransferRequest::blocks(
-        TransferPath::DiskToHost,
+        TransferPath {
+            from: Tier::G3,
+            to: Tier::G2,
+        },
         key_moves(&keys[..1]),
     ));
     gate.wait_held(1).await;
@@ -509,16 +565,16 @@ async fn destinations_are_unreadable_until_completion() {
 /// disk (all three held at once) and each still completes intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_in_flight_overlap_on_one_path() {
-    let g = geometry();
     let mem = memory("overlap", 8);
     let gate = Arc::new(GatedEngine::new(Kind::Psync.engine()));
     let (_dir, disk) = disk("kvtier-mgr-transfer", 4 << 20, gate.clone());
-    let engine = TransferEngine::builder(g)
-        .with_memory(mem.clone())
-        .with_disk(disk.clone())
-        .with_batches_in_flight(3)
-        .build()
-        .expect("engine");
+    let engine = TransferEngine::builder(tiers::list(
+        Some(&mem),
+        vec![disk.clone() as Arc<dyn TierStore>],
+    ))
+    .with_batches_in_flight(3)
+    .build()
+    .expect("engine");
     let keys: Vec<BlockHash> = (0..2).map(|i| key(6, i)).collect();
     fill_dram(&mem, &keys);
     onto_disk_only(&engine, &mem, &keys).await;
@@ -534,7 +590,15 @@ async fn batches_in_flight_overlap_on_one_path() {
     for h in handles {
         assert!(h.wait().await.all_delivered());
     }
-    assert_eq!(engine.stats(TransferPath::DiskToHost).batches, 3);
+    assert_eq!(
+        engine
+            .stats(TransferPath {
+                from: Tier::G3,
+                to: Tier::G2
+            })
+            .batches,
+        3
+    );
     // The last layer publishes the blocks, whole and intact.
     let out = engine.submit(layer_request(3, &landed)).wait().await;
     assert!(out.all_delivered(), "{:?}", out.failures());

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kvtier_core::Tier;
 use kvtier_manager::admission::AdmissionConfig;
 use kvtier_manager::manager::ManagerConfig;
 use kvtier_manager::placement::{CascadeMode, HierarchyConfig, PlacementConfig};
@@ -110,14 +111,13 @@ impl NodeOptions {
         })
     }
 
-    /// The manager's configuration for pools of the given sizes (G2 is the
-    /// arena's slot count, G3 the disk log's; `None` leaves a tier out).
+    /// The manager's configuration with a pool of the given size at each
+    /// of `pools`' tiers (the arena's slot count at the top, what the disk
+    /// log keeps below it ...).
     pub fn manager_config(
         &self,
         tokens_per_block: usize,
-        g2_blocks: usize,
-        g3_blocks: Option<usize>,
-        g4_blocks: Option<usize>,
+        pools: &[(Tier, usize)],
     ) -> ManagerConfig {
         let pool = |capacity_blocks: usize| PoolConfig {
             capacity_blocks,
@@ -128,18 +128,18 @@ impl NodeOptions {
             ..PoolConfig::default()
         };
         ManagerConfig {
-            hierarchy: HierarchyConfig {
-                g2: Some(pool(g2_blocks)),
-                g3: g3_blocks.map(pool),
-                g4: g4_blocks.map(pool),
-                placement: PlacementConfig {
+            hierarchy: pools
+                .iter()
+                .fold(HierarchyConfig::none(), |h, &(tier, blocks)| {
+                    h.with(tier, pool(blocks))
+                })
+                .with_placement(PlacementConfig {
                     mode: self.mode,
                     admission: AdmissionConfig {
                         min_reuses: self.admit_after,
                         ..AdmissionConfig::default()
                     },
-                },
-            },
+                }),
             offload_on_demand: true,
             step_waits: false,
             verify_host_commits: self.verify_commits,

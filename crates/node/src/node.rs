@@ -1,19 +1,23 @@
-//! [`Node`]: the block manager over the node's arena, disk log and remote
-//! tier, with its background step and its shutdown.
+//! [`Node`]: the block manager over the node's tiers, with its background
+//! step and its shutdown. [`Node::open`] is where the tiers register: the
+//! arena at the top, then each configured tier at the next position (the
+//! disk log, then a remote store when one is configured).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvtier_core::{BlockHash, Geometry, Tier};
+use kvtier_core::{BlockHash, Geometry, Tier, TierKind};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_events::{NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_io::IoEngine;
+use kvtier_manager::TierList;
 use kvtier_manager::events::EventSink;
-use kvtier_manager::manager::{Adopted, BlockManager, ManagerTiers};
+use kvtier_manager::manager::{Adopted, BlockManager, ManagerError};
 use kvtier_manager::placement::CascadeMode;
 use kvtier_mem::{MemoryTier, MemoryTierConfig, TableKey};
 use kvtier_protocol::{KeyMap, Namespace, NamespaceKey, NodeSecret};
 use kvtier_remote::{RemoteConfig, RemoteTier};
+use kvtier_tier::TierStore;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -30,6 +34,8 @@ pub struct Node {
     secret: NodeSecret,
     manager: BlockManager,
     memory: MemoryTier,
+    /// The disk log, as opened: closed (its index checkpointed) last.
+    disk: Arc<DiskTier>,
     options: NodeOptions,
     adopted: Adopted,
     shape: Shape,
@@ -123,32 +129,33 @@ impl Node {
         }
         .with_table_key(TableKey::from_bytes(secret.table_key()));
         let memory = MemoryTier::create(arena)?;
-        let disk = open_disk(config, geometry, &memory).await?;
-        let remote = match &options.g4_url {
-            Some(url) => Some(Arc::new(open_remote(url, geometry)?)),
-            None => None,
-        };
-        let manager_config = options.manager_config(
-            geometry.tokens_per_block as usize,
-            memory.capacity_blocks(),
-            // What the log can keep while re-inserting every block the G3
-            // pool holds (docs/disk-format.md, I24).
-            Some(disk.live_capacity_blocks()),
-            remote.as_ref().map(|_| options.g4_capacity_blocks),
-        );
-        let disk = Arc::new(disk);
-        let tiers = ManagerTiers {
+        let disk = Arc::new(open_disk(config, geometry, &memory).await?);
+        // Registration: below the arena, each configured tier at the next
+        // position, with its pool's capacity.
+        let mut below: Vec<(Arc<dyn TierStore>, usize)> = Vec::new();
+        // What the log can keep while re-inserting every block its pool
+        // holds (docs/disk-format.md, I24).
+        below.push((disk.clone(), disk.live_capacity_blocks()));
+        if let Some(url) = &options.g4_url {
+            let remote = Arc::new(open_remote(url, geometry)?);
+            below.push((remote, options.g4_capacity_blocks));
+        }
+        let tiers = TierList::new(
             geometry,
-            memory: Some(memory.clone()),
-            disk: Some(disk.clone()),
-            remote,
-        };
+            Some(memory.clone()),
+            below.iter().map(|(store, _)| store.clone()),
+        )
+        .map_err(ManagerError::from)?;
+        let pools: Vec<(Tier, usize)> = tiers
+            .iter()
+            .map(|(t, _)| t)
+            .zip(std::iter::once(memory.capacity_blocks()).chain(below.iter().map(|b| b.1)))
+            .collect();
+        let manager_config = options.manager_config(geometry.tokens_per_block as usize, &pools);
         let manager = BlockManager::new(manager_config, tiers, sinks)?;
         let adopted = manager.adopt().await?;
         tracing::info!(
-            g2 = adopted.g2,
-            g3 = adopted.g3,
-            g4 = adopted.g4,
+            adopted = ?adopted.by_tier,
             skipped = adopted.skipped,
             "adopted the blocks the arena (after a crash) and the lower tiers still hold"
         );
@@ -157,6 +164,7 @@ impl Node {
             secret,
             manager,
             memory,
+            disk,
             options,
             adopted,
             shape,
@@ -182,9 +190,15 @@ impl Node {
         &self.manager
     }
 
-    /// The arena (G2).
+    /// The arena (the top tier).
     pub fn memory(&self) -> &MemoryTier {
         &self.memory
+    }
+
+    /// The node's tiers in order, fastest first: each one's position and
+    /// kind (what the node announces to its clients).
+    pub fn tier_list(&self) -> Vec<(Tier, TierKind)> {
+        self.manager.tiers().kinds()
     }
 
     /// The block geometry.
@@ -210,9 +224,9 @@ impl Node {
     /// A snapshot of the node's counters and pool occupancy.
     pub fn stats(&self) -> NodeStats {
         let mut s = self.counters.snapshot(&self.manager.stats());
-        s.adopted_g2 = self.adopted.g2 as u64;
-        s.adopted_g3 = self.adopted.g3 as u64;
-        s.adopted_g4 = self.adopted.g4 as u64;
+        s.adopted_g2 = self.adopted.in_tier(Tier::G2) as u64;
+        s.adopted_g3 = self.adopted.in_tier(Tier::G3) as u64;
+        s.adopted_g4 = self.adopted.in_tier(Tier::G4) as u64;
         s
     }
 
@@ -236,9 +250,7 @@ impl Node {
         }
         self.manager.settle().await;
         self.manager.flush_events();
-        if let Some(disk) = &self.manager.tiers().disk {
-            disk.close().await?;
-        }
+        self.disk.close().await?;
         Ok(())
     }
 
@@ -262,26 +274,28 @@ impl Node {
         !self.manager.registry().residency(key).is_empty()
     }
 
-    /// Blocks held and blocks the node can hold, over G2 and G3 (G4 is
-    /// shared storage, not the node's): their sum in exclusive mode, where
-    /// a block lives in one tier; G3's alone in inclusive mode, where G2
-    /// holds copies of what G3 has.
+    /// Blocks held and blocks the node can hold, over its own tiers (a
+    /// remote store is shared storage, not the node's): their sum in
+    /// exclusive mode, where a block lives in one tier; the largest tier's
+    /// in inclusive mode, where a faster tier holds copies of what the
+    /// tier below has.
     pub fn usage(&self) -> (u64, u64) {
-        let pool = |t: Tier| {
-            self.manager.pool(t).map_or((0, 0), |p| {
-                (p.used() as u64, p.config().capacity_blocks as u64)
-            })
-        };
-        let (g2, g3) = (pool(Tier::G2), pool(Tier::G3));
+        let own = self
+            .manager
+            .tiers()
+            .iter()
+            .filter(|(_, store)| store.kind() != TierKind::Remote)
+            .filter_map(|(t, _)| self.manager.pool(t))
+            .map(|p| (p.used() as u64, p.config().capacity_blocks as u64));
         match self.options.mode {
-            CascadeMode::Exclusive => (g2.0 + g3.0, g2.1 + g3.1),
-            CascadeMode::Inclusive => (g2.0.max(g3.0), g3.1.max(g2.1)),
+            CascadeMode::Exclusive => own.fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+            CascadeMode::Inclusive => own.fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1))),
         }
     }
 
-    /// The G2 blocks registered now (for tests and tools).
+    /// The top tier's blocks registered now (for tests and tools).
     pub fn g2_blocks(&self) -> usize {
-        self.manager.pool(Tier::G2).map_or(0, |p| p.used())
+        self.manager.pool(TierList::TOP).map_or(0, |p| p.used())
     }
 }
 

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
+use kvtier_core::TierKind;
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::NodeServer;
@@ -87,6 +88,11 @@ fn load_exact(client: &mut Client, ks: std::ops::Range<u128>, len: usize) -> usi
 fn a_full_g2_moves_blocks_to_disk_and_loads_bring_them_back() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(config(dir.path(), 4));
+    // No remote store configured: the arena and the disk log.
+    assert_eq!(
+        daemon.node.tier_list(),
+        [(Tier::G2, TierKind::Memory), (Tier::G3, TierKind::Disk)]
+    );
     let len = daemon.len();
     let mut client = daemon.client();
     // Three times what the arena holds: each reserve makes room by moving
@@ -121,8 +127,8 @@ fn a_restart_adopts_what_the_disk_log_holds() {
     let arena = Path::new("/dev/shm").join(&config.memory.shm_name);
     assert!(!arena.exists(), "a clean stop left {arena:?}");
     let daemon = Daemon::start(config);
-    assert_eq!(daemon.node.adopted().g3, 3);
-    assert_eq!(daemon.node.adopted().g2, 0);
+    assert_eq!(daemon.node.adopted().in_tier(Tier::G3), 3);
+    assert_eq!(daemon.node.adopted().in_tier(Tier::G2), 0);
     assert_eq!(daemon.node.memory().adoption(), None);
     let stats = daemon.node.stats();
     assert_eq!((stats.adopted_g2, stats.adopted_g3), (0, 3));
@@ -379,6 +385,15 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     // evict a block that has no copy below (a block was lost that way).
     c.manager.step_interval_ms = 20;
     let daemon = Daemon::start(c);
+    // Registered in order: the arena, the disk log, then the remote store.
+    assert_eq!(
+        daemon.node.tier_list(),
+        [
+            (Tier::G2, TierKind::Memory),
+            (Tier::G3, TierKind::Disk),
+            (Tier::G4, TierKind::Remote)
+        ]
+    );
     let len = daemon.len();
     let disk_blocks = (2 << 20) / len as u128;
     let n = disk_blocks + 40;
@@ -397,7 +412,11 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     drop(client);
     let config = daemon.stop();
     let daemon = Daemon::start(config);
-    assert!(daemon.node.adopted().g4 > 0, "{:?}", daemon.node.adopted());
+    assert!(
+        daemon.node.adopted().in_tier(Tier::G4) > 0,
+        "{:?}",
+        daemon.node.adopted()
+    );
     let mut client = daemon.client();
     let tiers = client.lookup(&keys).unwrap();
     assert!(tiers.contains(&Tier::G4), "{tiers:?}");
@@ -411,7 +430,13 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
         .stats()
         .paths
         .into_iter()
-        .find(|p| p.path == kvtier_manager::TransferPath::RemoteToHost)
+        .find(|p| {
+            p.path
+                == kvtier_manager::TransferPath {
+                    from: Tier::G4,
+                    to: Tier::G2,
+                }
+        })
         .expect("blocks came from G4");
     assert_eq!(
         remote.transfers,
@@ -436,7 +461,7 @@ fn a_load_from_the_disk_log_is_readable_layer_by_layer() {
     drop(client);
     let daemon = Daemon::start(daemon.stop());
     assert_eq!(
-        daemon.node.adopted().g3,
+        daemon.node.adopted().in_tier(Tier::G3),
         3,
         "every block is on the disk only"
     );

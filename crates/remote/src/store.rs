@@ -55,6 +55,15 @@ impl TierStore for RemoteTier {
         TierKind::Remote
     }
 
+    fn block_bytes(&self) -> u64 {
+        self.geometry().block_bytes()
+    }
+
+    /// The block's object, which other nodes sharing the store can read.
+    fn uri(&self, key: BlockHash) -> Option<String> {
+        Some(self.object_uri(key))
+    }
+
     /// An object store has no block limit the tier knows of.
     fn capacity_blocks(&self) -> usize {
         usize::MAX
@@ -68,13 +77,16 @@ impl TierStore for RemoteTier {
         false
     }
 
+    /// A failed delete leaves its object behind (logged; nothing to undo).
     fn remove<'a>(&'a self, keys: &'a [BlockHash]) -> BoxFuture<'a, usize> {
         Box::pin(async move {
-            self.remove_batch(keys)
-                .await
-                .iter()
-                .filter(|r| r.is_ok())
-                .count()
+            let results = self.remove_batch(keys).await;
+            for (key, res) in keys.iter().zip(&results) {
+                if let Err(e) = res {
+                    tracing::warn!(%key, error = %e, "deleting a remote object failed");
+                }
+            }
+            results.iter().filter(|r| r.is_ok()).count()
         })
     }
 

@@ -284,10 +284,54 @@ pub trait InPlaceTier: Send + Sync {
     fn commit(&self, slot: Target, sums: &BlockSums) -> Result<(), TierError>;
 }
 
+/// The owner of a tier's contents, for a tier that drops blocks on its own
+/// to make room (see [`Reclaiming`]): asked which blocks must stay, told
+/// which were dropped.
+///
+/// All methods are called by the tier while it makes room (for the disk
+/// log: on the reclaiming writer's task with the directory's writer lock
+/// held, or on its reaper thread), never with an index or region lock
+/// held: they must be cheap, must not block, and must not call back into
+/// the tier other than its read-only queries (`contains`; a write would
+/// deadlock).
+pub trait ReclaimListener: Send + Sync + 'static {
+    /// Whether the owner still holds `key`. Wanted blocks are all kept
+    /// (for the disk log: re-inserted). Asked once per block still held in
+    /// what the tier considers dropping, before any of them is dropped.
+    fn retain(&self, key: BlockHash) -> bool;
+
+    /// Keys the tier dropped that [`retain`](Self::retain) did not want
+    /// (for the disk log: once per reclaimed region, in the victim's slot
+    /// order, possibly empty). Keys removed by the owner or written again
+    /// meanwhile are never reported.
+    fn evicted(&self, keys: &[BlockHash]);
+
+    /// Keys `retain` wanted that the tier could not keep (reading one back
+    /// failed, its copy failed verification, or writing it again failed).
+    /// Their bytes are gone: the owner must forget them. Called only when
+    /// there are some.
+    fn lost(&self, keys: &[BlockHash]);
+}
+
+/// The facet of a tier that drops blocks on its own to make room (the
+/// disk log reclaims whole regions): its owner installs a
+/// [`ReclaimListener`] and becomes the tier's one eviction authority, and
+/// must then hold at most [`live_capacity_blocks`](Self::live_capacity_blocks)
+/// so that making room never drops a block it wants.
+pub trait Reclaiming: Send + Sync {
+    /// Installs (or replaces) the owner's listener.
+    fn set_reclaim_listener(&self, listener: Arc<dyn ReclaimListener>);
+    /// The most blocks an owner with a listener may hold in the tier.
+    fn live_capacity_blocks(&self) -> usize;
+}
+
 /// One storage tier. Object-safe: the manager holds `Arc<dyn TierStore>`.
 pub trait TierStore: Send + Sync + 'static {
     /// What kind of storage this is.
     fn kind(&self) -> TierKind;
+    /// Bytes of one stored block (every layer); the manager checks it
+    /// against its geometry when it registers the tier.
+    fn block_bytes(&self) -> u64;
     /// Blocks the tier can hold.
     fn capacity_blocks(&self) -> usize;
     /// Blocks the tier holds now (for a remote store, what this process
@@ -324,6 +368,17 @@ pub trait TierStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Vec<Result<(), TierError>>>;
     /// The in-place facet, for a tier whose blocks live in memory.
     fn in_place(&self) -> Option<&dyn InPlaceTier> {
+        None
+    }
+    /// The reclaim facet, for a tier that drops blocks on its own to make
+    /// room (the disk log).
+    fn reclaiming(&self) -> Option<&dyn Reclaiming> {
+        None
+    }
+    /// Where `key`'s block can be found by others, as a URI, for the
+    /// events announcing it (a remote store's object); `None` for a tier
+    /// only this node reaches.
+    fn uri(&self, _key: BlockHash) -> Option<String> {
         None
     }
 }

@@ -1,13 +1,6 @@
 //! What a [`BlockManager`](super::BlockManager) is built from, and why
 //! building or running it can fail.
 
-use std::sync::Arc;
-
-use kvtier_core::Geometry;
-use kvtier_disk::DiskTier;
-use kvtier_mem::MemoryTier;
-use kvtier_remote::RemoteTier;
-
 use crate::Tier;
 use crate::block::BlockError;
 use crate::events::{EventError, PublisherConfig};
@@ -20,8 +13,8 @@ use crate::transfer::TransferError;
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
     /// The tiers' pools (capacity, watermarks, policy) and the placement
-    /// rules (cascade mode, admission). G2, the fastest, is the tier
-    /// blocks are onboarded to.
+    /// rules (cascade mode, admission). The top tier (G2, the arena) is
+    /// the tier blocks are onboarded to.
     pub hierarchy: HierarchyConfig,
     /// Make room on demand: when a tier has too few free slots for an
     /// onboard or a store, its policy's victims cascade to the tier below
@@ -58,34 +51,6 @@ impl Default for ManagerConfig {
     }
 }
 
-/// The storage behind the tiers: G2's shared-memory arena, G3's disk tier
-/// and G4's remote tier. A pool configured without its
-/// storage is an error. Every tier stores blocks of `geometry`.
-#[derive(Clone)]
-pub struct ManagerTiers {
-    /// The block geometry shared by every tier.
-    pub geometry: Geometry,
-    /// G2, the top tier (engines keep their own device cache in front of
-    /// it).
-    pub memory: Option<MemoryTier>,
-    /// G3.
-    pub disk: Option<Arc<DiskTier>>,
-    /// G4: an object store or shared file system. Its pool owns every
-    /// block object under the tier's prefix (give each node its own).
-    pub remote: Option<Arc<RemoteTier>>,
-}
-
-impl std::fmt::Debug for ManagerTiers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagerTiers")
-            .field("geometry", &self.geometry)
-            .field("memory", &self.memory.is_some())
-            .field("disk", &self.disk.is_some())
-            .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
-            .finish()
-    }
-}
-
 /// Why the manager could not be built or could not carry out an operation.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
@@ -98,7 +63,7 @@ pub enum ManagerError {
     /// A block lifecycle transition was refused.
     #[error(transparent)]
     Block(#[from] BlockError),
-    /// The memory tier (G2's arena) refused.
+    /// The memory tier (the top tier's arena) refused.
     #[error(transparent)]
     Memory(#[from] kvtier_arena::MemError),
     /// The transfer engine could not be built.
@@ -110,17 +75,20 @@ pub enum ManagerError {
     /// The event publisher could not be built.
     #[error(transparent)]
     Events(#[from] EventError),
-    /// The G3 pool may hold more blocks than the disk log can keep while it
-    /// reclaims regions (`DiskTier::live_capacity_blocks`).
+    /// A pool may hold more blocks than its tier can keep while it makes
+    /// room on its own (the disk log reclaiming regions:
+    /// `Reclaiming::live_capacity_blocks`).
     #[error(
-        "the G3 pool holds {pool} blocks but its disk log can keep at most {limit} \
-         (every slot but the regions open for writing and one more): \
-         grow the disk or shrink the pool"
+        "the {tier} pool holds {pool} blocks but its tier can keep at most {limit} \
+         while it reclaims (a disk log: every slot but the regions open for \
+         writing and one more): grow the tier or shrink the pool"
     )]
-    G3PoolTooLarge {
-        /// The G3 pool's capacity, blocks.
+    PoolTooLarge {
+        /// The tier.
+        tier: Tier,
+        /// The pool's capacity, blocks.
         pool: usize,
-        /// The most the disk log can keep, blocks.
+        /// The most the tier can keep, blocks.
         limit: usize,
     },
     /// A tier has no room for the blocks asked, even after offloading.

@@ -1,50 +1,44 @@
 //! Pool events to published [`KvEvent`]s, and the tiers' bytes kept in
 //! step with the pools.
 
-use kvtier_core::BlockHash;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
-use crate::Tier;
+use kvtier_core::BlockHash;
+use kvtier_tier::BoxFuture;
+
 use crate::events::{BlockLocation, BlockRemoved, BlockStored, KvEvent};
 use crate::pool::{BlockPool, PoolEvent};
+use crate::{Tier, TierList};
 
 use super::BlockManager;
 
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
-    /// removes the bytes of blocks that left G3 or G4 from the disk or the
-    /// remote store, and publishes the events. (G2's pool removes a
-    /// block's arena bytes itself, as the block leaves it: `TierBytes`.)
+    /// removes the bytes of blocks that left a tier from its store, and
+    /// publishes the events. (The top pool removes a block's arena bytes
+    /// itself, as the block leaves it: `TierBytes`.)
     pub(crate) fn publish_events(&self) {
         let mut events = self.applying.lock();
         self.forget_reclaimed();
-        let mut remote_gone = Vec::new();
         for pool in self.registry.pools() {
             events.clear();
             pool.drain_events_into(&mut events);
             if !events.is_empty() {
-                self.apply_events(pool, &events, &mut remote_gone);
+                self.apply_events(pool, &events);
             }
         }
         events.clear();
-        if !remote_gone.is_empty() {
-            self.forget_remote(remote_gone);
-        }
     }
 
     /// Applies one pool's drained events in one pass: one lock of the
     /// pool, the arena, the counters and the publisher for the lot.
-    /// Blocks of G4 whose bytes go are added to `remote_gone`.
-    fn apply_events(
-        &self,
-        pool: &BlockPool,
-        events: &[PoolEvent],
-        remote_gone: &mut Vec<BlockHash>,
-    ) {
+    fn apply_events(&self, pool: &BlockPool, events: &[PoolEvent]) {
         let tier = pool.tier();
         let hashes: Vec<BlockHash> = events.iter().map(PoolEvent::hash).collect();
         let facts = pool.parents_and_presence(&hashes);
-        let arena_slots = match (&self.tiers.memory, tier) {
-            (Some(m), Tier::G2) => m.slots_of(&hashes),
+        let arena_slots = match self.tiers().arena() {
+            Some(m) if tier == TierList::TOP => m.slots_of(&hashes),
             _ => Vec::new(),
         };
         let mut gone = Vec::new();
@@ -61,7 +55,7 @@ impl BlockManager {
                         parent_hash,
                         tier,
                         bytes: self.geometry.block_bytes(),
-                        location: self.location(pool, hash, arena_slot),
+                        location: self.location(tier, hash, arena_slot),
                         token_ids: None,
                         block_size: pool.tokens_per_block() as u32,
                     })
@@ -70,7 +64,7 @@ impl BlockManager {
                     removed += 1;
                     // The bytes go only if the pool does not hold (or
                     // receive) the block again by now: the pool is the
-                    // authority, the arena and the disk follow it.
+                    // authority, the tiers' stores follow it.
                     if presence.is_none() {
                         gone.push(hash);
                     }
@@ -81,7 +75,7 @@ impl BlockManager {
                 }
             });
         }
-        self.forget_bytes(tier, gone, remote_gone);
+        self.forget_bytes(pool, gone);
         {
             let mut c = self.counters.lock();
             c.stored_events[tier.index()] += stored;
@@ -90,102 +84,91 @@ impl BlockManager {
         self.publisher.emit_all(published);
     }
 
-    /// Where a block stored in `pool`'s tier is, for its event (G2: its
-    /// arena slot, looked up by the caller).
+    /// Where a block stored in `tier` is, for its event: the top tier's
+    /// arena slot (looked up by the caller), or the URI the tier's store
+    /// gives others to find it by (a remote store's object).
     fn location(
         &self,
-        pool: &BlockPool,
+        tier: Tier,
         hash: BlockHash,
         arena_slot: Option<usize>,
     ) -> Option<BlockLocation> {
-        match pool.tier() {
-            Tier::G2 => arena_slot.map(|slot| BlockLocation::ArenaSlot { slot: slot as u64 }),
-            Tier::G4 => self.tiers.remote.as_ref().map(|r| BlockLocation::Uri {
-                uri: r.object_uri(hash),
-            }),
-            _ => None,
+        if tier == TierList::TOP {
+            return arena_slot.map(|slot| BlockLocation::ArenaSlot { slot: slot as u64 });
         }
+        let uri = self.tiers().store(tier)?.uri(hash)?;
+        Some(BlockLocation::Uri { uri })
     }
 
-    /// Takes the blocks the disk log dropped in a region reclaim out of the
-    /// G3 pool (unless they were written to the disk again since): those
-    /// whose re-insertion failed (`lost_by_disk`) and, should the pool
-    /// hold one, those the log dropped as unwanted (`reclaimed_by_disk`,
-    /// 0 while the log re-inserts all the pool holds). A block held, pinned
-    /// or in flight stays until its read fails as a miss.
+    /// Takes the blocks a tier that makes room on its own (the disk log)
+    /// dropped out of its pool (unless they were written to the tier again
+    /// since): those whose re-insertion failed (`lost_by_disk`) and, should
+    /// the pool hold one, those the tier dropped as unwanted
+    /// (`reclaimed_by_disk`, 0 while the log re-inserts all the pool
+    /// holds). A block held, pinned or in flight stays until its read fails
+    /// as a miss.
     fn forget_reclaimed(&self) {
-        let (Some(sync), Some(disk), Some(g3)) = (
-            &self.disk_sync,
-            &self.tiers.disk,
-            self.registry.pool(Tier::G3),
-        ) else {
-            return;
-        };
-        let dropped = sync.take_dropped();
-        let forget = |keys: Vec<BlockHash>| -> u64 {
-            keys.into_iter()
-                .filter(|k| !disk.contains(*k) && g3.remove_inactive(*k))
-                .count() as u64
-        };
-        let reclaimed = forget(dropped.evicted);
-        let lost = forget(dropped.lost);
-        if reclaimed + lost == 0 {
-            return;
+        for sync in &self.reclaim_syncs {
+            let (Some(pool), Some(store)) = (
+                self.registry.pool(sync.tier()),
+                self.tiers().store(sync.tier()),
+            ) else {
+                continue;
+            };
+            let dropped = sync.take_dropped();
+            let forget = |keys: Vec<BlockHash>| -> u64 {
+                keys.into_iter()
+                    .filter(|k| !store.contains(*k) && pool.remove_inactive(*k))
+                    .count() as u64
+            };
+            let reclaimed = forget(dropped.evicted);
+            let lost = forget(dropped.lost);
+            if reclaimed + lost == 0 {
+                continue;
+            }
+            let mut c = self.counters.lock();
+            c.reclaimed_by_disk += reclaimed;
+            c.lost_by_disk += lost;
+            c.dropped += reclaimed + lost;
         }
-        let mut c = self.counters.lock();
-        c.reclaimed_by_disk += reclaimed;
-        c.lost_by_disk += lost;
-        c.dropped += reclaimed + lost;
     }
 
-    /// Deletes the objects of blocks that left G4, in the background (a
-    /// remote call must not stall the caller). A block stored into G4
-    /// again before its delete runs keeps its object: each key is checked
-    /// against the pool right before the delete is sent.
-    fn forget_remote(&self, keys: Vec<BlockHash>) {
-        let (Some(remote), Some(pool)) = (self.tiers.remote.clone(), self.registry.pool(Tier::G4))
-        else {
+    /// Removes `gone`, blocks that left `pool`'s tier, from the tier's
+    /// store. A block stored into the tier again before its removal runs
+    /// keeps its bytes: each key is checked against the pool right before
+    /// the removal. A store that removes at once (the disk log's index) is
+    /// done before this returns; one that answers later (a remote store's
+    /// deletes) must not stall the caller and finishes in the background.
+    /// (The top pool forgot the arena's bytes as each block left it.)
+    fn forget_bytes(&self, pool: &BlockPool, gone: Vec<BlockHash>) {
+        let tier = pool.tier();
+        if gone.is_empty() || tier == TierList::TOP {
             return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(
-                blocks = keys.len(),
-                "no runtime to delete G4 objects; they stay behind"
-            );
+        }
+        let Some(store) = self.tiers().store(tier).map(Arc::clone) else {
             return;
         };
         let pool = pool.clone();
-        let task = runtime.spawn(async move {
-            let keys: Vec<_> = keys
+        let mut removal: BoxFuture<'static, ()> = Box::pin(async move {
+            let keys: Vec<BlockHash> = gone
                 .into_iter()
                 .filter(|k| pool.presence(*k).is_none())
                 .collect();
-            for (key, res) in keys.iter().zip(remote.remove_batch(&keys).await) {
-                if let Err(e) = res {
-                    tracing::warn!(%key, error = %e, "deleting a G4 object failed");
-                }
-            }
+            store.remove(&keys).await;
         });
+        if removal
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            == Poll::Ready(())
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%tier, "no runtime to remove blocks that left the tier; they stay behind");
+            return;
+        };
         let mut background = self.background.lock();
         background.retain(|t| !t.is_finished());
-        background.push(task);
-    }
-
-    /// Drops the bytes of `gone`, blocks that left `tier` (G4's are
-    /// deleted later, in the background: added to `remote_gone`).
-    fn forget_bytes(&self, tier: Tier, gone: Vec<BlockHash>, remote_gone: &mut Vec<BlockHash>) {
-        match tier {
-            Tier::G3 => {
-                if let Some(d) = &self.tiers.disk {
-                    for hash in gone {
-                        d.remove(hash);
-                    }
-                }
-            }
-            Tier::G4 => remote_gone.extend(gone),
-            // The node has no G1 pool; G2's pool forgot the arena bytes
-            // when the block left it.
-            _ => {}
-        }
+        background.push(runtime.spawn(removal));
     }
 }

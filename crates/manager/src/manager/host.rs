@@ -10,7 +10,7 @@ use kvtier_core::{BlockHash, BlockSums};
 use kvtier_mem::{MemoryTier, PutOutcome, Reserve, SlotReservation};
 
 use super::{BlockManager, ManagerError};
-use crate::Tier;
+use crate::TierList;
 use crate::pool::{IncomingBlock, PoolError};
 
 /// A G2 slot reserved for one block the client fills: the pool's incoming
@@ -107,7 +107,7 @@ impl BlockManager {
             .count();
         let pool_slots: Vec<Result<IncomingBlock, HostReserve>> = self
             .take_with_room(
-                Tier::G2,
+                TierList::TOP,
                 new,
                 || self.pool_slots(pool, keys),
                 |slots: &Vec<_>| slots.iter().any(|s| matches!(s, Err(HostReserve::NoSpace))),
@@ -197,7 +197,7 @@ impl BlockManager {
         if let Ok((pool, _)) = self.host_tier() {
             pool.finish_all(finished);
         }
-        self.copy_down(Tier::G2, &stored).await;
+        self.copy_down(TierList::TOP, &stored).await;
         self.publish_events();
         out
     }
@@ -236,18 +236,18 @@ impl BlockManager {
     /// below (exclusive or inclusive alike), so a restart adopts it from
     /// the disk log. Waits for the copies; returns the blocks left in G2.
     pub async fn drain_host(&self) -> usize {
-        let Some(pool) = self.registry.pool(Tier::G2) else {
+        let Some(pool) = self.registry.pool(TierList::TOP) else {
             return 0;
         };
         let capacity = pool.config().capacity_blocks;
-        self.make_room(Tier::G2, capacity).await;
+        self.make_room(TierList::TOP, capacity).await;
         self.publish_events();
         pool.used()
     }
 
     /// G2's pool and the arena behind it.
     fn host_tier(&self) -> Result<(&crate::pool::BlockPool, &MemoryTier), ManagerError> {
-        match (self.registry.pool(Tier::G2), &self.tiers.memory) {
+        match (self.registry.pool(TierList::TOP), self.tiers().arena()) {
             (Some(p), Some(m)) => Ok((p, m)),
             _ => Err(ManagerError::Config("G2 is not configured".into())),
         }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use kvtier_core::BlockHash;
 
 use super::{BlockManager, ManagerError};
+use crate::TierList;
 use crate::placement::{OnboardStep, OnboardStop};
 use crate::pool::{BlockPool, ImmutableBlock, PoolError, Presence};
 use crate::registry::PrefixMatch;
@@ -232,7 +233,7 @@ impl BlockManager {
                 OnboardStep::Resident(b) => resident.push(b),
                 OnboardStep::Pending(h) => pending.push(h),
                 OnboardStep::Transfer(mv) => {
-                    let block = if mv.path.lands_in_host() {
+                    let block = if mv.to == TierList::TOP {
                         // Dropping the move when the arena has no slot
                         // frees its pool slot and keeps the source.
                         self.landing(mv.hash).inspect(|b| {
@@ -288,7 +289,7 @@ impl BlockManager {
     /// arena bytes as blocks leave it, so this is not expected); `None`
     /// when the arena has no slot.
     fn landing(&self, hash: BlockHash) -> Option<BlockMove> {
-        let memory = self.tiers.memory.as_ref()?;
+        let memory = self.tiers().arena()?;
         match memory.reserve(hash) {
             Ok(Reserve::Reserved(slot)) => Some(BlockMove::landing(HostLanding::new(
                 slot,

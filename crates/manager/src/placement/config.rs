@@ -1,5 +1,7 @@
 //! Configuration of the hierarchy: the tiers' pools and the placement rules.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::Tier;
@@ -32,46 +34,71 @@ pub struct PlacementConfig {
     pub admission: AdmissionConfig,
 }
 
-/// The tiers of one node and the placement rules between them. G2 is the
-/// fastest: an engine's GPU cache (G1) lives in the engine, in front of the
-/// node.
+/// The tiers of one node and the placement rules between them: a pool
+/// configuration per configured position of the tier list, fastest first.
+/// G2, the top tier, is the fastest the node holds: an engine's GPU cache
+/// (G1) lives in the engine, in front of the node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HierarchyConfig {
-    /// G2 (host memory), the top tier. Default: 4096 blocks.
-    pub g2: Option<PoolConfig>,
-    /// G3 (local disk). Default: none.
-    pub g3: Option<PoolConfig>,
-    /// G4 (remote); blocks cascade there only when configured. Default: none.
-    pub g4: Option<PoolConfig>,
+    /// Each configured tier's pool, by position (`{"g2": {...}, "g3":
+    /// {...}}`); blocks cascade to a position only when it is configured.
+    /// Default: G2 (host memory, the top tier) with 4096 blocks.
+    pub pools: BTreeMap<Tier, PoolConfig>,
     /// Placement rules.
     pub placement: PlacementConfig,
 }
 
 impl Default for HierarchyConfig {
     fn default() -> Self {
-        Self {
-            g2: Some(PoolConfig {
+        Self::none().with(
+            crate::TierList::TOP,
+            PoolConfig {
                 capacity_blocks: 4096,
                 ..PoolConfig::default()
-            }),
-            g3: None,
-            g4: None,
-            placement: PlacementConfig::default(),
-        }
+            },
+        )
     }
 }
 
 impl HierarchyConfig {
+    /// No tier configured; default placement rules.
+    pub fn none() -> Self {
+        Self {
+            pools: BTreeMap::new(),
+            placement: PlacementConfig::default(),
+        }
+    }
+
+    /// With `pool` at `tier` (replacing any), or, given `None`, without a
+    /// pool there.
+    pub fn with(mut self, tier: Tier, pool: impl Into<Option<PoolConfig>>) -> Self {
+        match pool.into() {
+            Some(pool) => self.pools.insert(tier, pool),
+            None => self.pools.remove(&tier),
+        };
+        self
+    }
+
+    /// With the placement rules `placement`.
+    pub fn with_placement(mut self, placement: PlacementConfig) -> Self {
+        self.placement = placement;
+        self
+    }
+
     /// The pool configuration of `tier`, if configured.
     pub fn tier(&self, tier: Tier) -> Option<&PoolConfig> {
-        match tier {
-            Tier::G1 => None,
-            Tier::G2 => self.g2.as_ref(),
-            Tier::G3 => self.g3.as_ref(),
-            Tier::G4 => self.g4.as_ref(),
-            _ => None,
-        }
+        self.pools.get(&tier)
+    }
+
+    /// The pool configuration of `tier`, if configured, to change it.
+    pub fn tier_mut(&mut self, tier: Tier) -> Option<&mut PoolConfig> {
+        self.pools.get_mut(&tier)
+    }
+
+    /// Every configured tier and its pool configuration, fastest first.
+    pub fn pools(&self) -> impl Iterator<Item = (Tier, &PoolConfig)> {
+        self.pools.iter().map(|(t, c)| (*t, c))
     }
 
     /// Builds a registry with one pool per configured tier, each on a wall
@@ -85,11 +112,8 @@ impl HierarchyConfig {
     /// are the trace's).
     pub fn build_registry_on<L: PoolLock>(&self, clock: Clock) -> Result<Registry<L>, PoolError> {
         let mut registry = Registry::new();
-        for tier in Tier::all() {
-            if let Some(cfg) = self.tier(tier) {
-                registry =
-                    registry.with_pool(BlockPool::with_lock(tier, cfg.clone(), clock.clone())?);
-            }
+        for (tier, cfg) in self.pools() {
+            registry = registry.with_pool(BlockPool::with_lock(tier, cfg.clone(), clock.clone())?);
         }
         Ok(registry)
     }

@@ -163,8 +163,8 @@ impl IoScheduler {
         &self.inner.engine
     }
 
-    /// Loads `blocks` along `path` layer by layer (`DiskToHost` or
-    /// `RemoteToHost`, each block naming its landing slot):
+    /// Loads `blocks` along `path` layer by layer (a read into the arena,
+    /// `g3_to_g2` or `g4_to_g2`, each block naming its landing slot):
     /// one read batch per layer for all blocks, queued in layer order ahead
     /// of every write.
     pub fn load(&self, path: TransferPath, blocks: Vec<BlockMove>) -> LoadHandle {

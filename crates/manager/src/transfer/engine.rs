@@ -7,18 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kvtier_core::{BlockHash, Geometry};
-use kvtier_disk::DiskTier;
-use kvtier_mem::MemoryTier;
-use kvtier_remote::RemoteTier;
 use tokio::sync::mpsc;
 
 use super::completion::{Completer, CompletionCell};
-use super::executor::{Tiers, execute};
+use super::executor::execute;
 use super::hooks::{InFlightHooks, NoHooks, TransferTicket};
 use super::metrics::{PathStats, TransferMetrics};
 use super::request::Span;
 use super::request::{BlockMove, TransferHandle, TransferRequest};
-use crate::tier::TransferPath;
+use crate::tier::{TierList, TransferPath};
 
 /// Why an engine could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -41,32 +38,13 @@ pub enum TransferError {
 
 /// Builds a [`TransferEngine`].
 pub struct TransferEngineBuilder {
-    geometry: Geometry,
-    tiers: Tiers,
+    tiers: TierList,
     hooks: Arc<dyn InFlightHooks>,
     max_batch_blocks: usize,
     batches_in_flight: usize,
 }
 
 impl TransferEngineBuilder {
-    /// G2. Default: none.
-    pub fn with_memory(mut self, memory: MemoryTier) -> Self {
-        self.tiers.memory = Some(memory);
-        self
-    }
-
-    /// G3. Default: none.
-    pub fn with_disk(mut self, disk: Arc<DiskTier>) -> Self {
-        self.tiers.disk = Some(disk);
-        self
-    }
-
-    /// G4. Default: none.
-    pub fn with_remote(mut self, remote: Arc<RemoteTier>) -> Self {
-        self.tiers.remote = Some(remote);
-        self
-    }
-
     /// In-flight protection callbacks. Default: [`NoHooks`].
     pub fn with_hooks(mut self, hooks: Arc<dyn InFlightHooks>) -> Self {
         self.hooks = hooks;
@@ -90,10 +68,9 @@ impl TransferEngineBuilder {
         self
     }
 
-    /// Checks the tiers against the geometry and starts one worker per path
-    /// on the current tokio runtime.
+    /// Starts one worker per path between the tiers on the current tokio
+    /// runtime.
     pub fn build(self) -> Result<TransferEngine, TransferError> {
-        let g = self.geometry;
         if self.batches_in_flight == 0 {
             return Err(TransferError::InvalidConfig(
                 "batches_in_flight must be positive".into(),
@@ -104,45 +81,21 @@ impl TransferEngineBuilder {
                 "max_batch_blocks must be positive".into(),
             ));
         }
-        if let Some(m) = &self.tiers.memory
-            && m.block_bytes() as u64 != g.block_bytes()
-        {
-            return Err(TransferError::GeometryMismatch {
-                tier: "memory",
-                detail: format!("{} B blocks vs {} B", m.block_bytes(), g.block_bytes()),
-            });
-        }
-        if let Some(d) = &self.tiers.disk
-            && d.geometry() != &g
-        {
-            return Err(TransferError::GeometryMismatch {
-                tier: "disk",
-                detail: format!("{} vs {g}", d.geometry()),
-            });
-        }
-        if let Some(r) = &self.tiers.remote
-            && r.geometry() != &g
-        {
-            return Err(TransferError::GeometryMismatch {
-                tier: "remote",
-                detail: format!("{} vs {g}", r.geometry()),
-            });
-        }
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| TransferError::NoRuntime)?;
+        let paths = self.tiers.paths();
         let shared = Arc::new(Shared {
-            geometry: g,
             tiers: self.tiers,
             hooks: self.hooks,
-            metrics: TransferMetrics::default(),
+            metrics: TransferMetrics::new(&paths),
             max_batch_blocks: self.max_batch_blocks,
             batches_in_flight: self.batches_in_flight,
         });
         let mut queues = HashMap::new();
-        for path in TransferPath::ALL {
+        for (index, path) in paths.into_iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
             queues.insert(path, tx);
-            runtime.spawn(worker(shared.clone(), path, rx));
+            runtime.spawn(worker(shared.clone(), path, index, rx));
         }
         Ok(TransferEngine {
             inner: Arc::new(EngineInner {
@@ -156,8 +109,7 @@ impl TransferEngineBuilder {
 
 /// What the workers share.
 struct Shared {
-    geometry: Geometry,
-    tiers: Tiers,
+    tiers: TierList,
     hooks: Arc<dyn InFlightHooks>,
     metrics: TransferMetrics,
     max_batch_blocks: usize,
@@ -200,18 +152,17 @@ pub struct TransferEngine {
 impl std::fmt::Debug for TransferEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TransferEngine")
-            .field("geometry", &self.inner.shared.geometry)
             .field("tiers", &self.inner.shared.tiers)
             .finish()
     }
 }
 
 impl TransferEngine {
-    /// A builder for blocks of `geometry`.
-    pub fn builder(geometry: Geometry) -> TransferEngineBuilder {
+    /// A builder moving blocks between `tiers` (and the geometry they
+    /// store).
+    pub fn builder(tiers: TierList) -> TransferEngineBuilder {
         TransferEngineBuilder {
-            geometry,
-            tiers: Tiers::default(),
+            tiers,
             hooks: Arc::new(NoHooks),
             max_batch_blocks: 256,
             batches_in_flight: 1,
@@ -220,11 +171,11 @@ impl TransferEngine {
 
     /// The block geometry.
     pub fn geometry(&self) -> &Geometry {
-        &self.inner.shared.geometry
+        self.inner.shared.tiers.geometry()
     }
 
-    /// The tiers.
-    pub fn tiers(&self) -> &Tiers {
+    /// The tiers, in order (the list the manager uses too).
+    pub fn tiers(&self) -> &TierList {
         &self.inner.shared.tiers
     }
 
@@ -244,7 +195,11 @@ impl TransferEngine {
             keys: &keys,
         });
         let n = blocks.len() as u64;
-        shared.metrics.path(path).queued(n);
+        let Some(metrics) = shared.metrics.path(path) else {
+            finish_unserved(shared, path, id, &blocks, Completer::new(cell));
+            return handle;
+        };
+        metrics.queued(n);
         let job = Job {
             id,
             span,
@@ -260,7 +215,7 @@ impl TransferEngine {
         if let Some(Err(job)) = sent {
             // The worker is gone (runtime shut down): the job fails as
             // abandoned, but its hooks must still be released.
-            shared.metrics.path(path).dequeued(n);
+            metrics.dequeued(n);
             finish_abandoned(shared, path, job);
         }
         handle
@@ -281,12 +236,36 @@ fn finish_abandoned(shared: &Shared, path: TransferPath, job: Job) {
     let failure = Err(super::BlockFailure::Abandoned);
     for (i, b) in job.blocks.iter().enumerate() {
         shared.hooks.finish_transfer(job.id, path, b.key, &failure);
-        shared.metrics.path(path).block_done(false, 0);
+        if let Some(m) = shared.metrics.path(path) {
+            m.block_done(false, 0);
+        }
         job.completer.complete(i, failure.clone());
     }
 }
 
-async fn worker(shared: Arc<Shared>, path: TransferPath, mut rx: mpsc::UnboundedReceiver<Job>) {
+/// Fails a transfer along a path between tiers the engine does not have,
+/// releasing its hooks.
+fn finish_unserved(
+    shared: &Shared,
+    path: TransferPath,
+    id: u64,
+    blocks: &[BlockMove],
+    completer: Completer,
+) {
+    let failure = Err(super::BlockFailure::Unsupported(path));
+    for (i, b) in blocks.iter().enumerate() {
+        shared.hooks.finish_transfer(id, path, b.key, &failure);
+        completer.complete(i, failure.clone());
+    }
+}
+
+/// The worker of `path`, the `index`th path of the engine's metrics.
+async fn worker(
+    shared: Arc<Shared>,
+    path: TransferPath,
+    index: usize,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+) {
     let mut carry: Option<Job> = None;
     // Bounds the batches of this path running at once.
     let slots = Arc::new(tokio::sync::Semaphore::new(shared.batches_in_flight));
@@ -317,7 +296,7 @@ async fn worker(shared: Arc<Shared>, path: TransferPath, mut rx: mpsc::Unbounded
             }
         }
         if shared.batches_in_flight == 1 {
-            run_batch(&shared, path, span, batch, blocks).await;
+            run_batch(&shared, (path, index), span, batch, blocks).await;
             continue;
         }
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -325,7 +304,7 @@ async fn worker(shared: Arc<Shared>, path: TransferPath, mut rx: mpsc::Unbounded
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            run_batch(&shared, path, span, batch, blocks).await;
+            run_batch(&shared, (path, index), span, batch, blocks).await;
             drop(slot);
         });
     }
@@ -333,20 +312,20 @@ async fn worker(shared: Arc<Shared>, path: TransferPath, mut rx: mpsc::Unbounded
 
 async fn run_batch(
     shared: &Shared,
-    path: TransferPath,
+    (path, index): (TransferPath, usize),
     span: Span,
     batch: Vec<Job>,
     blocks: usize,
 ) {
-    let metrics = shared.metrics.path(path);
+    let metrics = shared.metrics.at(index);
     metrics.dequeued(blocks as u64);
     metrics.batch();
     let all: Vec<BlockMove> = batch
         .iter()
         .flat_map(|j| j.blocks.iter().cloned())
         .collect();
-    let results = execute(&shared.tiers, &shared.geometry, path, span, &all).await;
-    let bytes = span.bytes(&shared.geometry);
+    let results = execute(&shared.tiers, path, span, &all).await;
+    let bytes = span.bytes(shared.tiers.geometry());
     let mut results = results.into_iter();
     for job in batch {
         let done: Vec<_> = job
@@ -355,7 +334,7 @@ async fn run_batch(
             .map(|b| {
                 let r = results.next().unwrap_or(Err(super::BlockFailure::Abandoned));
                 if let Err(e) = &r {
-                    tracing::debug!(path = path.name(), key = %b.key, error = %e, "block transfer failed");
+                    tracing::debug!(path = %path, key = %b.key, error = %e, "block transfer failed");
                 }
                 shared.hooks.finish_transfer(job.id, path, b.key, &r);
                 metrics.block_done(r.is_ok(), bytes);

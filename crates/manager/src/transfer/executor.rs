@@ -3,9 +3,9 @@
 //! rule:
 //!
 //! - **source bytes**: lent in place by a source with the in-place facet
-//!   (G2: the arena's `BlockRef`s, no copy), else a verified
+//!   (the arena's `BlockRef`s, no copy), else a verified
 //!   [`read_into`](TierStore::read_into) into the destination's reserved
-//!   in-place slots (G2: the read lands where the block will live; per
+//!   in-place slots (the arena: the read lands where the block will live; per
 //!   layer into a [`HostLanding`](super::HostLanding)) or into bounce
 //!   buffers;
 //! - **destination**: the verified slot committed with the sums the read
@@ -16,59 +16,18 @@
 //! A block that fails anywhere is reported and never made visible at the
 //! destination: reserved slots are dropped uncommitted.
 
-use std::sync::Arc;
-
 use kvtier_arena::MemError;
 use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup};
-use kvtier_disk::DiskTier;
 use kvtier_io::AlignedBuf;
-use kvtier_mem::{MemoryTier, PutOutcome};
-use kvtier_remote::RemoteTier;
+use kvtier_mem::PutOutcome;
 use kvtier_tier::{BlockPut, InPlaceTier, Lent, ReadDone, Reserved, Target, TierError, TierStore};
 
 use super::landing::{HostLanding, LayerTarget};
 use super::request::{BlockFailure, BlockMove, BlockResult, Span};
-use crate::tier::{Tier, TransferPath};
+use crate::tier::{TierList, TransferPath};
 
 /// Alignment of bounce buffers for disk reads (direct I/O).
 const BOUNCE_ALIGN: usize = 4096;
-
-/// The tiers an engine moves bytes between; a path whose tiers are missing
-/// fails its blocks as `Unsupported`.
-#[derive(Clone, Default)]
-pub struct Tiers {
-    /// G2.
-    pub memory: Option<MemoryTier>,
-    /// G3.
-    pub disk: Option<Arc<DiskTier>>,
-    /// G4.
-    pub remote: Option<Arc<RemoteTier>>,
-}
-
-impl std::fmt::Debug for Tiers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tiers")
-            .field(
-                "memory",
-                &self.memory.as_ref().map(|m| m.shm_name().to_owned()),
-            )
-            .field("disk", &self.disk.is_some())
-            .field("remote", &self.remote.as_ref().map(|r| r.url().to_owned()))
-            .finish()
-    }
-}
-
-impl Tiers {
-    /// Tier `tier` as a store, if configured.
-    fn store(&self, tier: Tier) -> Option<&dyn TierStore> {
-        match tier {
-            Tier::G2 => self.memory.as_ref().map(|m| m as &dyn TierStore),
-            Tier::G3 => self.disk.as_deref().map(|d| d as &dyn TierStore),
-            Tier::G4 => self.remote.as_deref().map(|r| r as &dyn TierStore),
-            _ => None,
-        }
-    }
-}
 
 fn tier_err(e: impl std::fmt::Display) -> BlockFailure {
     BlockFailure::Tier(e.to_string())
@@ -92,34 +51,39 @@ fn lookup_failure(l: Lookup) -> BlockFailure {
 
 /// Runs one batch; one result per block, in order.
 pub(crate) async fn execute(
-    tiers: &Tiers,
-    geometry: &Geometry,
+    tiers: &TierList,
     path: TransferPath,
     span: Span,
     blocks: &[BlockMove],
 ) -> Vec<BlockResult> {
-    if let Err(e) = check_span(geometry, path, span) {
+    let (Some(from), Some(to)) = (tiers.store(path.from), tiers.store(path.to)) else {
+        return vec![Err(BlockFailure::Unsupported(path)); blocks.len()];
+    };
+    let (from, to) = (from.as_ref(), to.as_ref());
+    let geometry = tiers.geometry();
+    if let Err(e) = check_span(geometry, path, to, span) {
         return vec![Err(e); blocks.len()];
     }
-    let (from, to) = path.endpoints();
-    let (Some(from), Some(to)) = (tiers.store(from), tiers.store(to)) else {
-        return vec![Err(BlockFailure::Unsupported(path.name())); blocks.len()];
-    };
     match span {
         Span::Block => move_blocks(from, to, geometry, blocks).await,
         Span::Layer(layer) => read_landings(from, layer, blocks).await,
     }
 }
 
-/// Layer spans only make sense into host landings (layer-wise loading).
-fn check_span(geometry: &Geometry, path: TransferPath, span: Span) -> Result<(), BlockFailure> {
+/// Layer spans only make sense into host landings (layer-wise loading):
+/// reads into a tier with the in-place facet.
+fn check_span(
+    geometry: &Geometry,
+    path: TransferPath,
+    to: &dyn TierStore,
+    span: Span,
+) -> Result<(), BlockFailure> {
     match span {
         Span::Block => Ok(()),
         Span::Layer(l) => {
-            if !path.lands_in_host() {
+            if !path.is_read() || to.in_place().is_none() {
                 return Err(BlockFailure::InvalidRequest(format!(
-                    "layer spans are for onboarding into host landings, not {}",
-                    path.name()
+                    "layer spans are for onboarding into host landings, not {path}"
                 )));
             }
             if l >= geometry.layers {

@@ -158,48 +158,58 @@ pub struct PathStats {
     pub latency: LatencySummary,
 }
 
-/// Counters of every path.
+/// Counters of every path an engine serves.
 #[derive(Debug, Default)]
 pub struct TransferMetrics {
-    paths: [PathMetrics; TransferPath::ALL.len()],
-}
-
-fn index(path: TransferPath) -> usize {
-    TransferPath::ALL
-        .iter()
-        .position(|p| *p == path)
-        .unwrap_or(0)
+    paths: Vec<(TransferPath, PathMetrics)>,
 }
 
 impl TransferMetrics {
-    /// The counters of `path`.
-    pub fn path(&self, path: TransferPath) -> &PathMetrics {
-        &self.paths[index(path)]
-    }
-
-    /// A snapshot of `path`.
-    pub fn snapshot(&self, path: TransferPath) -> PathStats {
-        let m = self.path(path);
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        PathStats {
-            path,
-            transfers: get(&m.transfers),
-            blocks: get(&m.blocks),
-            failed_blocks: get(&m.failed_blocks),
-            bytes: get(&m.bytes),
-            batches: get(&m.batches),
-            queue_depth: get(&m.queued_blocks),
-            max_queue_depth: get(&m.max_queued_blocks),
-            latency: m.latency.summary(),
+    /// Counters for `paths`, all zero.
+    pub fn new(paths: &[TransferPath]) -> Self {
+        Self {
+            paths: paths.iter().map(|p| (*p, PathMetrics::default())).collect(),
         }
     }
 
-    /// Snapshots of every path.
+    /// The counters of `path`, if served.
+    pub fn path(&self, path: TransferPath) -> Option<&PathMetrics> {
+        self.paths.iter().find(|(p, _)| *p == path).map(|(_, m)| m)
+    }
+
+    /// The counters of the `index`th path (an engine's worker knows its
+    /// index; one out of range is a bug).
+    pub(crate) fn at(&self, index: usize) -> &PathMetrics {
+        &self.paths[index].1
+    }
+
+    /// A snapshot of `path` (all zero for a path not served).
+    pub fn snapshot(&self, path: TransferPath) -> PathStats {
+        match self.path(path) {
+            Some(m) => snapshot_of(path, m),
+            None => snapshot_of(path, &PathMetrics::default()),
+        }
+    }
+
+    /// Snapshots of every path served.
     pub fn snapshot_all(&self) -> Vec<PathStats> {
-        TransferPath::ALL
-            .iter()
-            .map(|p| self.snapshot(*p))
-            .collect()
+        self.paths.iter().map(|(p, m)| snapshot_of(*p, m)).collect()
+    }
+}
+
+/// A snapshot of `m`, the counters of `path`.
+fn snapshot_of(path: TransferPath, m: &PathMetrics) -> PathStats {
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    PathStats {
+        path,
+        transfers: get(&m.transfers),
+        blocks: get(&m.blocks),
+        failed_blocks: get(&m.failed_blocks),
+        bytes: get(&m.bytes),
+        batches: get(&m.batches),
+        queue_depth: get(&m.queued_blocks),
+        max_queue_depth: get(&m.max_queued_blocks),
+        latency: m.latency.summary(),
     }
 }
 

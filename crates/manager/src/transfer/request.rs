@@ -45,8 +45,8 @@ pub struct BlockMove {
     /// The checksums the block carries, when the caller knows them: the
     /// bytes are verified against them before they are stored.
     pub sums: Option<BlockSums>,
-    /// The arena slot a block read from the disk layer by layer lands in
-    /// (`DiskToHost` with layer spans); `None` elsewhere.
+    /// The arena slot a block read from a lower tier layer by layer lands
+    /// in (a read into the arena with layer spans); `None` elsewhere.
     pub landing: Option<Arc<HostLanding>>,
 }
 
@@ -87,8 +87,8 @@ impl BlockMove {
 pub struct TransferRequest {
     /// The path.
     pub path: TransferPath,
-    /// Which bytes of each block: whole blocks, or one layer (from the
-    /// disk or G4 into landings, `DiskToHost` / `RemoteToHost`).
+    /// Which bytes of each block: whole blocks, or one layer (from a lower
+    /// tier into landings in the arena).
     pub span: Span,
     /// The blocks.
     pub blocks: Vec<BlockMove>,
@@ -123,10 +123,9 @@ pub enum BlockFailure {
     /// offload, bad layer, a layer read without a landing).
     #[error("invalid request: {0}")]
     InvalidRequest(String),
-    /// No executor serves this path (remote transfers, or a tier the engine
-    /// was built without).
+    /// No executor serves this path (a tier the engine was built without).
     #[error("path {0} is not served")]
-    Unsupported(&'static str),
+    Unsupported(TransferPath),
     /// A tier reported an I/O or storage error.
     #[error("tier: {0}")]
     Tier(String),

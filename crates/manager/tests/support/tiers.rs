@@ -92,3 +92,12 @@ pub fn disk_in(
     };
     Arc::new(DiskTier::open(cfg, engine).expect("disk tier"))
 }
+
+/// The tiers in order, as a node registers them: `memory` (if any) at the
+/// top, then each of `below` at the next position.
+pub fn list(
+    memory: Option<&MemoryTier>,
+    below: Vec<Arc<dyn kvtier_tier::TierStore>>,
+) -> kvtier_manager::TierList {
+    kvtier_manager::TierList::new(geometry(), memory.cloned(), below).expect("tier list")
+}

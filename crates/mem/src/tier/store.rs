@@ -74,6 +74,10 @@ impl TierStore for MemoryTier {
         TierKind::Memory
     }
 
+    fn block_bytes(&self) -> u64 {
+        MemoryTier::block_bytes(self) as u64
+    }
+
     fn capacity_blocks(&self) -> usize {
         MemoryTier::capacity_blocks(self)
     }

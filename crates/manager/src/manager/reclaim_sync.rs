@@ -1,9 +1,10 @@
-//! The G3 pool as the disk log's one eviction authority.
+//! A pool as the one eviction authority of a tier that makes room on its
+//! own (the tier's `Reclaiming` facet; the disk log).
 //!
 //! The disk tier is log-structured: when it runs out of free regions it
-//! reclaims a whole one. [`DiskSync`] is the disk tier's
-//! [`ReclaimListener`]: it answers "still wanted?" from the G3 pool, and the
-//! log re-inserts every block the pool holds, so a reclaim never takes a
+//! reclaims a whole one. [`ReclaimSync`] is such a tier's
+//! [`ReclaimListener`]: it answers "still wanted?" from the tier's pool, and
+//! the log re-inserts every block the pool holds, so a reclaim never takes a
 //! block the pool still lists. It queues what the log dropped anyway: keys
 //! it reports unwanted (`evicted`; should the pool hold one by the time the
 //! manager drains them, that is counted as `reclaimed_by_disk`, which the
@@ -11,14 +12,20 @@
 //! are gone, the pool must forget them). The manager drains both with its
 //! events, so the pool never offers a block whose bytes are gone.
 
+use std::sync::Arc;
+
 use kvtier_core::BlockHash;
-use kvtier_disk::ReclaimListener;
+use kvtier_tier::ReclaimListener;
 use parking_lot::Mutex;
 
 use crate::pool::BlockPool;
+use crate::registry::Registry;
+use crate::{Tier, TierList};
 
-/// The G3 pool's view, handed to the disk tier.
-pub(crate) struct DiskSync {
+/// A pool's view, handed to its tier.
+pub(crate) struct ReclaimSync {
+    /// The tier (not its store: the store holds this listener).
+    tier: Tier,
     pool: BlockPool,
     /// Keys the log dropped as unwanted, not yet checked against the pool.
     evicted: Mutex<Vec<BlockHash>>,
@@ -35,16 +42,33 @@ pub(crate) struct Dropped {
     pub lost: Vec<BlockHash>,
 }
 
-impl DiskSync {
-    pub(crate) fn new(pool: BlockPool) -> Self {
-        Self {
-            pool,
-            evicted: Mutex::new(Vec::new()),
-            lost: Mutex::new(Vec::new()),
+impl ReclaimSync {
+    /// A listener for each tier of `tiers` that makes room on its own and
+    /// has a pool in `registry`, installed in the tier.
+    pub(crate) fn attach(registry: &Registry, tiers: &TierList) -> Vec<Arc<Self>> {
+        let mut syncs = Vec::new();
+        for (tier, store) in tiers.iter() {
+            let (Some(r), Some(pool)) = (store.reclaiming(), registry.pool(tier)) else {
+                continue;
+            };
+            let sync = Arc::new(Self {
+                tier,
+                pool: pool.clone(),
+                evicted: Mutex::new(Vec::new()),
+                lost: Mutex::new(Vec::new()),
+            });
+            r.set_reclaim_listener(sync.clone());
+            syncs.push(sync);
         }
+        syncs
     }
 
-    /// The keys the log dropped since the last call.
+    /// The tier whose pool this is.
+    pub(crate) fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The keys the tier dropped since the last call.
     pub(crate) fn take_dropped(&self) -> Dropped {
         Dropped {
             evicted: std::mem::take(&mut *self.evicted.lock()),
@@ -53,7 +77,7 @@ impl DiskSync {
     }
 }
 
-impl ReclaimListener for DiskSync {
+impl ReclaimListener for ReclaimSync {
     fn retain(&self, key: BlockHash) -> bool {
         // Held, pinned, in flight or merely resident: the pool still
         // counts on these bytes.
