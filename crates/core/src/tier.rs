@@ -6,7 +6,8 @@
 //! order its configuration gives them (by default the shared-memory arena,
 //! then the disk log, then a remote store). A new kind of tier is one more
 //! position, not a new variant here. Each position has a [`TierKind`],
-//! which the node announces to its clients with the list.
+//! which the node announces to its clients with the list and KV events
+//! carry.
 //!
 //! The block manager keys its pools by the position, the node protocol
 //! carries it as one byte (position + 1, so `G1` = 1, `G2` = 2 ...), and the
@@ -115,7 +116,8 @@ impl std::str::FromStr for Tier {
 /// What kind of storage a tier is: how it is reached and shown (its name
 /// in stats and metrics, the medium in KV events). The manager's behaviour
 /// depends on the facets a tier's store offers, not on this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TierKind {
     /// An engine's own device memory (GPU HBM): G1, never held by the node.
     Device,

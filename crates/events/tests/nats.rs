@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, TierKind};
 use kvtier_events::{NatsSink, NatsSinkConfig};
 use kvtier_manager::Tier;
 use kvtier_manager::events::{
@@ -98,6 +98,7 @@ fn event(n: u64) -> KvEvent {
             block_hashes: vec![BlockHash(u128::from(n) << 64 | 1), BlockHash(u128::from(n))],
             parent_hash: Some(BlockHash(7)),
             tier: Tier::G3,
+            kind: TierKind::Disk,
             bytes: 1 << 20,
             location: Some(kvtier_manager::events::BlockLocation::DiskRegion {
                 segment: 2,
@@ -111,6 +112,7 @@ fn event(n: u64) -> KvEvent {
         KvEvent::Removed(BlockRemoved {
             block_hashes: vec![BlockHash(u128::MAX - u128::from(n))],
             tier: Tier::G2,
+            kind: TierKind::Memory,
         })
     }
 }
@@ -268,6 +270,7 @@ fn json_schema_of_a_batch() {
                 "block_hashes": ["00000000000000020000000000000001", "00000000000000000000000000000002"],
                 "parent_hash": "00000000000000000000000000000007",
                 "tier": "G3",
+                "kind": "disk",
                 "bytes": 1048576,
                 "location": {"kind": "disk_region", "segment": 2, "offset": 8192, "len": 4096},
                 "token_ids": [1, 2, 3],
@@ -276,7 +279,8 @@ fn json_schema_of_a_batch() {
             {
                 "type": "removed",
                 "block_hashes": ["fffffffffffffffffffffffffffffffc"],
-                "tier": "G2"
+                "tier": "G2",
+                "kind": "memory"
             },
             {"type": "all_cleared", "tier": "G1"}
         ]
@@ -285,7 +289,7 @@ fn json_schema_of_a_batch() {
     let back: EventBatch = serde_json::from_value(json).unwrap();
     assert_eq!(back, batch);
     let bad = serde_json::json!({"seq": 0, "ts": 0.0, "events": [
-        {"type": "removed", "block_hashes": ["xyz"], "tier": "G2"}
+        {"type": "removed", "block_hashes": ["xyz"], "tier": "G2", "kind": "memory"}
     ]});
     assert!(serde_json::from_value::<EventBatch>(bad).is_err());
 }

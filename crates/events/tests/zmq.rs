@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, TierKind};
 use kvtier_events::{ZmqSink, ZmqSinkConfig};
 use kvtier_manager::Tier;
 use kvtier_manager::events::vllm::{encode_kv_event_batch, vllm_block_hash, vllm_medium};
@@ -27,6 +27,7 @@ fn stored() -> KvEvent {
         block_hashes: vec![BlockHash::external_u64(u64::MAX), BlockHash(WIDE)],
         parent_hash: Some(BlockHash::external_u64(46)),
         tier: Tier::G2,
+        kind: TierKind::Memory,
         bytes: 2 * 65536,
         location: Some(BlockLocation::ArenaSlot { slot: 9 }),
         token_ids: Some((1..=8).collect()),
@@ -38,6 +39,7 @@ fn removed() -> KvEvent {
     KvEvent::Removed(BlockRemoved {
         block_hashes: vec![BlockHash(WIDE)],
         tier: Tier::G3,
+        kind: TierKind::Disk,
     })
 }
 
@@ -90,7 +92,7 @@ fn hashes_map_to_their_low_64_bits_and_external_ids_pass_through() {
     let mut low = [0u8; 8];
     low.copy_from_slice(&be[8..]);
     assert_eq!(vllm_block_hash(BlockHash(WIDE)), u64::from_be_bytes(low));
-    let media: Vec<_> = Tier::all().take(4).map(vllm_medium).collect();
+    let media = TierKind::ALL.map(vllm_medium);
     assert_eq!(media, ["GPU", "CPU_TIER1", "DISK", "EXTERNAL"]);
 }
 
@@ -421,6 +423,7 @@ async fn the_replay_socket_resends_batches_from_a_seq_then_the_end_mark() {
         publisher.emit(KvEvent::Removed(BlockRemoved {
             block_hashes: vec![BlockHash::external_u64(100 + n)],
             tier: Tier::G2,
+            kind: TierKind::Memory,
         }));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, TierKind};
 use kvtier_manager::Tier;
 use kvtier_manager::events::{
     BatchTransport, BlockRemoved, BlockStored, ChannelSink, EventBatch, EventError, EventPublisher,
@@ -22,6 +22,7 @@ fn event(n: u64) -> KvEvent {
             block_hashes: vec![BlockHash(u128::from(n))],
             parent_hash: None,
             tier: Tier::G2,
+            kind: TierKind::Memory,
             bytes: 4096,
             location: None,
             token_ids: None,
@@ -30,10 +31,12 @@ fn event(n: u64) -> KvEvent {
         1 => KvEvent::Removed(BlockRemoved {
             block_hashes: vec![BlockHash(u128::from(n))],
             tier: Tier::G3,
+            kind: TierKind::Disk,
         }),
         _ => KvEvent::Removed(BlockRemoved {
             block_hashes: vec![BlockHash(u128::from(n)), BlockHash(u128::from(n) << 64)],
             tier: Tier::G1,
+            kind: TierKind::Device,
         }),
     }
 }

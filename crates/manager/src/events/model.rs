@@ -1,7 +1,7 @@
 //! The event model: what the manager says about blocks, and the batches it
 //! says it in.
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, TierKind};
 use serde::{Deserialize, Serialize};
 
 use crate::Tier;
@@ -53,6 +53,9 @@ pub struct BlockStored {
     pub parent_hash: Option<BlockHash>,
     /// The tier that now holds the blocks.
     pub tier: Tier,
+    /// What kind of storage that tier is (a tier is a position in the
+    /// node's list; this says what it is: vLLM's `medium`).
+    pub kind: TierKind,
     /// Bytes the blocks occupy on that tier, all blocks together.
     pub bytes: u64,
     /// Where the first block lives (tiers place a run contiguously or say
@@ -73,6 +76,8 @@ pub struct BlockRemoved {
     pub block_hashes: Vec<BlockHash>,
     /// The tier they left.
     pub tier: Tier,
+    /// What kind of storage that tier is.
+    pub kind: TierKind,
 }
 
 /// One thing that happened to blocks.

@@ -19,11 +19,10 @@
 //! defaults, so decoders of older vLLM versions (without `medium` or
 //! `lora_name`) read these arrays too. See `docs/events.md`.
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, TierKind};
 use rmp::encode;
 
 use super::{EventBatch, KvEvent};
-use crate::Tier;
 
 /// The integer vLLM and Dynamo carry for a block: the low 64 bits of the
 /// 128-bit hash.
@@ -37,14 +36,15 @@ pub const fn vllm_block_hash(hash: BlockHash) -> u64 {
     hash.0 as u64
 }
 
-/// The `medium` string for a tier, chosen from the names Dynamo's
-/// `StorageTier::from_kv_medium` understands.
-pub const fn vllm_medium(tier: Tier) -> &'static str {
-    match tier {
-        Tier::G1 => "GPU",
-        Tier::G2 => "CPU_TIER1",
-        Tier::G3 => "DISK",
-        _ => "EXTERNAL",
+/// The `medium` string for a kind of tier, chosen from the names Dynamo's
+/// `StorageTier::from_kv_medium` understands (a tier is named by what it
+/// is, not by its position in the node's list).
+pub const fn vllm_medium(kind: TierKind) -> &'static str {
+    match kind {
+        TierKind::Device => "GPU",
+        TierKind::Memory => "CPU_TIER1",
+        TierKind::Disk => "DISK",
+        TierKind::Remote => "EXTERNAL",
     }
 }
 
@@ -90,14 +90,14 @@ fn write_event(out: &mut Vec<u8>, event: &KvEvent) -> Written {
             }
             encode::write_uint(out, u64::from(stored.block_size))?;
             write_nil(out)?; // lora_id
-            encode::write_str(out, vllm_medium(stored.tier))?;
+            encode::write_str(out, vllm_medium(stored.kind))?;
             write_nil(out)?; // lora_name
         }
         KvEvent::Removed(removed) => {
             encode::write_array_len(out, 3)?;
             encode::write_str(out, "BlockRemoved")?;
             write_hashes(out, &removed.block_hashes)?;
-            encode::write_str(out, vllm_medium(removed.tier))?;
+            encode::write_str(out, vllm_medium(removed.kind))?;
         }
         KvEvent::AllCleared { .. } => {
             // vLLM's AllBlocksCleared has no fields: the tier is not on the

@@ -35,6 +35,11 @@ impl BlockManager {
     /// pool, the arena, the counters and the publisher for the lot.
     fn apply_events(&self, pool: &BlockPool, events: &[PoolEvent]) {
         let tier = pool.tier();
+        // Every pool has a store (`BlockManager::new` checks it), so
+        // nothing is skipped here.
+        let Some(kind) = self.tiers().store(tier).map(|s| s.kind()) else {
+            return;
+        };
         let hashes: Vec<BlockHash> = events.iter().map(PoolEvent::hash).collect();
         let facts = pool.parents_and_presence(&hashes);
         let arena_slots = match self.tiers().arena() {
@@ -54,6 +59,7 @@ impl BlockManager {
                         block_hashes: vec![hash],
                         parent_hash,
                         tier,
+                        kind,
                         bytes: self.geometry.block_bytes(),
                         location: self.location(tier, hash, arena_slot),
                         token_ids: None,
@@ -71,6 +77,7 @@ impl BlockManager {
                     KvEvent::Removed(BlockRemoved {
                         block_hashes: vec![hash],
                         tier,
+                        kind,
                     })
                 }
             });
