@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use kvtier_core::{BlockHash, Geometry, Tier};
+use kvtier_core::{BlockHash, Geometry, Tier, TierKind};
 use kvtier_disk::{DiskTier, DiskTierConfig};
 use kvtier_events::{NatsSink, NatsSinkConfig, ZmqSink, ZmqSinkConfig};
 use kvtier_io::IoEngine;
@@ -185,6 +185,22 @@ impl Node {
     /// The arena (G2).
     pub fn memory(&self) -> &MemoryTier {
         &self.memory
+    }
+
+    /// The node's tiers, fastest first, with their kinds: the arena at G2,
+    /// then the disk log and the remote store where configured, at the
+    /// positions that follow. What `HelloOk` announces to clients.
+    pub fn tier_list(&self) -> Vec<(Tier, TierKind)> {
+        let tiers = self.manager.tiers();
+        let kinds = [
+            Some(TierKind::Memory),
+            tiers.disk.as_ref().map(|_| TierKind::Disk),
+            tiers.remote.as_ref().map(|_| TierKind::Remote),
+        ];
+        Tier::all()
+            .skip(1)
+            .zip(kinds.into_iter().flatten())
+            .collect()
     }
 
     /// The block geometry.
