@@ -78,6 +78,7 @@ def _status(args: argparse.Namespace) -> tuple[int, dict[str, object]]:
             session=client.session_id,
             shm=client.shm_name,
             block_bytes=client.block_bytes,
+            tiers=dict(client.tiers),
             counters=client.stats(),
         )
     except kvtier.KvtierError as e:

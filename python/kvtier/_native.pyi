@@ -53,8 +53,14 @@ class Client:
     def session_id(self) -> int: ...
     @property
     def shm_name(self) -> str: ...
+    @property
+    def tiers(self) -> list[tuple[str, str]]:
+        """The node's tiers, fastest first: ``(label, kind)`` pairs, e.g.
+        ``[("G2", "memory"), ("G3", "disk")]``; kinds are ``"memory"``,
+        ``"disk"``, ``"remote"`` (and ``"device"``)."""
     def lookup(self, keys: Sequence[int]) -> list[str]:
-        """Tiers (``"G2"``, ``"G3"``, ``"G4"``) of the longest stored prefix."""
+        """Tiers (labels of ``tiers``: ``"G2"``, ``"G3"`` ...) of the
+        longest stored prefix."""
     def store_buffers(self, keys: Sequence[int], blocks: Sequence[Buffer]) -> list[str]:
         """Stores whole blocks; one outcome per block."""
     def store_layers(

@@ -67,12 +67,22 @@ class Clients:
         # Warned since a call was last served (so that an outage warns once).
         self._down = False
         self._refused: str | None = None
+        # The node's tiers, label -> kind, as the last connection announced.
+        self._kinds: dict[str, str] = {}
         self._lock = threading.Lock()
 
     @property
     def refused(self) -> str | None:
         """Why the daemon refused this engine (its block shape), if it did."""
         return self._refused
+
+    def kind_of(self, tier: str) -> str:
+        """What storage ``tier`` (a label ``lookup`` answered, ``"G2"`` ...)
+        is on the node: ``"memory"``, ``"disk"`` or ``"remote"``, as the
+        node announced it (:attr:`kvtier.Client.tiers`) to the last
+        connection; ``"unknown"`` for a tier no connection announced (one
+        looked up before a restart that changed the node's tiers)."""
+        return self._kinds.get(tier, "unknown")
 
     def tenants(self) -> list[str | None]:
         """Tenants with a live connection."""
@@ -122,6 +132,7 @@ class Clients:
             self._log.warning("kvtier refused this engine's blocks; %s: %s", self._uncached, e)
             return None
         self._down_since = None
+        self._kinds = dict(client.tiers)
         conn = _Connection(client)
         self._clients[tenant] = conn
         return conn

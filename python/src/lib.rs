@@ -246,6 +246,8 @@ struct Client {
     block_bytes: usize,
     session_id: u64,
     shm_name: String,
+    /// The node's tiers from its `HelloOk`: label and kind name.
+    tiers: Vec<(&'static str, &'static str)>,
 }
 
 impl Client {
@@ -323,6 +325,9 @@ impl Client {
             block_bytes: arena.block_bytes(),
             session_id: client.hello().session_id,
             shm_name: client.hello().shm_name.clone(),
+            tiers: (client.tiers().iter())
+                .map(|t| (t.tier.label(), t.kind.name()))
+                .collect(),
             inner: Mutex::new(client),
         })
     }
@@ -357,8 +362,16 @@ impl Client {
         &self.shm_name
     }
 
+    /// The node's tiers, fastest first, as the daemon announced them: a
+    /// list of `(label, kind)`, e.g. `[("G2", "memory"), ("G3", "disk")]`.
+    /// Every tier `lookup` names is one of these labels.
+    #[getter]
+    fn tiers(&self) -> Vec<(&'static str, &'static str)> {
+        self.tiers.clone()
+    }
+
     /// The longest stored prefix of `keys`: the tier of each of its blocks
-    /// (`"G2"`, `"G3"`, `"G4"`).
+    /// (`"G2"`, `"G3"`, ...: labels of `tiers`).
     fn lookup(&self, py: Python<'_>, keys: Vec<u128>) -> PyResult<Vec<&'static str>> {
         let keys = hashes(&keys);
         let tiers = py.detach(|| self.with(|c| c.lookup(&keys)))?;

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import LAYER_BYTES, LAYERS, TinyDaemon as Daemon
+from conftest import LAYER_BYTES, LAYERS, TinyDaemon as Daemon, start_tiny
 
 import kvtier
 
@@ -50,6 +50,28 @@ def test_whole_blocks_store_load_and_verify(daemon: Daemon) -> None:
     c.remove([2])
     assert c.lookup([1, 2]) == ["G2"]
     assert c.stats()["committed"] == 3
+
+
+def test_tiers_are_the_nodes_list(daemon: Daemon) -> None:
+    """The node announces its tiers, fastest first, with their kinds: the
+    arena and the disk log by default; every tier a lookup names is one of
+    them."""
+    c = daemon.client()
+    assert c.tiers == [("G2", "memory"), ("G3", "disk")]
+    c.store_buffers([5], [block(5)])
+    labels = {label for label, _ in c.tiers}
+    assert set(c.lookup([5])) <= labels
+
+
+def test_tiers_name_a_remote_store_where_configured(tmp_path: Path) -> None:
+    """With ``manager.g4_url`` the remote store follows the disk log."""
+    remote = tmp_path / "g4"
+    remote.mkdir()
+    d = start_tiny(tmp_path / "data", KVTIER_MANAGER__G4_URL=f"file://{remote}")
+    try:
+        assert d.client().tiers == [("G2", "memory"), ("G3", "disk"), ("G4", "remote")]
+    finally:
+        d.stop()
 
 
 def test_blocks_stored_from_and_loaded_into_per_layer_buffers(daemon: Daemon) -> None:
@@ -186,6 +208,7 @@ def test_the_diagnostics_command(daemon: Daemon, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["hello"] == "ok" and "committed" in report["counters"]
+    assert report["tiers"] == {"G2": "memory", "G3": "disk"}
     r = run_cli("--socket", str(daemon.socket), "status", "--layers", "9", "--layer-bytes", "1", "--block-size", "16")
     assert r.returncode == 1 and "refused" in r.stdout
     r = run_cli("--socket", str(tmp_path / "none.sock"), "status")

@@ -52,3 +52,12 @@ def test_a_failed_connect_waits_out_the_interval(daemon: TinyDaemon) -> None:
     assert lookup(clients) is None
     assert len(attempts) == 2
 
+
+
+def test_tier_kinds_are_the_nodes_once_connected(daemon: TinyDaemon) -> None:
+    """``kind_of`` answers what the node announced to the last connection;
+    before one, nothing is known."""
+    clients, _ = pool(daemon)
+    assert clients.kind_of("G2") == "unknown"
+    assert lookup(clients) == []
+    assert [clients.kind_of(t) for t in ("G2", "G3", "G4")] == ["memory", "disk", "unknown"]

@@ -13,6 +13,7 @@ use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
 use kvtier_protocol::{
     CommitEntry, CommitResult, Counter, DecodeError, HelloOk, KeyMap, Message, ReserveResult, Tier,
+    TierInfo,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -81,7 +82,7 @@ impl AsyncClient {
         let key_map = KeyMap::new(hello.namespace_key);
         Ok(Self {
             conn,
-            session: Session::new(config.geometry.layers),
+            session: Session::new(config.geometry.layers, &hello.tiers),
             arena,
             key_map,
             hello,
@@ -92,6 +93,12 @@ impl AsyncClient {
     /// The daemon's `HelloOk`: session id, arena name and sizes.
     pub fn hello(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// The node's tiers, fastest first, with their kinds (from `HelloOk`):
+    /// every tier [`lookup`](Self::lookup) names is one of them.
+    pub fn tiers(&self) -> &[TierInfo] {
+        &self.hello.tiers
     }
 
     /// How this session's keys map to the keys the arena shows its blocks

@@ -9,7 +9,7 @@ use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
 use kvtier_protocol::{
     CommitEntry, CommitResult, Counter, FrameError, HelloOk, KeyMap, Message, ReserveResult, Tier,
-    read_frame, write_frame,
+    TierInfo, read_frame, write_frame,
 };
 
 use crate::config::ClientConfig;
@@ -63,7 +63,7 @@ impl Client {
         let key_map = KeyMap::new(hello.namespace_key);
         Ok(Self {
             stream,
-            session: Session::new(config.geometry.layers),
+            session: Session::new(config.geometry.layers, &hello.tiers),
             arena,
             key_map,
             hello,
@@ -74,6 +74,12 @@ impl Client {
     /// The daemon's `HelloOk`: session id, arena name and sizes.
     pub fn hello(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// The node's tiers, fastest first, with their kinds (from `HelloOk`):
+    /// every tier [`lookup`](Self::lookup) names is one of them.
+    pub fn tiers(&self) -> &[TierInfo] {
+        &self.hello.tiers
     }
 
     /// How this session's keys map to the keys the arena shows its blocks

@@ -91,5 +91,5 @@ pub use store::{BlockSource, StoreOutcome};
 pub use kvtier_core::{BlockHash, BlockSums, Lookup};
 pub use kvtier_protocol::{
     CommitEntry, CommitResult, Counter, ErrorCode, HelloOk, LoadResult, Namespace, ReserveResult,
-    Slot, Tier, WireGeometry,
+    Slot, Tier, TierInfo, TierKind, WireGeometry,
 };

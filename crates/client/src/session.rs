@@ -16,7 +16,7 @@ use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Counter, Hello, HelloOk, KeysRequest, LayerReady,
-    LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, WireGeometry,
+    LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, TierInfo, WireGeometry,
 };
 
 use crate::config::ClientConfig;
@@ -94,6 +94,9 @@ pub(crate) struct Session {
     next_id: u64,
     /// Layers per block.
     layers: u32,
+    /// The positions `HelloOk` listed, one bit each: the only tiers a
+    /// `LookupOk` may name.
+    tiers: u8,
     /// Loads that may still hear `LayerReady`. Weak: a dropped `Load` needs
     /// nothing more; its entry goes at the next sweep.
     loads: HashMap<u64, Weak<Ready>>,
@@ -110,11 +113,13 @@ pub(crate) struct Session {
 const MIN_SWEEP: usize = 64;
 
 impl Session {
-    /// A fresh session for blocks of `layers` layers.
-    pub(crate) fn new(layers: u32) -> Self {
+    /// A fresh session for blocks of `layers` layers, with a node of these
+    /// tiers (its `HelloOk`'s list).
+    pub(crate) fn new(layers: u32, tiers: &[TierInfo]) -> Self {
         Self {
             next_id: 1,
             layers,
+            tiers: tiers.iter().fold(0, |set, t| set | tier_bit(t.tier)),
             loads: HashMap::new(),
             sweep_at: MIN_SWEEP,
             broken: None,
@@ -259,7 +264,10 @@ impl Session {
                 })
             }
             msg => match reply_id(&msg) {
-                Some(id) if id == call.id => (call.parse)(msg, call.count).map(Some),
+                Some(id) if id == call.id => {
+                    self.check_tiers(&msg)?;
+                    (call.parse)(msg, call.count).map(Some)
+                }
                 Some(got) => Err(ClientError::WrongRequestId {
                     expected: call.id,
                     got,
@@ -268,6 +276,20 @@ impl Session {
                     what: format!("{} (a request or handshake message)", msg.name()),
                 }),
             },
+        }
+    }
+
+    /// Refuses a `LookupOk` naming a tier the node did not list in its
+    /// `HelloOk`: the daemon broke the protocol.
+    fn check_tiers(&self, msg: &Message) -> Result<()> {
+        let Message::LookupOk(ok) = msg else {
+            return Ok(());
+        };
+        match ok.tiers.iter().find(|t| self.tiers & tier_bit(**t) == 0) {
+            None => Ok(()),
+            Some(t) => Err(ClientError::Unexpected {
+                what: format!("LookupOk naming {}, not a tier of the node", t.label()),
+            }),
         }
     }
 
@@ -327,6 +349,11 @@ impl Session {
     fn tracked(&self) -> usize {
         self.loads.len()
     }
+}
+
+/// A tier's bit in a set of positions (there are at most eight).
+fn tier_bit(t: Tier) -> u8 {
+    1 << t.index()
 }
 
 /// The request id a reply names; `None` for messages that are not replies.
@@ -474,6 +501,25 @@ mod tests {
 
     const LAYERS: u32 = 4;
 
+    /// The default node's tiers: G2 memory, G3 disk.
+    fn node_tiers() -> Vec<TierInfo> {
+        use kvtier_core::TierKind;
+        vec![
+            TierInfo {
+                tier: Tier::G2,
+                kind: TierKind::Memory,
+            },
+            TierInfo {
+                tier: Tier::G3,
+                kind: TierKind::Disk,
+            },
+        ]
+    }
+
+    fn session() -> Session {
+        Session::new(LAYERS, &node_tiers())
+    }
+
     fn keys(n: u128) -> Vec<BlockHash> {
         (1..=n).map(BlockHash).collect()
     }
@@ -503,7 +549,7 @@ mod tests {
 
     #[test]
     fn ids_increase_from_one_and_requests_carry_them() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let a = s.lookup(&keys(2));
         let b = s.stats();
         let c = s.commit(Vec::new());
@@ -520,7 +566,7 @@ mod tests {
 
     #[test]
     fn the_reply_to_the_call_is_parsed() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let call = s.reserve(&keys(2));
         let out = s.accept(&call, reserve_ok(call.id, 2)).unwrap();
         assert_eq!(out, Some(vec![ReserveResult::NoSpace; 2]));
@@ -539,7 +585,7 @@ mod tests {
 
     #[test]
     fn a_reply_to_another_request_is_refused() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let call = s.reserve(&keys(1));
         let err = s.accept(&call, reserve_ok(call.id + 1, 1)).unwrap_err();
         assert!(matches!(
@@ -554,7 +600,7 @@ mod tests {
 
     #[test]
     fn a_reply_of_the_wrong_type_or_size_is_refused() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let call = s.reserve(&keys(2));
         let ack = Message::Ack(Ack {
             request_id: call.id,
@@ -591,8 +637,38 @@ mod tests {
     }
 
     #[test]
+    fn a_lookup_naming_a_tier_the_node_did_not_list_is_refused() {
+        let mut s = session();
+        for stray in [Tier::G1, Tier::G4] {
+            let call = s.lookup(&keys(2));
+            let ok = Message::LookupOk(LookupOk {
+                request_id: call.id,
+                tiers: vec![Tier::G2, stray],
+            });
+            let err = s.accept(&call, ok).unwrap_err();
+            assert!(
+                matches!(&err, ClientError::Unexpected { what } if what.contains(stray.label())),
+                "{err}"
+            );
+            assert!(err.is_fatal());
+        }
+        // A node with a remote store and no disk: G3 is the remote store.
+        let remote_g3 = [TierInfo {
+            tier: Tier::G3,
+            kind: kvtier_core::TierKind::Remote,
+        }];
+        let mut s = Session::new(LAYERS, &remote_g3);
+        let call = s.lookup(&keys(1));
+        let ok = Message::LookupOk(LookupOk {
+            request_id: call.id,
+            tiers: vec![Tier::G3],
+        });
+        assert_eq!(s.accept(&call, ok).unwrap(), Some(vec![Tier::G3]));
+    }
+
+    #[test]
     fn error_replies_are_refusals_and_only_closing_codes_are_fatal() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let call = s.reserve(&keys(1));
         let err = s
             .accept(&call, error(call.id, ErrorCode::INTERNAL))
@@ -617,7 +693,7 @@ mod tests {
 
     #[test]
     fn a_fatal_error_breaks_the_session_and_a_disconnect_stays_one() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let _ = s.settle::<()>(Err(ClientError::WrongRequestId {
             expected: 1,
             got: 2,
@@ -625,7 +701,7 @@ mod tests {
         assert!(
             matches!(s.start(), Err(ClientError::Broken { cause }) if cause.contains("request 2"))
         );
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let _ = s.settle::<()>(Err(ClientError::Disconnected));
         assert!(matches!(s.start(), Err(ClientError::Disconnected)));
         // The first cause is kept.
@@ -635,7 +711,7 @@ mod tests {
 
     #[test]
     fn a_call_cancelled_midway_breaks_the_session() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         s.start().unwrap();
         s.settle(Ok(())).unwrap();
         s.start().unwrap();
@@ -647,7 +723,7 @@ mod tests {
 
     #[test]
     fn notifications_interleaved_with_replies_are_recorded_for_their_load() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let (load, cell) = s.load(&keys(2));
         let load_ok = Message::LoadOk(LoadOk {
             request_id: load.id,
@@ -683,7 +759,7 @@ mod tests {
 
     #[test]
     fn bad_notifications_and_stray_replies_are_refused() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let (load, _cell) = s.load(&keys(1));
         // Never sent.
         assert!(s.accept_notification(ready(load.id + 1, 0)).is_err());
@@ -706,7 +782,7 @@ mod tests {
 
     #[test]
     fn dropped_loads_are_swept_and_their_notifications_ignored() {
-        let mut s = Session::new(LAYERS);
+        let mut s = session();
         let (first, cell) = s.load(&keys(1));
         drop(cell);
         s.accept_notification(ready(first.id, 1)).unwrap();
@@ -727,6 +803,7 @@ mod tests {
             arena_len: 1,
             slot_size: 1,
             namespace_key: kvtier_protocol::NamespaceKey::from_bytes([3; 32]),
+            tiers: node_tiers(),
         };
         assert_eq!(hello_reply(Message::HelloOk(ok.clone())).unwrap(), ok);
         let err = hello_reply(error(0, ErrorCode::GEOMETRY_MISMATCH)).unwrap_err();

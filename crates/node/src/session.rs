@@ -15,7 +15,7 @@ use kvtier_mem::BlockRef;
 use kvtier_protocol::{
     Ack, Commit, CommitOk, CommitResult, DecodeError, ErrorCode, Hello, HelloOk, KeyMap,
     KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, PROTOCOL_VERSION, ReserveOk,
-    ReserveResult, Slot, StatsOk, WireGeometry,
+    ReserveResult, Slot, StatsOk, TierInfo, WireGeometry,
 };
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -641,6 +641,9 @@ impl Session {
             arena_len: memory.file_bytes(),
             slot_size: memory.slot_bytes() as u64,
             namespace_key: keys.key(),
+            tiers: (self.node.tier_list().into_iter())
+                .map(|(tier, kind)| TierInfo { tier, kind })
+                .collect(),
         };
         (vec![Message::HelloOk(ok)], Next::Continue)
     }

@@ -5,7 +5,7 @@
 
 use kvtier_client::{
     AsyncClient, BlockHash, BlockSource, Client, ClientConfig, ClientError, ErrorCode, Lookup,
-    Namespace, StoreOutcome, WireGeometry,
+    Namespace, StoreOutcome, Tier, TierInfo, TierKind, WireGeometry,
 };
 use kvtier_node::test_support::TestNode;
 
@@ -82,6 +82,11 @@ fn stores_and_loads_blocks_through_the_arena() {
     let mut client = Client::connect(daemon.config()).expect("connect");
     assert_eq!(client.hello().shm_name, daemon.node.memory().shm_name());
     assert_eq!(client.arena().block_bytes(), len);
+    // The node's tiers, as HelloOk announced them: the arena, the disk log.
+    let tiers = [(Tier::G2, TierKind::Memory), (Tier::G3, TierKind::Disk)];
+    assert_eq!(daemon.node.tier_list(), tiers);
+    let announced: Vec<TierInfo> = tiers.map(|(tier, kind)| TierInfo { tier, kind }).into();
+    assert_eq!(client.tiers(), announced);
 
     let blocks: Vec<(u128, Vec<u8>)> = (1..=3).map(|k| (k, block(k, len))).collect();
     let outcomes = client.store(&batch(&blocks)).unwrap();
@@ -280,6 +285,9 @@ fn the_async_client_makes_the_same_round_trips() {
         .unwrap();
     rt.block_on(async {
         let mut client = AsyncClient::connect(daemon.config()).await.unwrap();
+        let announced: Vec<(Tier, TierKind)> =
+            client.tiers().iter().map(|t| (t.tier, t.kind)).collect();
+        assert_eq!(announced, daemon.node.tier_list());
         let blocks: Vec<(u128, Vec<u8>)> = (1..=2).map(|k| (k, block(k, len))).collect();
         let outcomes = client.store(&batch(&blocks)).await.unwrap();
         assert_eq!(outcomes, vec![StoreOutcome::Stored; 2]);

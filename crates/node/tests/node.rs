@@ -7,8 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier};
-use kvtier_core::TierKind;
+use kvtier_client::{BlockHash, Client, ClientConfig, Namespace, StoreOutcome, Tier, TierKind};
 use kvtier_manager::events::{BlockLocation, ChannelSink, EventSink, KvEvent};
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::NodeServer;
@@ -398,6 +397,17 @@ fn g4_below_the_disk_log_takes_its_overflow_and_is_adopted() {
     let disk_blocks = (2 << 20) / len as u128;
     let n = disk_blocks + 40;
     let mut client = daemon.client();
+    // The remote store follows the disk log in the node's tier list.
+    let kinds: Vec<(Tier, TierKind)> = client.tiers().iter().map(|t| (t.tier, t.kind)).collect();
+    let want = [
+        (Tier::G2, TierKind::Memory),
+        (Tier::G3, TierKind::Disk),
+        (Tier::G4, TierKind::Remote),
+    ];
+    assert_eq!(
+        (kinds.as_slice(), daemon.node.tier_list()),
+        (&want[..], want.to_vec())
+    );
     for start in (0..n).step_by(2) {
         let got = store(&mut client, start..start + 2, len);
         assert_eq!(got, vec![StoreOutcome::Stored; 2], "batch at {start}");

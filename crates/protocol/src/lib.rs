@@ -32,10 +32,11 @@ mod wire;
 pub use error::{DecodeError, EncodeError, FrameError};
 pub use frame::{LEN_BYTES, Message, read_frame, write_frame};
 pub use keys::{KEY_BYTES, KeyMap, NamespaceKey, NodeSecret};
+pub use kvtier_core::TierKind;
 pub use message::{
     Ack, Commit, CommitEntry, CommitOk, CommitResult, Counter, Error, ErrorCode, Hello, HelloOk,
     KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion, ReserveOk,
-    ReserveResult, Slot, Stats, StatsOk, Tier, WireGeometry,
+    ReserveResult, Slot, Stats, StatsOk, Tier, TierInfo, WireGeometry,
 };
 
 /// The largest frame, counted without the length prefix (type byte and
@@ -44,4 +45,4 @@ pub use message::{
 pub const MAX_FRAME: u32 = 16 << 20;
 
 /// The version this crate speaks.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 3, minor: 0 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 4, minor: 0 };

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use kvtier_core::{BlockHash, BlockSums, Geometry};
+use kvtier_core::{BlockHash, BlockSums, Geometry, MAX_TIERS, TierKind};
 
 use crate::DecodeError;
 use crate::keys::{KEY_BYTES, NamespaceKey};
@@ -137,6 +137,45 @@ pub struct HelloOk {
     /// secret: the client maps its keys to stored keys with it
     /// ([`KeyMap`](crate::KeyMap)).
     pub namespace_key: NamespaceKey,
+    /// The node's tiers, fastest first: what the tiers of a `LookupOk`
+    /// name. Strictly increasing positions, at most [`MAX_TIERS`].
+    pub tiers: Vec<TierInfo>,
+}
+
+/// One of the node's tiers, as `HelloOk` announces it: its position and
+/// what kind of storage it is, so that a client shows a tier by its kind
+/// (host memory, disk, remote) whatever position the node's configuration
+/// gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierInfo {
+    /// The position.
+    pub tier: Tier,
+    /// What storage it is.
+    pub kind: TierKind,
+}
+wire_struct!(TierInfo {
+    tier: Tier,
+    kind: TierKind
+});
+
+wire_code_enum!(TierKind {
+    Device = 1,
+    Memory = 2,
+    Disk = 3,
+    Remote = 4,
+});
+
+/// Reads `HelloOk`'s tier list, which must be in strictly increasing
+/// position: no position named twice, the order the node's, and so at most
+/// [`MAX_TIERS`] entries. Its allocation is bounded by the frame, as any
+/// list's (I3).
+fn get_tier_list(r: &mut Reader<'_>) -> Result<Vec<TierInfo>, DecodeError> {
+    let tiers = Vec::<TierInfo>::get(r)?;
+    if tiers.windows(2).any(|w| w[0].tier >= w[1].tier) {
+        return Err(r.malformed("tier list not in strictly increasing position"));
+    }
+    debug_assert!(tiers.len() <= MAX_TIERS);
+    Ok(tiers)
 }
 
 impl Wire for NamespaceKey {
@@ -190,7 +229,7 @@ impl Wire for Hello {
 }
 
 impl Wire for HelloOk {
-    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE + 8 + 4 + 8 + 8 + KEY_BYTES;
+    const MIN_SIZE: usize = ProtocolVersion::MIN_SIZE + 8 + 4 + 8 + 8 + KEY_BYTES + 4;
     fn put(&self, out: &mut Vec<u8>) {
         self.protocol_version.put(out);
         self.session_id.put(out);
@@ -198,6 +237,7 @@ impl Wire for HelloOk {
         self.arena_len.put(out);
         self.slot_size.put(out);
         self.namespace_key.put(out);
+        self.tiers.put(out);
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
         Ok(Self {
@@ -207,6 +247,7 @@ impl Wire for HelloOk {
             arena_len: u64::get(r)?,
             slot_size: u64::get(r)?,
             namespace_key: NamespaceKey::get(r)?,
+            tiers: get_tier_list(r)?,
         })
     }
 }
@@ -249,7 +290,8 @@ impl Wire for Tier {
 pub struct LookupOk {
     /// The request's id.
     pub request_id: u64,
-    /// The tier of each block of the prefix; its length is the prefix length,
+    /// The tier of each block of the prefix, one of the tiers `HelloOk`
+    /// listed (a client refuses another); its length is the prefix length,
     /// so the two cannot disagree.
     pub tiers: Vec<Tier>,
 }
@@ -599,6 +641,7 @@ mod tests {
     fn replies_allocate_at_most_24_bytes_per_body_byte() {
         for r in [
             ratio::<Tier>(),
+            ratio::<TierInfo>(),
             ratio::<ReserveResult>(),
             ratio::<CommitResult>(),
             ratio::<Counter>(),

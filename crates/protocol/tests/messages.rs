@@ -6,7 +6,7 @@ mod samples;
 use std::collections::HashSet;
 use std::io::{self, Cursor, Read};
 
-use kvtier_core::{BlockHash, ModelPreset};
+use kvtier_core::{BlockHash, MAX_TIERS, ModelPreset};
 use kvtier_protocol::*;
 
 #[test]
@@ -73,10 +73,10 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[3, 0, 0, 0], "major 3, minor 0");
+    assert_eq!(&frame[5..9], &[4, 0, 0, 0], "major 4, minor 0");
 }
 
-/// 3.0 always carries `instance` at the end of `Hello` (2.0 had none, 2.1
+/// 3.0 and later always carry `instance` at the end of `Hello` (2.0 had none, 2.1
 /// had it only when announcing minor 1): a Hello without it is malformed.
 #[test]
 fn hello_always_carries_the_instance() {
@@ -115,8 +115,8 @@ fn another_major_is_a_version_error_for_both_handshake_messages() {
 
 #[test]
 fn a_newer_major_is_refused_whatever_its_body() {
-    // A version-4 hello may have any layout after the version.
-    let frame = [5, 0, 0, 0, 0x01, 4, 0, 9, 9];
+    // A version-5 hello may have any layout after the version.
+    let frame = [5, 0, 0, 0, 0x01, 5, 0, 9, 9];
     assert!(matches!(
         Message::from_frame(&frame),
         Err(DecodeError::WrongVersion { .. })
@@ -125,14 +125,12 @@ fn a_newer_major_is_refused_whatever_its_body() {
 
 #[test]
 fn another_minor_is_accepted() {
-    let frame = with_version(&samples::all()[0].to_frame().unwrap(), 3, 7);
+    let major = PROTOCOL_VERSION.major;
+    let frame = with_version(&samples::all()[0].to_frame().unwrap(), major, 7);
     let Message::Hello(hello) = Message::from_frame(&frame).unwrap() else {
         panic!("not a hello");
     };
-    assert_eq!(
-        hello.protocol_version,
-        ProtocolVersion { major: 3, minor: 7 }
-    );
+    assert_eq!(hello.protocol_version, ProtocolVersion { major, minor: 7 });
 }
 
 #[test]
@@ -349,15 +347,115 @@ fn tier_codes_are_pinned_on_core_tier() {
     }
 }
 
+/// The sample `HelloOk` with `tiers` in place of its list.
+fn hello_ok_with(tiers: Vec<TierInfo>) -> Message {
+    let Some(Message::HelloOk(mut ok)) = samples::all().into_iter().nth(1) else {
+        panic!("the second sample is HelloOk");
+    };
+    ok.tiers = tiers;
+    Message::HelloOk(ok)
+}
+
+/// `HelloOk` ends with the node's tier list (4.0): a count, then per tier
+/// its byte (position + 1) and its kind's code (1 = device, 2 = memory,
+/// 3 = disk, 4 = remote).
+#[test]
+fn hello_ok_ends_with_the_tier_list() {
+    let frame = samples::all()[1].to_frame().unwrap();
+    assert_eq!(frame[frame.len() - 10..], [3, 0, 0, 0, 2, 2, 3, 3, 4, 4]);
+    let device = TierInfo {
+        tier: Tier::G1,
+        kind: TierKind::Device,
+    };
+    let frame = hello_ok_with(vec![device]).to_frame().unwrap();
+    assert_eq!(frame[frame.len() - 2..], [1, 1]);
+    // An empty list is a list.
+    let empty = hello_ok_with(Vec::new());
+    assert_eq!(
+        Message::from_frame(&empty.to_frame().unwrap()).unwrap(),
+        empty
+    );
+}
+
+#[test]
+fn unknown_tier_kinds_and_positions_are_malformed() {
+    let ok = &samples::all()[1];
+    let len = ok.to_frame().unwrap().len();
+    // The last entry's kind byte, then its tier byte.
+    for (at, code) in [(len - 1, 0), (len - 1, 5), (len - 2, 0), (len - 2, 9)] {
+        let err = corrupt(ok, at, code);
+        assert!(
+            matches!(
+                err,
+                Err(DecodeError::Malformed {
+                    message: "HelloOk",
+                    ..
+                })
+            ),
+            "byte {at} = {code}: {err:?}"
+        );
+    }
+}
+
+#[test]
+fn a_tier_list_out_of_order_or_too_long_is_malformed() {
+    let [g2, g3, g4] = samples::tier_list()[..] else {
+        panic!("three tiers");
+    };
+    let same_position = TierInfo {
+        kind: TierKind::Disk,
+        ..g2
+    };
+    for bad in [
+        vec![g3, g2],
+        vec![g2, g4, g3],
+        vec![g2, g2],
+        vec![g2, same_position],
+    ] {
+        let err = Message::from_frame(&hello_ok_with(bad.clone()).to_frame().unwrap());
+        assert!(
+            matches!(
+                err,
+                Err(DecodeError::Malformed {
+                    message: "HelloOk",
+                    ..
+                })
+            ),
+            "{bad:?}: {err:?}"
+        );
+    }
+    // Nine entries (one position twice, whatever the order) is past MAX_TIERS.
+    let mut nine: Vec<TierInfo> = Tier::all()
+        .map(|tier| TierInfo {
+            tier,
+            kind: TierKind::Remote,
+        })
+        .collect();
+    nine.push(nine[MAX_TIERS - 1]);
+    assert_eq!(nine.len(), MAX_TIERS + 1);
+    let err = Message::from_frame(&hello_ok_with(nine).to_frame().unwrap());
+    assert!(matches!(err, Err(DecodeError::Malformed { .. })), "{err:?}");
+    // All eight, in order, is the longest list.
+    let all = hello_ok_with(
+        Tier::all()
+            .map(|tier| TierInfo {
+                tier,
+                kind: TierKind::Memory,
+            })
+            .collect(),
+    );
+    assert_eq!(Message::from_frame(&all.to_frame().unwrap()).unwrap(), all);
+}
+
 #[test]
 fn errors_render_their_detail() {
     let err = DecodeError::WrongVersion {
-        got: ProtocolVersion { major: 4, minor: 1 },
+        got: ProtocolVersion { major: 5, minor: 1 },
         supported: PROTOCOL_VERSION,
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 4.1 is not supported (this side speaks 3.0)"
+        "protocol version 5.1 is not supported (this side speaks 4.0)"
     );
 }
 

@@ -5,7 +5,7 @@ mod samples;
 
 use std::io::{self, Read};
 
-use kvtier_core::{BlockHash, BlockSums};
+use kvtier_core::{BlockHash, BlockSums, MAX_TIERS};
 use kvtier_protocol::*;
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -69,6 +69,18 @@ fn hello() -> impl Strategy<Value = Message> {
         })
 }
 
+/// A tier list as a node announces it: any subset of the positions, in
+/// order, each of any kind.
+fn tier_list() -> impl Strategy<Value = Vec<TierInfo>> {
+    let kind = proptest::option::of(proptest::sample::select(TierKind::ALL.to_vec()));
+    vec(kind, MAX_TIERS).prop_map(|kinds| {
+        Tier::all()
+            .zip(kinds)
+            .filter_map(|(tier, kind)| Some(TierInfo { tier, kind: kind? }))
+            .collect()
+    })
+}
+
 fn hello_ok() -> impl Strategy<Value = Message> {
     (
         version(),
@@ -76,8 +88,9 @@ fn hello_ok() -> impl Strategy<Value = Message> {
         text(),
         any::<(u64, u64)>(),
         any::<[u8; KEY_BYTES]>(),
+        tier_list(),
     )
-        .prop_map(|(v, session_id, shm_name, a, key)| {
+        .prop_map(|(v, session_id, shm_name, a, key, tiers)| {
             Message::HelloOk(HelloOk {
                 protocol_version: v,
                 session_id,
@@ -85,6 +98,7 @@ fn hello_ok() -> impl Strategy<Value = Message> {
                 arena_len: a.0,
                 slot_size: a.1,
                 namespace_key: NamespaceKey::from_bytes(key),
+                tiers,
             })
         })
 }
@@ -297,6 +311,32 @@ proptest! {
         let err = read_frame(&mut reader).unwrap_err();
         prop_assert!(matches!(err, FrameError::Decode(DecodeError::Oversized { .. })), "{}", err);
         prop_assert_eq!(reader.read, LEN_BYTES);
+    }
+}
+
+proptest! {
+    /// A list naming a position twice or out of order is refused, however
+    /// it is permuted: the list a client keeps is the node's order.
+    #[test]
+    fn a_tier_list_out_of_order_is_malformed(
+        tiers in tier_list().prop_filter("two tiers at least", |t| t.len() >= 2),
+        (i, j) in (0..MAX_TIERS, 0..MAX_TIERS),
+    ) {
+        let (i, j) = (i % tiers.len(), j % tiers.len());
+        let mut bad = tiers.clone();
+        if i == j {
+            // A duplicate: entry i named twice, in place of its neighbour.
+            let k = if i + 1 < bad.len() { i + 1 } else { i - 1 };
+            bad[k] = bad[i];
+        } else {
+            bad.swap(i, j);
+        }
+        let Some(Message::HelloOk(mut ok)) = samples::all().into_iter().nth(1) else {
+            panic!("the second sample is HelloOk");
+        };
+        ok.tiers = bad;
+        let err = Message::from_frame(&Message::HelloOk(ok).to_frame().unwrap()).unwrap_err();
+        prop_assert!(matches!(err, DecodeError::Malformed { message: "HelloOk", .. }), "{}", err);
     }
 }
 

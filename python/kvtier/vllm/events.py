@@ -5,8 +5,9 @@ The scheduler side knows vLLM's full block hashes and tokens; the workers
 know when a save finished and which blocks failed verification. Workers
 report the keys (:class:`KvtierWorkerMetadata`), and :class:`EventTracker`
 turns them into ``BlockStored`` / ``BlockRemoved`` with the medium of the
-tier: ``CPU`` for host memory (G2), ``STORAGE`` for the node's disk (G3)
-and remote store (G4). A block is stored in G2 first; when a later lookup
+kind of tier the node says it is: ``CPU`` for host memory (G2), ``STORAGE``
+for the node's disk and remote store (G3 and G4 by default). A block is
+stored in G2 first; when a later lookup
 finds it on another tier, its move is a ``BlockRemoved`` from the old
 medium and a ``BlockStored`` on the new one, and a block a lookup no longer
 finds is removed.
@@ -19,6 +20,7 @@ block of the node as it moves, for routers that follow the whole node.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,7 @@ from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
-from kvtier.vllm.stats import TIER_MEDIUMS
+from kvtier.vllm.stats import KIND_MEDIUMS
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import BlockHash
@@ -73,10 +75,12 @@ class _Block:
 
 
 class EventTracker:
-    """The scheduler's record of blocks being saved and announced."""
+    """The scheduler's record of blocks being saved and announced;
+    ``kind_of`` says what storage each tier of the node is."""
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, kind_of: Callable[[str], str]) -> None:
         self._block_size = block_size
+        self._kind_of = kind_of
         self._saving: dict[int, _Block] = {}
         self._announced: OrderedDict[int, _Block] = OrderedDict()
         self._events: list[KVCacheEvent] = []
@@ -108,7 +112,7 @@ class EventTracker:
         """A lookup of ``keys`` found the first ``len(tiers)`` in these tiers."""
         for key, tier in zip(keys, tiers, strict=False):
             block = self._announced.get(key)
-            medium = TIER_MEDIUMS.get(tier, "STORAGE")
+            medium = KIND_MEDIUMS.get(self._kind_of(tier), "STORAGE")
             if block is not None and block.medium != medium:
                 self._remove(key)
                 block.medium = medium

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import kvtier
 
-#: Tier order, nearest first: a block is as far away as its farthest object.
-_TIER_ORDER = {"G2": 0, "G3": 1, "G4": 2}
-
-
 def distance(tier: str) -> int:
-    """How far a tier is: the nearer, the smaller."""
-    return _TIER_ORDER.get(tier, len(_TIER_ORDER))
+    """How far a tier is: the nearer, the smaller. The node orders its
+    tiers nearest first, so a tier's label (``"G2"``, ``"G3"`` ...) is its
+    distance; a block is as far away as its farthest object."""
+    return int(tier.removeprefix("G"))
 
 
 class RankBlocks:

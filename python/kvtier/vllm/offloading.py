@@ -78,9 +78,9 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 import kvtier
 from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape, block_key
-from kvtier.vllm.offload_events import TIER_MEDIUMS, TierEvents
+from kvtier.vllm.offload_events import KIND_MEDIUMS, TierEvents
 from kvtier.vllm.logs import init_logger
-from kvtier.vllm.stats import TIER_SOURCES
+from kvtier.vllm.stats import hit_source
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -98,7 +98,7 @@ __all__ = [
     "KvtierOffloadingSpec",
     "KvtierOffloadingWorker",
     "KvtierOffloadingWorkerMetadata",
-    "TIER_MEDIUMS",
+    "KIND_MEDIUMS",
 ]
 
 #: ``kv_connector_extra_config`` keys of kvtier (:class:`KvtierConfig`).
@@ -351,8 +351,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
         for pins in (self._loading.get(req_context.req_id), self._looked.get(req_context.req_id)):
-            if pins is not None and key in pins:
-                return TIER_SOURCES.get(pins[key].tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+            if pins is not None and key in pins and self._clients is not None:
+                return hit_source(self._clients.kind_of(pins[key].tier))
         return CacheHitSource.EXTERNAL_UNSPECIFIED
 
     # --------------------------------------------------------------- loads
@@ -461,7 +461,12 @@ class KvtierOffloadingManager(OffloadingManager):
         return self._events.take()
 
     def _saw(self, key: OffloadKey, tier: str | None, stored: bool = False) -> None:
-        self._events.saw(key, tier, stored)
+        """Tells the events where the node holds ``key`` (``tier`` None:
+        nowhere), by the kind of that tier."""
+        kind = None
+        if tier is not None and self._clients is not None:
+            kind = self._clients.kind_of(tier)
+        self._events.saw(key, kind, stored)
 
 
 def _looker(k: int) -> Callable[[kvtier.Client], list[str]]:

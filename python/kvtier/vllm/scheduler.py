@@ -90,7 +90,7 @@ class KvtierScheduler:
         self._primary = primary(groups)
         self._layout = layout
         self._requests: dict[str, _Request] = {}
-        self._events = EventTracker(shape.block_size)
+        self._events = EventTracker(shape.block_size, clients[self._primary].kind_of)
         self._finished: set[str] = set()
         self._delayed: set[str] = set()
         self._handed: dict[str, int] = {}
@@ -203,7 +203,8 @@ class KvtierScheduler:
     def get_external_cache_hit_sources(self, request: Request, num_external_tokens: int) -> dict[CacheHitSource, int]:
         st = self._requests.get(request.request_id)
         tiers = st.tiers if st is not None else []
-        return hit_sources(tiers, self._shape.block_size, num_external_tokens)
+        kind_of = self._clients[self._primary].kind_of
+        return hit_sources(tiers, kind_of, self._shape.block_size, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata(

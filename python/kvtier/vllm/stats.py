@@ -1,26 +1,35 @@
 """The connector's counters (``get_kv_connector_stats``) and the mapping from
-kvtier's tiers to vLLM's cache-hit sources."""
+kvtier's tiers to vLLM's cache-hit sources and KV-event media, by the kind
+of storage each tier is (the node announces its tiers' kinds: a node
+without a disk has its remote store at G3)."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-#: vLLM's name for the tier a block was found in: host memory (G2), local
-#: disk (G3), and the node's remote store (G4), which vLLM has no name for.
-TIER_SOURCES: dict[str, CacheHitSource] = {
-    "G2": CacheHitSource.HOST,
-    "G3": CacheHitSource.DISK,
-    "G4": CacheHitSource.EXTERNAL_UNSPECIFIED,
+#: vLLM's name for where a block was found, by the kind of the kvtier tier
+#: it was in: host memory, local disk, and a remote store, which vLLM has
+#: no name for.
+KIND_SOURCES: dict[str, CacheHitSource] = {
+    "memory": CacheHitSource.HOST,
+    "disk": CacheHitSource.DISK,
+    "remote": CacheHitSource.EXTERNAL_UNSPECIFIED,
 }
 
-#: vLLM's KV-event medium of each tier.
-TIER_MEDIUMS: dict[str, str] = {"G2": "CPU", "G3": "STORAGE", "G4": "STORAGE"}
+#: vLLM's KV-event medium of each kind of tier.
+KIND_MEDIUMS: dict[str, str] = {"memory": "CPU", "disk": "STORAGE", "remote": "STORAGE"}
+
+
+def hit_source(kind: str) -> CacheHitSource:
+    """vLLM's cache-hit source of a block in a tier of this kind."""
+    return KIND_SOURCES.get(kind, CacheHitSource.EXTERNAL_UNSPECIFIED)
 
 _STAT_KEYS = (
     "loaded_blocks",
@@ -78,8 +87,11 @@ class WorkerStats:
         self.add(load_seconds=time.perf_counter() - began)
 
     def loaded(self, block_bytes: int, tiers: list[str]) -> None:
-        counts = {f"loaded_blocks_{t.lower()}": tiers.count(t) for t in set(tiers) if t in TIER_SOURCES}
-        self.add(loaded_blocks=len(tiers), loaded_bytes=len(tiers) * block_bytes, **counts)
+        """Blocks loaded from these tiers, counted by position (``G2``,
+        ``G3``, ``G4``: what ``loaded_blocks_g2`` ... count)."""
+        counts = {f"loaded_blocks_{t.lower()}": tiers.count(t) for t in set(tiers)}
+        known = {k: n for k, n in counts.items() if k in _STAT_KEYS}
+        self.add(loaded_blocks=len(tiers), loaded_bytes=len(tiers) * block_bytes, **known)
 
     def saved(self, began: float, nbytes: int, blocks: int) -> None:
         self.add(save_seconds=time.perf_counter() - began, saved_bytes=nbytes, saved_blocks=blocks)
@@ -92,9 +104,12 @@ class WorkerStats:
             return out
 
 
-def hit_sources(tiers: list[str], block_size: int, num_external_tokens: int) -> dict[CacheHitSource, int]:
-    """``num_external_tokens`` split by the tier of the blocks they come
-    from (the last blocks of ``tiers``, which are the blocks loaded)."""
+def hit_sources(
+    tiers: list[str], kind_of: Callable[[str], str], block_size: int, num_external_tokens: int
+) -> dict[CacheHitSource, int]:
+    """``num_external_tokens`` split by the kind of tier of the blocks they
+    come from (the last blocks of ``tiers``, which are the blocks loaded;
+    ``kind_of`` says what each tier is)."""
     if num_external_tokens <= 0:
         return {}
     blocks = -(-num_external_tokens // block_size)
@@ -104,7 +119,7 @@ def hit_sources(tiers: list[str], block_size: int, num_external_tokens: int) -> 
     # tokens vLLM already had) counts toward its own tier.
     for tier in reversed(tiers[len(tiers) - blocks :]):
         n = min(block_size, left)
-        source = TIER_SOURCES.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+        source = hit_source(kind_of(tier))
         out[source] = out.get(source, 0) + n
         left -= n
     if left > 0:

@@ -76,7 +76,7 @@ from kvtier.vllm.clients import Clients
 from kvtier.vllm.config import KvtierConfig, Shape
 from kvtier.vllm.logs import init_logger
 from kvtier.vllm.offload_events import TierEvents
-from kvtier.vllm.stats import TIER_SOURCES
+from kvtier.vllm.stats import hit_source
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -340,7 +340,7 @@ class KvtierTier(SecondaryTierManager):
             verdict.done = True
         if verdict.tier is None:
             return LookupResult.MISS
-        self._hit_source = TIER_SOURCES.get(verdict.tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+        self._hit_source = hit_source(self._lookup_clients.kind_of(verdict.tier))
         return LookupResult.HIT
 
     @override
@@ -393,7 +393,7 @@ class KvtierTier(SecondaryTierManager):
             del self._verdicts[key]
             return
         verdict.done, verdict.tier = True, tier
-        self._events.saw(key, tier)
+        self._events.saw(key, None if tier is None else self._lookup_clients.kind_of(tier))
         if tier is not None:
             self._stats.increase_counter(KvtierTierMetrics.HITS, 1, (tier,))
 
@@ -472,7 +472,8 @@ class KvtierTier(SecondaryTierManager):
             for key, outcome in zip(done.keys, done.outcomes, strict=False):
                 self._stats.increase_counter(KvtierTierMetrics.STORES, 1, (outcome,))
                 if outcome == "stored":
-                    self._events.saw(key, "G2", stored=True)
+                    # A store fills an arena slot: the block is in host memory.
+                    self._events.saw(key, "memory", stored=True)
             nbytes = done.outcomes.count("stored") * self.block_size_bytes
             return JobResult(done.job_id, all(done.ok), transfer_time=done.seconds, transfer_bytes=nbytes)
         nbytes = sum(done.ok) * self.block_size_bytes

@@ -36,6 +36,17 @@ fn slot(i: u64) -> Slot {
     }
 }
 
+/// The default node's tiers: the arena, the disk log, a remote store.
+pub fn tier_list() -> Vec<TierInfo> {
+    [
+        (Tier::G2, TierKind::Memory),
+        (Tier::G3, TierKind::Disk),
+        (Tier::G4, TierKind::Remote),
+    ]
+    .map(|(tier, kind)| TierInfo { tier, kind })
+    .to_vec()
+}
+
 /// One message of every type.
 pub fn all() -> Vec<Message> {
     vec![
@@ -56,6 +67,7 @@ pub fn all() -> Vec<Message> {
             arena_len: 1 << 30,
             slot_size: 2 << 20,
             namespace_key: NamespaceKey::from_bytes([0x5a; KEY_BYTES]),
+            tiers: tier_list(),
         }),
         Message::Error(Error {
             request_id: 9,
