@@ -6,16 +6,13 @@
 mod forwarder;
 
 use std::any::Any;
-use std::fs::File;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::{
-    BatchDone, Completion, FileId, IoBatch, IoEngine, IoKind, IoOp, IoStats, OpResult, Result,
-};
+use crate::{BatchDone, Completion, IoBatch, IoEngine, IoKind, IoOp, IoStats, OpResult};
 use forwarder::Forwarder;
 
 /// One rule of injected faults. A period of 0 disables a rule.
@@ -329,19 +326,7 @@ impl IoEngine for FaultyEngine {
         "faulty"
     }
 
-    fn register_file(&self, file: File) -> Result<FileId> {
-        self.inner.register_file(file)
-    }
-
-    fn close_file(&self, id: FileId) -> Result<()> {
-        self.inner.close_file(id)
-    }
-
-    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
-        // SAFETY: our caller's promise is passed on unchanged; the inner
-        // engine lives at least as long as we do.
-        unsafe { self.inner.register_memory(ptr, len) }
-    }
+    forward_files_to_inner!();
 
     fn submit(&self, batch: IoBatch) -> Completion {
         let (ops, owners) = batch.into_parts();

@@ -4,13 +4,12 @@
 //! still in flight) and check what is visible meanwhile.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::{Completer, Completion, FileId, IoBatch, IoEngine, IoKind, IoStats, Result};
+use crate::{Completer, Completion, IoBatch, IoEngine, IoKind, IoStats};
 
 /// Which batches a [`GatedEngine`] may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,18 +134,7 @@ impl IoEngine for GatedEngine {
         "gated"
     }
 
-    fn register_file(&self, file: File) -> Result<FileId> {
-        self.inner.register_file(file)
-    }
-
-    fn close_file(&self, id: FileId) -> Result<()> {
-        self.inner.close_file(id)
-    }
-
-    unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { self.inner.register_memory(ptr, len) }
-    }
+    forward_files_to_inner!();
 
     fn submit(&self, batch: IoBatch) -> Completion {
         let kind = Self::kind(&batch);

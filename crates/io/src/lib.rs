@@ -48,6 +48,27 @@
 //! # Ok(()) }
 //! ```
 
+/// The `IoEngine` methods a wrapper engine passes to its `inner` engine
+/// unchanged (files and registered memory), for engines that wrap another
+/// (`FaultyEngine`, `GatedEngine`).
+macro_rules! forward_files_to_inner {
+    () => {
+        fn register_file(&self, file: std::fs::File) -> $crate::Result<$crate::FileId> {
+            self.inner.register_file(file)
+        }
+
+        fn close_file(&self, id: $crate::FileId) -> $crate::Result<()> {
+            self.inner.close_file(id)
+        }
+
+        unsafe fn register_memory(&self, ptr: *mut u8, len: usize) -> bool {
+            // SAFETY: our caller's promise is passed on unchanged; the inner
+            // engine lives at least as long as the wrapper does.
+            unsafe { self.inner.register_memory(ptr, len) }
+        }
+    };
+}
+
 mod aligned;
 mod batch;
 mod engine;
