@@ -416,15 +416,18 @@ impl<L: PoolLock> BlockPool<L> {
         blocks: impl IntoIterator<Item = (BlockHash, Option<BlockHash>)>,
     ) -> Vec<Result<IncomingBlock<L>, PoolError>> {
         let now = self.now();
+        let blocks = blocks.into_iter();
+        // Callers pass a filtered iterator (lower bound 0): size the answer
+        // for its upper bound, one allocation rather than a doubling series.
+        let (lower, upper) = blocks.size_hint();
+        let mut taken = Vec::with_capacity(upper.unwrap_or(lower));
         self.with_state(|s| {
-            blocks
-                .into_iter()
-                .map(|(h, parent)| {
-                    let slot = s.begin_incoming(h, parent, now)?;
-                    Ok(IncomingBlock::new(self.clone(), slot, h))
-                })
-                .collect()
-        })
+            for (h, parent) in blocks {
+                let slot = s.begin_incoming(h, parent, now);
+                taken.push(slot.map(|slot| IncomingBlock::new(self.clone(), slot, h)));
+            }
+        });
+        taken
     }
 
     /// [`IncomingBlock::finish`] of each of `blocks` (guards of this

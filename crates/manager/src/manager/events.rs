@@ -16,7 +16,8 @@ use super::BlockManager;
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
     /// removes the bytes of blocks that left a tier from its store, and
-    /// publishes the events. (The top pool removes a block's arena bytes
+    /// publishes the events (the top tier's are not even built while the
+    /// publisher has no sink: nothing would read them). (The top pool removes a block's arena bytes
     /// itself, as the block leaves it: `TierBytes`.)
     pub(crate) fn publish_events(&self) {
         let mut events = self.applying.lock();
@@ -40,6 +41,16 @@ impl BlockManager {
         let Some(kind) = self.tiers().store(tier).map(|s| s.kind()) else {
             return;
         };
+        if tier == TierList::TOP && self.publisher.sinks().is_empty() {
+            // Nobody receives the events and the top pool frees its arena
+            // bytes itself: only the counters are left to keep.
+            let stored = events
+                .iter()
+                .filter(|e| matches!(e, PoolEvent::Stored { .. }))
+                .count();
+            self.count_events(tier, stored as u64, (events.len() - stored) as u64);
+            return;
+        }
         let hashes: Vec<BlockHash> = events.iter().map(PoolEvent::hash).collect();
         let facts = pool.parents_and_presence(&hashes);
         let arena_slots = match self.tiers().arena() {
@@ -83,12 +94,15 @@ impl BlockManager {
             });
         }
         self.forget_bytes(pool, gone);
-        {
-            let mut c = self.counters.lock();
-            c.stored_events[tier.index()] += stored;
-            c.removed_events[tier.index()] += removed;
-        }
+        self.count_events(tier, stored, removed);
         self.publisher.emit_all(published);
+    }
+
+    /// Counts `stored` and `removed` events of `tier` in the stats.
+    fn count_events(&self, tier: Tier, stored: u64, removed: u64) {
+        let mut c = self.counters.lock();
+        c.stored_events[tier.index()] += stored;
+        c.removed_events[tier.index()] += removed;
     }
 
     /// Where a block stored in `tier` is, for its event: the top tier's
