@@ -18,14 +18,18 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use kvtier_core::BlockHash;
+//! use kvtier_core::{BlockHash, TierKind};
 //! use kvtier_manager::Tier;
 //! use kvtier_manager::events::{BlockRemoved, ChannelSink, EventPublisher, KvEvent, PublisherConfig};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let (sink, mut batches) = ChannelSink::new(16);
 //! let publisher = EventPublisher::new(PublisherConfig::default(), vec![Arc::new(sink)]).unwrap();
-//! publisher.emit(KvEvent::Removed(BlockRemoved { block_hashes: vec![BlockHash(7)], tier: Tier::G2 }));
+//! publisher.emit(KvEvent::Removed(BlockRemoved {
+//!     block_hashes: vec![BlockHash(7)],
+//!     tier: Tier::G2,
+//!     kind: TierKind::Memory,
+//! }));
 //! publisher.flush();
 //! let batch = batches.recv().await.unwrap();
 //! assert_eq!((batch.seq, batch.events.len()), (0, 1));
