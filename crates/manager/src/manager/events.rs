@@ -16,9 +16,10 @@ use super::BlockManager;
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
     /// removes the bytes of blocks that left a tier from its store, and
-    /// publishes the events (the top tier's are not even built while the
-    /// publisher has no sink: nothing would read them). (The top pool removes a block's arena bytes
-    /// itself, as the block leaves it: `TierBytes`.)
+    /// publishes the events; the top tier's are only counted while the
+    /// publisher has no sink, since nothing would read them. (The top pool
+    /// removes a block's arena bytes itself, as the block leaves it:
+    /// `TierBytes`.)
     pub(crate) fn publish_events(&self) {
         let mut events = self.applying.lock();
         self.forget_reclaimed();
