@@ -83,10 +83,6 @@ fn connect_err(e: ClientError) -> PyErr {
     }
 }
 
-fn tier_name(t: Tier) -> &'static str {
-    t.label()
-}
-
 fn outcome_name(o: StoreOutcome) -> &'static str {
     match o {
         StoreOutcome::Stored => "stored",
@@ -375,7 +371,7 @@ impl Client {
     fn lookup(&self, py: Python<'_>, keys: Vec<u128>) -> PyResult<Vec<&'static str>> {
         let keys = hashes(&keys);
         let tiers = py.detach(|| self.with(|c| c.lookup(&keys)))?;
-        Ok(tiers.into_iter().map(tier_name).collect())
+        Ok(tiers.into_iter().map(Tier::label).collect())
     }
 
     /// Stores whole blocks, one buffer of `block_bytes` per key; one

@@ -33,11 +33,6 @@ impl TransferPath {
         (from != to && from != Tier::G1 && to != Tier::G1).then_some(TransferPath { from, to })
     }
 
-    /// The source and destination tiers.
-    pub fn endpoints(self) -> (Tier, Tier) {
-        (self.from, self.to)
-    }
-
     /// Whether the path reads toward a faster tier (an onboard), as
     /// opposed to an offload. The scheduler serves reads first.
     pub fn is_read(self) -> bool {

@@ -8,7 +8,7 @@ use kvtier_core::BlockHash;
 use kvtier_tier::BoxFuture;
 
 use crate::events::{BlockLocation, BlockRemoved, BlockStored, KvEvent};
-use crate::pool::{BlockPool, PoolEvent};
+use crate::pool::{BlockPool, PoolEvent, Presence};
 use crate::{Tier, TierList};
 
 use super::BlockManager;
@@ -16,10 +16,9 @@ use super::BlockManager;
 impl BlockManager {
     /// Drains every pool's stored / removed events (in order per tier),
     /// removes the bytes of blocks that left a tier from its store, and
-    /// publishes the events; the top tier's are only counted while the
-    /// publisher has no sink, since nothing would read them. (The top pool
-    /// removes a block's arena bytes itself, as the block leaves it:
-    /// `TierBytes`.)
+    /// publishes the events (built only while the publisher has a sink:
+    /// otherwise nothing would read them). The top pool removes a block's
+    /// arena bytes itself, as the block leaves it (`TierBytes`).
     pub(crate) fn publish_events(&self) {
         let mut events = self.applying.lock();
         self.forget_reclaimed();
@@ -37,66 +36,78 @@ impl BlockManager {
     /// pool, the arena, the counters and the publisher for the lot.
     fn apply_events(&self, pool: &BlockPool, events: &[PoolEvent]) {
         let tier = pool.tier();
-        // Every pool has a store (`BlockManager::new` checks it), so
-        // nothing is skipped here.
-        let Some(kind) = self.tiers().store(tier).map(|s| s.kind()) else {
-            return;
-        };
-        if tier == TierList::TOP && self.publisher.sinks().is_empty() {
-            // Nobody receives the events and the top pool frees its arena
-            // bytes itself: only the counters are left to keep.
-            let stored = events
-                .iter()
-                .filter(|e| matches!(e, PoolEvent::Stored { .. }))
-                .count();
-            self.count_events(tier, stored as u64, (events.len() - stored) as u64);
+        let stored = events
+            .iter()
+            .filter(|e| matches!(e, PoolEvent::Stored { .. }))
+            .count() as u64;
+        self.count_events(tier, stored, events.len() as u64 - stored);
+        let publish = !self.publisher.sinks().is_empty();
+        // The top tier has no bytes to forget here; with no sink either,
+        // nothing is left to do.
+        if tier == TierList::TOP && !publish {
             return;
         }
         let hashes: Vec<BlockHash> = events.iter().map(PoolEvent::hash).collect();
         let facts = pool.parents_and_presence(&hashes);
+        // The bytes go only if the pool does not hold (or receive) the
+        // block again by now: the pool is the authority, the tiers' stores
+        // follow it.
+        let gone = events
+            .iter()
+            .zip(&facts)
+            .filter(|(e, (_, presence))| {
+                matches!(e, PoolEvent::Removed { .. }) && presence.is_none()
+            })
+            .map(|(e, _)| e.hash())
+            .collect();
+        self.forget_bytes(pool, gone);
+        if publish {
+            self.publisher
+                .emit_all(self.kv_events(pool, events, &hashes, facts));
+        }
+    }
+
+    /// The published form of one pool's events (`facts`: each block's
+    /// parent and presence, in order).
+    fn kv_events(
+        &self,
+        pool: &BlockPool,
+        events: &[PoolEvent],
+        hashes: &[BlockHash],
+        facts: Vec<(Option<BlockHash>, Option<Presence>)>,
+    ) -> Vec<KvEvent> {
+        let tier = pool.tier();
+        // Every pool has a store (`BlockManager::new` checks it).
+        let Some(kind) = self.tiers().store(tier).map(|s| s.kind()) else {
+            return Vec::new();
+        };
         let arena_slots = match self.tiers().arena() {
-            Some(m) if tier == TierList::TOP => m.slots_of(&hashes),
+            Some(m) if tier == TierList::TOP => m.slots_of(hashes),
             _ => Vec::new(),
         };
-        let mut gone = Vec::new();
-        let mut published = Vec::with_capacity(events.len());
-        let (mut stored, mut removed) = (0, 0);
-        for (i, (event, (parent_hash, presence))) in events.iter().zip(facts).enumerate() {
-            let hash = event.hash();
-            published.push(match event {
-                PoolEvent::Stored { .. } => {
-                    stored += 1;
-                    let arena_slot = arena_slots.get(i).copied().flatten();
-                    KvEvent::Stored(BlockStored {
+        let events = events.iter().zip(facts).enumerate();
+        events
+            .map(|(i, (event, (parent_hash, _)))| {
+                let hash = event.hash();
+                match event {
+                    PoolEvent::Stored { .. } => KvEvent::Stored(BlockStored {
                         block_hashes: vec![hash],
                         parent_hash,
                         tier,
                         kind,
                         bytes: self.geometry.block_bytes(),
-                        location: self.location(tier, hash, arena_slot),
+                        location: self.location(tier, hash, arena_slots.get(i).copied().flatten()),
                         token_ids: None,
                         block_size: pool.tokens_per_block() as u32,
-                    })
-                }
-                PoolEvent::Removed { .. } => {
-                    removed += 1;
-                    // The bytes go only if the pool does not hold (or
-                    // receive) the block again by now: the pool is the
-                    // authority, the tiers' stores follow it.
-                    if presence.is_none() {
-                        gone.push(hash);
-                    }
-                    KvEvent::Removed(BlockRemoved {
+                    }),
+                    PoolEvent::Removed { .. } => KvEvent::Removed(BlockRemoved {
                         block_hashes: vec![hash],
                         tier,
                         kind,
-                    })
+                    }),
                 }
-            });
-        }
-        self.forget_bytes(pool, gone);
-        self.count_events(tier, stored, removed);
-        self.publisher.emit_all(published);
+            })
+            .collect()
     }
 
     /// Counts `stored` and `removed` events of `tier` in the stats.

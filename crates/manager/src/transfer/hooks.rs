@@ -121,7 +121,7 @@ impl InFlightTable {
 
 impl InFlightHooks for InFlightTable {
     fn begin_transfer(&self, ticket: &TransferTicket<'_>) {
-        let (from, to) = ticket.path.endpoints();
+        let TransferPath { from, to } = ticket.path;
         let mut c = self.inner.lock();
         for &k in ticket.keys {
             bump(&mut c.inbound, (to, k));
@@ -130,7 +130,7 @@ impl InFlightHooks for InFlightTable {
     }
 
     fn finish_transfer(&self, _id: u64, path: TransferPath, key: BlockHash, _: &BlockResult) {
-        let (from, to) = path.endpoints();
+        let TransferPath { from, to } = path;
         let mut c = self.inner.lock();
         drop_one(&mut c.inbound, (to, key));
         drop_one(&mut c.outbound, (from, key));
