@@ -110,7 +110,7 @@ impl Place {
     /// against the slot table, which clients can write).
     fn answer(&self) -> LoadResult {
         match self {
-            Self::Resident(r, slot) => LoadResult::Resident(*slot, r.shared_sums().clone()),
+            Self::Resident(r, slot) => LoadResult::Resident(*slot, r.sums_handle()),
             Self::Arriving(_, slot) => LoadResult::Arriving(*slot),
         }
     }
@@ -773,10 +773,11 @@ impl Session {
         // The stored keys are collected only for an observer to tell.
         let observer = self.node.commit_observer().zip(self.namespace.as_ref());
         let mut stored = Vec::new();
+        let mut committed = 0;
         for ((i, key), outcome) in positions.into_iter().zip(done) {
             results[i] = match outcome {
                 HostCommit::Stored => {
-                    Counters::add(&counters.committed, 1);
+                    committed += 1;
                     if observer.is_some() {
                         stored.push(key);
                     }
@@ -789,6 +790,8 @@ impl Session {
                 }
             };
         }
+        // One add per request: the counters are shared by every session.
+        Counters::add(&counters.committed, committed);
         if let Some((observer, ns)) = observer
             && !stored.is_empty()
         {
@@ -998,7 +1001,7 @@ impl Session {
     /// Pins `blocks` for the client, in order, while the arena shows each
     /// (in `slots[i]` when given); returns each pinned block's slot and
     /// checksums.
-    fn pin(&mut self, blocks: Vec<ImmutableBlock>, slots: &[Slot]) -> Vec<(Slot, BlockSums)> {
+    fn pin(&mut self, blocks: Vec<ImmutableBlock>, slots: &[Slot]) -> Vec<(Slot, Arc<BlockSums>)> {
         let memory = self.node.memory();
         let layers = self.node.geometry().layers as usize;
         let until = Instant::now() + self.node.options().lease;
@@ -1010,11 +1013,10 @@ impl Session {
             if slots.get(i).is_some_and(|announced| *announced != slot) {
                 break;
             }
-            let sums = arena.shared_sums();
-            if sums.layers.len() != layers {
+            if arena.shared_sums().layers.len() != layers {
                 break;
             }
-            out.push((slot, sums.clone()));
+            out.push((slot, arena.sums_handle()));
             let pin = Pin { block, arena };
             let leased = Leased { value: pin, until };
             match self.pins.entry(leased.value.block.hash()) {

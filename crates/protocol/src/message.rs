@@ -4,6 +4,7 @@
 //! `docs/node-protocol.md` for the byte tables).
 
 use std::fmt;
+use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, MAX_TIERS, TierKind};
 
@@ -443,8 +444,9 @@ pub enum LoadResult {
     Miss,
     /// Resident in this slot, pinned for the client until `Release`, with
     /// the checksums the daemon holds for it: what the client verifies
-    /// its copy against. Tag 2.
-    Resident(Slot, BlockSums),
+    /// its copy against. Tag 2. Shared, so the daemon answers with the
+    /// sums it holds rather than a copy per load.
+    Resident(Slot, Arc<BlockSums>),
 }
 
 impl LoadResult {
@@ -490,7 +492,7 @@ impl Wire for LoadResult {
                 let slot = Slot::get(r)?;
                 let block = u64::get(r)?;
                 let layers = Vec::<u64>::get(r)?;
-                Ok(Self::Resident(slot, BlockSums { block, layers }))
+                Ok(Self::Resident(slot, Arc::new(BlockSums { block, layers })))
             }
             _ => Err(r.malformed("unknown LoadResult tag")),
         }

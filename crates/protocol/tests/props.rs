@@ -148,8 +148,9 @@ fn load_result() -> impl Strategy<Value = LoadResult> {
     prop_oneof![
         slot().prop_map(LoadResult::Arriving),
         Just(LoadResult::Miss),
-        (slot(), any::<u64>(), vec(any::<u64>(), 0..8))
-            .prop_map(|(s, block, layers)| LoadResult::Resident(s, BlockSums { block, layers })),
+        (slot(), any::<u64>(), vec(any::<u64>(), 0..8)).prop_map(|(s, block, layers)| {
+            LoadResult::Resident(s, std::sync::Arc::new(BlockSums { block, layers }))
+        }),
     ]
 }
 

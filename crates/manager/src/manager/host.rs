@@ -6,7 +6,7 @@
 //! that died) frees both slots and leaves nothing visible.
 
 use kvtier_arena::MemError;
-use kvtier_core::{BlockHash, BlockSums};
+use kvtier_core::{BlockHash, BlockSums, Tier};
 use kvtier_mem::{MemoryTier, PutOutcome, Reserve, SlotReservation};
 
 use super::{BlockManager, ManagerError};
@@ -99,17 +99,22 @@ impl BlockManager {
     /// whole chain, as the optimizer's replay assumes.
     pub async fn reserve_host(&self, keys: &[BlockHash]) -> Result<Vec<HostReserve>, ManagerError> {
         let (pool, memory) = self.host_tier()?;
-        let new = self
-            .registry
-            .fastest_ready(keys)
-            .iter()
-            .filter(|t| t.is_none())
-            .count();
+        // Where each key is, read once: it sizes the room to make and then
+        // picks the keys to reserve. A key held here but evicted from the
+        // last tier while room is made answers `AlreadyStored`, as if the
+        // eviction came just after the answer; a retry reads again.
+        let mut first = Some(self.registry.fastest_ready(keys));
+        let new = first.iter().flatten().filter(|t| t.is_none()).count();
         let pool_slots: Vec<Result<IncomingBlock, HostReserve>> = self
             .take_with_room(
                 TierList::TOP,
                 new,
-                || self.pool_slots(pool, keys),
+                || {
+                    let held = first
+                        .take()
+                        .unwrap_or_else(|| self.registry.fastest_ready(keys));
+                    pool_slots(pool, keys, &held)
+                },
                 |slots: &Vec<_>| slots.iter().any(|s| matches!(s, Err(HostReserve::NoSpace))),
             )
             .await;
@@ -117,37 +122,6 @@ impl BlockManager {
         // same step (the pool is the arena's book), so the arena has a
         // slot for each pool slot taken.
         Ok(arena_slots(memory, pool_slots))
-    }
-
-    /// A G2 pool slot for each of `keys` no tier holds (one lock per pool
-    /// for all), or why there is none.
-    fn pool_slots(
-        &self,
-        pool: &crate::pool::BlockPool,
-        keys: &[BlockHash],
-    ) -> Vec<Result<IncomingBlock, HostReserve>> {
-        let held = self.registry.fastest_ready(keys);
-        let parents = std::iter::once(None).chain(keys.iter().copied().map(Some));
-        let fresh = keys
-            .iter()
-            .zip(parents)
-            .zip(&held)
-            .filter(|(_, t)| t.is_none())
-            .map(|((k, parent), _)| (*k, parent));
-        let mut taken = pool.begin_incoming_many(fresh).into_iter();
-        held.iter()
-            .map(|t| {
-                if t.is_some() {
-                    return Err(HostReserve::AlreadyStored);
-                }
-                match taken.next() {
-                    Some(Ok(incoming)) => Ok(incoming),
-                    Some(Err(PoolError::InFlight(_))) => Err(HostReserve::InFlight),
-                    Some(Err(PoolError::AlreadyResident(_))) => Err(HostReserve::AlreadyStored),
-                    _ => Err(HostReserve::NoSpace),
-                }
-            })
-            .collect()
     }
 
     /// Makes filled reservations readable: each slot's bytes are checked
@@ -268,6 +242,37 @@ fn publish_all(
     incoming
         .into_iter()
         .zip(SlotReservation::commit_all(slots, verify))
+        .collect()
+}
+
+/// A G2 pool slot for each of `keys` no tier holds (`held`, per key:
+/// the fastest tier holding it), or why there is none; one pool lock
+/// for all.
+fn pool_slots(
+    pool: &crate::pool::BlockPool,
+    keys: &[BlockHash],
+    held: &[Option<Tier>],
+) -> Vec<Result<IncomingBlock, HostReserve>> {
+    let parents = std::iter::once(None).chain(keys.iter().copied().map(Some));
+    let fresh = keys
+        .iter()
+        .zip(parents)
+        .zip(held)
+        .filter(|(_, t)| t.is_none())
+        .map(|((k, parent), _)| (*k, parent));
+    let mut taken = pool.begin_incoming_many(fresh).into_iter();
+    held.iter()
+        .map(|t| {
+            if t.is_some() {
+                return Err(HostReserve::AlreadyStored);
+            }
+            match taken.next() {
+                Some(Ok(incoming)) => Ok(incoming),
+                Some(Err(PoolError::InFlight(_))) => Err(HostReserve::InFlight),
+                Some(Err(PoolError::AlreadyResident(_))) => Err(HostReserve::AlreadyStored),
+                _ => Err(HostReserve::NoSpace),
+            }
+        })
         .collect()
 }
 

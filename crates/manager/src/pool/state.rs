@@ -341,7 +341,8 @@ impl PoolState {
     }
 
     /// Makes `slot` (Mutable or Incoming) a registered block with one
-    /// reference.
+    /// reference. `by_hash` must already map `hash` to `slot` (an Incoming
+    /// slot is mapped from its start; `register` maps a Mutable one).
     fn make_registered(
         &mut self,
         slot: SlotId,
@@ -359,7 +360,6 @@ impl PoolState {
             outgoing: 0,
             leaving: false,
         });
-        self.by_hash.insert(hash, slot);
         self.count_child(parent, 1);
         self.policy.insert(
             hash,
@@ -393,6 +393,7 @@ impl PoolState {
             self.stats.dedup_hits += 1;
             return Ok(Registration::Existing(existing));
         }
+        self.by_hash.insert(hash, slot);
         self.make_registered(slot, hash, parent, now);
         Ok(Registration::New(slot))
     }

@@ -115,10 +115,10 @@ pub fn all() -> Vec<Message> {
             results: vec![
                 LoadResult::Resident(
                     slot(6),
-                    BlockSums {
+                    std::sync::Arc::new(BlockSums {
                         block: 0xfeed,
                         layers: vec![4, 5, 6],
-                    },
+                    }),
                 ),
                 LoadResult::Arriving(slot(7)),
                 LoadResult::Miss,
