@@ -165,8 +165,18 @@ impl Inner {
     /// Publishes a filled slot (no verification). Returns what happened.
     pub(crate) fn publish(&self, slot: usize, key: BlockHash, sums: Arc<BlockSums>) -> PutOutcome {
         let mac = self.mac_of(slot, key, &sums);
-        let mut book = self.book.lock();
-        self.publish_locked(&mut book, slot, key, sums, mac)
+        let outcome = self.publish_locked(&mut self.book.lock(), slot, key, sums, mac);
+        if outcome == PutOutcome::Stored {
+            self.count_puts(1);
+        }
+        outcome
+    }
+
+    /// Counts `n` blocks published: one add per counter for a batch, as
+    /// the counters are shared by every thread that publishes.
+    pub(crate) fn count_puts(&self, n: u64) {
+        Counters::add(&self.counters.puts, n);
+        Counters::add(&self.counters.bytes_in, n * self.layout.block_bytes as u64);
     }
 
     /// The slot table's MAC of a block published in `slot` (zero without
@@ -179,7 +189,8 @@ impl Inner {
             .map_or([0, 0], |m| m.compute(slot, key, len, sums))
     }
 
-    /// [`publish`](Self::publish) with the book locked and the MAC given.
+    /// [`publish`](Self::publish) with the book locked and the MAC given;
+    /// the caller counts what it stored ([`count_puts`](Self::count_puts)).
     pub(crate) fn publish_locked(
         &self,
         book: &mut Book,
@@ -191,8 +202,6 @@ impl Inner {
         let len = self.layout.block_bytes;
         if book.publish(slot, key, Arc::clone(&sums)) {
             self.table.publish(slot, key, len, &sums, mac);
-            Counters::add(&self.counters.puts, 1);
-            Counters::add(&self.counters.bytes_in, len as u64);
             PutOutcome::Stored
         } else {
             self.table.abandon_fill(slot);

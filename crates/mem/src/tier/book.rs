@@ -25,6 +25,7 @@
 //! reusable until the last reference is released.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use kvtier_core::{BlockHash, BlockSums};
@@ -161,7 +162,15 @@ impl Book {
     /// slot) when `key` became resident elsewhere meanwhile.
     pub(crate) fn publish(&mut self, slot: usize, key: BlockHash, sums: Arc<BlockSums>) -> bool {
         debug_assert_eq!(self.slots[slot].state, SlotState::Filling);
-        if self.index.contains_key(&key) {
+        // One hash lookup: mapped here, or found mapped already.
+        let fresh = match self.index.entry(key) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(e) => {
+                e.insert(slot as u32);
+                true
+            }
+        };
+        if !fresh {
             self.free_slot(slot);
             return false;
         }
@@ -171,7 +180,6 @@ impl Book {
             sums: Some(sums),
             ..SlotMeta::FREE
         };
-        self.index.insert(key, slot as u32);
         true
     }
 

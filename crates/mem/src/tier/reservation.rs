@@ -133,19 +133,24 @@ impl SlotReservation {
                 .collect();
         };
         let mut book = inner.book.lock();
-        checked
+        let mut stored = 0;
+        let out = checked
             .into_iter()
             .map(|c| {
                 let (mut r, sums, mac) = c?;
                 r.done = true;
-                Ok(if Arc::ptr_eq(&r.inner, &inner) {
-                    inner.publish_locked(&mut book, r.slot, r.key, sums, mac)
-                } else {
+                if !Arc::ptr_eq(&r.inner, &inner) {
                     // Another tier's slot (no caller mixes them): its own lock.
-                    r.inner.publish(r.slot, r.key, sums)
-                })
+                    return Ok(r.inner.publish(r.slot, r.key, sums));
+                }
+                let outcome = inner.publish_locked(&mut book, r.slot, r.key, sums, mac);
+                stored += u64::from(outcome == PutOutcome::Stored);
+                Ok(outcome)
             })
-            .collect()
+            .collect();
+        drop(book);
+        inner.count_puts(stored);
+        out
     }
 
     /// Makes the block visible after checking that `sums` are consistent,
