@@ -99,23 +99,32 @@ fn untrusted(link: &std::fs::Metadata, meta: &std::fs::Metadata) -> Option<Strin
 
 /// Which side of the handshake a proof speaks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
+pub enum Role {
+    /// The connecting node.
     Client,
+    /// The accepting node.
     Server,
 }
 
-/// Everything both sides said in a handshake, which both proofs cover.
-pub(crate) struct Transcript<'a> {
+/// Everything both sides said in a handshake, which both proofs cover
+/// (docs/peer-protocol.md §3.2).
+#[derive(Debug, Clone, Copy)]
+pub struct Transcript<'a> {
+    /// The cluster's name.
     pub cluster: &'a str,
+    /// The client's node name, from `Hello`.
     pub client: &'a str,
+    /// The server's node name, from `HelloOk`.
     pub server: &'a str,
+    /// The client's nonce, from `Hello`.
     pub client_nonce: &'a [u8; NONCE_BYTES],
+    /// The server's nonce, from `HelloOk`.
     pub server_nonce: &'a [u8; NONCE_BYTES],
 }
 
 impl Transcript<'_> {
     /// The proof `role` makes (or must make) with `secret`.
-    pub(crate) fn proof(&self, secret: &ClusterSecret, role: Role) -> [u8; PROOF_BYTES] {
+    pub fn proof(&self, secret: &ClusterSecret, role: Role) -> [u8; PROOF_BYTES] {
         let mut h = blake3::Hasher::new_keyed(&secret.auth_key());
         h.update(match role {
             Role::Client => b"client",
@@ -132,12 +141,7 @@ impl Transcript<'_> {
     }
 
     /// Whether `proof` is `role`'s, compared in constant time.
-    pub(crate) fn verify(
-        &self,
-        secret: &ClusterSecret,
-        role: Role,
-        proof: &[u8; PROOF_BYTES],
-    ) -> bool {
+    pub fn verify(&self, secret: &ClusterSecret, role: Role, proof: &[u8; PROOF_BYTES]) -> bool {
         blake3::Hash::from(self.proof(secret, role)) == blake3::Hash::from(*proof)
     }
 }

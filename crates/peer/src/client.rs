@@ -12,8 +12,8 @@ use tokio::time::{Instant, timeout, timeout_at};
 use crate::auth::{ClusterSecret, Role, Transcript, nonce};
 use crate::error::PeerError;
 use crate::frame::{
-    BlockData, BlockReply, Frame, Hello, HelloOk, LayerRange, MAX_KEYS, PEER_VERSION, Read,
-    read_frame, write_frame,
+    BlockData, BlockReply, Frame, Hello, HelloOk, LayerRange, MAX_HANDSHAKE_FRAME, MAX_KEYS,
+    PEER_VERSION, Read, read_frame, read_frame_up_to, write_frame,
 };
 use crate::verify::{Expect, verify};
 
@@ -209,14 +209,14 @@ async fn handshake(stream: &mut TcpStream, me: &Identity) -> Result<String, Peer
         return Err(PeerError::AuthFailed { node: ok.node });
     }
     write_frame(stream, &Frame::Proof(t.proof(&me.secret, Role::Client))).await?;
-    match read_frame(stream).await? {
+    match read_frame_up_to(stream, MAX_HANDSHAKE_FRAME).await? {
         Some(Frame::Ready) => Ok(ok.node),
         other => Err(handshake_failure(other, "Ready")),
     }
 }
 
 async fn expect_hello_ok(stream: &mut TcpStream) -> Result<HelloOk, PeerError> {
-    match read_frame(stream).await? {
+    match read_frame_up_to(stream, MAX_HANDSHAKE_FRAME).await? {
         Some(Frame::HelloOk(ok)) if ok.version.major != PEER_VERSION.major => {
             Err(PeerError::WrongVersion {
                 got: ok.version,

@@ -10,11 +10,14 @@ pub enum DecodeError {
     /// A frame of length 0: no type byte.
     #[error("empty frame")]
     Empty,
-    /// A frame longer than [`crate::MAX_FRAME`]; its body is not read.
-    #[error("frame of {len} bytes exceeds the limit of {}", crate::MAX_FRAME)]
+    /// A frame longer than the limit where it was read (at most
+    /// [`crate::MAX_FRAME`]); its body is not read.
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
     Oversized {
         /// The declared (or encoded) length.
         len: usize,
+        /// The limit.
+        max: usize,
     },
     /// A type byte that names no frame.
     #[error("unknown frame type {0:#04x}")]

@@ -15,6 +15,13 @@ pub const LEN_BYTES: usize = 4;
 /// one block of up to ~64 MiB with its sums. A reply carries one block per
 /// frame, so this bounds what one frame makes a reader buffer.
 pub const MAX_FRAME: u32 = 64 << 20;
+/// The largest handshake frame (`Hello`, `HelloOk`, `Refused`, `Proof`,
+/// `Ready`) either side reads: before a peer has proved itself it cannot
+/// make us buffer more than this.
+pub const MAX_HANDSHAKE_FRAME: u32 = 8 << 10;
+/// The largest request frame a server reads: a `Read` of [`MAX_KEYS`]
+/// keys is about 16 KiB.
+pub const MAX_REQUEST_FRAME: u32 = 64 << 10;
 /// The most keys one `Read` may name.
 pub const MAX_KEYS: usize = 1024;
 /// The most layer sums one block may carry.
@@ -219,7 +226,10 @@ impl Frame {
                 out[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
                 Ok(out)
             }
-            _ => Err(DecodeError::Oversized { len }),
+            _ => Err(DecodeError::Oversized {
+                len,
+                max: MAX_FRAME as usize,
+            }),
         }
     }
 
@@ -281,9 +291,18 @@ fn type_name(kind: u8) -> Option<&'static str> {
     })
 }
 
-/// Reads one frame; `Ok(None)` when the stream ends cleanly before one
-/// starts. A length over [`MAX_FRAME`] is refused before its body is read.
+/// Reads one frame of at most [`MAX_FRAME`] bytes; `Ok(None)` when the
+/// stream ends cleanly before one starts.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, PeerError> {
+    read_frame_up_to(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `max` bytes (not counting the prefix); a
+/// longer one is refused before its body is read or buffered.
+pub async fn read_frame_up_to<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<Frame>, PeerError> {
     let mut len = [0u8; LEN_BYTES];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -291,8 +310,13 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_le_bytes(len);
-    if len > MAX_FRAME {
-        return Err(DecodeError::Oversized { len: len as usize }.into());
+    if len > max.min(MAX_FRAME) {
+        let max = max.min(MAX_FRAME) as usize;
+        return Err(DecodeError::Oversized {
+            len: len as usize,
+            max,
+        }
+        .into());
     }
     let mut body = vec![0u8; len as usize];
     r.read_exact(&mut body).await?;

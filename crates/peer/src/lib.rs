@@ -51,7 +51,7 @@ mod server;
 mod source;
 mod verify;
 
-pub use auth::{ClusterSecret, SECRET_BYTES};
+pub use auth::{ClusterSecret, Role, SECRET_BYTES, Transcript};
 pub use client::{Identity, PeerClient, ReadStats, Want};
 pub use error::{DecodeError, PeerError, SecretError};
 pub use frame::{BlockData, LayerRange, MAX_FRAME, MAX_KEYS, PEER_VERSION};

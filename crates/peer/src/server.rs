@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_core::BlockHash;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
@@ -16,14 +16,20 @@ use crate::auth::{Role, Transcript, nonce};
 use crate::client::Identity;
 use crate::error::PeerError;
 use crate::frame::{
-    BlockReply, ErrorCode, ErrorReply, Frame, Hello, HelloOk, LayerRange, PEER_VERSION, Read,
-    RefuseReason, Refused, read_frame, write_frame,
+    BlockReply, ErrorCode, ErrorReply, Frame, Hello, HelloOk, LayerRange, MAX_HANDSHAKE_FRAME,
+    MAX_REQUEST_FRAME, PEER_VERSION, Read, RefuseReason, Refused, read_frame_up_to, write_frame,
 };
 use crate::source::BlockSource;
 
 /// Keys a server asks its source for at once: bounds the block bytes one
 /// connection holds to this many blocks.
 const SOURCE_BATCH: usize = 8;
+
+/// Busy refusals in progress at once; peers past this are dropped.
+const BUSY_REFUSALS: usize = 16;
+
+/// How long a busy refusal waits for its peer to close.
+const BUSY_LINGER: Duration = Duration::from_secs(1);
 
 /// How a [`PeerServer`] runs.
 #[derive(Debug, Clone)]
@@ -113,6 +119,7 @@ impl PeerServer {
     ) {
         let config = Arc::new(config);
         let slots = Arc::new(Semaphore::new(config.max_connections));
+        let refusals = Arc::new(Semaphore::new(BUSY_REFUSALS));
         // Dropping the set when this returns aborts every connection.
         let mut connections = JoinSet::new();
         tokio::pin!(shutdown);
@@ -129,7 +136,15 @@ impl PeerServer {
                                 drop(permit);
                             });
                         }
-                        Err(_) => refuse_busy(stream, from),
+                        Err(_) => match refusals.clone().try_acquire_owned() {
+                            Ok(permit) => {
+                                connections.spawn(async move {
+                                    refuse_busy(stream, from).await;
+                                    drop(permit);
+                                });
+                            }
+                            Err(_) => drop(stream),
+                        },
                     },
                     Err(e) => accept_failed(e).await,
                 },
@@ -138,17 +153,19 @@ impl PeerServer {
     }
 }
 
-/// Tells a peer over the connection limit so, without waiting on it.
-fn refuse_busy(stream: TcpStream, from: SocketAddr) {
+/// Tells a peer over the connection limit so, then waits briefly for it
+/// to close: closing a socket with its `Hello` unread would reset the
+/// connection, and a reset can discard the refusal before the peer reads
+/// it. Refusals hold a slot of their own (a few), so a flood of peers is
+/// dropped without a word rather than queued.
+async fn refuse_busy(mut stream: TcpStream, from: SocketAddr) {
     tracing::warn!(%from, "peer connection refused: at the connection limit");
-    let refused = Frame::Refused(Refused {
-        reason: RefuseReason::Busy,
-        message: "the node is at its peer connection limit".into(),
-    });
-    if let Ok(bytes) = refused.encode() {
-        // Best effort: a fresh socket's buffer takes this small frame.
-        let _ = stream.try_write(&bytes);
-    }
+    let message = "the node is at its peer connection limit".to_owned();
+    let _ = refuse(&mut stream, (RefuseReason::Busy, message)).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(BUSY_LINGER, drain).await;
 }
 
 /// An accept error (out of file descriptors, mostly) is logged and waited
@@ -183,7 +200,7 @@ async fn connection(
 /// The server's half of the handshake; returns the client's node name
 /// once it has proved it holds the secret.
 async fn handshake(stream: &mut TcpStream, config: &ServerConfig) -> Result<String, PeerError> {
-    let hello = match read_frame(stream).await? {
+    let hello = match read_frame_up_to(stream, MAX_HANDSHAKE_FRAME).await? {
         Some(Frame::Hello(h)) => h,
         Some(other) => return Err(reply_unexpected(stream, &other, "Hello").await),
         None => return Err(PeerError::Closed),
@@ -207,7 +224,7 @@ async fn handshake(stream: &mut TcpStream, config: &ServerConfig) -> Result<Stri
         proof: t.proof(&me.secret, Role::Server),
     };
     write_frame(stream, &Frame::HelloOk(ok)).await?;
-    let proof = match read_frame(stream).await? {
+    let proof = match read_frame_up_to(stream, MAX_HANDSHAKE_FRAME).await? {
         Some(Frame::Proof(p)) => p,
         Some(other) => return Err(reply_unexpected(stream, &other, "Proof").await),
         None => return Err(PeerError::Closed),
@@ -270,7 +287,7 @@ async fn send_error(stream: &mut TcpStream, code: ErrorCode, message: String) {
 /// ends the connection (`Err`, after an `Error` frame where one helps).
 async fn requests(stream: &mut TcpStream, source: &dyn BlockSource) -> Result<(), PeerError> {
     loop {
-        let frame = match read_frame(stream).await {
+        let frame = match read_frame_up_to(stream, MAX_REQUEST_FRAME).await {
             Ok(Some(f)) => f,
             Ok(None) => return Ok(()),
             Err(PeerError::Decode(e)) => {
