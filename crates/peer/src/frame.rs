@@ -93,17 +93,43 @@ pub struct HelloOk {
     pub proof: [u8; PROOF_BYTES],
 }
 
-/// Why a server refused a connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefuseReason {
-    /// Another major version.
-    WrongVersion,
-    /// Another cluster name.
-    WrongCluster,
-    /// The client's proof did not verify: another secret.
-    BadProof,
-    /// The server is at its connection limit.
-    Busy,
+/// Defines a fieldless enum and its one-byte wire codes: encoding and
+/// decoding read the one table, so they cannot disagree about a code.
+macro_rules! wire_codes {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $code:expr),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $($(#[$vdoc])* $variant,)* }
+
+        impl $name {
+            /// Every variant, in code order.
+            pub const ALL: &[$name] = &[$($name::$variant,)*];
+
+            /// The variant's wire code.
+            pub fn code(self) -> u8 {
+                match self { $($name::$variant => $code,)* }
+            }
+
+            /// The variant with wire code `code`, if there is one.
+            pub fn from_code(code: u8) -> Option<Self> {
+                match code { $($code => Some($name::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+wire_codes! {
+    /// Why a server refused a connection.
+    RefuseReason {
+        /// Another major version.
+        WrongVersion = 1,
+        /// Another cluster name.
+        WrongCluster = 2,
+        /// The client's proof did not verify: another secret.
+        BadProof = 3,
+        /// The server is at its connection limit.
+        Busy = 4,
+    }
 }
 
 /// `0x03` server -> client: the handshake failed; the server closes.
@@ -115,17 +141,18 @@ pub struct Refused {
     pub message: String,
 }
 
-/// Why a server answered a request with `Error`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// The request was malformed; the server closes.
-    Malformed,
-    /// A frame that has no place at this point of the conversation.
-    Unexpected,
-    /// More keys than [`MAX_KEYS`].
-    TooManyKeys,
-    /// The layer range is empty.
-    BadRange,
+wire_codes! {
+    /// Why a server answered a request with `Error`.
+    ErrorCode {
+        /// The request was malformed; the server closes.
+        Malformed = 1,
+        /// A frame that has no place at this point of the conversation.
+        Unexpected = 2,
+        /// More keys than [`MAX_KEYS`].
+        TooManyKeys = 3,
+        /// The layer range is empty.
+        BadRange = 4,
+    }
 }
 
 /// `0x7f` server -> client: a request failed.
@@ -364,25 +391,18 @@ fn put_hello_ok(out: &mut Vec<u8>, m: &HelloOk) {
 }
 
 fn put_refused(out: &mut Vec<u8>, m: &Refused) {
-    out.push(0x03);
-    out.push(match m.reason {
-        RefuseReason::WrongVersion => 1,
-        RefuseReason::WrongCluster => 2,
-        RefuseReason::BadProof => 3,
-        RefuseReason::Busy => 4,
-    });
-    put_str(out, &m.message, MAX_TEXT);
+    put_coded(out, 0x03, m.reason.code(), &m.message);
 }
 
 fn put_error(out: &mut Vec<u8>, m: &ErrorReply) {
-    out.push(0x7f);
-    out.push(match m.code {
-        ErrorCode::Malformed => 1,
-        ErrorCode::Unexpected => 2,
-        ErrorCode::TooManyKeys => 3,
-        ErrorCode::BadRange => 4,
-    });
-    put_str(out, &m.message, MAX_TEXT);
+    put_coded(out, 0x7f, m.code.code(), &m.message);
+}
+
+/// `Refused` and `Error` alike: a code, then words for the operator.
+fn put_coded(out: &mut Vec<u8>, kind: u8, code: u8, message: &str) {
+    out.push(kind);
+    out.push(code);
+    put_str(out, message, MAX_TEXT);
 }
 
 fn put_token(out: &mut Vec<u8>, kind: u8, token: u64) {
@@ -536,27 +556,22 @@ fn get_hello_ok(c: &mut Cursor<'_>) -> Result<HelloOk, DecodeError> {
 }
 
 fn get_refused(c: &mut Cursor<'_>) -> Result<Refused, DecodeError> {
-    let reason = match c.u8()? {
-        1 => RefuseReason::WrongVersion,
-        2 => RefuseReason::WrongCluster,
-        3 => RefuseReason::BadProof,
-        4 => RefuseReason::Busy,
-        _ => return Err(c.bad("unknown refusal reason")),
-    };
-    let message = c.str(MAX_TEXT)?;
+    let (reason, message) = get_coded(c, RefuseReason::from_code)?;
     Ok(Refused { reason, message })
 }
 
 fn get_error(c: &mut Cursor<'_>) -> Result<ErrorReply, DecodeError> {
-    let code = match c.u8()? {
-        1 => ErrorCode::Malformed,
-        2 => ErrorCode::Unexpected,
-        3 => ErrorCode::TooManyKeys,
-        4 => ErrorCode::BadRange,
-        _ => return Err(c.bad("unknown error code")),
-    };
-    let message = c.str(MAX_TEXT)?;
+    let (code, message) = get_coded(c, ErrorCode::from_code)?;
     Ok(ErrorReply { code, message })
+}
+
+/// A code known to `from_code`, then words for the operator.
+fn get_coded<T>(
+    c: &mut Cursor<'_>,
+    from_code: fn(u8) -> Option<T>,
+) -> Result<(T, String), DecodeError> {
+    let code = from_code(c.u8()?).ok_or_else(|| c.bad("unknown code"))?;
+    Ok((code, c.str(MAX_TEXT)?))
 }
 
 fn get_read(c: &mut Cursor<'_>) -> Result<Read, DecodeError> {
@@ -667,15 +682,8 @@ mod tests {
                     proof
                 })
             ),
-            (0usize..4, name()).prop_map(|(r, message)| Frame::Refused(Refused {
-                reason: [
-                    RefuseReason::WrongVersion,
-                    RefuseReason::WrongCluster,
-                    RefuseReason::BadProof,
-                    RefuseReason::Busy
-                ][r],
-                message
-            })),
+            (prop::sample::select(RefuseReason::ALL), name())
+                .prop_map(|(reason, message)| Frame::Refused(Refused { reason, message })),
             any::<[u8; 32]>().prop_map(Frame::Proof),
             Just(Frame::Ready),
         ]
@@ -702,15 +710,8 @@ mod tests {
             }),
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),
-            (0usize..4, name()).prop_map(|(c, message)| Frame::Error(ErrorReply {
-                code: [
-                    ErrorCode::Malformed,
-                    ErrorCode::Unexpected,
-                    ErrorCode::TooManyKeys,
-                    ErrorCode::BadRange
-                ][c],
-                message
-            })),
+            (prop::sample::select(ErrorCode::ALL), name())
+                .prop_map(|(code, message)| Frame::Error(ErrorReply { code, message })),
         ]
     }
 

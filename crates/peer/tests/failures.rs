@@ -56,33 +56,26 @@ async fn last_before_close(s: &mut TcpStream) -> Option<Frame> {
     last
 }
 
+/// Why the server refuses a client named `me`, which it must.
+async fn connect_fails(me: &kvtier_peer::Identity) -> PeerError {
+    let server = start(one_block()).await;
+    let err = PeerClient::connect(server.local_addr(), me, WITHIN).await;
+    let err = err.expect_err("the connection is refused");
+    still_serves(server.local_addr()).await;
+    err
+}
+
 #[tokio::test]
 async fn another_cluster_is_refused() {
-    let server = start(one_block()).await;
-    let stranger = identity("b", "other", 1);
-    let err = PeerClient::connect(server.local_addr(), &stranger, WITHIN)
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            PeerError::Refused {
-                reason: RefuseReason::WrongCluster,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    still_serves(server.local_addr()).await;
+    let err = connect_fails(&identity("b", "other", 1)).await;
+    let wrong_cluster =
+        matches!(&err, PeerError::Refused { reason, .. } if *reason == RefuseReason::WrongCluster);
+    assert!(wrong_cluster, "{err}");
 }
 
 #[tokio::test]
 async fn another_secret_is_refused_by_the_client() {
-    let server = start(one_block()).await;
-    let impostor = identity("b", "c", 2);
-    let err = PeerClient::connect(server.local_addr(), &impostor, WITHIN)
-        .await
-        .unwrap_err();
+    let err = connect_fails(&identity("b", "c", 2)).await;
     assert!(
         matches!(&err, PeerError::AuthFailed { node } if node == "a"),
         "{err}"
