@@ -40,6 +40,10 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Time a peer has to finish the handshake. Default: 5 s.
     pub handshake_timeout: Duration,
+    /// Time one reply frame may take to write: a peer that stops reading
+    /// is dropped, rather than holding its connection and the blocks
+    /// being sent. Default: 30 s.
+    pub write_timeout: Duration,
 }
 
 impl ServerConfig {
@@ -49,6 +53,7 @@ impl ServerConfig {
             identity,
             max_connections: 256,
             handshake_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -192,7 +197,7 @@ async fn connection(
         Err(_) => return tracing::info!(%from, "peer handshake timed out"),
     };
     tracing::debug!(%from, %peer, "peer connected");
-    if let Err(e) = requests(&mut stream, source).await {
+    if let Err(e) = requests(&mut stream, source, config.write_timeout).await {
         tracing::info!(%from, %peer, error = %e, "peer connection closed on an error");
     }
 }
@@ -285,7 +290,11 @@ async fn send_error(stream: &mut TcpStream, code: ErrorCode, message: String) {
 
 /// Serves requests until the peer closes (`Ok`) or sends something that
 /// ends the connection (`Err`, after an `Error` frame where one helps).
-async fn requests(stream: &mut TcpStream, source: &dyn BlockSource) -> Result<(), PeerError> {
+async fn requests(
+    stream: &mut TcpStream,
+    source: &dyn BlockSource,
+    write_timeout: Duration,
+) -> Result<(), PeerError> {
     loop {
         let frame = match read_frame_up_to(stream, MAX_REQUEST_FRAME).await {
             Ok(Some(f)) => f,
@@ -298,7 +307,7 @@ async fn requests(stream: &mut TcpStream, source: &dyn BlockSource) -> Result<()
         };
         match frame {
             Frame::Ping(token) => write_frame(stream, &Frame::Pong(token)).await?,
-            Frame::Read(read) => serve_read(stream, source, read).await?,
+            Frame::Read(read) => serve_read(stream, source, read, write_timeout).await?,
             other => return Err(reply_unexpected(stream, &other, "Read or Ping").await),
         }
     }
@@ -310,6 +319,7 @@ async fn serve_read(
     stream: &mut TcpStream,
     source: &dyn BlockSource,
     read: Read,
+    write_timeout: Duration,
 ) -> Result<(), PeerError> {
     if let LayerRange::Span { start, end } = read.layers
         && start >= end
@@ -327,17 +337,19 @@ async fn serve_read(
                 index: (first + i) as u32,
                 found: blocks.next().flatten(),
             };
-            write_block(stream, reply, *key).await?;
+            write_block(stream, reply, *key, write_timeout).await?;
         }
     }
     Ok(())
 }
 
-/// Writes one `Block` frame; a block too large for a frame goes as a miss.
+/// Writes one `Block` frame within `write_timeout`; a block too large for
+/// a frame goes as a miss.
 async fn write_block(
     stream: &mut TcpStream,
     reply: BlockReply,
     key: BlockHash,
+    write_timeout: Duration,
 ) -> Result<(), PeerError> {
     let (req_id, index) = (reply.req_id, reply.index);
     let bytes = match Frame::Block(reply).encode() {
@@ -352,6 +364,8 @@ async fn write_block(
             Frame::Block(miss).encode()?
         }
     };
-    stream.write_all(&bytes).await?;
-    Ok(())
+    match tokio::time::timeout(write_timeout, stream.write_all(&bytes)).await {
+        Ok(written) => Ok(written?),
+        Err(_) => Err(PeerError::Timeout),
+    }
 }

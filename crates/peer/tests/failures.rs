@@ -324,3 +324,38 @@ async fn connections_over_the_limit_are_refused_busy() {
     );
     drop(first);
 }
+
+/// A peer that asks and then stops reading is dropped after the write
+/// timeout, rather than holding its connection and the blocks in flight.
+/// The clock is paused: the wait below passes in virtual time, and the
+/// server's timeout fires first because the socket stays full.
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stops_reading_is_dropped() {
+    const BIG: usize = 16 << 20;
+    let source = Arc::new(MemorySource::new());
+    source.insert(BlockHash(1), BIG as u32 / 4, vec![0x5a; BIG]);
+    let mut config = ServerConfig::new(server_id());
+    config.write_timeout = Duration::from_secs(10);
+    let server = start_with(config, source).await;
+    let mut s = raw_authenticated(server.local_addr(), &client_id()).await;
+    let read = kvtier_peer::frame::Read {
+        req_id: 1,
+        layers: LayerRange::All,
+        keys: vec![BlockHash(1); 4],
+    };
+    write_frame(&mut s, &Frame::Read(read)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let mut received = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    // Read until the server closes, or all it would have sent came.
+    while received < 4 * BIG {
+        match tokio::io::AsyncReadExt::read(&mut s, &mut buf).await {
+            Ok(n @ 1..) => received += n,
+            _ => break,
+        }
+    }
+    assert!(
+        received < 4 * BIG,
+        "a peer that stopped reading got all {received} bytes"
+    );
+}
