@@ -5,16 +5,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvtier_core::BlockHash;
+use kvtier_core::{BlockHash, BlockSums};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use crate::auth::{ClusterSecret, Role, Transcript, nonce};
 use crate::error::PeerError;
 use crate::frame::{
-    BlockData, BlockReply, Frame, Hello, HelloOk, LayerRange, MAX_HANDSHAKE_FRAME, MAX_KEYS,
-    PEER_VERSION, Read, read_frame, read_frame_up_to, write_frame,
+    BlockData, Frame, Hello, HelloOk, LayerRange, MAX_HANDSHAKE_FRAME, MAX_KEYS, PEER_VERSION,
+    Read, read_frame, read_frame_up_to, write_frame,
 };
+use crate::incoming::{Incoming, read_reply_into};
 use crate::verify::{Expect, verify};
 
 /// Who this node is in its cluster: what both ends of a connection prove.
@@ -107,26 +108,94 @@ impl PeerClient {
         layers: LayerRange,
         deadline: Instant,
     ) -> Result<Vec<Option<BlockData>>, PeerError> {
-        if self.broken {
-            return Err(PeerError::Broken);
-        }
-        if wants.len() > MAX_KEYS {
-            return Err(PeerError::TooManyKeys { count: wants.len() });
-        }
-        let result = match timeout_at(deadline, self.exchange(wants, layers)).await {
-            Ok(r) => r,
-            Err(_) => Err(PeerError::Timeout),
-        };
+        self.usable(wants.len())?;
+        let result = within(deadline, self.read_owned(wants, layers)).await;
         self.broken = result.is_err();
         result
     }
 
-    /// Sends one `Read` and takes its replies, one per key in order.
-    async fn exchange(
+    /// Like [`read`](Self::read), but each block's bytes land in
+    /// `targets[i]` (the caller's buffer, a G2 slot), which must be exactly
+    /// as long as the layers asked. Entry `i` is the block's sums when
+    /// `targets[i]` now holds its verified bytes; `None` is a miss (the
+    /// target's contents are then undefined: a failed block may have
+    /// landed there before it was checked).
+    pub async fn read_into(
+        &mut self,
+        wants: &[Want],
+        layers: LayerRange,
+        targets: &mut [&mut [u8]],
+        deadline: Instant,
+    ) -> Result<Vec<Option<BlockSums>>, PeerError> {
+        if targets.len() != wants.len() {
+            return Err(PeerError::Targets {
+                wants: wants.len(),
+                targets: targets.len(),
+            });
+        }
+        self.usable(wants.len())?;
+        let result = within(deadline, self.read_landed(wants, layers, targets)).await;
+        self.broken = result.is_err();
+        result
+    }
+
+    /// Whether a read of `count` keys may go ahead on this connection.
+    fn usable(&self, count: usize) -> Result<(), PeerError> {
+        if self.broken {
+            return Err(PeerError::Broken);
+        }
+        if count > MAX_KEYS {
+            return Err(PeerError::TooManyKeys { count });
+        }
+        Ok(())
+    }
+
+    async fn read_owned(
         &mut self,
         wants: &[Want],
         layers: LayerRange,
     ) -> Result<Vec<Option<BlockData>>, PeerError> {
+        let req_id = self.send_read(wants, layers).await?;
+        let mut out = Vec::with_capacity(wants.len());
+        for (index, want) in wants.iter().enumerate() {
+            let reply = match read_frame(&mut self.stream).await? {
+                Some(Frame::Block(b)) => b,
+                other => return Err(not_a_block(other)),
+            };
+            check_order(reply.req_id, reply.index, req_id, index)?;
+            let verdict = (reply.found.as_ref()).map(|d| d.verify(want.key, want.expect, layers));
+            let keep = self.judge(*want, verdict);
+            out.push(reply.found.filter(|_| keep));
+        }
+        Ok(out)
+    }
+
+    async fn read_landed(
+        &mut self,
+        wants: &[Want],
+        layers: LayerRange,
+        targets: &mut [&mut [u8]],
+    ) -> Result<Vec<Option<BlockSums>>, PeerError> {
+        let req_id = self.send_read(wants, layers).await?;
+        let mut out = Vec::with_capacity(wants.len());
+        for (index, (want, target)) in wants.iter().zip(targets.iter_mut()).enumerate() {
+            let (head, landed) = match read_reply_into(&mut self.stream, target).await? {
+                Some(Incoming::Block { head, landed }) => (head, landed),
+                Some(Incoming::Other(f)) => return Err(not_a_block(Some(f))),
+                None => return Err(PeerError::Closed),
+            };
+            check_order(head.req_id, head.index, req_id, index)?;
+            let verdict = (head.found.as_ref()).map(|(sums, layer_bytes)| {
+                landed && verify(want.key, want.expect, layers, sums, *layer_bytes, target)
+            });
+            let keep = self.judge(*want, verdict);
+            out.push(head.found.filter(|_| keep).map(|(sums, _)| sums));
+        }
+        Ok(out)
+    }
+
+    /// Sends a `Read` of `wants`; returns its id.
+    async fn send_read(&mut self, wants: &[Want], layers: LayerRange) -> Result<u64, PeerError> {
         let req_id = self.next_req;
         self.next_req += 1;
         let keys = wants.iter().map(|w| w.key).collect();
@@ -136,45 +205,54 @@ impl PeerClient {
             keys,
         });
         write_frame(&mut self.stream, &request).await?;
-        let mut out = Vec::with_capacity(wants.len());
-        for (index, want) in wants.iter().enumerate() {
-            let reply = self.next_block(req_id, index as u32).await?;
-            out.push(self.accept(*want, layers, reply.found));
-        }
-        Ok(out)
+        Ok(req_id)
     }
 
-    /// The next reply frame, which must be `Block` `index` of `req_id`.
-    async fn next_block(&mut self, req_id: u64, index: u32) -> Result<BlockReply, PeerError> {
-        match read_frame(&mut self.stream).await? {
-            Some(Frame::Block(b)) if b.req_id == req_id && b.index == index => Ok(b),
-            Some(Frame::Error(e)) => Err(PeerError::Server {
-                code: e.code,
-                message: e.message,
-            }),
-            Some(other) => Err(unexpected(&other, "the next Block of the read")),
-            None => Err(PeerError::Closed),
+    /// Counts a found block (`Some(verified)`) or a miss (`None`); returns
+    /// whether the block is to be used.
+    fn judge(&mut self, want: Want, verified: Option<bool>) -> bool {
+        match verified {
+            None => self.stats.missing += 1,
+            Some(true) => self.stats.found += 1,
+            Some(false) => {
+                self.stats.corrupt += 1;
+                tracing::warn!(peer = %self.peer, key = %want.key, "a block from a peer failed verification; treated as a miss");
+            }
         }
+        verified == Some(true)
     }
+}
 
-    /// A block the peer sent, if it verifies; counted either way.
-    fn accept(
-        &mut self,
-        want: Want,
-        layers: LayerRange,
-        found: Option<BlockData>,
-    ) -> Option<BlockData> {
-        let Some(data) = found else {
-            self.stats.missing += 1;
-            return None;
-        };
-        if verify(want.key, want.expect, layers, &data) {
-            self.stats.found += 1;
-            return Some(data);
-        }
-        self.stats.corrupt += 1;
-        tracing::warn!(peer = %self.peer, key = %want.key, "a block from a peer failed verification; treated as a miss");
-        None
+/// Awaits `request` until `deadline`; past it, [`PeerError::Timeout`].
+async fn within<T>(
+    deadline: Instant,
+    request: impl Future<Output = Result<T, PeerError>>,
+) -> Result<T, PeerError> {
+    timeout_at(deadline, request)
+        .await
+        .unwrap_or(Err(PeerError::Timeout))
+}
+
+/// The reply `got` carries `req_id`'s key `index`, as P8 requires.
+fn check_order(got_req: u64, got_index: u32, req_id: u64, index: usize) -> Result<(), PeerError> {
+    if got_req == req_id && got_index as usize == index {
+        return Ok(());
+    }
+    Err(PeerError::Unexpected {
+        got: "a Block of another request or position",
+        expected: "the next Block of the read",
+    })
+}
+
+/// The error for a reply where a `Block` was due.
+fn not_a_block(got: Option<Frame>) -> PeerError {
+    match got {
+        Some(Frame::Error(e)) => PeerError::Server {
+            code: e.code,
+            message: e.message,
+        },
+        Some(other) => unexpected(&other, "the next Block of the read"),
+        None => PeerError::Closed,
     }
 }
 

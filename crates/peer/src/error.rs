@@ -42,7 +42,7 @@ pub enum DecodeError {
 
 /// Why a peer connection or request failed. A failed connection is not
 /// used again (its stream may hold a late reply), so every variant but
-/// [`PeerError::TooManyKeys`] means: reconnect.
+/// [`PeerError::TooManyKeys`] and [`PeerError::Targets`] means: reconnect.
 #[derive(Debug, Error)]
 pub enum PeerError {
     /// The socket failed.
@@ -102,6 +102,15 @@ pub enum PeerError {
     TooManyKeys {
         /// The keys asked.
         count: usize,
+    },
+    /// `read_into` was given another number of targets than keys
+    /// (nothing was sent).
+    #[error("{targets} targets for {wants} keys")]
+    Targets {
+        /// The keys asked.
+        wants: usize,
+        /// The targets given.
+        targets: usize,
     },
     /// The connection failed earlier and cannot be used.
     #[error("the connection failed earlier; reconnect")]

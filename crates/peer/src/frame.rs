@@ -283,7 +283,7 @@ impl Frame {
     pub fn decode(frame: &[u8]) -> Result<Frame, DecodeError> {
         let (&kind, body) = frame.split_first().ok_or(DecodeError::Empty)?;
         let name = type_name(kind).ok_or(DecodeError::UnknownType(kind))?;
-        let mut c = Cursor { buf: body, name };
+        let mut c = Cursor::new(body, name);
         let out = match kind {
             0x01 => Frame::Hello(get_hello(&mut c)?),
             0x02 => Frame::HelloOk(get_hello_ok(&mut c)?),
@@ -330,24 +330,32 @@ pub async fn read_frame_up_to<R: AsyncRead + Unpin>(
     r: &mut R,
     max: u32,
 ) -> Result<Option<Frame>, PeerError> {
-    let mut len = [0u8; LEN_BYTES];
-    match r.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let len = u32::from_le_bytes(len);
-    if len > max.min(MAX_FRAME) {
-        let max = max.min(MAX_FRAME) as usize;
-        return Err(DecodeError::Oversized {
-            len: len as usize,
-            max,
-        }
-        .into());
-    }
-    let mut body = vec![0u8; len as usize];
+    let Some(len) = read_len(r, max).await? else {
+        return Ok(None);
+    };
+    let mut body = vec![0u8; len];
     r.read_exact(&mut body).await?;
     Ok(Some(Frame::decode(&body)?))
+}
+
+/// Reads a length prefix and checks it against `max` (and [`MAX_FRAME`]);
+/// `Ok(None)` when the stream ends before the prefix starts (an end inside
+/// it is an error).
+pub(crate) async fn read_len<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<usize>, PeerError> {
+    let mut len = [0u8; LEN_BYTES];
+    if r.read(&mut len[..1]).await? == 0 {
+        return Ok(None);
+    }
+    r.read_exact(&mut len[1..]).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    let max = max.min(MAX_FRAME) as usize;
+    if len > max {
+        return Err(DecodeError::Oversized { len, max }.into());
+    }
+    Ok(Some(len))
 }
 
 /// Writes one frame and flushes it.
@@ -447,13 +455,18 @@ fn put_block(out: &mut Vec<u8>, m: &BlockReply) {
 }
 
 /// A cursor over one frame body; the frame name labels its errors.
-struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     buf: &'a [u8],
     name: &'static str,
 }
 
 impl<'a> Cursor<'a> {
-    fn bad(&self, reason: &'static str) -> DecodeError {
+    /// A cursor over `buf`, a body of frame `name`.
+    pub(crate) fn new(buf: &'a [u8], name: &'static str) -> Self {
+        Self { buf, name }
+    }
+
+    pub(crate) fn bad(&self, reason: &'static str) -> DecodeError {
         DecodeError::Malformed {
             frame: self.name,
             reason,
@@ -526,7 +539,7 @@ impl<'a> Cursor<'a> {
         std::mem::take(&mut self.buf)
     }
 
-    fn finish(self) -> Result<(), DecodeError> {
+    pub(crate) fn finish(self) -> Result<(), DecodeError> {
         match self.buf.len() {
             0 => Ok(()),
             count => Err(DecodeError::Trailing {
@@ -597,32 +610,53 @@ fn get_read(c: &mut Cursor<'_>) -> Result<Read, DecodeError> {
 }
 
 fn get_block(c: &mut Cursor<'_>) -> Result<BlockReply, DecodeError> {
-    let req_id = c.u64()?;
-    let index = c.u32()?;
-    let found = match c.u8()? {
-        0 => None,
-        1 => Some(get_data(c)?),
-        _ => return Err(c.bad("block tag is neither 0 nor 1")),
-    };
+    let head = get_block_head(c)?;
+    let found = head.found.map(|(sums, layer_bytes)| BlockData {
+        sums,
+        layer_bytes,
+        bytes: c.rest().to_vec(),
+    });
     Ok(BlockReply {
-        req_id,
-        index,
+        req_id: head.req_id,
+        index: head.index,
         found,
     })
 }
 
-fn get_data(c: &mut Cursor<'_>) -> Result<BlockData, DecodeError> {
-    let block = c.u64()?;
-    let n = c.count(MAX_LAYERS, 8)?;
-    let mut layers = Vec::with_capacity(n);
-    for _ in 0..n {
-        layers.push(c.u64()?);
-    }
-    let layer_bytes = c.u32()?;
-    Ok(BlockData {
-        sums: BlockSums { block, layers },
-        layer_bytes,
-        bytes: c.rest().to_vec(),
+/// Bytes of a `Block` body before its sums: `req_id`, `index`, the tag.
+pub(crate) const BLOCK_HEAD: usize = 8 + 4 + 1;
+/// Bytes of a found block's fields before its layer sums: the block sum
+/// and the layer count.
+pub(crate) const FOUND_HEAD: usize = 8 + 4;
+
+/// A `Block` body up to its bytes.
+pub(crate) struct BlockHead {
+    /// The request's id.
+    pub req_id: u64,
+    /// The key's position in the request.
+    pub index: u32,
+    /// The sums and layer size of a found block.
+    pub found: Option<(BlockSums, u32)>,
+}
+
+/// Parses a `Block` body up to where its bytes start.
+pub(crate) fn get_block_head(c: &mut Cursor<'_>) -> Result<BlockHead, DecodeError> {
+    let req_id = c.u64()?;
+    let index = c.u32()?;
+    let found = match c.u8()? {
+        0 => None,
+        1 => {
+            let block = c.u64()?;
+            let n = c.count(MAX_LAYERS, 8)?;
+            let layers = (0..n).map(|_| c.u64()).collect::<Result<_, _>>()?;
+            Some((BlockSums { block, layers }, c.u32()?))
+        }
+        _ => return Err(c.bad("block tag is neither 0 nor 1")),
+    };
+    Ok(BlockHead {
+        req_id,
+        index,
+        found,
     })
 }
 
@@ -743,6 +777,73 @@ mod tests {
             let _ = Frame::decode(&bytes);
             bytes.truncate(cut % (bytes.len() + 1));
             let _ = Frame::decode(&bytes);
+        }
+    }
+
+    /// Reads `bytes` as one reply into a target of `target_len` bytes.
+    fn read_into(
+        bytes: &[u8],
+        target: &mut [u8],
+    ) -> Result<Option<crate::incoming::Incoming>, PeerError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut r = bytes;
+        rt.block_on(crate::incoming::read_reply_into(&mut r, target))
+    }
+
+    proptest! {
+        /// The landing reader agrees with the whole-frame decoder: a
+        /// block's bytes land in a target of their length, and are skipped
+        /// (the stream staying at the next frame) for any other length.
+        #[test]
+        fn landing_agrees_with_decoding(f in frame(), other_len in 0usize..80, next in any::<u64>()) {
+            use crate::incoming::Incoming;
+            let mut bytes = f.encode().unwrap();
+            bytes.extend(Frame::Pong(next).encode().unwrap());
+            let exact = match &f {
+                Frame::Block(BlockReply { found: Some(d), .. }) => d.bytes.len(),
+                _ => 0,
+            };
+            for len in [exact, other_len] {
+                let mut target = vec![0u8; len];
+                let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                let mut r = &bytes[..];
+                let got = rt.block_on(crate::incoming::read_reply_into(&mut r, &mut target)).unwrap().unwrap();
+                match (got, &f) {
+                    (Incoming::Block { head, landed }, Frame::Block(b)) => {
+                        prop_assert_eq!((head.req_id, head.index), (b.req_id, b.index));
+                        let want = b.found.as_ref().map(|d| (d.sums.clone(), d.layer_bytes));
+                        prop_assert_eq!(head.found, want);
+                        prop_assert_eq!(landed, b.found.is_some() && len == exact);
+                        if landed {
+                            prop_assert_eq!(&target, &b.found.as_ref().unwrap().bytes);
+                        }
+                    }
+                    (Incoming::Other(got), _) => prop_assert_eq!(&got, &f),
+                    (Incoming::Block { .. }, _) => prop_assert!(false, "a Block from {:?}", f),
+                }
+                let after = rt.block_on(read_frame(&mut r)).unwrap();
+                prop_assert_eq!(after, Some(Frame::Pong(next)));
+            }
+        }
+
+        #[test]
+        fn landing_arbitrary_bytes_never_panics(
+            bytes in prop::collection::vec(any::<u8>(), 0..300),
+            len in 0usize..64,
+        ) {
+            let _ = read_into(&bytes, &mut vec![0u8; len]);
+        }
+
+        #[test]
+        fn landing_damaged_blocks_never_panics(
+            f in request(), at in any::<usize>(), x in any::<u8>(), len in 0usize..64,
+        ) {
+            let mut bytes = f.encode().unwrap();
+            let i = at % bytes.len();
+            bytes[i] ^= x;
+            let _ = read_into(&bytes, &mut vec![0u8; len]);
         }
     }
 

@@ -47,6 +47,7 @@ mod client;
 mod error;
 pub mod frame;
 mod health;
+mod incoming;
 mod server;
 mod source;
 mod verify;

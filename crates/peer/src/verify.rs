@@ -3,7 +3,7 @@
 //! key), the block sum is the one the reader trusts when it has one, and
 //! every layer's bytes hash to its sum.
 
-use kvtier_core::{BlockChecksum, BlockHash, layer_checksum};
+use kvtier_core::{BlockChecksum, BlockHash, BlockSums, layer_checksum};
 
 use crate::frame::{BlockData, LayerRange};
 use crate::source::resolve_layers;
@@ -21,9 +21,16 @@ pub enum Expect {
     Consistent,
 }
 
-/// Whether `data` is layers `range` of block `key` as `expect` describes.
-pub fn verify(key: BlockHash, expect: Expect, range: LayerRange, data: &BlockData) -> bool {
-    let sums = &data.sums;
+/// Whether `bytes`, with the peer's `sums` and layers of `layer_bytes`,
+/// are layers `range` of block `key` as `expect` describes.
+pub fn verify(
+    key: BlockHash,
+    expect: Expect,
+    range: LayerRange,
+    sums: &BlockSums,
+    layer_bytes: u32,
+    bytes: &[u8],
+) -> bool {
     if !sums.is_consistent(key) {
         return false;
     }
@@ -35,28 +42,48 @@ pub fn verify(key: BlockHash, expect: Expect, range: LayerRange, data: &BlockDat
     let Some((start, end)) = resolve_layers(range, sums.layers.len()) else {
         return false;
     };
-    layers_match(key, start, end, data)
+    layers_match(key, start..end, sums, layer_bytes, bytes)
 }
 
-/// Whether `data.bytes` cut into layers of `data.layer_bytes` are exactly
-/// layers `start..end`, each hashing to its sum.
-fn layers_match(key: BlockHash, start: usize, end: usize, data: &BlockData) -> bool {
-    if data.bytes.is_empty() {
-        return start == end;
+/// Whether `bytes` cut into layers of `layer_bytes` are exactly the
+/// layers `range`, each hashing to its sum.
+fn layers_match(
+    key: BlockHash,
+    range: std::ops::Range<usize>,
+    sums: &BlockSums,
+    layer_bytes: u32,
+    bytes: &[u8],
+) -> bool {
+    if bytes.is_empty() {
+        return range.is_empty();
     }
-    if data.layer_bytes == 0 {
+    if layer_bytes == 0 {
         return false;
     }
-    let chunks = data.bytes.chunks(data.layer_bytes as usize);
-    chunks.len() == end - start
+    let chunks = bytes.chunks(layer_bytes as usize);
+    chunks.len() == range.len()
         && chunks
-            .zip(start..end)
-            .all(|(chunk, l)| layer_checksum(key, l as u32, chunk) == data.sums.layers[l])
+            .zip(range)
+            .all(|(chunk, l)| layer_checksum(key, l as u32, chunk) == sums.layers[l])
+}
+
+impl BlockData {
+    /// Whether this is layers `range` of block `key` as `expect` describes
+    /// ([`verify`]).
+    pub fn verify(&self, key: BlockHash, expect: Expect, range: LayerRange) -> bool {
+        verify(
+            key,
+            expect,
+            range,
+            &self.sums,
+            self.layer_bytes,
+            &self.bytes,
+        )
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use kvtier_core::BlockSums;
     use proptest::prelude::*;
 
     use super::*;
@@ -84,18 +111,18 @@ mod tests {
                 LayerRange::Span { start: start.min(end), end: start.max(end) + 1 }
             };
             let data = slice_layers(&sums, layer_bytes, &bytes, range).unwrap();
-            prop_assert!(verify(key, Expect::Checksum(sums.block), range, &data));
-            prop_assert!(verify(key, Expect::Consistent, range, &data));
-            prop_assert!(!verify(key, Expect::Checksum(sums.block ^ 1), range, &data));
-            prop_assert!(!verify(BlockHash(43), Expect::Consistent, range, &data));
+            prop_assert!(data.verify(key, Expect::Checksum(sums.block), range));
+            prop_assert!(data.verify(key, Expect::Consistent, range));
+            prop_assert!(!data.verify(key, Expect::Checksum(sums.block ^ 1), range));
+            prop_assert!(!data.verify(BlockHash(43), Expect::Consistent, range));
             let mut bad = data.clone();
             let i = flip % bad.bytes.len();
             bad.bytes[i] ^= 1;
-            prop_assert!(!verify(key, Expect::Consistent, range, &bad));
+            prop_assert!(!bad.verify(key, Expect::Consistent, range));
             // A byte short: the last layer's bytes change or a layer is gone.
             let mut short = data;
             short.bytes.pop();
-            prop_assert!(!verify(key, Expect::Consistent, range, &short));
+            prop_assert!(!short.verify(key, Expect::Consistent, range));
         }
     }
 }

@@ -71,7 +71,6 @@ async fn whole_blocks_round_trip_byte_exact_in_order() {
 async fn every_layer_range_round_trips_byte_exact() {
     let server = start(source_of(2)).await;
     let mut c = client(server.local_addr()).await;
-    let whole = block_bytes(1);
     for start in 0..LAYERS as u32 {
         for end in start + 1..=LAYERS as u32 {
             let range = LayerRange::Span { start, end };
@@ -79,13 +78,8 @@ async fn every_layer_range_round_trips_byte_exact() {
                 .read(&[trusted(1), trusted(0)], range, later())
                 .await
                 .unwrap();
-            let from = (start * LAYER) as usize;
-            let to = ((end * LAYER) as usize).min(whole.len());
-            assert_eq!(
-                got[0].as_ref().unwrap().bytes,
-                whole[from..to],
-                "{start}..{end}"
-            );
+            let bytes = &got[0].as_ref().unwrap().bytes;
+            assert_eq!(*bytes, layers_of(1, start, end), "{start}..{end}");
             assert!(got[1].is_some());
         }
     }
@@ -145,5 +139,62 @@ async fn many_clients_read_at_once() {
     for r in readers.collect::<Vec<_>>() {
         assert_eq!(r.await.unwrap(), Some(true));
     }
+    server.shutdown().await;
+}
+
+/// The bytes of layers `start..end` of test block `n`.
+fn layers_of(n: u8, start: u32, end: u32) -> Vec<u8> {
+    let whole = block_bytes(n);
+    let to = ((end * LAYER) as usize).min(whole.len());
+    whole[(start * LAYER) as usize..to].to_vec()
+}
+
+#[tokio::test]
+async fn blocks_land_in_the_callers_buffers_verified() {
+    let source = source_of(12);
+    let mut rotten = block_bytes(4);
+    rotten[3] ^= 1;
+    source.insert_with_sums(BlockHash(4), LAYER, rotten, sums(4));
+    let server = start(source).await;
+    let mut c = client(server.local_addr()).await;
+
+    // Whole blocks, one of them rotten, one the peer lacks, one target of
+    // the wrong length: each lands or is a miss.
+    let wants: Vec<Want> = [0, 4, 200, 7, 11].into_iter().map(trusted).collect();
+    let mut buffers: Vec<Vec<u8>> = vec![vec![0; block_bytes(0).len()]; wants.len()];
+    buffers[3].pop();
+    let mut targets: Vec<&mut [u8]> = buffers.iter_mut().map(|b| b.as_mut_slice()).collect();
+    let got = c
+        .read_into(&wants, LayerRange::All, &mut targets, later())
+        .await
+        .unwrap();
+    assert_eq!(got[0], Some(sums(0)));
+    assert_eq!(buffers[0], block_bytes(0));
+    assert_eq!(got[1], None, "rotten");
+    assert_eq!(got[2], None, "absent");
+    assert_eq!(got[3], None, "wrong length");
+    assert_eq!(got[4], Some(sums(11)));
+    assert_eq!(buffers[4], block_bytes(11));
+    assert_eq!(
+        c.stats(),
+        ReadStats {
+            found: 2,
+            missing: 1,
+            corrupt: 2
+        }
+    );
+
+    // A layer range lands as those layers' bytes, on the same connection.
+    let range = LayerRange::Span {
+        start: 2,
+        end: LAYERS as u32,
+    };
+    let mut buffer = vec![0; layers_of(9, 2, LAYERS as u32).len()];
+    let got = c
+        .read_into(&[trusted(9)], range, &mut [&mut buffer[..]], later())
+        .await
+        .unwrap();
+    assert_eq!(got[0], Some(sums(9)));
+    assert_eq!(buffer, layers_of(9, 2, LAYERS as u32));
     server.shutdown().await;
 }
