@@ -8,9 +8,11 @@
 //!   ([`Identity`], [`ClusterSecret`]) and answers their reads from a
 //!   [`BlockSource`] (the node's tiers; [`MemorySource`] holds blocks in a
 //!   map).
-//! - [`PeerClient`] connects, authenticates both ways and reads; each
-//!   block is verified ([`Expect`], [`verify`]) before it is returned, and
-//!   one that fails is a miss. Every request has a deadline.
+//! - [`PeerClient`] connects, authenticates both ways and reads, into
+//!   owned buffers ([`PeerClient::read`]) or straight into the caller's
+//!   ([`PeerClient::read_into`]); each block is verified ([`Expect`],
+//!   [`verify`]) before it is returned, and one that fails is a miss.
+//!   Every request has a deadline.
 //! - [`PeerHealth`] says when a peer that keeps failing is to be skipped.
 //! - [`frame`] is the wire format: total decoding, bounded allocation.
 //!
