@@ -197,7 +197,7 @@ impl PeerClient {
     /// Sends a `Read` of `wants`; returns its id.
     async fn send_read(&mut self, wants: &[Want], layers: LayerRange) -> Result<u64, PeerError> {
         let req_id = self.next_req;
-        self.next_req += 1;
+        self.next_req = self.next_req.wrapping_add(1);
         let keys = wants.iter().map(|w| w.key).collect();
         let request = Frame::Read(Read {
             req_id,

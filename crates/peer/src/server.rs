@@ -122,9 +122,12 @@ impl PeerServer {
         source: Arc<dyn BlockSource>,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
-        let config = Arc::new(config);
-        let slots = Arc::new(Semaphore::new(config.max_connections));
-        let refusals = Arc::new(Semaphore::new(BUSY_REFUSALS));
+        let gate = Gate {
+            slots: Arc::new(Semaphore::new(config.max_connections)),
+            refusals: Arc::new(Semaphore::new(BUSY_REFUSALS)),
+            config: Arc::new(config),
+            source,
+        };
         // Dropping the set when this returns aborts every connection.
         let mut connections = JoinSet::new();
         tokio::pin!(shutdown);
@@ -133,28 +136,41 @@ impl PeerServer {
                 _ = &mut shutdown => return,
                 Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, from)) => match slots.clone().try_acquire_owned() {
-                        Ok(permit) => {
-                            let (config, source) = (config.clone(), source.clone());
-                            connections.spawn(async move {
-                                connection(stream, from, &config, &*source).await;
-                                drop(permit);
-                            });
-                        }
-                        Err(_) => match refusals.clone().try_acquire_owned() {
-                            Ok(permit) => {
-                                connections.spawn(async move {
-                                    refuse_busy(stream, from).await;
-                                    drop(permit);
-                                });
-                            }
-                            Err(_) => drop(stream),
-                        },
-                    },
+                    Ok((stream, from)) => gate.admit(&mut connections, stream, from),
                     Err(e) => accept_failed(e).await,
                 },
             }
         }
+    }
+}
+
+/// What an accepted connection goes through: a connection slot, or else a
+/// refusal slot, or else nothing.
+struct Gate {
+    config: Arc<ServerConfig>,
+    source: Arc<dyn BlockSource>,
+    /// One permit per connection served (`max_connections`).
+    slots: Arc<Semaphore>,
+    /// One permit per busy refusal in progress.
+    refusals: Arc<Semaphore>,
+}
+
+impl Gate {
+    /// Serves `stream` in `connections` if a slot is free, else refuses it.
+    fn admit(&self, connections: &mut JoinSet<()>, stream: TcpStream, from: SocketAddr) {
+        if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            let (config, source) = (self.config.clone(), self.source.clone());
+            connections.spawn(async move {
+                connection(stream, from, &config, &*source).await;
+                drop(permit);
+            });
+        } else if let Ok(permit) = self.refusals.clone().try_acquire_owned() {
+            connections.spawn(async move {
+                refuse_busy(stream, from).await;
+                drop(permit);
+            });
+        }
+        // Else the stream drops here: closed without a word.
     }
 }
 
