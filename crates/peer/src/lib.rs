@@ -52,6 +52,7 @@ mod health;
 mod incoming;
 mod server;
 mod source;
+mod stats;
 mod verify;
 
 pub use auth::{ClusterSecret, Role, SECRET_BYTES, Transcript};
@@ -61,4 +62,5 @@ pub use frame::{BlockData, LayerRange, MAX_FRAME, MAX_KEYS, PEER_VERSION};
 pub use health::{HealthPolicy, PeerHealth};
 pub use server::{PeerServer, ServerConfig, ServerHandle};
 pub use source::{BlockSource, MemorySource, resolve_layers, slice_layers};
+pub use stats::{ServerStats, StatsHandle};
 pub use verify::{Expect, verify};

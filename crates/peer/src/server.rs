@@ -20,6 +20,7 @@ use crate::frame::{
     MAX_REQUEST_FRAME, PEER_VERSION, Read, RefuseReason, Refused, read_frame_up_to, write_frame,
 };
 use crate::source::BlockSource;
+use crate::stats::{Counters, StatsHandle};
 
 /// Keys a server asks its source for at once: bounds the block bytes one
 /// connection holds to this many blocks.
@@ -47,13 +48,20 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
+    /// The default of [`max_connections`](Self::max_connections).
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+    /// The default of [`handshake_timeout`](Self::handshake_timeout).
+    pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default of [`write_timeout`](Self::write_timeout).
+    pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
     /// The defaults for `identity`.
     pub fn new(identity: Identity) -> Self {
         Self {
             identity,
-            max_connections: 256,
-            handshake_timeout: Duration::from_secs(5),
-            write_timeout: Duration::from_secs(30),
+            max_connections: Self::DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: Self::DEFAULT_HANDSHAKE_TIMEOUT,
+            write_timeout: Self::DEFAULT_WRITE_TIMEOUT,
         }
     }
 }
@@ -67,6 +75,7 @@ pub struct PeerServer;
 #[derive(Debug)]
 pub struct ServerHandle {
     addr: SocketAddr,
+    stats: StatsHandle,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<()>,
 }
@@ -75,6 +84,11 @@ impl ServerHandle {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The server's counters, readable after it stopped too.
+    pub fn stats(&self) -> StatsHandle {
+        self.stats.clone()
     }
 
     /// Stops accepting and closes every connection (a read in progress
@@ -104,22 +118,31 @@ impl PeerServer {
     ) -> std::io::Result<ServerHandle> {
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(Self::serve(listener, config, source, async {
-            let _ = stopped.await;
-        }));
+        let stats = StatsHandle::default();
+        let task = tokio::spawn(Self::serve(
+            listener,
+            config,
+            source,
+            stats.clone(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Ok(ServerHandle {
             addr,
+            stats,
             stop: Some(stop),
             task,
         })
     }
 
     /// Serves `source` on `listener` until `shutdown` completes; then every
-    /// connection is closed.
+    /// connection is closed. Counts into `stats`.
     pub async fn serve(
         listener: TcpListener,
         config: ServerConfig,
         source: Arc<dyn BlockSource>,
+        stats: StatsHandle,
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         let gate = Gate {
@@ -127,6 +150,7 @@ impl PeerServer {
             refusals: Arc::new(Semaphore::new(BUSY_REFUSALS)),
             config: Arc::new(config),
             source,
+            counters: stats.0,
         };
         // Dropping the set when this returns aborts every connection.
         let mut connections = JoinSet::new();
@@ -153,6 +177,7 @@ struct Gate {
     slots: Arc<Semaphore>,
     /// One permit per busy refusal in progress.
     refusals: Arc<Semaphore>,
+    counters: Arc<Counters>,
 }
 
 impl Gate {
@@ -160,17 +185,33 @@ impl Gate {
     fn admit(&self, connections: &mut JoinSet<()>, stream: TcpStream, from: SocketAddr) {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             let (config, source) = (self.config.clone(), self.source.clone());
+            let counters = self.counters.clone();
+            Counters::add(&counters.accepted, 1);
             connections.spawn(async move {
-                connection(stream, from, &config, &*source).await;
+                // Counted closed however the task ends (aborted at shutdown too).
+                let _closed = Closed(&counters);
+                connection(stream, from, &config, &*source, &counters).await;
                 drop(permit);
             });
-        } else if let Ok(permit) = self.refusals.clone().try_acquire_owned() {
+            return;
+        }
+        Counters::add(&self.counters.refused, 1);
+        if let Ok(permit) = self.refusals.clone().try_acquire_owned() {
             connections.spawn(async move {
                 refuse_busy(stream, from).await;
                 drop(permit);
             });
         }
         // Else the stream drops here: closed without a word.
+    }
+}
+
+/// Counts a connection closed when dropped.
+struct Closed<'a>(&'a Counters);
+
+impl Drop for Closed<'_> {
+    fn drop(&mut self) {
+        Counters::add(&self.0.closed, 1);
     }
 }
 
@@ -203,17 +244,28 @@ async fn connection(
     from: SocketAddr,
     config: &ServerConfig,
     source: &dyn BlockSource,
+    counters: &Counters,
 ) {
     let _ = stream.set_nodelay(true);
-    let peer = match tokio::time::timeout(config.handshake_timeout, handshake(&mut stream, config))
-        .await
-    {
+    let shook = tokio::time::timeout(config.handshake_timeout, handshake(&mut stream, config));
+    let peer = match shook.await {
         Ok(Ok(peer)) => peer,
-        Ok(Err(e)) => return tracing::info!(%from, error = %e, "peer handshake failed"),
-        Err(_) => return tracing::info!(%from, "peer handshake timed out"),
+        Ok(Err(e)) => {
+            let failures = match &e {
+                PeerError::Refused { .. } => &counters.auth_failures,
+                _ => &counters.handshake_failures,
+            };
+            Counters::add(failures, 1);
+            return tracing::info!(%from, error = %e, "peer handshake failed");
+        }
+        Err(_) => {
+            Counters::add(&counters.handshake_failures, 1);
+            return tracing::info!(%from, "peer handshake timed out");
+        }
     };
+    Counters::add(&counters.authenticated, 1);
     tracing::debug!(%from, %peer, "peer connected");
-    if let Err(e) = requests(&mut stream, source, config.write_timeout).await {
+    if let Err(e) = requests(&mut stream, source, config.write_timeout, counters).await {
         tracing::info!(%from, %peer, error = %e, "peer connection closed on an error");
     }
 }
@@ -310,6 +362,7 @@ async fn requests(
     stream: &mut TcpStream,
     source: &dyn BlockSource,
     write_timeout: Duration,
+    counters: &Counters,
 ) -> Result<(), PeerError> {
     loop {
         let frame = match read_frame_up_to(stream, MAX_REQUEST_FRAME).await {
@@ -323,7 +376,7 @@ async fn requests(
         };
         match frame {
             Frame::Ping(token) => write_frame(stream, &Frame::Pong(token)).await?,
-            Frame::Read(read) => serve_read(stream, source, read, write_timeout).await?,
+            Frame::Read(read) => serve_read(stream, source, read, write_timeout, counters).await?,
             other => return Err(reply_unexpected(stream, &other, "Read or Ping").await),
         }
     }
@@ -336,7 +389,9 @@ async fn serve_read(
     source: &dyn BlockSource,
     read: Read,
     write_timeout: Duration,
+    counters: &Counters,
 ) -> Result<(), PeerError> {
+    Counters::add(&counters.reads, 1);
     if let LayerRange::Span { start, end } = read.layers
         && start >= end
     {
@@ -353,21 +408,29 @@ async fn serve_read(
                 index: (first + i) as u32,
                 found: blocks.next().flatten(),
             };
-            write_block(stream, reply, *key, write_timeout).await?;
+            let sent = write_block(stream, reply, *key, write_timeout).await?;
+            match sent {
+                Some(bytes) => {
+                    Counters::add(&counters.blocks_sent, 1);
+                    Counters::add(&counters.bytes_sent, bytes as u64);
+                }
+                None => Counters::add(&counters.blocks_missing, 1),
+            }
         }
     }
     Ok(())
 }
 
 /// Writes one `Block` frame within `write_timeout`; a block too large for
-/// a frame goes as a miss.
+/// a frame goes as a miss. Returns the block bytes sent, `None` for a miss.
 async fn write_block(
     stream: &mut TcpStream,
     reply: BlockReply,
     key: BlockHash,
     write_timeout: Duration,
-) -> Result<(), PeerError> {
+) -> Result<Option<usize>, PeerError> {
     let (req_id, index) = (reply.req_id, reply.index);
+    let mut sent = reply.found.as_ref().map(|b| b.bytes.len());
     let bytes = match Frame::Block(reply).encode() {
         Ok(bytes) => bytes,
         Err(_) => {
@@ -377,11 +440,12 @@ async fn write_block(
                 index,
                 found: None,
             };
+            sent = None;
             Frame::Block(miss).encode()?
         }
     };
     match tokio::time::timeout(write_timeout, stream.write_all(&bytes)).await {
-        Ok(written) => Ok(written?),
+        Ok(written) => written.map(|()| sent).map_err(PeerError::from),
         Err(_) => Err(PeerError::Timeout),
     }
 }

@@ -105,6 +105,8 @@ async fn another_secret_is_refused_by_the_server() {
         "{last:?}"
     );
     still_serves(server.local_addr()).await;
+    let stats = server.stats().snapshot();
+    assert_eq!((stats.auth_failures, stats.authenticated), (1, 1));
 }
 
 #[tokio::test]
@@ -300,6 +302,7 @@ async fn a_peer_silent_in_the_handshake_is_dropped() {
     // Say nothing: the server closes the connection on its own.
     assert!(last_before_close(&mut s).await.is_none());
     still_serves(server.local_addr()).await;
+    assert_eq!(server.stats().snapshot().handshake_failures, 1);
 }
 
 #[tokio::test]
@@ -323,6 +326,8 @@ async fn connections_over_the_limit_are_refused_busy() {
         ),
         "{err}"
     );
+    let stats = server.stats().snapshot();
+    assert_eq!((stats.accepted, stats.refused, stats.open), (1, 1, 1));
     drop(first);
 }
 

@@ -64,6 +64,13 @@ async fn whole_blocks_round_trip_byte_exact_in_order() {
         .await
         .unwrap();
     assert_eq!(again[0].as_ref().unwrap().bytes, block_bytes(3));
+    // The server counted what it sent (this runtime has one thread: its
+    // count follows its write before the reader runs).
+    let s = server.stats().snapshot();
+    let bytes: usize = (0..20).chain([3]).map(|n| block_bytes(n).len()).sum();
+    assert_eq!((s.accepted, s.authenticated, s.reads), (1, 1, 2));
+    assert_eq!((s.blocks_sent, s.blocks_missing), (21, 1));
+    assert_eq!(s.bytes_sent, bytes as u64);
     server.shutdown().await;
 }
 
