@@ -1,4 +1,4 @@
-//! `kvtier serve` as a peer server (docs/peer-protocol.md §9): blocks an
+//! `kvtier serve` as a peer server (docs/peer-protocol.md §8): blocks an
 //! engine stored through the node socket are read by another node of the
 //! cluster over loopback TCP, byte-exact and verified against the sums the
 //! daemon holds: from G2, then from G3 after a restart adopted the disk

@@ -1,5 +1,5 @@
 //! The node's tiers as the peer server's [`BlockSource`]
-//! (docs/peer-protocol.md §9): each key is a stored key (the manager's
+//! (docs/peer-protocol.md §8): each key is a stored key (the manager's
 //! `BlockHash`, what the node publishes in its `kvtier://<node>/...`
 //! locations), read from the fastest tier that holds it, G2, G3 or a
 //! lower one alike, through the tier's `TierStore::read_into`: every byte

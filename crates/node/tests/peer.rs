@@ -1,4 +1,4 @@
-//! The node's peer server (docs/peer-protocol.md §9) against a real node in
+//! The node's peer server (docs/peer-protocol.md §8) against a real node in
 //! this process: blocks stored through the node's socket with the real
 //! client, read back by a `PeerClient` over loopback TCP from G2, from G3
 //! (moved down, or adopted after a restart), verified against the sums the
