@@ -33,8 +33,14 @@ struct Rig {
 
 impl Rig {
     fn start() -> Self {
+        Self::start_with(|_, _| {})
+    }
+
+    /// A node of `small_config` with 8 arena slots, changed by `change`.
+    fn start_with(change: impl FnOnce(&mut kvtier_node::NodeConfig, &Path)) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = small_config(dir.path(), 8);
+        let mut config = small_config(dir.path(), 8);
+        change(&mut config, dir.path());
         Self::on(TestNode::start(config, Vec::new()), dir)
     }
 
@@ -289,6 +295,50 @@ fn a_peer_reads_stored_blocks_from_g2_then_from_g3() {
     assert_eq!(b.bytes, block(1, len)[layer..2 * layer]);
     // A peer read moves nothing: the blocks stay in G3.
     assert_eq!(rig.fastest(held[0].0), Some(Tier::G3));
+}
+
+#[test]
+fn blocks_pushed_down_to_g4_are_served_from_there() {
+    let rig = Rig::start_with(|c, dir| {
+        let g4 = dir.join("g4");
+        std::fs::create_dir_all(&g4).expect("the G4 directory");
+        // 4 regions: a G3 pool of one region's slots (docs/disk-format.md,
+        // I24), so a few dozen blocks overflow to G4.
+        c.disk.capacity_per_dir = kvtier_core::ByteSize(4 << 20);
+        c.manager.g4_url = format!("file://{}", g4.display());
+        c.manager.g4_capacity_blocks = 1000;
+    });
+    let mut client = rig.client();
+    let tracked: Vec<u128> = (1..=8).collect();
+    let held = store(&rig, &mut client, &tracked);
+    let len = rig.block_bytes();
+    let filler: Vec<(BlockHash, Vec<u8>)> = (100..100 + (2 << 20) / len as u128 + 40)
+        .map(|k| (BlockHash(k), block(k, len)))
+        .collect();
+    for chunk in filler.chunks(4) {
+        let batch: Vec<(BlockHash, &[u8])> =
+            chunk.iter().map(|(k, b)| (*k, b.as_slice())).collect();
+        client.store(&batch).expect("store");
+    }
+    // The oldest blocks went furthest down.
+    let in_g4: Vec<usize> = (0..held.len())
+        .filter(|&i| rig.fastest(held[i].0) == Some(Tier::G4))
+        .collect();
+    assert!(!in_g4.is_empty(), "no tracked block reached G4");
+    let wants: Vec<(BlockHash, BlockSums)> = in_g4.iter().map(|&i| held[i].clone()).collect();
+    let (got, stats) = rig.read(&trusted(&wants), LayerRange::All);
+    for (&i, got) in in_g4.iter().zip(&got) {
+        let b = got.as_ref().expect("a block in G4");
+        assert_eq!(
+            b.bytes,
+            block(tracked[i], len),
+            "block {} from G4",
+            tracked[i]
+        );
+    }
+    assert_eq!(stats.corrupt, 0);
+    let served = rig.metric("kvtier_peer_served_blocks_total{tier=\"g4\"}");
+    assert_eq!(served, in_g4.len() as u64);
 }
 
 #[test]
