@@ -185,13 +185,14 @@ impl Gate {
     fn admit(&self, connections: &mut JoinSet<()>, stream: TcpStream, from: SocketAddr) {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
             let (config, source) = (self.config.clone(), self.source.clone());
-            let counters = self.counters.clone();
-            Counters::add(&counters.accepted, 1);
+            Counters::add(&self.counters.accepted, 1);
+            // Moved into the task, so the connection is counted closed
+            // however the task ends: aborted at shutdown, even unpolled.
+            let closed = Closed(self.counters.clone());
             connections.spawn(async move {
-                // Counted closed however the task ends (aborted at shutdown too).
-                let _closed = Closed(&counters);
-                connection(stream, from, &config, &*source, &counters).await;
+                connection(stream, from, &config, &*source, &closed.0).await;
                 drop(permit);
+                drop(closed);
             });
             return;
         }
@@ -207,9 +208,9 @@ impl Gate {
 }
 
 /// Counts a connection closed when dropped.
-struct Closed<'a>(&'a Counters);
+struct Closed(Arc<Counters>);
 
-impl Drop for Closed<'_> {
+impl Drop for Closed {
     fn drop(&mut self) {
         Counters::add(&self.0.closed, 1);
     }

@@ -71,7 +71,12 @@ async fn whole_blocks_round_trip_byte_exact_in_order() {
     assert_eq!((s.accepted, s.authenticated, s.reads), (1, 1, 2));
     assert_eq!((s.blocks_sent, s.blocks_missing), (21, 1));
     assert_eq!(s.bytes_sent, bytes as u64);
+    assert_eq!(s.open, 1);
+    // Shut down with the client still connected: its connection is closed,
+    // and counted so.
+    let stats = server.stats();
     server.shutdown().await;
+    assert_eq!(stats.snapshot().open, 0);
 }
 
 #[tokio::test]
