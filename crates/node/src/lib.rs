@@ -64,7 +64,7 @@ pub use host::{NodeHost, OpenHook};
 pub use node::Node;
 pub use observer::{CommitObserver, CommittedKey, SessionNamespace};
 pub use peer::{NodePeer, PeerOptions};
-pub use peer_source::{HeldBlocks, HeldRead, NodeSource};
+pub use peer_source::{HeldBlocks, HeldRead};
 pub use sections::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
 pub use server::NodeServer;
 pub use stats::NodeStats;

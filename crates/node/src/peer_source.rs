@@ -28,7 +28,7 @@ use crate::{Node, NodeHost};
 /// The node's tiers as a [`BlockSource`]: what `kvtier serve`'s peer
 /// server answers from. Before the node is open (no shape yet) every key
 /// is a miss.
-pub struct NodeSource {
+pub(crate) struct NodeSource {
     host: Arc<NodeHost>,
     served: Arc<ServedCounters>,
 }
