@@ -5,7 +5,8 @@
 //! `kvtier-core`, `[memory]` in `kvtier-mem`, `[disk]` in `kvtier-disk`,
 //! `[serve]` and `[manager]` in `kvtier-node` (with [`NodeConfig`], the
 //! sections a node opens with), `[meta]` here ([`meta`]), since the binary
-//! builds the metadata service. The format, the `KVTIER_<SECTION>__<KEY>`
+//! builds the metadata service; `[peer]` in `kvtier-node`, which serves
+//! it. The format, the `KVTIER_<SECTION>__<KEY>`
 //! overrides and the checks are in docs/configuration.md.
 
 mod meta;
@@ -14,7 +15,7 @@ use anyhow::{Context, Result};
 use kvtier_core::GeometryConfig;
 use kvtier_disk::DiskConfig;
 use kvtier_mem::MemoryConfig;
-use kvtier_node::{ManagerSectionConfig, NodeConfig, ServeConfig};
+use kvtier_node::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,8 @@ pub struct Config {
     pub meta: MetaSectionConfig,
     /// `[manager]`.
     pub manager: ManagerSectionConfig,
+    /// `[peer]`.
+    pub peer: PeerSectionConfig,
 }
 
 /// Tair KVCM's environment variables (`server_config.cc`) that kvtier reads,
@@ -99,7 +102,8 @@ impl Config {
         self.memory.validate()?;
         self.disk.validate()?;
         self.meta.validate()?;
-        self.manager.validate()
+        self.manager.validate()?;
+        self.peer.validate()
     }
 
     /// The sections the node opens with.
@@ -386,6 +390,34 @@ mod tests {
             Config::from_toml_with_env(&c.to_toml(), env(&[])).unwrap(),
             c
         );
+    }
+
+    #[test]
+    fn peer_section_is_off_by_default_and_checked_when_on() {
+        let c = Config::from_toml_with_env("", env(&[])).unwrap();
+        assert!(!c.peer.enabled());
+        assert_eq!(c.peer.max_connections, 256, "the library's default");
+        let text = "[peer]\nlisten = \"127.0.0.1:7470\"\ncluster = \"prod\"\nsecret_file = \"/etc/kvtier/cluster.secret\"";
+        let c = Config::from_toml_with_env(
+            text,
+            env(&[
+                ("KVTIER_PEER__LISTEN", "0.0.0.0:7471"),
+                ("KVTIER_PEER__MAX_CONNECTIONS", "8"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.peer.listen, "0.0.0.0:7471");
+        assert_eq!(c.peer.cluster, "prod");
+        assert_eq!(c.peer.max_connections, 8);
+        for (var, value, words) in [
+            ("KVTIER_PEER__LISTEN", "7470", "peer.listen"),
+            ("KVTIER_PEER__CLUSTER", "", "peer.cluster"),
+            ("KVTIER_PEER__SECRET_FILE", "", "peer.secret_file"),
+            ("KVTIER_PEER__WRITE_TIMEOUT_MS", "0", "write_timeout_ms"),
+        ] {
+            let e = Config::from_toml_with_env(text, env(&[(var, value)])).unwrap_err();
+            assert!(e.to_string().contains(words), "{var}={value:?}: {e}");
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use kvtier_backend::{NodeView, NodeViewConfig, NodeViewSink};
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
-use kvtier_node::{Node, NodeHost, NodeServer, OpenHook};
+use kvtier_node::{Node, NodeHost, NodePeer, NodeServer, OpenHook, PeerOptions};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Arguments of `kvtier serve`.
@@ -53,6 +53,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     // socket directory another user can write, or an unknown
     // manager.access_group, stops the start with nothing changed.
     kvtier_node::check_dirs(&config.node())?;
+    // A missing or unsafe cluster secret stops the start before the arena
+    // and the disk tier are made.
+    let peer_options = PeerOptions::from_config(&config.peer)?;
     if config.meta.enabled {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.
@@ -97,6 +100,14 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         let server = NodeServer::bind_host(host.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
+        let peer = match peer_options {
+            Some(options) => Some(
+                NodePeer::start(&host, options)
+                    .await
+                    .context("starting the peer server")?,
+            ),
+            None => None,
+        };
         let http = if config.manager.metrics_addr.is_empty() {
             None
         } else {
@@ -105,10 +116,14 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                     .await?,
             )
         };
-        log_ready(&host, &server, http.as_ref(), &config);
+        log_ready(&host, &server, http.as_ref(), peer.as_ref(), &config);
         signals.wait(&host, args.stats_interval).await;
         tracing::info!("shutting down: closing client sessions");
         server.shutdown().await;
+        if let Some(p) = peer {
+            tracing::info!("shutting down: closing peer connections");
+            p.shutdown().await;
+        }
         if let Some(h) = http {
             h.stop().await;
         }
@@ -135,6 +150,7 @@ fn log_ready(
     host: &NodeHost,
     server: &NodeServer,
     http: Option<&crate::node_http::NodeHttp>,
+    peer: Option<&NodePeer>,
     config: &crate::config::Config,
 ) {
     let shape = host.node().map_or_else(
@@ -152,6 +168,7 @@ fn log_ready(
         adopted_g3 = adopted.in_tier(Tier::G3),
         adopted_g4 = adopted.in_tier(Tier::G4),
         metrics = %http.map_or("off".into(), |h| h.addr().to_string()),
+        peer = %peer.map_or("off".into(), |p| p.local_addr().to_string()),
         data_dir = %config.serve.data_dir.display(),
         "kvtier serving; Ctrl-C or SIGTERM to stop"
     );

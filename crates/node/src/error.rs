@@ -32,6 +32,19 @@ pub enum NodeError {
     /// A network event sink (NATS, ZMQ) could not connect or bind.
     #[error(transparent)]
     EventSink(#[from] kvtier_events::SinkError),
+    /// The peer server's cluster secret (`peer.secret_file`) is missing,
+    /// not private to the daemon's user, or not 32 bytes.
+    #[error(transparent)]
+    PeerSecret(#[from] kvtier_peer::SecretError),
+    /// The peer server could not listen on `peer.listen`.
+    #[error("peer.listen {addr}: {source}")]
+    PeerListen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
     /// Another live daemon answers on the socket path.
     #[error("{path}: another kvtier daemon is serving on this socket")]
     SocketInUse {

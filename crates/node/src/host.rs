@@ -7,13 +7,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use kvtier_manager::events::EventSink;
 use kvtier_protocol::{ErrorCode, Hello};
 use parking_lot::Mutex;
 use tokio::sync::{OnceCell, watch};
 
+use crate::peer::PeerMetrics;
 use crate::shape::{Shape, ShapeOrigin};
 use crate::stats::Counters;
 use crate::{Node, NodeConfig, NodeError, NodeOptions};
@@ -40,6 +41,8 @@ pub struct NodeHost {
     /// Runs when the first `Hello` has opened the node, before it is
     /// answered.
     hook: Mutex<Option<OpenHook>>,
+    /// The peer server's counters, once one serves this host.
+    peer: OnceLock<PeerMetrics>,
 }
 
 impl std::fmt::Debug for NodeHost {
@@ -72,6 +75,7 @@ impl NodeHost {
             node: OnceCell::new(),
             opened: watch::Sender::new(false),
             hook: Mutex::new(None),
+            peer: OnceLock::new(),
         };
         match shape {
             Some(shape) => {
@@ -96,6 +100,7 @@ impl NodeHost {
             node: OnceCell::new(),
             opened: watch::Sender::new(false),
             hook: Mutex::new(None),
+            peer: OnceLock::new(),
         };
         host.set(node);
         Arc::new(host)
@@ -149,7 +154,17 @@ impl NodeHost {
         if let Some(node) = node {
             text.push_str(&node.metrics_text());
         }
+        if let Some(peer) = self.peer.get() {
+            let tiers = node.map(|n| n.tier_list()).unwrap_or_default();
+            text.push_str(&crate::metrics::peer_families(peer, &tiers));
+        }
         text
+    }
+
+    /// Adds the peer server's counters to the metrics; false if a peer
+    /// server already serves this host.
+    pub(crate) fn set_peer_metrics(&self, metrics: PeerMetrics) -> bool {
+        self.peer.set(metrics).is_ok()
     }
 
     /// The node that serves `hello`: the open one, or one opened now with

@@ -4,8 +4,11 @@
 
 use std::fmt::Write;
 
+use kvtier_core::{Tier, TierKind};
 use kvtier_manager::manager::ManagerStats;
 
+use crate::peer::PeerMetrics;
+use crate::peer_source::ServedByTier;
 use crate::{Node, NodeStats};
 
 /// Appends families to an OpenMetrics text.
@@ -284,6 +287,84 @@ fn paths(t: &mut Text, m: &ManagerStats) {
         "path",
         &per(&|p| p.queue_depth as f64),
     );
+}
+
+/// The peer server's families: its connections and handshakes, what it
+/// sent, and per tier of `tiers` what the node's tiers served to peers.
+pub(crate) fn peer_families(peer: &PeerMetrics, tiers: &[(Tier, TierKind)]) -> String {
+    let s = peer.server.snapshot();
+    let mut t = Text(String::new());
+    t.gauge(
+        "kvtier_peer_connections_open",
+        "Peer connections open now.",
+        s.open,
+    );
+    for (name, help, value) in [
+        (
+            "connections_accepted",
+            "Peer connections given a slot (under peer.max_connections).",
+            s.accepted,
+        ),
+        (
+            "connections_refused",
+            "Peer connections refused at peer.max_connections.",
+            s.refused,
+        ),
+        (
+            "authenticated",
+            "Peer handshakes completed (the peer proved the cluster secret).",
+            s.authenticated,
+        ),
+        (
+            "auth_failures",
+            "Peer handshakes refused: a bad proof (another secret), another cluster or protocol major.",
+            s.auth_failures,
+        ),
+        (
+            "handshake_failures",
+            "Peer handshakes that timed out, closed early or were malformed.",
+            s.handshake_failures,
+        ),
+        ("reads", "Read requests from peers.", s.reads),
+        ("blocks_sent", "Blocks sent to peers.", s.blocks_sent),
+        (
+            "blocks_missing",
+            "Blocks peers asked for that were answered as not held.",
+            s.blocks_missing,
+        ),
+        ("bytes_sent", "Block bytes sent to peers.", s.bytes_sent),
+    ] {
+        t.counter(&format!("kvtier_peer_{name}"), help, value);
+    }
+    let served = peer.served.snapshot(tiers.iter().map(|(tier, _)| *tier));
+    let per = |f: &dyn Fn(&ServedByTier) -> u64| -> Vec<(String, f64)> {
+        served
+            .iter()
+            .map(|s| (s.tier.name().to_owned(), f(s) as f64))
+            .collect()
+    };
+    t.labelled(
+        "kvtier_peer_served_blocks",
+        "counter",
+        "Blocks a tier read back verified for peers.",
+        "tier",
+        &per(&|s| s.blocks),
+    );
+    t.labelled(
+        "kvtier_peer_served_bytes",
+        "counter",
+        "Bytes a tier read back verified for peers.",
+        "tier",
+        &per(&|s| s.bytes),
+    );
+    t.labelled(
+        "kvtier_peer_read_failures",
+        "counter",
+        "Blocks a tier held for a peer but did not read back verified (answered as not held).",
+        "tier",
+        &per(&|s| s.failed),
+    );
+    t.0
 }
 
 /// The family that says whether the node knows its block shape.

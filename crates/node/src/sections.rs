@@ -194,6 +194,86 @@ impl ManagerSectionConfig {
     }
 }
 
+/// `[peer]`: the node-to-node data plane (docs/peer-protocol.md). With
+/// `listen` set, `kvtier serve` answers other daemons of its cluster that
+/// read blocks from its tiers over TCP, after both sides proved the
+/// cluster secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeerSectionConfig {
+    /// Address the peer server listens on (`10.0.0.5:7470`; port 0: one
+    /// the OS picks); empty (the default) for no peer server.
+    pub listen: String,
+    /// The cluster's name: a peer of another cluster is refused. Required
+    /// with `listen`.
+    pub cluster: String,
+    /// The cluster secret every node of the cluster holds: exactly 32
+    /// bytes, a regular file of the daemon's user, mode 0600 or stricter,
+    /// not a symbolic link. Required with `listen`.
+    pub secret_file: PathBuf,
+    /// This node's name as it proves itself to peers; empty: the node's
+    /// name (`$KVTIER_NODE`, else the host name), the one its
+    /// `kvtier://<node>/...` locations carry.
+    pub node_name: String,
+    /// Peer connections served at once; more are refused `Busy`.
+    pub max_connections: usize,
+    /// Milliseconds a peer has to finish the handshake.
+    pub handshake_timeout_ms: u64,
+    /// Milliseconds one reply frame may take to write; a peer that stops
+    /// reading is dropped.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for PeerSectionConfig {
+    fn default() -> Self {
+        use kvtier_peer::ServerConfig as S;
+        Self {
+            listen: String::new(),
+            cluster: String::new(),
+            secret_file: PathBuf::new(),
+            node_name: String::new(),
+            max_connections: S::DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout_ms: S::DEFAULT_HANDSHAKE_TIMEOUT.as_millis() as u64,
+            write_timeout_ms: S::DEFAULT_WRITE_TIMEOUT.as_millis() as u64,
+        }
+    }
+}
+
+impl PeerSectionConfig {
+    /// Whether a peer server is configured (`listen` set).
+    pub fn enabled(&self) -> bool {
+        !self.listen.is_empty()
+    }
+
+    /// Checks values that parse but make no sense (only with `listen` set:
+    /// the rest is unused otherwise).
+    pub fn validate(&self) -> kvtier_core::Result<()> {
+        let bad = |m: &str| Err(CoreError::InvalidConfig(m.into()));
+        if !self.enabled() {
+            return Ok(());
+        }
+        if self.listen.parse::<std::net::SocketAddr>().is_err() {
+            return bad("peer.listen must be an IP address and port, e.g. 10.0.0.5:7470");
+        }
+        if self.cluster.is_empty() || self.cluster.len() > 255 {
+            return bad("peer.cluster must be set (1 to 255 bytes) when peer.listen is");
+        }
+        if self.secret_file.as_os_str().is_empty() {
+            return bad("peer.secret_file must be set when peer.listen is");
+        }
+        if self.node_name.len() > 255 {
+            return bad("peer.node_name must be at most 255 bytes");
+        }
+        if self.max_connections == 0 || self.handshake_timeout_ms == 0 || self.write_timeout_ms == 0
+        {
+            return bad(
+                "peer.max_connections, handshake_timeout_ms and write_timeout_ms must be positive",
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Every section a node is opened with: `[geometry]`, `[memory]`, `[disk]`,
 /// `[serve]` and `[manager]` of the configuration file (the `kvtier` binary
 /// reads the file, `[meta]` included, and hands the node these).
