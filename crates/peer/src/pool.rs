@@ -1,7 +1,7 @@
 //! The reading side a daemon keeps for all its peers: [`PeerPool`] holds
 //! authenticated connections per peer, bounds them, reuses the idle ones,
 //! skips a peer that keeps failing ([`PeerHealth`]) and counts what every
-//! peer answered ([`PeerStats`]) (docs/peer-protocol.md §7).
+//! peer answered ([`PeerStats`]) (docs/peer-protocol.md §10).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

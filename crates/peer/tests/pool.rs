@@ -1,6 +1,6 @@
 //! The reader's pool over real loopback TCP: reuse, the per-peer bound,
 //! a dying and restarted peer, skipping and probing, corrupt blocks and a
-//! wrong secret (docs/peer-protocol.md §7).
+//! wrong secret (docs/peer-protocol.md §10).
 
 mod common;
 
