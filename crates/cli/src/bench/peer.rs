@@ -72,7 +72,10 @@ pub fn run(args: PeerBenchArgs) -> Result<()> {
         .prefix("kvtier-bench-peer-")
         .tempdir()
         .context("creating the node's directory")?;
-    let config = bench_node_config(preset, geometry, args.blocks as u64, "peer", dir.path());
+    // Twice the blocks, so that none is evicted from G2 (the bench reads
+    // G2, as a peer reads a block an engine just computed).
+    let slots = 2 * args.blocks as u64 + 8;
+    let config = bench_node_config(preset, geometry, slots, "peer", dir.path());
     let served = server_rt.block_on(Serving::start(&config, geometry, args.blocks))?;
     let report = client_rt.block_on(measure(&served, geometry, args.rounds));
     server_rt.block_on(served.stop())?;
