@@ -236,5 +236,18 @@ mod tests {
             ClusterSecret::from_file(&dir.path().join("absent")),
             Err(SecretError::Io { .. })
         ));
+
+        // A FIFO is refused at once rather than waited on for a writer.
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        assert!(matches!(
+            ClusterSecret::from_file(&fifo),
+            Err(SecretError::Refused { .. })
+        ));
     }
 }
