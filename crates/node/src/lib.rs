@@ -62,7 +62,7 @@ pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
 pub use host::{NodeHost, OpenHook};
 pub use node::Node;
-pub use observer::{CommitObserver, CommittedKey, SessionNamespace};
+pub use observer::{ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace};
 pub use peer::{NodePeer, PeerOptions};
 pub use peer_source::{HeldBlocks, HeldRead};
 pub use sections::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
