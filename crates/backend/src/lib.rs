@@ -29,8 +29,11 @@ mod uri;
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
 pub use cluster::{ClusterLookupConfig, ClusterLookupStats, MetaClusterLookup};
 pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, PoolSpaceError, RestoreSummary};
+/// A node's cluster identity (its peer server's), as
+/// [`BackendOptions::peer_identity`] takes it.
+pub use kvtier_peer::Identity as PeerIdentity;
 pub use location::{ClusterNode, LocationKey, PeerFields};
-pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash};
+pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spec, spec_peer};
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};

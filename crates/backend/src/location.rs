@@ -22,25 +22,7 @@ pub const MAC_BYTES: usize = 16;
 /// prefix of it).
 const MAC_TAG: &[u8] = b"kvtier-location-v1\0";
 
-/// The key location MACs are made with: derived from the cluster secret
-/// under its own context, so it never equals the handshake's key.
-#[derive(Clone, PartialEq, Eq)]
-pub struct LocationKey([u8; 32]);
-
-impl std::fmt::Debug for LocationKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the key.
-        f.write_str("LocationKey(..)")
-    }
-}
-
-impl LocationKey {
-    /// The location key of the cluster secret `secret`:
-    /// `blake3::derive_key("kvtier location key v1", secret)`.
-    pub fn from_secret(secret: &[u8; 32]) -> Self {
-        Self(blake3::derive_key("kvtier location key v1", secret))
-    }
-}
+pub use kvtier_node::LocationKey;
 
 /// Who publishes authenticated locations: the node's name, the address
 /// peers reach its peer server at, and the cluster's location key.
@@ -87,7 +69,7 @@ pub struct Located<'a> {
 /// client || stored || sum || len(node) || node || len(addr) || addr),
 /// integers little-endian, lengths as `u64`.
 pub fn location_mac(key: &LocationKey, l: &Located<'_>) -> [u8; MAC_BYTES] {
-    let mut h = blake3::Hasher::new_keyed(&key.0);
+    let mut h = blake3::Hasher::new_keyed(key.as_bytes());
     h.update(MAC_TAG);
     h.update(&l.namespace.to_le_bytes());
     h.update(&l.client.to_le_bytes());

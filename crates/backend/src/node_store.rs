@@ -3,10 +3,12 @@
 //! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`, the
 //! instance id and spec name escaped (`kvtier_meta::path_safe`).
 //!
-//! Only the node this process runs on is reachable: its [`Node`] is
-//! handed in. Any other node answers [`BackendError::Unavailable`] until
-//! the peer data plane exists, so such a storage probes unhealthy and
-//! takes no writes.
+//! Only the node this process runs on holds its blocks here: its [`Node`]
+//! is handed in. Another node's storage ([`NodeStoreBackend::remote`])
+//! takes no writes; its health is whether the node's peer server answers
+//! a handshake under the cluster identity (the address is in the storage's
+//! `spec`, [`peer_spec`]), so a node that died turns unhealthy and the
+//! metadata service stops answering its locations.
 //!
 //! A node store manages its own space (it evicts), so `create` only names
 //! the parts; the client puts each part into the store under
@@ -19,6 +21,9 @@ use kvtier_meta::{
 use std::sync::Arc;
 
 use kvtier_node::{Node, NodeHost};
+use kvtier_peer::{Identity, PeerClient};
+use std::net::SocketAddr;
+use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::location::{MAC_BYTES, PeerFields};
@@ -224,12 +229,29 @@ fn parse_part_uri(node: Option<&str>, uri: &str) -> Result<(String, PartName), B
     ))
 }
 
+/// The `spec` of a node's storage record: where its peer server is.
+pub fn peer_spec(addr: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "peer": addr.to_string() })
+}
+
+/// The peer address in a node storage's `spec`, if it has a valid one.
+pub fn spec_peer(spec: Option<&serde_json::Value>) -> Option<SocketAddr> {
+    spec?.get("peer")?.as_str()?.parse().ok()
+}
+
+/// How long a remote node's health probe may take to connect and finish
+/// the handshake.
+const PROBE_WITHIN: Duration = Duration::from_secs(2);
+
 /// A storage on one kvtier node.
 pub struct NodeStoreBackend {
     node: String,
     /// The node daemon's core when `node` is the local node (open once
     /// its block shape is known).
     local: Option<Arc<NodeHost>>,
+    /// Another node's peer server and this node's cluster identity: what
+    /// its health is probed with.
+    peer: Option<(SocketAddr, Identity)>,
 }
 
 impl std::fmt::Debug for NodeStoreBackend {
@@ -237,6 +259,7 @@ impl std::fmt::Debug for NodeStoreBackend {
         f.debug_struct("NodeStoreBackend")
             .field("node", &self.node)
             .field("local", &self.local.is_some())
+            .field("peer", &self.peer.as_ref().map(|(a, _)| a))
             .finish()
     }
 }
@@ -260,16 +283,33 @@ impl NodeStoreBackend {
         NodeStoreBackend {
             node: node.into(),
             local: Some(host),
+            peer: None,
         }
     }
 
-    /// The backend of a peer node (no data plane yet: every call is
-    /// [`BackendError::Unavailable`]).
-    pub fn remote(node: impl Into<String>) -> Self {
+    /// The backend of another node: no writes, no reads through the
+    /// service; healthy while its peer server at `peer` answers a handshake
+    /// made as the identity given (without one: always unavailable).
+    pub fn remote(node: impl Into<String>, peer: Option<(SocketAddr, Identity)>) -> Self {
         NodeStoreBackend {
             node: node.into(),
             local: None,
+            peer,
         }
+    }
+
+    /// Whether the remote node's peer server answers a handshake.
+    async fn probe_peer(&self) -> Result<(), BackendError> {
+        let Some((addr, me)) = &self.peer else {
+            return Err(BackendError::Unavailable(format!(
+                "node {} has no peer address known to this node's cluster",
+                self.node
+            )));
+        };
+        PeerClient::connect(*addr, me, PROBE_WITHIN)
+            .await
+            .map(drop)
+            .map_err(|e| BackendError::Unavailable(format!("node {} at {addr}: {e}", self.node)))
     }
 
     /// The node this backend stores on.
@@ -375,6 +415,11 @@ impl StorageBackend for NodeStoreBackend {
     }
 
     fn health(&self) -> BackendFuture<'_, Result<(), BackendError>> {
-        Box::pin(async move { Self::check_open(self.store()?) })
+        Box::pin(async move {
+            if self.local.is_none() {
+                return self.probe_peer().await;
+            }
+            Self::check_open(self.store()?)
+        })
     }
 }

@@ -32,7 +32,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use crate::location::ClusterNode;
-use crate::node_store::PublishedBlock;
+use crate::node_store::{PublishedBlock, peer_spec};
 
 /// Keys per metadata-service call (below its default `max_keys`).
 const CHUNK: usize = 512;
@@ -472,15 +472,23 @@ impl Drop for NodeView {
     }
 }
 
-/// Creates the node's storage, or checks the one there is.
+/// Creates the node's storage, or checks the one there is; its `spec`
+/// names the node's peer address when it has one (updated when it
+/// changed), so the service's health probe reaches the node.
 fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeViewError> {
     let uri = format!("kvtier://{}", config.node_name);
+    let spec = config.cluster.as_ref().map(|c| peer_spec(c.addr));
     match svc
         .list_storages()
         .into_iter()
         .find(|s| s.name == config.storage)
     {
-        Some(s) if s.uri.trim_end_matches('/') == uri => Ok(()),
+        Some(s) if s.uri.trim_end_matches('/') == uri => {
+            if s.spec != spec {
+                svc.update_storage(Storage { spec, ..s })?;
+            }
+            Ok(())
+        }
         Some(s) => Err(NodeViewError::ForeignStorage {
             name: s.name,
             uri: s.uri,
@@ -492,7 +500,7 @@ fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), Node
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
-            spec: None,
+            spec,
         })?),
     }
 }

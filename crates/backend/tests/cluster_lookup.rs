@@ -3,16 +3,16 @@
 //! A's socket is found by node B's `Lookup` (the peer tier) with A's
 //! authenticated location; locations of another namespace, another
 //! cluster's key or B itself are not answered; with the metadata service
-//! gone, B answers from its own tiers, without an error.
+//! gone, B answers from its own tiers, without an error; A's peer server
+//! gone, A's storage probes unhealthy and its locations leave B's answers.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
 use kvtier_backend::{
-    ClusterLookupConfig, ClusterNode, LocationKey, MetaClusterLookup, NodeView, NodeViewConfig,
-    NodeViewSink,
+    BackendOptions, ClusterLookupConfig, ClusterNode, LocationKey, MetaClusterLookup, NodeView,
+    NodeViewConfig, NodeViewSink, PeerIdentity, attach_backend,
 };
 use kvtier_client::{AsyncClient, BlockHash, ClientConfig};
 use kvtier_core::{Tier, TierKind};
@@ -22,10 +22,22 @@ use kvtier_meta::{
 };
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::test_support::{namespace, small_config};
-use kvtier_node::{ClusterLookup, CommittedKey, Node, NodeServer, SessionNamespace};
+use kvtier_node::{
+    ClusterLookup, CommittedKey, Node, NodeHost, NodePeer, NodeServer, PeerOptions,
+    PeerSectionConfig, SessionNamespace,
+};
 use kvtier_protocol::{Namespace, WireGeometry};
 
 const SECRET: [u8; 32] = [7; 32];
+
+/// The cluster secret as a file `PeerOptions` accepts (mode 0600).
+fn secret_file(dir: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("cluster.secret");
+    std::fs::write(&path, SECRET).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
 
 fn service(index: Arc<dyn MetaIndex>) -> Arc<MetaService> {
     let svc = MetaService::new(index, MetaConfig::default()).unwrap();
@@ -43,16 +55,14 @@ fn service(index: Arc<dyn MetaIndex>) -> Arc<MetaService> {
     Arc::new(svc)
 }
 
-fn addr(name: &str) -> SocketAddr {
-    let port = if name == "node-a" { 7001 } else { 7002 };
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-/// A node of the cluster: its server, view and cluster lookup.
+/// A node of the cluster: its server, peer server, view and cluster
+/// lookup.
 struct Member {
     config: Config,
     node: Arc<Node>,
     server: NodeServer,
+    peer: NodePeer,
+    identity: PeerIdentity,
     view: NodeView,
     lookup: Arc<MetaClusterLookup>,
 }
@@ -65,11 +75,25 @@ impl Member {
         let node = Node::open(&config, vec![Arc::new(sink.clone())])
             .await
             .unwrap();
-        let key = LocationKey::from_secret(&SECRET);
+        let section = PeerSectionConfig {
+            listen: "127.0.0.1:0".into(),
+            cluster: "test".into(),
+            secret_file: secret_file(dir),
+            node_name: name.into(),
+            ..PeerSectionConfig::default()
+        };
+        let options = PeerOptions::from_config(&section).unwrap().unwrap();
+        assert_eq!(options.advertise, None, "port 0 is no address to publish");
+        let identity = options.server.identity.clone();
+        let key = options.location_key.clone();
+        assert_eq!(key, LocationKey::from_secret(&SECRET));
+        let peer = NodePeer::start(&NodeHost::of(node.clone()), options)
+            .await
+            .unwrap();
         let view_config = NodeViewConfig {
             cluster: Some(ClusterNode {
                 node: name.into(),
-                addr: addr(name),
+                addr: peer.local_addr(),
                 key: key.clone(),
             }),
             ..NodeViewConfig::new(name)
@@ -90,6 +114,8 @@ impl Member {
             config,
             node,
             server,
+            peer,
+            identity,
             view,
             lookup,
         }
@@ -106,6 +132,7 @@ impl Member {
 
     async fn stop(self) {
         self.view.stop().await;
+        self.peer.shutdown().await;
         self.server.shutdown().await;
         self.node.close().await.unwrap();
     }
@@ -191,7 +218,10 @@ async fn a_block_stored_on_one_node_is_found_by_another() {
     assert_eq!(found.len(), 4);
     let map_a = a.node.key_map(&ns);
     for (k, loc) in stored.iter().zip(&found) {
-        assert_eq!((loc.node.as_str(), loc.addr), ("node-a", addr("node-a")));
+        assert_eq!(
+            (loc.node.as_str(), loc.addr),
+            ("node-a", a.peer.local_addr())
+        );
         assert_eq!(loc.stored, map_a.stored(*k));
         let held = a.node.memory().get_ref(loc.stored).expect("in A's arena");
         assert_eq!(loc.sum, held.shared_sums().block);
@@ -295,4 +325,72 @@ async fn without_the_metadata_service_lookups_answer_local_blocks() {
     drop((on_a, on_b));
     b.stop().await;
     a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_peer_server_is_gone_leaves_the_answers() {
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let svc = service(Arc::new(MemoryIndex::new()));
+    let a = Member::start("node-a", da.path(), &svc).await;
+    let b = Member::start("node-b", db.path(), &svc).await;
+    let len = a.node.geometry().block_bytes() as usize;
+    let ns = namespace("llama");
+    let mut on_a = a.client(ns.clone(), None).await;
+    let stored = keys(0..3);
+    store(&mut on_a, &stored, len).await;
+    a.view.sync().await;
+
+    // The service (B's, here) probes A's storage through A's peer server,
+    // whose address A's view wrote into the storage's spec.
+    let storage = svc
+        .list_storages()
+        .into_iter()
+        .find(|s| s.name == "node-node-a")
+        .expect("A's storage");
+    assert_eq!(
+        kvtier_backend::spec_peer(storage.spec.as_ref()),
+        Some(a.peer.local_addr())
+    );
+    let options = BackendOptions {
+        peer_identity: Some(b.identity.clone()),
+        ..BackendOptions::default()
+    };
+    attach_backend(&svc, &storage, &options).unwrap();
+    let probe = std::time::Duration::from_secs(5);
+    assert!(!svc.check_backends(probe).await.contains(&storage.name));
+    let mut on_b = b.client(ns.clone(), None).await;
+    let peer = peer_tier(&on_b);
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
+
+    // A's peer server stops: the next probe finds A unhealthy, and B's
+    // lookups no longer answer A's blocks.
+    let addr = a.peer.local_addr();
+    let a = stop_peer(a).await;
+    assert!(svc.check_backends(probe).await.contains(&storage.name));
+    b.lookup.clear_cache();
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), []);
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+
+    drop((on_a, on_b));
+    b.stop().await;
+    a.view.stop().await;
+    a.server.shutdown().await;
+    a.node.close().await.unwrap();
+}
+
+/// `m` with its peer server shut down.
+async fn stop_peer(m: Member) -> Stopped {
+    m.peer.shutdown().await;
+    Stopped {
+        node: m.node,
+        server: m.server,
+        view: m.view,
+    }
+}
+
+/// A member whose peer server is gone.
+struct Stopped {
+    node: Arc<Node>,
+    server: NodeServer,
+    view: NodeView,
 }

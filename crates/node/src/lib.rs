@@ -63,7 +63,7 @@ pub use error::NodeError;
 pub use host::{NodeHost, OpenHook};
 pub use node::Node;
 pub use observer::{ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace};
-pub use peer::{NodePeer, PeerOptions};
+pub use peer::{LocationKey, NodePeer, PeerOptions};
 pub use peer_source::{HeldBlocks, HeldRead};
 pub use sections::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
 pub use server::NodeServer;

@@ -18,6 +18,70 @@ pub struct PeerOptions {
     pub listen: SocketAddr,
     /// How the server runs: this node's identity and its limits.
     pub server: ServerConfig,
+    /// Where other nodes reach the server (`peer.advertise`, else
+    /// `listen` when that is a concrete address and port); `None`: this
+    /// node cannot publish locations peers could fetch from.
+    pub advertise: Option<SocketAddr>,
+    /// The key of the cluster's location MACs, from the cluster secret.
+    pub location_key: LocationKey,
+    /// How long a cluster lookup waits for the metadata service.
+    pub lookup_timeout: Duration,
+}
+
+/// The key a cluster's nodes make and check location MACs with
+/// (docs/meta-api.md §10.2): `blake3::derive_key("kvtier location key
+/// v1", cluster secret)`, so it never equals the peer handshake's key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LocationKey([u8; 32]);
+
+impl std::fmt::Debug for LocationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.write_str("LocationKey(..)")
+    }
+}
+
+impl LocationKey {
+    /// The location key of the cluster secret `secret`.
+    pub fn from_secret(secret: &[u8; 32]) -> Self {
+        Self(blake3::derive_key("kvtier location key v1", secret))
+    }
+
+    /// The key's bytes, for a keyed hash.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The location key of the secret file `path` whose contents
+    /// `ClusterSecret::from_file` already checked and read as `secret`
+    /// (read again here: the peer crate does not hand a secret's bytes
+    /// out); a file that changed meanwhile is refused.
+    fn from_secret_file(path: &std::path::Path, secret: &ClusterSecret) -> Result<Self, NodeError> {
+        let changed = || {
+            NodeError::Config(format!(
+                "cluster secret {} changed while read",
+                path.display()
+            ))
+        };
+        let bytes = std::fs::read(path).map_err(|_| changed())?;
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| changed())?;
+        if ClusterSecret::from_bytes(bytes) != *secret {
+            return Err(changed());
+        }
+        Ok(Self::from_secret(&bytes))
+    }
+}
+
+/// The address peers reach a server listening on `listen` at: `advertise`
+/// when given, else `listen` unless it is a wildcard address or port 0.
+fn advertised(listen: SocketAddr, advertise: &str) -> Result<Option<SocketAddr>, NodeError> {
+    if !advertise.is_empty() {
+        let addr = advertise
+            .parse()
+            .map_err(|e| NodeError::Config(format!("peer.advertise {advertise:?}: {e}")))?;
+        return Ok(Some(addr));
+    }
+    Ok((!listen.ip().is_unspecified() && listen.port() != 0).then_some(listen))
 }
 
 impl PeerOptions {
@@ -34,6 +98,7 @@ impl PeerOptions {
             .parse()
             .map_err(|e| NodeError::Config(format!("peer.listen {:?}: {e}", section.listen)))?;
         let secret = ClusterSecret::from_file(&section.secret_file)?;
+        let location_key = LocationKey::from_secret_file(&section.secret_file, &secret)?;
         let node = match section.node_name.as_str() {
             "" => crate::node_name(),
             name => name.to_owned(),
@@ -49,7 +114,13 @@ impl PeerOptions {
             write_timeout: Duration::from_millis(section.write_timeout_ms),
             ..ServerConfig::new(identity)
         };
-        Ok(Some(Self { listen, server }))
+        Ok(Some(Self {
+            listen,
+            server,
+            advertise: advertised(listen, &section.advertise)?,
+            location_key,
+            lookup_timeout: Duration::from_millis(section.lookup_timeout_ms),
+        }))
     }
 }
 
