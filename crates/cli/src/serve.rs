@@ -59,10 +59,15 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     // and the disk tier are made.
     let peer_options = PeerOptions::from_config(&config.peer)?;
     let publish = config.meta.enabled && config.meta.publish_node_blocks;
-    let cluster = match (&peer_options, publish) {
-        (Some(options), true) => Some(cluster_of(options)?),
-        _ => None,
-    };
+    if let Some(o) = peer_options
+        .as_ref()
+        .filter(|o| publish && !o.can_advertise())
+    {
+        anyhow::bail!(
+            "peer.listen {} is a wildcard address, which tells other nodes nothing; set peer.advertise to the address they reach this node at (the node publishes it with its blocks)",
+            o.listen
+        );
+    }
     if config.meta.enabled {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.
@@ -87,6 +92,19 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // Install the handlers before announcing readiness, so a signal sent
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
+        // Before the view: the address it publishes is the one bound.
+        let peer = match peer_options.clone() {
+            Some(options) => Some(
+                NodePeer::start(&host, options)
+                    .await
+                    .context("starting the peer server")?,
+            ),
+            None => None,
+        };
+        let cluster = match (&peer_options, &peer, publish) {
+            (Some(o), Some(p), true) => cluster_of(o, p.local_addr()),
+            _ => None,
+        };
         let view: Arc<OnceLock<NodeView>> = Arc::default();
         let lookup: Arc<OnceLock<Arc<MetaClusterLookup>>> = Arc::default();
         let meta = if config.meta.enabled {
@@ -121,14 +139,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         let server = NodeServer::bind_host(host.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
-        let peer = match peer_options {
-            Some(options) => Some(
-                NodePeer::start(&host, options)
-                    .await
-                    .context("starting the peer server")?,
-            ),
-            None => None,
-        };
         let http = if config.manager.metrics_addr.is_empty() {
             None
         } else {
@@ -202,19 +212,14 @@ struct Cluster {
     lookup: ClusterLookupConfig,
 }
 
-/// The cluster identity of a node with a peer server that publishes its
-/// blocks: an error when peers could not reach the address it would
-/// publish (`peer.advertise` unset, `listen` a wildcard or port 0).
-fn cluster_of(options: &PeerOptions) -> Result<Cluster> {
-    let Some(addr) = options.advertise else {
-        anyhow::bail!(
-            "peer.listen {} is not an address other nodes can reach; set peer.advertise to the one they use (the node publishes it with its blocks)",
-            options.listen
-        );
-    };
+/// The cluster identity of a node whose peer server listens on `bound`
+/// and that publishes its blocks; `None` when it has no address to
+/// publish (checked before the start: see `PeerOptions::can_advertise`).
+fn cluster_of(options: &PeerOptions, bound: std::net::SocketAddr) -> Option<Cluster> {
+    let addr = options.advertised(bound)?;
     // The name the node view publishes under (the authority of its URIs).
     let name = kvtier_node::node_name();
-    Ok(Cluster {
+    Some(Cluster {
         node: ClusterNode {
             node: name.clone(),
             addr,

@@ -18,9 +18,8 @@ pub struct PeerOptions {
     pub listen: SocketAddr,
     /// How the server runs: this node's identity and its limits.
     pub server: ServerConfig,
-    /// Where other nodes reach the server (`peer.advertise`, else
-    /// `listen` when that is a concrete address and port); `None`: this
-    /// node cannot publish locations peers could fetch from.
+    /// Where other nodes reach the server, when `peer.advertise` says so;
+    /// else see [`advertised`](Self::advertised).
     pub advertise: Option<SocketAddr>,
     /// The key of the cluster's location MACs, from the cluster secret.
     pub location_key: LocationKey,
@@ -72,16 +71,32 @@ impl LocationKey {
     }
 }
 
-/// The address peers reach a server listening on `listen` at: `advertise`
-/// when given, else `listen` unless it is a wildcard address or port 0.
-fn advertised(listen: SocketAddr, advertise: &str) -> Result<Option<SocketAddr>, NodeError> {
-    if !advertise.is_empty() {
-        let addr = advertise
-            .parse()
-            .map_err(|e| NodeError::Config(format!("peer.advertise {advertise:?}: {e}")))?;
-        return Ok(Some(addr));
+/// `peer.advertise`, parsed; `None` when empty.
+fn parse_advertise(advertise: &str) -> Result<Option<SocketAddr>, NodeError> {
+    if advertise.is_empty() {
+        return Ok(None);
     }
-    Ok((!listen.ip().is_unspecified() && listen.port() != 0).then_some(listen))
+    advertise
+        .parse()
+        .map(Some)
+        .map_err(|e| NodeError::Config(format!("peer.advertise {advertise:?}: {e}")))
+}
+
+impl PeerOptions {
+    /// Whether other nodes can be told an address for this server:
+    /// `peer.advertise` is set, or `listen` names one interface (a
+    /// wildcard address says nothing about where the node is reached).
+    pub fn can_advertise(&self) -> bool {
+        self.advertise.is_some() || !self.listen.ip().is_unspecified()
+    }
+
+    /// The address peers reach the server at once it listens on `bound`:
+    /// `peer.advertise`, else `bound` (the port `listen`'s 0 resolved to)
+    /// unless `listen` is a wildcard address.
+    pub fn advertised(&self, bound: SocketAddr) -> Option<SocketAddr> {
+        self.advertise
+            .or_else(|| (!self.listen.ip().is_unspecified()).then_some(bound))
+    }
 }
 
 impl PeerOptions {
@@ -117,7 +132,7 @@ impl PeerOptions {
         Ok(Some(Self {
             listen,
             server,
-            advertise: advertised(listen, &section.advertise)?,
+            advertise: parse_advertise(&section.advertise)?,
             location_key,
             lookup_timeout: Duration::from_millis(section.lookup_timeout_ms),
         }))

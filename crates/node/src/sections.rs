@@ -223,8 +223,9 @@ pub struct PeerSectionConfig {
     /// reading is dropped.
     pub write_timeout_ms: u64,
     /// The address other nodes reach this node's peer server at, published
-    /// in its locations; empty: `listen`, unless that is a wildcard
-    /// address or port 0 (then publishing the node's blocks is an error).
+    /// in its locations; empty: the address the server listens on (port 0
+    /// resolved), unless `listen` is a wildcard address (then publishing
+    /// the node's blocks is an error).
     pub advertise: String,
     /// Milliseconds a cluster lookup waits for the metadata service before
     /// the node answers from its own tiers only.
