@@ -5,10 +5,10 @@
 
 use std::path::Path;
 
-use kvtier_client::{BlockHash, StoreOutcome};
+use kvtier_client::BlockHash;
 use kvtier_core::TierKind;
 use kvtier_meta::test_support::RedisServer;
-use support::node::{Daemon, block, secret_in, shm_name, wait_until};
+use support::node::{Daemon, secret_in, shm_name, store_blocks, wait_until};
 
 mod support;
 
@@ -35,14 +35,7 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
     let b = member(db.path(), "cluster-b", &redis.url(), &secret);
 
     let ks: Vec<u128> = (1..=3).map(|k| k | (0x5eed << 64)).collect();
-    let blocks: Vec<Vec<u8>> = ks.iter().map(|k| block(*k)).collect();
-    let pairs: Vec<(BlockHash, &[u8])> = ks
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
-        .collect();
-    let mut on_a = a.client();
-    assert_eq!(on_a.store(&pairs).unwrap(), vec![StoreOutcome::Stored; 3]);
+    store_blocks(&mut a.client(), &ks);
 
     // B lists the peer tier after its own, and answers A's blocks with it
     // once A's view published them.

@@ -8,9 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvtier_client::{BlockHash, Client, StoreOutcome};
+use kvtier_client::{BlockHash, Client};
 use kvtier_peer::{BlockData, ClusterSecret, Expect, Identity, LayerRange, PeerClient, Want};
-use support::node::{Daemon, PATIENCE, block, block_bytes, secret_in, shm_name};
+use support::node::{Daemon, PATIENCE, block, block_bytes, secret_in, shm_name, store_blocks};
 
 mod support;
 
@@ -25,16 +25,7 @@ fn ready_addr(daemon: &Daemon, key: &str) -> SocketAddr {
 /// Stores blocks `ks`; returns each one's stored key and the sums the
 /// daemon holds for it (a `Load`'s answer).
 fn store(client: &mut Client, ks: &[u128]) -> Vec<(BlockHash, Expect)> {
-    let blocks: Vec<Vec<u8>> = ks.iter().map(|k| block(*k)).collect();
-    let pairs: Vec<(BlockHash, &[u8])> = ks
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
-        .collect();
-    assert_eq!(
-        client.store(&pairs).expect("store"),
-        vec![StoreOutcome::Stored; ks.len()]
-    );
+    store_blocks(client, ks);
     let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
     let load = client.load(&keys).expect("load");
     let map = client.key_map();

@@ -106,6 +106,21 @@ pub fn wait_until<T>(what: impl Display, mut probe: impl FnMut() -> Option<T>) -
     }
 }
 
+/// Stores blocks `ks` ([`block`] of each) through `client`; each must be
+/// stored.
+pub fn store_blocks(client: &mut Client, ks: &[u128]) {
+    let blocks: Vec<Vec<u8>> = ks.iter().map(|k| block(*k)).collect();
+    let pairs: Vec<(BlockHash, &[u8])> = ks
+        .iter()
+        .zip(&blocks)
+        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
+        .collect();
+    assert_eq!(
+        client.store(&pairs).expect("store"),
+        vec![kvtier_client::StoreOutcome::Stored; ks.len()]
+    );
+}
+
 /// Writes cluster secret `secret`, private to this user (mode 0600), into
 /// `dir`; its path.
 pub fn secret_in(dir: &Path, secret: &[u8; 32]) -> String {
