@@ -250,6 +250,9 @@ async fn a_block_stored_on_one_node_is_found_by_another() {
     );
     let stats = b.node.stats();
     assert_eq!((stats.cluster_lookups, stats.cluster_hits), (1, 3));
+    // B publishes its own copy into the instance A registered.
+    b.view.sync().await;
+    assert_eq!(b.view.stats().failures, 0, "{:?}", b.view.stats());
 
     // Each location names A, its peer address, A's stored key and the
     // block's sum as A holds it.
