@@ -57,7 +57,8 @@ class Client:
     def tiers(self) -> list[tuple[str, str]]:
         """The node's tiers, fastest first: ``(label, kind)`` pairs, e.g.
         ``[("G2", "memory"), ("G3", "disk")]``; kinds are ``"memory"``,
-        ``"disk"``, ``"remote"`` (and ``"device"``)."""
+        ``"disk"``, ``"remote"``, ``"peer"`` (another node of the cluster,
+        listed after the node's own tiers) and ``"device"``."""
     def lookup(self, keys: Sequence[int]) -> list[str]:
         """Tiers (labels of ``tiers``: ``"G2"``, ``"G3"`` ...) of the
         longest stored prefix."""

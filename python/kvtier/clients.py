@@ -78,7 +78,8 @@ class Clients:
 
     def kind_of(self, tier: str) -> str:
         """What storage ``tier`` (a label ``lookup`` answered, ``"G2"`` ...)
-        is on the node: ``"memory"``, ``"disk"`` or ``"remote"``, as the
+        is on the node: ``"memory"``, ``"disk"``, ``"remote"`` or ``"peer"``
+        (another node of the cluster holds it), as the
         node announced it (:attr:`kvtier.Client.tiers`) to the last
         connection; ``"unknown"`` for a tier no connection announced (one
         looked up before a restart that changed the node's tiers)."""

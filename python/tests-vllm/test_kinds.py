@@ -39,6 +39,20 @@ def test_hit_sources_follow_the_kind() -> None:
     }
 
 
+def test_a_peer_tier_is_vllms_p2p_source() -> None:
+    # A node with a cluster lists the peer tier after its own tiers.
+    kinds = {**DEFAULT, "G5": "peer"}
+    assert hit_sources(["G2", "G5", "G5"], kind_of(kinds), BLOCK, 3 * BLOCK) == {
+        CacheHitSource.HOST: BLOCK,
+        CacheHitSource.P2P: 2 * BLOCK,
+    }
+    events = TierEvents(True)
+    key = OffloadKey(b"k")
+    events.saw(key, "peer", stored=True)
+    got = [(e.medium, e.locality, e.removed) for e in events.take()]
+    assert got == [(Medium.CPU, Locality.REMOTE, False)]
+
+
 def test_offloading_events_move_by_medium() -> None:
     events = TierEvents(True)
     key = OffloadKey(b"k")

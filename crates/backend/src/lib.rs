@@ -17,7 +17,9 @@
 //! allocation, persistence and health checks: `docs/storage-backends.md`.
 
 pub mod allocator;
+pub mod cluster;
 pub mod file_pool;
+pub mod location;
 pub mod node_store;
 pub mod node_view;
 pub mod registry;
@@ -25,8 +27,13 @@ pub mod s3;
 mod uri;
 
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
+pub use cluster::{ClusterLookupConfig, ClusterLookupStats, MetaClusterLookup};
 pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, PoolSpaceError, RestoreSummary};
-pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash};
+/// A node's cluster identity (its peer server's), as
+/// [`BackendOptions::peer_identity`] takes it.
+pub use kvtier_peer::Identity as PeerIdentity;
+pub use location::{ClusterNode, LocationKey, PeerFields};
+pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spec, spec_peer};
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};

@@ -3,10 +3,12 @@
 //! `kvtier://<node>/<instance>/<key hex>-<location hex>/<spec>`, the
 //! instance id and spec name escaped (`kvtier_meta::path_safe`).
 //!
-//! Only the node this process runs on is reachable: its [`Node`] is
-//! handed in. Any other node answers [`BackendError::Unavailable`] until
-//! the peer data plane exists, so such a storage probes unhealthy and
-//! takes no writes.
+//! Only the node this process runs on holds its blocks here: its [`Node`]
+//! is handed in. Another node's storage ([`NodeStoreBackend::remote`])
+//! takes no writes; its health is whether the node's peer server answers
+//! a handshake under the cluster identity (the address is in the storage's
+//! `spec`, [`peer_spec`]), so a node that died turns unhealthy and the
+//! metadata service stops answering its locations.
 //!
 //! A node store manages its own space (it evicts), so `create` only names
 //! the parts; the client puts each part into the store under
@@ -19,8 +21,12 @@ use kvtier_meta::{
 use std::sync::Arc;
 
 use kvtier_node::{Node, NodeHost};
+use kvtier_peer::{Identity, PeerClient};
+use std::net::SocketAddr;
+use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_128;
 
+use crate::location::{MAC_BYTES, PeerFields};
 use crate::uri::{Uri, bad};
 use kvtier_meta::path_safe::{check_component, escape_component, part_path, unescape_component};
 
@@ -50,6 +56,9 @@ fn name_in_uri(component: &str) -> String {
 /// block: the node holds it under the stored key (a keyed hash of the
 /// client key that only the node can compute, docs/node-protocol.md
 /// §11.1), and its metadata-service key is the client key's low 64 bits.
+/// A node of a cluster adds `?sum=<16 hex>&peer=<addr>&mac=<32 hex>`
+/// ([`PeerFields`], docs/meta-api.md §10.2): what another node needs to
+/// fetch and verify it, authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedBlock {
     /// The metadata-service instance.
@@ -60,6 +69,8 @@ pub struct PublishedBlock {
     pub client_key: u128,
     /// The key the node holds the block under.
     pub stored: u128,
+    /// The authenticated peer fields, on a cluster node's location.
+    pub peer: Option<PeerFields>,
 }
 
 impl PublishedBlock {
@@ -84,16 +95,65 @@ impl PublishedBlock {
         for p in &parts {
             check_component(p).map_err(|e| bad(&format!("kvtier://{node}/"), e.to_string()))?;
         }
-        Ok(format!("kvtier://{node}/{}", parts.join("/")))
+        let query = self.peer.map_or(String::new(), |p| {
+            format!("?sum={:016x}&peer={}&mac={}", p.sum, p.peer, hex(&p.mac))
+        });
+        Ok(format!("kvtier://{node}/{}{query}", parts.join("/")))
     }
 
     /// Parses a URI of node `node`: `None` unless it is a published block's.
     pub fn parse(node: &str, uri: &str) -> Option<Self> {
-        match parse_part_uri(node, uri).ok()? {
+        match parse_part_uri(Some(node), uri).ok()?.1 {
             PartName::Published(p) => Some(p),
             PartName::Written { .. } => None,
         }
     }
+
+    /// Parses a published block's URI of any node: the node and the block.
+    pub fn parse_any(uri: &str) -> Option<(String, Self)> {
+        match parse_part_uri(None, uri).ok()? {
+            (node, PartName::Published(p)) => Some((node, p)),
+            (_, PartName::Written { .. }) => None,
+        }
+    }
+}
+
+/// Lower-case hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The peer fields of a published block's query, all three or none.
+fn peer_fields(uri: &str, u: &Uri<'_>) -> Result<Option<PeerFields>, BackendError> {
+    if u.query.is_empty() {
+        return Ok(None);
+    }
+    if u.query.len() != 3 {
+        return Err(bad(uri, "expected sum, peer and mac"));
+    }
+    let sum = u.param(uri, "sum")?;
+    let sum = (sum.len() == 16)
+        .then(|| u64::from_str_radix(sum, 16).ok())
+        .flatten()
+        .ok_or_else(|| bad(uri, "sum is not 16 hex digits"))?;
+    let peer = u
+        .param(uri, "peer")?
+        .parse()
+        .map_err(|_| bad(uri, "peer is not a socket address"))?;
+    let mac = u.param(uri, "mac")?;
+    let mut out = [0u8; MAC_BYTES];
+    if mac.len() != 2 * MAC_BYTES || !mac.is_ascii() {
+        return Err(bad(uri, "mac is not 32 hex digits"));
+    }
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&mac[2 * i..2 * i + 2], 16)
+            .map_err(|_| bad(uri, "mac is not 32 hex digits"))?;
+    }
+    Ok(Some(PeerFields {
+        sum,
+        peer,
+        mac: out,
+    }))
 }
 
 /// What a part URI of a node names.
@@ -108,20 +168,19 @@ enum PartName {
     Published(PublishedBlock),
 }
 
-/// Splits `kvtier://<node>/<instance>/<a>-<b>/<spec>`: a written part's
-/// `<a>` is the 16-digit key and `<b>` the location id, a published
-/// block's both are 32 digits.
-fn parse_part_uri(node: &str, uri: &str) -> Result<PartName, BackendError> {
+/// Splits `kvtier://<node>/<instance>/<a>-<b>/<spec>[?<peer fields>]`:
+/// a written part's `<a>` is the 16-digit key and `<b>` the location id
+/// (no query), a published block's both are 32 digits. With `node`, the
+/// authority must be it.
+fn parse_part_uri(node: Option<&str>, uri: &str) -> Result<(String, PartName), BackendError> {
     let u = Uri::parse(uri)?;
     if u.scheme != "kvtier" {
         return Err(bad(uri, "not a kvtier:// URI"));
     }
-    if u.authority != node {
+    if let Some(node) = node.filter(|n| u.authority != *n) {
         return Err(bad(uri, format!("not on node {node}")));
     }
-    if !u.query.is_empty() {
-        return Err(bad(uri, "unexpected query"));
-    }
+    let authority = u.authority.to_owned();
     // /<instance>/<key>-<loc>/<spec>; an instance of an URI written
     // before names were escaped may contain '/'.
     let path = u.path.strip_prefix('/').unwrap_or(u.path);
@@ -141,23 +200,48 @@ fn parse_part_uri(node: &str, uri: &str) -> Result<PartName, BackendError> {
         let (Some(client_key), Some(stored)) = (hex(a), hex(b)) else {
             return Err(bad(uri, "expected <client key hex>-<stored key hex>"));
         };
-        return Ok(PartName::Published(PublishedBlock {
-            instance,
-            spec,
-            client_key,
-            stored,
-        }));
+        let peer = peer_fields(uri, &u)?;
+        return Ok((
+            authority,
+            PartName::Published(PublishedBlock {
+                instance,
+                spec,
+                client_key,
+                stored,
+                peer,
+            }),
+        ));
+    }
+    if !u.query.is_empty() {
+        return Err(bad(uri, "unexpected query"));
     }
     let key = u64::from_str_radix(b, 16)
         .ok()
         .and_then(|_| u64::from_str_radix(a, 16).ok())
         .ok_or_else(|| bad(uri, "expected <key hex>-<location hex>"))?;
-    Ok(PartName::Written {
-        instance,
-        spec,
-        key: BlockKey(key),
-    })
+    Ok((
+        authority,
+        PartName::Written {
+            instance,
+            spec,
+            key: BlockKey(key),
+        },
+    ))
 }
+
+/// The `spec` of a node's storage record: where its peer server is.
+pub fn peer_spec(addr: SocketAddr) -> serde_json::Value {
+    serde_json::json!({ "peer": addr.to_string() })
+}
+
+/// The peer address in a node storage's `spec`, if it has a valid one.
+pub fn spec_peer(spec: Option<&serde_json::Value>) -> Option<SocketAddr> {
+    spec?.get("peer")?.as_str()?.parse().ok()
+}
+
+/// How long a remote node's health probe may take to connect and finish
+/// the handshake.
+const PROBE_WITHIN: Duration = Duration::from_secs(2);
 
 /// A storage on one kvtier node.
 pub struct NodeStoreBackend {
@@ -165,6 +249,9 @@ pub struct NodeStoreBackend {
     /// The node daemon's core when `node` is the local node (open once
     /// its block shape is known).
     local: Option<Arc<NodeHost>>,
+    /// Another node's peer server and this node's cluster identity: what
+    /// its health is probed with.
+    peer: Option<(SocketAddr, Identity)>,
 }
 
 impl std::fmt::Debug for NodeStoreBackend {
@@ -172,6 +259,7 @@ impl std::fmt::Debug for NodeStoreBackend {
         f.debug_struct("NodeStoreBackend")
             .field("node", &self.node)
             .field("local", &self.local.is_some())
+            .field("peer", &self.peer.as_ref().map(|(a, _)| a))
             .finish()
     }
 }
@@ -195,16 +283,33 @@ impl NodeStoreBackend {
         NodeStoreBackend {
             node: node.into(),
             local: Some(host),
+            peer: None,
         }
     }
 
-    /// The backend of a peer node (no data plane yet: every call is
-    /// [`BackendError::Unavailable`]).
-    pub fn remote(node: impl Into<String>) -> Self {
+    /// The backend of another node: no writes, no reads through the
+    /// service; healthy while its peer server at `peer` answers a handshake
+    /// made as the identity given (without one: always unavailable).
+    pub fn remote(node: impl Into<String>, peer: Option<(SocketAddr, Identity)>) -> Self {
         NodeStoreBackend {
             node: node.into(),
             local: None,
+            peer,
         }
+    }
+
+    /// Whether the remote node's peer server answers a handshake.
+    async fn probe_peer(&self) -> Result<(), BackendError> {
+        let Some((addr, me)) = &self.peer else {
+            return Err(BackendError::Unavailable(format!(
+                "node {} has no peer address known to this node's cluster",
+                self.node
+            )));
+        };
+        PeerClient::connect(*addr, me, PROBE_WITHIN)
+            .await
+            .map(drop)
+            .map_err(|e| BackendError::Unavailable(format!("node {} at {addr}: {e}", self.node)))
     }
 
     /// The node this backend stores on.
@@ -236,7 +341,7 @@ impl NodeStoreBackend {
     }
 
     fn parse(&self, uri: &str) -> Result<Part, BackendError> {
-        let name = parse_part_uri(&self.node, uri)?;
+        let (_, name) = parse_part_uri(Some(&self.node), uri)?;
         Ok(Part {
             hash: match name {
                 PartName::Written {
@@ -310,6 +415,11 @@ impl StorageBackend for NodeStoreBackend {
     }
 
     fn health(&self) -> BackendFuture<'_, Result<(), BackendError>> {
-        Box::pin(async move { Self::check_open(self.store()?) })
+        Box::pin(async move {
+            if self.local.is_none() {
+                return self.probe_peer().await;
+            }
+            Self::check_open(self.store()?)
+        })
     }
 }

@@ -31,7 +31,8 @@ use parking_lot::Mutex;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-use crate::node_store::PublishedBlock;
+use crate::location::ClusterNode;
+use crate::node_store::{PublishedBlock, peer_spec};
 
 /// Keys per metadata-service call (below its default `max_keys`).
 const CHUNK: usize = 512;
@@ -51,6 +52,11 @@ pub struct NodeViewConfig {
     pub group: String,
     /// How long a refused publication waits before it is tried again.
     pub retry: Duration,
+    /// The node's cluster identity: with it, every location carries the
+    /// block's sum, the node's peer address and a location MAC, so other
+    /// nodes may fetch the block (docs/meta-api.md §10.2); without it,
+    /// locations name the block only.
+    pub cluster: Option<ClusterNode>,
 }
 
 impl NodeViewConfig {
@@ -62,6 +68,7 @@ impl NodeViewConfig {
             group: format!("node-{node_name}"),
             node_name,
             retry: Duration::from_secs(1),
+            cluster: None,
         }
     }
 }
@@ -102,9 +109,9 @@ pub struct NodeViewStats {
 
 /// One (instance, spec) whose blocks the view publishes.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Source {
-    instance: String,
-    spec: String,
+pub(crate) struct Source {
+    pub(crate) instance: String,
+    pub(crate) spec: String,
 }
 
 /// A block the view knows.
@@ -114,6 +121,11 @@ struct Entry {
     /// The key the client stored the block under: its metadata-service
     /// key, which the node's (keyed) stored key does not reveal.
     client: u128,
+    /// The committing session's full namespace digest and the block's
+    /// combined checksum, which a cluster location's MAC covers (0 for a
+    /// block taken over from before a restart: it is published already).
+    namespace: u128,
+    sum: u64,
     published: bool,
     /// Bumped by every commit, so a stale unpublish does not forget a
     /// block committed again meanwhile.
@@ -164,12 +176,14 @@ impl State {
         any
     }
 
-    fn mark(&mut self, key: BlockHash, client: u128, source: u32, published: bool) {
+    fn mark(&mut self, key: BlockHash, m: Mark, source: u32, published: bool) {
         self.generation += 1;
         let generation = self.generation;
         let e = self.known.entry(key).or_insert(Entry {
             source,
-            client,
+            client: m.client,
+            namespace: m.namespace,
+            sum: m.sum,
             published,
             generation,
         });
@@ -179,10 +193,20 @@ impl State {
             e.source = source;
             e.published = published;
         }
-        e.client = client;
+        e.client = m.client;
+        e.namespace = m.namespace;
+        e.sum = m.sum;
         e.generation = generation;
         self.dirty.insert(key);
     }
+}
+
+/// What the view learns of a block when it is marked.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    client: u128,
+    namespace: u128,
+    sum: u64,
 }
 
 /// What commits and events tell the view; shared with the worker.
@@ -259,8 +283,14 @@ impl CommitObserver for Observer {
             model: ns.namespace.model.clone(),
             tp_size: ns.namespace.tp_size,
         });
+        let namespace = ns.namespace.digest();
         for b in blocks {
-            s.mark(b.stored, b.client.0, id, false);
+            let m = Mark {
+                client: b.client.0,
+                namespace,
+                sum: b.sum,
+            };
+            s.mark(b.stored, m, id, false);
         }
         drop(s);
         self.tracker.wake.notify_one();
@@ -270,7 +300,7 @@ impl CommitObserver for Observer {
 /// The instance a session's blocks belong to: the one it named, else
 /// `kvtier-<16 hex digits>` of its namespace with the rank left out (every
 /// rank of one deployment shares it), and the spec of its rank.
-fn source_of(ns: &SessionNamespace) -> Source {
+pub(crate) fn source_of(ns: &SessionNamespace) -> Source {
     let instance = ns
         .instance
         .clone()
@@ -442,15 +472,23 @@ impl Drop for NodeView {
     }
 }
 
-/// Creates the node's storage, or checks the one there is.
+/// Creates the node's storage, or checks the one there is; its `spec`
+/// names the node's peer address when it has one (updated when it
+/// changed), so the service's health probe reaches the node.
 fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeViewError> {
     let uri = format!("kvtier://{}", config.node_name);
+    let spec = config.cluster.as_ref().map(|c| peer_spec(c.addr));
     match svc
         .list_storages()
         .into_iter()
         .find(|s| s.name == config.storage)
     {
-        Some(s) if s.uri.trim_end_matches('/') == uri => Ok(()),
+        Some(s) if s.uri.trim_end_matches('/') == uri => {
+            if s.spec != spec {
+                svc.update_storage(Storage { spec, ..s })?;
+            }
+            Ok(())
+        }
         Some(s) => Err(NodeViewError::ForeignStorage {
             name: s.name,
             uri: s.uri,
@@ -462,7 +500,7 @@ fn ensure_storage(svc: &MetaService, config: &NodeViewConfig) -> Result<(), Node
             uri,
             enabled: true,
             health: StorageHealth::Healthy,
-            spec: None,
+            spec,
         })?),
     }
 }
@@ -504,7 +542,12 @@ fn take_over_listed(
             spec: b.spec.clone(),
         });
         s.ready.insert(id);
-        s.mark(b.stored(), b.client_key, id, true);
+        let m = Mark {
+            client: b.client_key,
+            namespace: 0,
+            sum: b.peer.map_or(0, |p| p.sum),
+        };
+        s.mark(b.stored(), m, id, true);
         listed += 1;
     }
     Ok(listed)
@@ -672,12 +715,14 @@ async fn publish(shared: &Shared, id: u32, source: &Source, keys: Vec<BlockHash>
     for chunk in keys.chunks(CHUNK) {
         let parts: Result<Vec<PublishedPart>, _> = chunk
             .iter()
-            .map(|&(k, client_key)| {
+            .map(|&(k, e)| {
+                let cluster = shared.config.cluster.as_ref();
                 let b = PublishedBlock {
                     instance: source.instance.clone(),
                     spec: source.spec.clone(),
-                    client_key,
+                    client_key: e.client,
                     stored: k.0,
+                    peer: cluster.map(|c| c.sign(e.namespace, e.client, k.0, e.sum)),
                 };
                 Ok::<_, kvtier_meta::BackendError>(PublishedPart {
                     key: b.key(),
@@ -711,12 +756,12 @@ async fn publish(shared: &Shared, id: u32, source: &Source, keys: Vec<BlockHash>
     }
 }
 
-/// Pairs each stored key with its client key, leaving out keys the view
-/// forgot meanwhile.
-fn with_client_keys(shared: &Shared, keys: Vec<BlockHash>) -> Vec<(BlockHash, u128)> {
+/// Pairs each stored key with what the view knows of it, leaving out keys
+/// the view forgot meanwhile.
+fn with_client_keys(shared: &Shared, keys: Vec<BlockHash>) -> Vec<(BlockHash, Entry)> {
     let s = shared.tracker.state.lock();
     keys.into_iter()
-        .filter_map(|k| Some((k, s.known.get(&k)?.client)))
+        .filter_map(|k| Some((k, *s.known.get(&k)?)))
         .collect()
 }
 

@@ -7,7 +7,7 @@ use kvtier_meta::{
 };
 
 use crate::file_pool::{FilePool, FilePoolOptions};
-use crate::node_store::NodeStoreBackend;
+use crate::node_store::{NodeStoreBackend, spec_peer};
 use crate::s3::{S3Backend, S3Options};
 use crate::uri::{Uri, bad};
 
@@ -20,8 +20,12 @@ pub struct BackendOptions {
     pub s3: S3Options,
     /// This node's name and block store, if it has one: a `kvtier://`
     /// storage on this node is served from it (once its block shape is
-    /// known), any other node is unreachable for now.
+    /// known); another node's is probed through its peer server.
     pub local_node: Option<(String, Arc<kvtier_node::NodeHost>)>,
+    /// This node's cluster identity, when it has a peer server: another
+    /// node's storage is healthy while its peer server (the address in the
+    /// storage's `spec`) answers a handshake made with it.
+    pub peer_identity: Option<kvtier_peer::Identity>,
 }
 
 impl std::fmt::Debug for BackendOptions {
@@ -30,6 +34,7 @@ impl std::fmt::Debug for BackendOptions {
             .field("file_pool", &self.file_pool)
             .field("s3", &self.s3)
             .field("local_node", &self.local_node.as_ref().map(|(n, _)| n))
+            .field("cluster", &self.peer_identity.as_ref().map(|i| &i.cluster))
             .finish()
     }
 }
@@ -77,7 +82,11 @@ pub fn open_backend(
                 Some((name, store)) if name == u.authority => {
                     Arc::new(NodeStoreBackend::local_host(name.clone(), store.clone()))
                 }
-                _ => Arc::new(NodeStoreBackend::remote(u.authority)),
+                _ => {
+                    let addr = spec_peer(storage.spec.as_ref());
+                    let peer = addr.zip(opts.peer_identity.clone());
+                    Arc::new(NodeStoreBackend::remote(u.authority, peer))
+                }
             }
         }
         StorageKind::Mooncake | StorageKind::TairMemPool => return Err(no_backend(storage)),

@@ -144,7 +144,7 @@ async fn hostile_names_are_escaped_and_decode_back() {
 
 #[tokio::test]
 async fn remote_node_is_unavailable() {
-    let b = NodeStoreBackend::remote("node-9");
+    let b = NodeStoreBackend::remote("node-9", None);
     for r in [
         b.health().await,
         b.create(&[req("i", 1, 1, "tp0")]).await.map(drop),

@@ -3,38 +3,28 @@
 //! the service lists on the node's storage is exactly what the node holds,
 //! through commits, evictions, removals on either side and restarts.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 
+use common::{keys, service_on, store};
 use kvtier_backend::{NodeStoreBackend, NodeView, NodeViewConfig, NodeViewSink, PublishedBlock};
-use kvtier_client::{AsyncClient, BlockHash, ClientConfig};
+use kvtier_client::{AsyncClient, BlockHash};
 use kvtier_meta::{
-    BlockKey, DEFAULT_GROUP, EvictionPolicy, Instance, InstanceGroup, LocationQuery,
-    LocationSpecInfo, MemoryIndex, MetaConfig, MetaService, StorageBackend,
+    BlockKey, DEFAULT_GROUP, Instance, LocationQuery, LocationSpecInfo, MemoryIndex, MetaService,
+    StorageBackend,
 };
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{Node, NodeServer};
-use kvtier_protocol::{KeyMap, Namespace, WireGeometry};
+use kvtier_protocol::{KeyMap, Namespace};
 
 const NODE: &str = "node-1";
 const STORAGE: &str = "node-node-1";
 
 fn service() -> Arc<MetaService> {
-    let svc = MetaService::new(Arc::new(MemoryIndex::new()), MetaConfig::default()).unwrap();
-    svc.put_group(InstanceGroup {
-        name: DEFAULT_GROUP.into(),
-        quota_bytes: 1 << 40,
-        kind_quota_bytes: BTreeMap::new(),
-        watermark: 0.9,
-        eviction: EvictionPolicy::Lru,
-        storages: vec![],
-        max_instances: 16,
-        ..Default::default()
-    })
-    .unwrap();
-    Arc::new(svc)
+    service_on(Arc::new(MemoryIndex::new()))
 }
 
 /// A node with its server and view, over `svc`.
@@ -67,12 +57,7 @@ impl Running {
     }
 
     async fn client(&self, config: &Config, ns: Namespace, instance: Option<&str>) -> AsyncClient {
-        let geometry = WireGeometry::from(self.node.geometry());
-        let mut c = ClientConfig::new(config.node_socket(), ns, geometry);
-        if let Some(i) = instance {
-            c = c.with_instance(i);
-        }
-        AsyncClient::connect(c).await.unwrap()
+        common::client(&self.node, config, ns, instance).await
     }
 
     async fn stop(self) {
@@ -80,18 +65,6 @@ impl Running {
         self.server.shutdown().await;
         self.node.close().await.unwrap();
     }
-}
-
-async fn store(client: &mut AsyncClient, keys: &[BlockHash], len: usize) {
-    let bytes: Vec<Vec<u8>> = keys.iter().map(|k| vec![k.0 as u8; len]).collect();
-    let blocks: Vec<(BlockHash, &[u8])> =
-        keys.iter().zip(&bytes).map(|(k, b)| (*k, &b[..])).collect();
-    let outcomes = client.store(&blocks).await.unwrap();
-    assert!(outcomes.iter().all(|o| o.is_stored()), "{outcomes:?}");
-}
-
-fn keys(r: std::ops::Range<u128>) -> Vec<BlockHash> {
-    r.map(|k| BlockHash(k | (0xabcd << 64))).collect()
 }
 
 /// Which of `keys` the service lists on the node's storage for

@@ -414,6 +414,8 @@ mod tests {
             ("KVTIER_PEER__CLUSTER", "", "peer.cluster"),
             ("KVTIER_PEER__SECRET_FILE", "", "peer.secret_file"),
             ("KVTIER_PEER__WRITE_TIMEOUT_MS", "0", "write_timeout_ms"),
+            ("KVTIER_PEER__LOOKUP_TIMEOUT_MS", "0", "lookup_timeout_ms"),
+            ("KVTIER_PEER__ADVERTISE", "nowhere", "peer.advertise"),
         ] {
             let e = Config::from_toml_with_env(text, env(&[(var, value)])).unwrap_err();
             assert!(e.to_string().contains(words), "{var}={value:?}: {e}");

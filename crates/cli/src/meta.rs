@@ -53,6 +53,9 @@ pub struct HostNode {
     pub host: Arc<NodeHost>,
     /// Its metrics, served on the admin `/metrics` beside the service's.
     pub metrics: kvtier_server::ExtraMetrics,
+    /// Its cluster identity when it runs a peer server: other nodes'
+    /// storages are probed through their peer servers with it.
+    pub peer_identity: Option<kvtier_backend::PeerIdentity>,
 }
 
 impl RunningMeta {
@@ -64,8 +67,10 @@ impl RunningMeta {
         let accounts = configured_accounts(config)?;
         let index = open_index(config)?;
         let extra_metrics = node.as_ref().map(|h| h.metrics.clone());
+        let peer_identity = node.as_ref().and_then(|h| h.peer_identity.clone());
         let options = BackendOptions {
             local_node: node.map(|h| (h.name, h.host)),
+            peer_identity,
             file_pool: pool_options(config),
             ..BackendOptions::default()
         };

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use std::sync::{Arc, OnceLock};
 
-use kvtier_backend::{NodeView, NodeViewConfig, NodeViewSink};
+use kvtier_backend::{
+    ClusterLookupConfig, ClusterNode, MetaClusterLookup, NodeView, NodeViewConfig, NodeViewSink,
+};
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
 use kvtier_node::{Node, NodeHost, NodePeer, NodeServer, OpenHook, PeerOptions};
@@ -56,6 +58,16 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     // A missing or unsafe cluster secret stops the start before the arena
     // and the disk tier are made.
     let peer_options = PeerOptions::from_config(&config.peer)?;
+    let publish = config.meta.enabled && config.meta.publish_node_blocks;
+    if let Some(o) = peer_options
+        .as_ref()
+        .filter(|o| publish && !o.can_advertise())
+    {
+        anyhow::bail!(
+            "peer.listen {} is a wildcard address, which tells other nodes nothing; set peer.advertise to the address they reach this node at (the node publishes it with its blocks)",
+            o.listen
+        );
+    }
     if config.meta.enabled {
         // Before the arena and the disk tier exist: a missing account key
         // must leave nothing behind.
@@ -66,7 +78,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // A pool the file system cannot hold stops the start before the
         // arena and the disk tier are made.
         crate::meta::check_default_pool_space(&config)?;
-        let publish = config.meta.enabled && config.meta.publish_node_blocks;
         let view_sink = NodeViewSink::new();
         let sinks: Vec<Arc<dyn EventSink>> = if publish {
             vec![Arc::new(view_sink.clone())]
@@ -81,16 +92,44 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         // Install the handlers before announcing readiness, so a signal sent
         // as soon as the ready line appears still gets a clean shutdown.
         let signals = Signals::install()?;
+        // Before the view: the address it publishes is the one bound.
+        let peer = match peer_options.clone() {
+            Some(options) => Some(
+                NodePeer::start(&host, options)
+                    .await
+                    .context("starting the peer server")?,
+            ),
+            None => None,
+        };
+        let cluster = match (&peer_options, &peer, publish) {
+            (Some(o), Some(p), true) => cluster_of(o, p.local_addr()),
+            _ => None,
+        };
         let view: Arc<OnceLock<NodeView>> = Arc::default();
+        let lookup: Arc<OnceLock<Arc<MetaClusterLookup>>> = Arc::default();
         let meta = if config.meta.enabled {
-            Some(start_meta(&config, &host, &view).await?)
+            let identity = peer_options.as_ref().map(|o| o.server.identity.clone());
+            Some(start_meta(&config, &host, &view, &lookup, identity).await?)
         } else {
             None
         };
         if let (true, Some(m)) = (publish, &meta) {
+            if let Some(c) = &cluster {
+                let _ = lookup.set(Arc::new(MetaClusterLookup::new(
+                    m.svc.clone(),
+                    c.node.key.clone(),
+                    c.lookup.clone(),
+                )));
+            }
+            let hook = ViewHook {
+                sink: view_sink,
+                svc: m.svc.clone(),
+                view: view.clone(),
+                cluster: cluster.as_ref().map(|c| c.node.clone()),
+                lookup: lookup.get().cloned(),
+            };
             // Engines connect only once the view observes their commits.
-            host.when_open(view_hook(&host, view_sink, m.svc.clone(), view.clone()))
-                .await;
+            host.when_open(view_hook(&host, hook)).await;
             if host.node().is_some() && view.get().is_none() {
                 anyhow::bail!(
                     "could not publish the node's blocks to the metadata service (see the log)"
@@ -100,14 +139,6 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         let server = NodeServer::bind_host(host.clone(), &config.node_socket())
             .await
             .context("listening on the node socket")?;
-        let peer = match peer_options {
-            Some(options) => Some(
-                NodePeer::start(&host, options)
-                    .await
-                    .context("starting the peer server")?,
-            ),
-            None => None,
-        };
         let http = if config.manager.metrics_addr.is_empty() {
             None
         } else {
@@ -174,18 +205,66 @@ fn log_ready(
     );
 }
 
-/// Starts the node view (the node's blocks published to the metadata
-/// service) once the node is open; a view that fails to start is logged.
-fn view_hook(
-    host: &NodeHost,
+/// The node in its cluster: what its locations carry and how it looks up
+/// the other nodes' blocks.
+struct Cluster {
+    node: ClusterNode,
+    lookup: ClusterLookupConfig,
+}
+
+/// The cluster identity of a node whose peer server listens on `bound`
+/// and that publishes its blocks; `None` when it has no address to
+/// publish (checked before the start: see `PeerOptions::can_advertise`).
+fn cluster_of(options: &PeerOptions, bound: std::net::SocketAddr) -> Option<Cluster> {
+    let addr = options.advertised(bound)?;
+    // The name the node view publishes under (the authority of its URIs).
+    let name = kvtier_node::node_name();
+    Some(Cluster {
+        node: ClusterNode {
+            node: name.clone(),
+            addr,
+            key: options.location_key.clone(),
+        },
+        lookup: ClusterLookupConfig {
+            timeout: options.lookup_timeout,
+            ..ClusterLookupConfig::new(name)
+        },
+    })
+}
+
+/// What the node view starts with once the node is open.
+struct ViewHook {
     sink: NodeViewSink,
     svc: Arc<kvtier_meta::MetaService>,
     view: Arc<OnceLock<NodeView>>,
-) -> OpenHook {
+    /// The node's cluster identity, when it has a peer server.
+    cluster: Option<ClusterNode>,
+    /// Installed on the node with the view.
+    lookup: Option<Arc<MetaClusterLookup>>,
+}
+
+/// Starts the node view (the node's blocks published to the metadata
+/// service) once the node is open, and installs the cluster lookup; a
+/// view that fails to start is logged.
+fn view_hook(host: &NodeHost, hook: ViewHook) -> OpenHook {
     let name = host.options().node_name.clone();
     Box::new(move |node| {
         Box::pin(async move {
-            match NodeView::start(&sink, node, svc, NodeViewConfig::new(name)).await {
+            let ViewHook {
+                sink,
+                svc,
+                view,
+                cluster,
+                lookup,
+            } = hook;
+            if let Some(l) = lookup {
+                node.set_cluster_lookup(l);
+            }
+            let config = NodeViewConfig {
+                cluster,
+                ..NodeViewConfig::new(name)
+            };
+            match NodeView::start(&sink, node, svc, config).await {
                 Ok(started) => {
                     let _ = view.set(started);
                 }
@@ -204,12 +283,17 @@ async fn start_meta(
     config: &crate::config::Config,
     host: &Arc<NodeHost>,
     view: &Arc<OnceLock<NodeView>>,
+    lookup: &Arc<OnceLock<Arc<MetaClusterLookup>>>,
+    peer_identity: Option<kvtier_backend::PeerIdentity>,
 ) -> Result<crate::meta::RunningMeta> {
-    let (h, v) = (host.clone(), view.clone());
+    let (h, v, l) = (host.clone(), view.clone(), lookup.clone());
     let metrics: kvtier_server::ExtraMetrics = Arc::new(move || {
         let mut text = h.metrics_text();
         if let Some(v) = v.get() {
             text.push_str(&v.metrics_text());
+        }
+        if let Some(l) = l.get() {
+            text.push_str(&l.metrics_text());
         }
         text
     });
@@ -217,6 +301,7 @@ async fn start_meta(
         name: host.options().node_name.clone(),
         host: host.clone(),
         metrics,
+        peer_identity,
     };
     crate::meta::RunningMeta::start(config, Some(node))
         .await

@@ -12,18 +12,6 @@ mod support;
 
 const NODE: &str = "node-t";
 
-/// The address the daemon logged as `<field>=<addr>`.
-fn logged_addr(d: &Daemon, field: &str) -> SocketAddr {
-    let log = d.log();
-    let name = format!("{field}=");
-    log.iter()
-        .find_map(|l| {
-            let at = l.find(&name)? + name.len();
-            l[at..].split_whitespace().next()?.parse().ok()
-        })
-        .unwrap_or_else(|| panic!("no {field} in the log: {log:?}"))
-}
-
 /// The URI of each key's location, `None` for a miss.
 fn locations(addr: SocketAddr, keys: &[u128]) -> Vec<Option<String>> {
     let wire: Vec<i64> = keys.iter().map(|k| *k as u64 as i64).collect();
@@ -66,7 +54,7 @@ fn committed_blocks_are_in_the_metadata_service_while_the_node_holds_them() {
 fn a_daemon_without_a_shape_publishes_its_first_engines_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start_unshaped(dir.path(), &shm_name("node-meta-unshaped"), META);
-    let admin = logged_addr(&d, "admin_http");
+    let admin = d.logged_addr("admin_http");
     let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
     assert!(metrics.contains("kvtier_node_shape_known 0"), "{metrics}");
     published_while_held(&d);
@@ -76,7 +64,7 @@ fn a_daemon_without_a_shape_publishes_its_first_engines_blocks() {
 
 /// Blocks an engine commits on `d` are listed while the node holds them.
 fn published_while_held(d: &Daemon) {
-    let addr = logged_addr(d, "meta_http");
+    let addr = d.logged_addr("meta_http");
     let mut client =
         kvtier_client::Client::connect(d.client_config().with_instance("llama")).expect("connect");
     let keys: Vec<u128> = (1..=3).map(|k| k | (7 << 64)).collect();
@@ -111,8 +99,7 @@ fn published_while_held(d: &Daemon) {
     });
     assert!(locations(addr, &keys)[1..].iter().all(Option::is_some));
 
-    let (_, metrics) =
-        support::http_text(logged_addr(d, "admin_http"), "GET", "/metrics", None, "");
+    let (_, metrics) = support::http_text(d.logged_addr("admin_http"), "GET", "/metrics", None, "");
     assert!(
         metrics.contains("kvtier_node_meta_published_total 3"),
         "{metrics}"

@@ -6,32 +6,16 @@
 //! stops with a clear error and nothing made.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
 use std::time::Duration;
 
-use kvtier_client::{BlockHash, Client, StoreOutcome};
+use kvtier_client::{BlockHash, Client};
 use kvtier_peer::{BlockData, ClusterSecret, Expect, Identity, LayerRange, PeerClient, Want};
-use support::node::{Daemon, PATIENCE, block, block_bytes, shm_name};
+use support::node::{Daemon, PATIENCE, block, block_bytes, secret_in, shm_name, store_blocks};
 
 mod support;
 
 const SECRET: [u8; 32] = [0x42; 32];
 const CLUSTER: &str = "serve-test";
-
-/// Writes the cluster secret, private to this user, into `dir`.
-fn secret_in(dir: &Path) -> String {
-    use std::io::Write;
-    let path = dir.join("cluster.secret");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .expect("create the secret");
-    f.write_all(&SECRET).expect("write the secret");
-    path.to_str().expect("a UTF-8 path").to_owned()
-}
 
 /// The address after `key=` in the daemon's ready line.
 fn ready_addr(daemon: &Daemon, key: &str) -> SocketAddr {
@@ -41,16 +25,7 @@ fn ready_addr(daemon: &Daemon, key: &str) -> SocketAddr {
 /// Stores blocks `ks`; returns each one's stored key and the sums the
 /// daemon holds for it (a `Load`'s answer).
 fn store(client: &mut Client, ks: &[u128]) -> Vec<(BlockHash, Expect)> {
-    let blocks: Vec<Vec<u8>> = ks.iter().map(|k| block(*k)).collect();
-    let pairs: Vec<(BlockHash, &[u8])> = ks
-        .iter()
-        .zip(&blocks)
-        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
-        .collect();
-    assert_eq!(
-        client.store(&pairs).expect("store"),
-        vec![StoreOutcome::Stored; ks.len()]
-    );
+    store_blocks(client, ks);
     let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
     let load = client.load(&keys).expect("load");
     let map = client.key_map();
@@ -130,7 +105,7 @@ fn wait_sample(addr: SocketAddr, name: &str, want: f64) {
 fn a_peer_reads_a_daemons_blocks_from_g2_then_from_g3_after_a_restart() {
     let data = tempfile::tempdir().expect("data dir");
     let keep = tempfile::tempdir().expect("secret dir");
-    let secret = secret_in(keep.path());
+    let secret = secret_in(keep.path(), &SECRET);
     let env = [
         ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
         ("KVTIER_PEER__CLUSTER", CLUSTER),

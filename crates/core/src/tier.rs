@@ -127,24 +127,31 @@ pub enum TierKind {
     Disk,
     /// An object store or shared file system.
     Remote,
+    /// Another node of the cluster: blocks the metadata service says a
+    /// peer holds, fetched over the peer data plane. Listed after the
+    /// node's own tiers, never in the manager's cascade.
+    Peer,
 }
 
 impl TierKind {
     /// Every kind.
-    pub const ALL: [TierKind; 4] = [
+    pub const ALL: [TierKind; 5] = [
         TierKind::Device,
         TierKind::Memory,
         TierKind::Disk,
         TierKind::Remote,
+        TierKind::Peer,
     ];
 
-    /// A short lower-case name (`device`, `memory`, `disk`, `remote`).
+    /// A short lower-case name (`device`, `memory`, `disk`, `remote`,
+    /// `peer`).
     pub fn name(self) -> &'static str {
         match self {
             TierKind::Device => "device",
             TierKind::Memory => "memory",
             TierKind::Disk => "disk",
             TierKind::Remote => "remote",
+            TierKind::Peer => "peer",
         }
     }
 }

@@ -93,7 +93,7 @@ fn hashes_map_to_their_low_64_bits_and_external_ids_pass_through() {
     low.copy_from_slice(&be[8..]);
     assert_eq!(vllm_block_hash(BlockHash(WIDE)), u64::from_be_bytes(low));
     let media = TierKind::ALL.map(vllm_medium);
-    assert_eq!(media, ["GPU", "CPU_TIER1", "DISK", "EXTERNAL"]);
+    assert_eq!(media, ["GPU", "CPU_TIER1", "DISK", "EXTERNAL", "EXTERNAL"]);
 }
 
 #[test]

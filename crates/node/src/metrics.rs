@@ -86,6 +86,21 @@ fn sessions(t: &mut Text, s: &NodeStats) {
         ("requests", "Requests served.", s.requests),
         ("lookups", "Blocks looked up.", s.lookups),
         (
+            "cluster_lookups",
+            "Lookups that asked the cluster for the keys past the node's own prefix.",
+            s.cluster_lookups,
+        ),
+        (
+            "cluster_hits",
+            "Blocks the cluster located past the node's own prefix.",
+            s.cluster_hits,
+        ),
+        (
+            "cluster_misses",
+            "Cluster lookups that located nothing.",
+            s.cluster_misses,
+        ),
+        (
             "reserved",
             "Slots reserved for clients to fill.",
             s.reserved,

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::observer::CommitObserver;
+use crate::observer::{ClusterLookup, CommitObserver};
 use crate::shape::Shape;
 use crate::stats::Counters;
 use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
@@ -47,6 +47,9 @@ pub struct Node {
     closed: AtomicBool,
     /// Told of every commit, once set (see [`Node::observe_commits`]).
     observer: OnceLock<Arc<dyn CommitObserver>>,
+    /// Asked for the keys past the node's own prefix, once set (see
+    /// [`Node::set_cluster_lookup`]).
+    cluster: OnceLock<Arc<dyn ClusterLookup>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -173,6 +176,7 @@ impl Node {
             stepper: Mutex::new(None),
             closed: AtomicBool::new(false),
             observer: OnceLock::new(),
+            cluster: OnceLock::new(),
         });
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
@@ -267,6 +271,25 @@ impl Node {
 
     pub(crate) fn commit_observer(&self) -> Option<&Arc<dyn CommitObserver>> {
         self.observer.get()
+    }
+
+    /// Answers the keys past the node's own prefix from the cluster from
+    /// now on; sessions that start afterwards list the peer tier in their
+    /// `HelloOk`. One per node: a second call is refused (returns false).
+    pub fn set_cluster_lookup(&self, lookup: Arc<dyn ClusterLookup>) -> bool {
+        self.cluster.set(lookup).is_ok()
+    }
+
+    pub(crate) fn cluster_lookup(&self) -> Option<&Arc<dyn ClusterLookup>> {
+        self.cluster.get()
+    }
+
+    /// The position of the peer tier: right after the node's own tiers,
+    /// when a cluster lookup is installed and a position is left.
+    pub fn peer_tier(&self) -> Option<Tier> {
+        self.cluster.get()?;
+        let last = self.tier_list().last().map_or(Tier::G1, |(t, _)| *t);
+        last.below()
     }
 
     /// Whether some tier holds `key` readable.

@@ -1,10 +1,15 @@
 //! [`CommitObserver`]: how a component outside the node learns which
 //! namespace a committed block belongs to (the stored key alone does not
 //! say), so it can mirror the node's blocks elsewhere: `kvtier serve`
-//! publishes them to the metadata service this way.
+//! publishes them to the metadata service this way. [`ClusterLookup`] is
+//! the other direction: how the node learns which of a session's keys
+//! other nodes of the cluster hold, so its `Lookup` can answer them.
 
-use kvtier_core::BlockHash;
+use std::net::SocketAddr;
+
+use kvtier_core::{BlockChecksum, BlockHash};
 use kvtier_protocol::Namespace;
+use kvtier_tier::BoxFuture;
 
 /// What a session declared in its `Hello` about its blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,13 +22,18 @@ pub struct SessionNamespace {
 
 /// A committed block's two keys: the client's, and the one the node holds
 /// it under (a keyed hash of the client's; the one cannot be computed from
-/// the other without the namespace key).
+/// the other without the namespace key), and its combined checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CommittedKey {
     /// The key the client named.
     pub client: BlockHash,
     /// The key the node stores the block under.
     pub stored: BlockHash,
+    /// The block's combined checksum (`BlockSums::block`), as the commit
+    /// verified it against the bytes: what a peer reading the block checks
+    /// it against. 0 where it is not known (a key asked for, not
+    /// committed).
+    pub sum: BlockChecksum,
 }
 
 /// Told of every block a session committed (it became readable in G2).
@@ -31,4 +41,37 @@ pub struct CommittedKey {
 pub trait CommitObserver: Send + Sync {
     /// `blocks` were committed by a session of `ns`.
     fn committed(&self, ns: &SessionNamespace, blocks: &[CommittedKey]);
+}
+
+/// Where another node of the cluster holds a block: what a later `Load`
+/// fetches it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLocation {
+    /// The node's name.
+    pub node: String,
+    /// Its peer server's address.
+    pub addr: SocketAddr,
+    /// The key that node holds the block under (its own keyed hash of the
+    /// client key, not this node's).
+    pub stored: BlockHash,
+    /// The block's combined checksum, which the bytes read from the peer
+    /// must match.
+    pub sum: BlockChecksum,
+}
+
+/// Finds blocks on the other nodes of the cluster. Installed on the node by
+/// `kvtier serve` ([`Node::set_cluster_lookup`](crate::Node::set_cluster_lookup))
+/// when it has a metadata service and a cluster identity; the session's
+/// `Lookup` asks it for the keys past the node's own prefix.
+pub trait ClusterLookup: Send + Sync {
+    /// Where the cluster holds the longest prefix of `keys` (each a client
+    /// key with this node's stored key for it; `sum` is 0): one entry per
+    /// key of the prefix, at most `keys.len()`, none for this node's own
+    /// locations. Bounded in time by the implementation: an unreachable
+    /// metadata service answers an empty prefix, never an error.
+    fn lookup<'a>(
+        &'a self,
+        ns: &'a SessionNamespace,
+        keys: &'a [CommittedKey],
+    ) -> BoxFuture<'a, Vec<PeerLocation>>;
 }

@@ -18,6 +18,85 @@ pub struct PeerOptions {
     pub listen: SocketAddr,
     /// How the server runs: this node's identity and its limits.
     pub server: ServerConfig,
+    /// Where other nodes reach the server, when `peer.advertise` says so;
+    /// else see [`advertised`](Self::advertised).
+    pub advertise: Option<SocketAddr>,
+    /// The key of the cluster's location MACs, from the cluster secret.
+    pub location_key: LocationKey,
+    /// How long a cluster lookup waits for the metadata service.
+    pub lookup_timeout: Duration,
+}
+
+/// The key a cluster's nodes make and check location MACs with
+/// (docs/meta-api.md §10.2): `blake3::derive_key("kvtier location key
+/// v1", cluster secret)`, so it never equals the peer handshake's key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LocationKey([u8; 32]);
+
+impl std::fmt::Debug for LocationKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.write_str("LocationKey(..)")
+    }
+}
+
+impl LocationKey {
+    /// The location key of the cluster secret `secret`.
+    pub fn from_secret(secret: &[u8; 32]) -> Self {
+        Self(blake3::derive_key("kvtier location key v1", secret))
+    }
+
+    /// The key's bytes, for a keyed hash.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The location key of the secret file `path` whose contents
+    /// `ClusterSecret::from_file` already checked and read as `secret`
+    /// (read again here: the peer crate does not hand a secret's bytes
+    /// out); a file that changed meanwhile is refused.
+    fn from_secret_file(path: &std::path::Path, secret: &ClusterSecret) -> Result<Self, NodeError> {
+        let changed = || {
+            NodeError::Config(format!(
+                "cluster secret {} changed while read",
+                path.display()
+            ))
+        };
+        let bytes = std::fs::read(path).map_err(|_| changed())?;
+        let bytes: [u8; 32] = bytes.try_into().map_err(|_| changed())?;
+        if ClusterSecret::from_bytes(bytes) != *secret {
+            return Err(changed());
+        }
+        Ok(Self::from_secret(&bytes))
+    }
+}
+
+/// `peer.advertise`, parsed; `None` when empty.
+fn parse_advertise(advertise: &str) -> Result<Option<SocketAddr>, NodeError> {
+    if advertise.is_empty() {
+        return Ok(None);
+    }
+    advertise
+        .parse()
+        .map(Some)
+        .map_err(|e| NodeError::Config(format!("peer.advertise {advertise:?}: {e}")))
+}
+
+impl PeerOptions {
+    /// Whether other nodes can be told an address for this server:
+    /// `peer.advertise` is set, or `listen` names one interface (a
+    /// wildcard address says nothing about where the node is reached).
+    pub fn can_advertise(&self) -> bool {
+        self.advertise.is_some() || !self.listen.ip().is_unspecified()
+    }
+
+    /// The address peers reach the server at once it listens on `bound`:
+    /// `peer.advertise`, else `bound` (the port `listen`'s 0 resolved to)
+    /// unless `listen` is a wildcard address.
+    pub fn advertised(&self, bound: SocketAddr) -> Option<SocketAddr> {
+        self.advertise
+            .or_else(|| (!self.listen.ip().is_unspecified()).then_some(bound))
+    }
 }
 
 impl PeerOptions {
@@ -34,6 +113,7 @@ impl PeerOptions {
             .parse()
             .map_err(|e| NodeError::Config(format!("peer.listen {:?}: {e}", section.listen)))?;
         let secret = ClusterSecret::from_file(&section.secret_file)?;
+        let location_key = LocationKey::from_secret_file(&section.secret_file, &secret)?;
         let node = match section.node_name.as_str() {
             "" => crate::node_name(),
             name => name.to_owned(),
@@ -49,7 +129,13 @@ impl PeerOptions {
             write_timeout: Duration::from_millis(section.write_timeout_ms),
             ..ServerConfig::new(identity)
         };
-        Ok(Some(Self { listen, server }))
+        Ok(Some(Self {
+            listen,
+            server,
+            advertise: parse_advertise(&section.advertise)?,
+            location_key,
+            lookup_timeout: Duration::from_millis(section.lookup_timeout_ms),
+        }))
     }
 }
 

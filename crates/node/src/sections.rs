@@ -222,6 +222,14 @@ pub struct PeerSectionConfig {
     /// Milliseconds one reply frame may take to write; a peer that stops
     /// reading is dropped.
     pub write_timeout_ms: u64,
+    /// The address other nodes reach this node's peer server at, published
+    /// in its locations; empty: the address the server listens on (port 0
+    /// resolved), unless `listen` is a wildcard address (then publishing
+    /// the node's blocks is an error).
+    pub advertise: String,
+    /// Milliseconds a cluster lookup waits for the metadata service before
+    /// the node answers from its own tiers only.
+    pub lookup_timeout_ms: u64,
 }
 
 impl Default for PeerSectionConfig {
@@ -235,6 +243,8 @@ impl Default for PeerSectionConfig {
             max_connections: S::DEFAULT_MAX_CONNECTIONS,
             handshake_timeout_ms: S::DEFAULT_HANDSHAKE_TIMEOUT.as_millis() as u64,
             write_timeout_ms: S::DEFAULT_WRITE_TIMEOUT.as_millis() as u64,
+            advertise: String::new(),
+            lookup_timeout_ms: 50,
         }
     }
 }
@@ -264,11 +274,17 @@ impl PeerSectionConfig {
         if self.node_name.len() > 255 {
             return bad("peer.node_name must be at most 255 bytes");
         }
-        if self.max_connections == 0 || self.handshake_timeout_ms == 0 || self.write_timeout_ms == 0
+        if self.max_connections == 0
+            || self.handshake_timeout_ms == 0
+            || self.write_timeout_ms == 0
+            || self.lookup_timeout_ms == 0
         {
             return bad(
-                "peer.max_connections, handshake_timeout_ms and write_timeout_ms must be positive",
+                "peer.max_connections, handshake_timeout_ms, write_timeout_ms and lookup_timeout_ms must be positive",
             );
+        }
+        if !self.advertise.is_empty() && self.advertise.parse::<std::net::SocketAddr>().is_err() {
+            return bad("peer.advertise must be an IP address and port, e.g. 10.0.0.5:7470");
         }
         Ok(())
     }

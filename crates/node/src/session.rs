@@ -8,7 +8,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::{BlockHash, BlockSums};
+use kvtier_core::{BlockHash, BlockSums, Tier, TierKind};
 use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError, Onboarding};
 use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
@@ -25,7 +25,7 @@ use crate::conn::{
     FrameReader, Limits, ReadFailure, Wait, WriteFailure, Writer, check_hello_strings, clip, error,
     request_frame_limit,
 };
-use crate::observer::{CommittedKey, SessionNamespace};
+use crate::observer::{CommittedKey, PeerLocation, SessionNamespace};
 use crate::stats::Counters;
 use crate::{Node, NodeHost};
 
@@ -193,6 +193,15 @@ impl KeyCache {
         self.0.clear();
     }
 }
+
+/// Peer locations a session remembers at most; past it, the expired ones
+/// go, then all (a `Lookup` locates them again).
+const LOCATED_MAX: usize = 4096;
+
+/// The first protocol minor that knows the `peer` tier kind (code 5): the
+/// peer tier is listed only to clients that announced it (section 5 of
+/// docs/node-protocol.md).
+const PEER_KIND_MINOR: u16 = 1;
 
 /// What the session loop does after a message.
 enum Next {
@@ -452,6 +461,11 @@ struct Session {
     namespace: Option<Arc<SessionNamespace>>,
     /// Stored keys of the client keys named lately.
     key_cache: KeyCache,
+    /// Where the session's `HelloOk` put the peer tier, if it listed one.
+    peer_tier: Option<Tier>,
+    /// Blocks the session's lookups found on other nodes, by this node's
+    /// stored key, each for one lease: what a `Load` of them fetches.
+    located: HashMap<BlockHash, Leased<PeerLocation>>,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
     pins: HashMap<BlockHash, Pins>,
     /// Pins held, every key's together (the pin cap's count).
@@ -471,6 +485,8 @@ impl Session {
             keys: None,
             namespace: None,
             key_cache: KeyCache::default(),
+            peer_tier: None,
+            located: HashMap::new(),
             reservations: HashMap::new(),
             pins: HashMap::new(),
             pinned: 0,
@@ -575,7 +591,7 @@ impl Session {
                 let m = "a second Hello on one connection".to_owned();
                 return (vec![error(0, ErrorCode::HANDSHAKE, m)], Next::Close);
             }
-            Message::Lookup(r) => self.with_batch(r, keys, Self::lookup).await,
+            Message::Lookup(r) => self.lookup(r, keys).await,
             Message::Reserve(r) => self.with_batch(r, keys, Self::reserve).await,
             Message::Commit(c) => self.commit(c, keys).await,
             Message::Abort(r) => self.with_batch(r, keys, Self::abort).await,
@@ -633,6 +649,19 @@ impl Session {
             tp_size = ns.tp_size,
             "node client connected"
         );
+        let mut tiers: Vec<TierInfo> = (self.node.tier_list().into_iter())
+            .map(|(tier, kind)| TierInfo { tier, kind })
+            .collect();
+        self.peer_tier = self
+            .node
+            .peer_tier()
+            .filter(|_| hello.protocol_version.minor >= PEER_KIND_MINOR);
+        if let Some(tier) = self.peer_tier {
+            tiers.push(TierInfo {
+                tier,
+                kind: TierKind::Peer,
+            });
+        }
         let memory = self.node.memory();
         let ok = HelloOk {
             protocol_version: PROTOCOL_VERSION,
@@ -641,9 +670,7 @@ impl Session {
             arena_len: memory.file_bytes(),
             slot_size: memory.slot_bytes() as u64,
             namespace_key: keys.key(),
-            tiers: (self.node.tier_list().into_iter())
-                .map(|(tier, kind)| TierInfo { tier, kind })
-                .collect(),
+            tiers,
         };
         (vec![Message::HelloOk(ok)], Next::Continue)
     }
@@ -692,18 +719,86 @@ impl Session {
         }
     }
 
-    async fn lookup(
-        &mut self,
-        id: u64,
-        keys: Vec<BlockHash>,
-    ) -> Result<Vec<Message>, ManagerError> {
-        Counters::add(&self.counters().lookups, keys.len() as u64);
-        let found = self.node.manager().lookup(&keys);
-        let tiers = found.blocks.iter().map(|b| b.tier).collect();
-        Ok(vec![Message::LookupOk(LookupOk {
-            request_id: id,
+    /// The longest prefix of the keys the node holds, each with its tier;
+    /// past it, when the session lists the peer tier, the prefix the
+    /// cluster holds (remembered for a `Load`).
+    async fn lookup(&mut self, r: KeysRequest, keys: KeyMap) -> Vec<Message> {
+        if let Some(refused) = self.refuse_oversized(r.request_id, r.keys.len()) {
+            return refused;
+        }
+        Counters::add(&self.counters().lookups, r.keys.len() as u64);
+        let stored: Vec<BlockHash> = r
+            .keys
+            .iter()
+            .map(|k| self.key_cache.stored(&keys, *k))
+            .collect();
+        let found = self.node.manager().lookup(&stored);
+        let mut tiers: Vec<Tier> = found.blocks.iter().map(|b| b.tier).collect();
+        let local = tiers.len();
+        if local < stored.len() {
+            let rest: Vec<CommittedKey> = (r.keys[local..].iter().zip(&stored[local..]))
+                .map(|(&client, &stored)| CommittedKey {
+                    client,
+                    stored,
+                    sum: 0,
+                })
+                .collect();
+            tiers.extend(self.cluster_prefix(&rest).await);
+        }
+        vec![Message::LookupOk(LookupOk {
+            request_id: r.request_id,
             tiers,
-        })])
+        })]
+    }
+
+    /// The peer tier for each key of the prefix of `rest` the cluster
+    /// holds, when the session lists the peer tier; each location is
+    /// remembered for one lease.
+    async fn cluster_prefix(&mut self, rest: &[CommittedKey]) -> Vec<Tier> {
+        let (Some(tier), Some(cluster), Some(ns)) = (
+            self.peer_tier,
+            self.node.cluster_lookup().cloned(),
+            self.namespace.clone(),
+        ) else {
+            return Vec::new();
+        };
+        let c = &self.node.counters;
+        Counters::add(&c.cluster_lookups, 1);
+        let mut located = cluster.lookup(&ns, rest).await;
+        located.truncate(rest.len());
+        if located.is_empty() {
+            Counters::add(&c.cluster_misses, 1);
+            return Vec::new();
+        }
+        Counters::add(&c.cluster_hits, located.len() as u64);
+        let n = located.len();
+        self.remember(rest.iter().map(|k| k.stored).zip(located));
+        vec![tier; n]
+    }
+
+    /// Remembers where the cluster holds these blocks, for one lease.
+    fn remember(&mut self, located: impl Iterator<Item = (BlockHash, PeerLocation)>) {
+        let now = Instant::now();
+        let until = now + self.node.options().lease;
+        for (key, value) in located {
+            if self.located.len() >= LOCATED_MAX {
+                self.located.retain(|_, l| l.until > now);
+            }
+            if self.located.len() >= LOCATED_MAX {
+                self.located.clear();
+            }
+            self.located.insert(key, Leased { value, until });
+        }
+    }
+
+    /// Where the session's last lookups found `key` on another node, while
+    /// their lease lasts.
+    #[allow(dead_code)] // The Load of peer blocks, the next step, reads it.
+    fn located(&self, key: BlockHash) -> Option<&PeerLocation> {
+        self.located
+            .get(&key)
+            .filter(|l| l.until > Instant::now())
+            .map(|l| &l.value)
     }
 
     async fn reserve(
@@ -758,12 +853,14 @@ impl Session {
         for (i, entry) in c.entries.into_iter().enumerate() {
             let key = self.key_cache.stored(&keys, entry.key);
             if let Some(r) = self.reservations.remove(&key) {
+                let sum = entry.sums.block;
                 batch.push((r.value, entry.sums));
                 positions.push((
                     i,
                     CommittedKey {
                         client: entry.key,
                         stored: key,
+                        sum,
                     },
                 ));
             }
@@ -1082,6 +1179,7 @@ impl Session {
         self.next_sweep = now + sweep_period(self.node.options().lease);
         let before = self.reservations.len();
         self.reservations.retain(|_, r| r.until > now);
+        self.located.retain(|_, l| l.until > now);
         let aborted = (before - self.reservations.len()) as u64;
         let mut released = 0u64;
         self.pins.retain(|_, pins| {

@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::io::Read;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::error::SecretError;
@@ -52,10 +52,26 @@ impl ClusterSecret {
             path: path.to_owned(),
             source,
         };
-        let link = std::fs::symlink_metadata(path).map_err(|e| io("inspecting", e))?;
-        let mut file = std::fs::File::open(path).map_err(|e| io("opening", e))?;
+        // O_NOFOLLOW: the checks below are of the file opened, and a link
+        // swapped in after a check of the path could point anywhere.
+        // O_NONBLOCK: a FIFO put there must not hang the start (it is then
+        // refused as not a regular file).
+        let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags.bits() as i32)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+                    SecretError::Refused {
+                        path: path.to_owned(),
+                        why: "a symbolic link".into(),
+                    }
+                }
+                _ => io("opening", e),
+            })?;
         let meta = file.metadata().map_err(|e| io("inspecting", e))?;
-        if let Some(why) = untrusted(&link, &meta) {
+        if let Some(why) = untrusted(&meta) {
             return Err(SecretError::Refused {
                 path: path.to_owned(),
                 why,
@@ -80,10 +96,10 @@ impl ClusterSecret {
     }
 }
 
-/// Why a secret file with these metadata (of the path itself, and of the
-/// opened file) cannot be trusted, if it cannot.
-fn untrusted(link: &std::fs::Metadata, meta: &std::fs::Metadata) -> Option<String> {
-    if link.file_type().is_symlink() || !meta.file_type().is_file() {
+/// Why a secret file with these metadata (of the opened file) cannot be
+/// trusted, if it cannot.
+fn untrusted(meta: &std::fs::Metadata) -> Option<String> {
+    if !meta.file_type().is_file() {
         return Some("not a regular file".into());
     }
     let euid = rustix::process::geteuid().as_raw();
@@ -219,6 +235,19 @@ mod tests {
         assert!(matches!(
             ClusterSecret::from_file(&dir.path().join("absent")),
             Err(SecretError::Io { .. })
+        ));
+
+        // A FIFO is refused at once rather than waited on for a writer.
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        assert!(matches!(
+            ClusterSecret::from_file(&fifo),
+            Err(SecretError::Refused { .. })
         ));
     }
 }

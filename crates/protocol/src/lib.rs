@@ -45,4 +45,4 @@ pub use message::{
 pub const MAX_FRAME: u32 = 16 << 20;
 
 /// The version this crate speaks.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 4, minor: 0 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 4, minor: 1 };

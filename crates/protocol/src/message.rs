@@ -164,6 +164,7 @@ wire_code_enum!(TierKind {
     Memory = 2,
     Disk = 3,
     Remote = 4,
+    Peer = 5,
 });
 
 /// Reads `HelloOk`'s tier list, which must be in strictly increasing

@@ -73,7 +73,7 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[4, 0, 0, 0], "major 4, minor 0");
+    assert_eq!(&frame[5..9], &[4, 0, 1, 0], "major 4, minor 1");
 }
 
 /// 3.0 and later always carry `instance` at the end of `Hello` (2.0 had none, 2.1
@@ -358,7 +358,7 @@ fn hello_ok_with(tiers: Vec<TierInfo>) -> Message {
 
 /// `HelloOk` ends with the node's tier list (4.0): a count, then per tier
 /// its byte (position + 1) and its kind's code (1 = device, 2 = memory,
-/// 3 = disk, 4 = remote).
+/// 3 = disk, 4 = remote, 5 = peer since 4.1).
 #[test]
 fn hello_ok_ends_with_the_tier_list() {
     let frame = samples::all()[1].to_frame().unwrap();
@@ -369,6 +369,12 @@ fn hello_ok_ends_with_the_tier_list() {
     };
     let frame = hello_ok_with(vec![device]).to_frame().unwrap();
     assert_eq!(frame[frame.len() - 2..], [1, 1]);
+    let peer = TierInfo {
+        tier: Tier::at(4).unwrap(),
+        kind: TierKind::Peer,
+    };
+    let frame = hello_ok_with(vec![peer]).to_frame().unwrap();
+    assert_eq!(frame[frame.len() - 2..], [5, 5]);
     // An empty list is a list.
     let empty = hello_ok_with(Vec::new());
     assert_eq!(
@@ -382,7 +388,7 @@ fn unknown_tier_kinds_and_positions_are_malformed() {
     let ok = &samples::all()[1];
     let len = ok.to_frame().unwrap().len();
     // The last entry's kind byte, then its tier byte.
-    for (at, code) in [(len - 1, 0), (len - 1, 5), (len - 2, 0), (len - 2, 9)] {
+    for (at, code) in [(len - 1, 0), (len - 1, 6), (len - 2, 0), (len - 2, 9)] {
         let err = corrupt(ok, at, code);
         assert!(
             matches!(
@@ -455,7 +461,7 @@ fn errors_render_their_detail() {
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 5.1 is not supported (this side speaks 4.0)"
+        "protocol version 5.1 is not supported (this side speaks 4.1)"
     );
 }
 

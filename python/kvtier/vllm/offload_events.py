@@ -6,8 +6,9 @@ kvtier's tiers.
 
 A block is announced (stored) on the medium of the kind of tier it was
 seen in (the node says each tier's kind): host memory (G2) is ``CPU``,
-the node's disk (G3 by default) ``STORAGE`` and a remote store (G4 by
-default) remote ``STORAGE``. When a later lookup finds it on a tier of
+the node's disk (G3 by default) ``STORAGE``, a remote store (G4 by
+default) remote ``STORAGE`` and another node of the cluster (the peer
+tier, after the node's own) remote ``CPU``. When a later lookup finds it on a tier of
 another medium, the move is a removal from the old medium and a store on
 the new one; a block a lookup no longer finds is removed.
 """
@@ -19,11 +20,13 @@ from collections import OrderedDict
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent, OffloadKey
 
 #: vLLM's medium and locality of the blocks in each kind of kvtier tier:
-#: host memory, the node's disk, a remote store.
+#: host memory, the node's disk, a remote store, another node (whose copy
+#: a fetch lands in this node's host memory).
 KIND_MEDIUMS: dict[str, tuple[Medium, Locality]] = {
     "memory": (Medium.CPU, Locality.LOCAL),
     "disk": (Medium.STORAGE, Locality.LOCAL),
     "remote": (Medium.STORAGE, Locality.REMOTE),
+    "peer": (Medium.CPU, Locality.REMOTE),
 }
 
 #: Where a block of a tier of no known kind is said to be.
@@ -54,7 +57,8 @@ class TierEvents:
 
     def saw(self, key: OffloadKey, kind: str | None, stored: bool = False) -> None:
         """What the node was seen to hold of ``key``: the kind of tier it is
-        in (``"memory"``, ``"disk"``, ``"remote"``; None: not held). Stores
+        in (``"memory"``, ``"disk"``, ``"remote"``, ``"peer"``; None: not
+        held). Stores
         are announced for blocks this engine stored (``stored``), moves
         between media and removals for blocks it announced."""
         if self._events is None:

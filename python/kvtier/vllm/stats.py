@@ -15,16 +15,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 #: vLLM's name for where a block was found, by the kind of the kvtier tier
-#: it was in: host memory, local disk, and a remote store, which vLLM has
-#: no name for.
+#: it was in: host memory, local disk, a remote store, which vLLM has no
+#: name for, and another node of the cluster (its peer-to-peer source).
 KIND_SOURCES: dict[str, CacheHitSource] = {
     "memory": CacheHitSource.HOST,
     "disk": CacheHitSource.DISK,
     "remote": CacheHitSource.EXTERNAL_UNSPECIFIED,
+    "peer": CacheHitSource.P2P,
 }
 
-#: vLLM's KV-event medium of each kind of tier.
-KIND_MEDIUMS: dict[str, str] = {"memory": "CPU", "disk": "STORAGE", "remote": "STORAGE"}
+#: vLLM's KV-event medium of each kind of tier (a peer holds its blocks in
+#: its host memory or on its disk: the medium of the copy it serves from
+#: is not known up front; CPU, where a fetch lands them).
+KIND_MEDIUMS: dict[str, str] = {"memory": "CPU", "disk": "STORAGE", "remote": "STORAGE", "peer": "CPU"}
 
 
 def hit_source(kind: str) -> CacheHitSource:

@@ -106,6 +106,37 @@ pub fn wait_until<T>(what: impl Display, mut probe: impl FnMut() -> Option<T>) -
     }
 }
 
+/// Stores blocks `ks` ([`block`] of each) through `client`; each must be
+/// stored.
+pub fn store_blocks(client: &mut Client, ks: &[u128]) {
+    let blocks: Vec<Vec<u8>> = ks.iter().map(|k| block(*k)).collect();
+    let pairs: Vec<(BlockHash, &[u8])> = ks
+        .iter()
+        .zip(&blocks)
+        .map(|(k, b)| (BlockHash(*k), b.as_slice()))
+        .collect();
+    assert_eq!(
+        client.store(&pairs).expect("store"),
+        vec![kvtier_client::StoreOutcome::Stored; ks.len()]
+    );
+}
+
+/// Writes cluster secret `secret`, private to this user (mode 0600), into
+/// `dir`; its path.
+pub fn secret_in(dir: &Path, secret: &[u8; 32]) -> String {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("cluster.secret");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("create the secret");
+    f.write_all(secret).expect("write the secret");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
 /// `kvtier serve` in a data directory, restartable with the same settings.
 /// Stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Daemon {
@@ -248,6 +279,18 @@ impl Daemon {
     /// The log lines of the current life so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().expect("log lock").clone()
+    }
+
+    /// The address the daemon logged as `<field>=<addr>`.
+    pub fn logged_addr(&self, field: &str) -> std::net::SocketAddr {
+        let log = self.log();
+        let name = format!("{field}=");
+        log.iter()
+            .find_map(|l| {
+                let at = l.find(&name)? + name.len();
+                l[at..].split_whitespace().next()?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no {field} in the log: {log:?}"))
     }
 
     /// What a client needs to connect.

@@ -44,7 +44,7 @@ pub const fn vllm_medium(kind: TierKind) -> &'static str {
         TierKind::Device => "GPU",
         TierKind::Memory => "CPU_TIER1",
         TierKind::Disk => "DISK",
-        TierKind::Remote => "EXTERNAL",
+        TierKind::Remote | TierKind::Peer => "EXTERNAL",
     }
 }
 

@@ -130,8 +130,10 @@ pub struct Storage {
     pub health: StorageHealth,
     /// The backend's settings as the admin API gave them (Tair KVCM's spec
     /// object, in its JSON form), kept only to be listed back, for the
-    /// kinds kvtier has no backend for; `None` for kvtier's own kinds,
-    /// whose `uri` says everything.
+    /// kinds kvtier has no backend for; for a `kvtier_node` storage, the
+    /// node's peer address (`{"peer": "10.0.0.5:7470"}`, written by the
+    /// node itself); `None` for kvtier's other kinds, whose `uri` says
+    /// everything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<serde_json::Value>,
 }

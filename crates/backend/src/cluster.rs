@@ -1,0 +1,327 @@
+//! [`MetaClusterLookup`]: the node's [`ClusterLookup`] over the metadata
+//! service. A session's keys past the node's own prefix are looked up as
+//! the node view publishes them (the session's instance, spec
+//! `tp<rank>`); each location found is taken only if it is another
+//! node's, authenticated ([`crate::location`]) for exactly this session's
+//! namespace and the key asked. Answers are cached briefly; each call is
+//! bounded by a deadline, and while the service errs or is slow the node
+//! answers from its own tiers only, with one warning per outage.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use kvtier_meta::{BlockKey, CacheLocation, LocationQuery, MetaService};
+use kvtier_node::{ClusterLookup, CommittedKey, PeerLocation, SessionNamespace};
+use kvtier_tier::BoxFuture;
+use parking_lot::Mutex;
+
+use crate::location::{Located, LocationKey, verify_mac};
+use crate::node_store::PublishedBlock;
+use crate::node_view::source_of;
+
+/// Keys asked of the service per lookup at most (below its default
+/// `max_keys`); a longer prefix is found by the next lookup.
+const MAX_KEYS: usize = 512;
+
+/// How a [`MetaClusterLookup`] asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterLookupConfig {
+    /// This node's name: its own locations are never answered.
+    pub node_name: String,
+    /// The longest a lookup waits for the service (`peer.lookup_timeout_ms`).
+    pub timeout: Duration,
+    /// How long an answer is reused.
+    pub cache_ttl: Duration,
+    /// Answers cached at most; past it the cache starts over.
+    pub cache_max: usize,
+}
+
+impl ClusterLookupConfig {
+    /// Node `node_name`: a 50 ms deadline, answers cached for a second,
+    /// at most 65,536 of them.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            timeout: Duration::from_millis(50),
+            cache_ttl: Duration::from_secs(1),
+            cache_max: 1 << 16,
+        }
+    }
+}
+
+/// Counters of the cluster lookups, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterLookupStats {
+    /// Calls to the metadata service.
+    pub queries: u64,
+    /// Lookups answered from the cache.
+    pub cached: u64,
+    /// Locations refused: a MAC that does not check out, no peer fields,
+    /// or a URI that does not parse.
+    pub rejected: u64,
+    /// Calls that ran past the deadline.
+    pub timeouts: u64,
+    /// Calls the service refused.
+    pub errors: u64,
+}
+
+/// A cached answer for one (namespace, client key): where it is, or not
+/// found.
+type Cached = (Instant, Option<PeerLocation>);
+
+/// The node's cluster lookup over a metadata service.
+pub struct MetaClusterLookup {
+    svc: Arc<MetaService>,
+    key: LocationKey,
+    config: ClusterLookupConfig,
+    /// By (namespace digest, client key).
+    cache: Mutex<HashMap<(u128, u128), Cached>>,
+    /// Set while the service is away: warned once, cleared when it answers.
+    away: AtomicBool,
+    queries: AtomicU64,
+    cached: AtomicU64,
+    rejected: AtomicU64,
+    timeouts: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl std::fmt::Debug for MetaClusterLookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaClusterLookup")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl MetaClusterLookup {
+    /// Looks up over `svc`, taking locations authenticated with `key`.
+    pub fn new(svc: Arc<MetaService>, key: LocationKey, config: ClusterLookupConfig) -> Self {
+        Self {
+            svc,
+            key,
+            config,
+            cache: Mutex::new(HashMap::new()),
+            away: AtomicBool::new(false),
+            queries: AtomicU64::new(0),
+            cached: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ClusterLookupStats {
+        ClusterLookupStats {
+            queries: self.queries.load(Ordering::Relaxed),
+            cached: self.cached.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Forgets every cached answer (a test, or an operator, wants the
+    /// service's current view now).
+    pub fn clear_cache(&self) {
+        self.cache.lock().clear();
+    }
+
+    /// The counters as OpenMetrics text, for the admin `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        let s = self.stats();
+        let mut out = String::new();
+        for (name, help, value) in [
+            (
+                "queries",
+                "Cluster lookups sent to the metadata service",
+                s.queries,
+            ),
+            (
+                "cached",
+                "Cluster lookups answered from the cache",
+                s.cached,
+            ),
+            (
+                "rejected",
+                "Cluster locations refused (MAC, fields, URI)",
+                s.rejected,
+            ),
+            (
+                "timeouts",
+                "Cluster lookups past their deadline",
+                s.timeouts,
+            ),
+            (
+                "errors",
+                "Cluster lookups the metadata service refused",
+                s.errors,
+            ),
+        ] {
+            let name = format!("kvtier_node_cluster_lookup_{name}");
+            out.push_str(&format!(
+                "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {value}\n"
+            ));
+        }
+        out
+    }
+
+    /// The prefix of `keys` the cache answers in full (ending at a cached
+    /// miss or the last key), or `None` when some key of it is not cached.
+    fn cached_prefix(&self, digest: u128, keys: &[CommittedKey]) -> Option<Vec<PeerLocation>> {
+        let now = Instant::now();
+        let cache = self.cache.lock();
+        let mut out = Vec::new();
+        for k in keys {
+            match cache.get(&(digest, k.client.0)) {
+                Some((until, _)) if *until <= now => return None,
+                Some((_, Some(loc))) => out.push(loc.clone()),
+                Some((_, None)) => return Some(out),
+                None => return None,
+            }
+        }
+        Some(out)
+    }
+
+    /// Caches `found` for the leading keys of `keys` and a miss for the
+    /// key after them, if any.
+    fn remember(&self, digest: u128, keys: &[CommittedKey], found: &[PeerLocation]) {
+        let until = Instant::now() + self.config.cache_ttl;
+        let mut cache = self.cache.lock();
+        if cache.len() + found.len() + 1 > self.config.cache_max {
+            cache.clear();
+        }
+        for (k, loc) in keys.iter().zip(found) {
+            cache.insert((digest, k.client.0), (until, Some(loc.clone())));
+        }
+        if let Some(k) = keys.get(found.len()) {
+            cache.insert((digest, k.client.0), (until, None));
+        }
+    }
+
+    /// Asks the service, within the deadline; `None` when it erred or
+    /// was too slow.
+    async fn ask(&self, ns: &SessionNamespace, keys: &[CommittedKey]) -> Option<Vec<PeerLocation>> {
+        let source = source_of(ns);
+        let query =
+            LocationQuery::prefix(keys.iter().map(|k| BlockKey(k.client.0 as u64)).collect());
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        let answer = tokio::time::timeout(
+            self.config.timeout,
+            self.svc.get_cache_location(&source.instance, &query),
+        )
+        .await;
+        let found = match answer {
+            Ok(Ok(found)) => found,
+            // An instance nobody published into: nothing found.
+            Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_))) => return Some(Vec::new()),
+            Ok(Err(e)) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.went_away(&e.to_string());
+                return None;
+            }
+            Err(_) => {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                self.went_away(&format!("no answer within {:?}", self.config.timeout));
+                return None;
+            }
+        };
+        if self.away.swap(false, Ordering::Relaxed) {
+            tracing::info!("the metadata service answers cluster lookups again");
+        }
+        let digest = ns.namespace.digest();
+        let mut out = Vec::new();
+        for (k, loc) in keys.iter().zip(found.locations) {
+            let Some(loc) = loc.and_then(|l| self.accept(&l, &source.spec, digest, k)) else {
+                break;
+            };
+            out.push(loc);
+        }
+        Some(out)
+    }
+
+    /// Warns once per outage.
+    fn went_away(&self, why: &str) {
+        if !self.away.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                reason = why,
+                "the metadata service does not answer cluster lookups; answering from this node's tiers only"
+            );
+        }
+    }
+
+    /// The peer location of `loc`'s part of spec `spec` for key `k` of a
+    /// session of namespace digest `digest`: `None` for this node's own,
+    /// and for one not authenticated for exactly this namespace and key
+    /// (counted).
+    fn accept(
+        &self,
+        loc: &CacheLocation,
+        spec: &str,
+        digest: u128,
+        k: &CommittedKey,
+    ) -> Option<PeerLocation> {
+        let part = loc.specs.iter().find(|s| s.name == spec)?;
+        let parsed = PublishedBlock::parse_any(&part.uri);
+        let (node, block, fields) = match parsed {
+            Some((node, b)) => match b.peer {
+                Some(f) => (node, b, f),
+                None if node == self.config.node_name => return None,
+                None => return self.reject(),
+            },
+            None => return self.reject(),
+        };
+        if node == self.config.node_name {
+            return None;
+        }
+        let located = Located {
+            namespace: digest,
+            client: k.client.0,
+            stored: block.stored,
+            sum: fields.sum,
+            node: &node,
+            peer: fields.peer,
+        };
+        if !verify_mac(&self.key, &located, &fields.mac) {
+            return self.reject();
+        }
+        Some(PeerLocation {
+            node,
+            addr: fields.peer,
+            stored: block.stored(),
+            sum: fields.sum,
+        })
+    }
+
+    fn reject<T>(&self) -> Option<T> {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+impl ClusterLookup for MetaClusterLookup {
+    fn lookup<'a>(
+        &'a self,
+        ns: &'a SessionNamespace,
+        keys: &'a [CommittedKey],
+    ) -> BoxFuture<'a, Vec<PeerLocation>> {
+        Box::pin(async move {
+            let keys = &keys[..keys.len().min(MAX_KEYS)];
+            let digest = ns.namespace.digest();
+            if let Some(found) = self.cached_prefix(digest, keys) {
+                self.cached.fetch_add(1, Ordering::Relaxed);
+                return found;
+            }
+            match self.ask(ns, keys).await {
+                Some(found) => {
+                    self.remember(digest, keys, &found);
+                    found
+                }
+                None => Vec::new(),
+            }
+        })
+    }
+}

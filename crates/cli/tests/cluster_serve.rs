@@ -1,0 +1,63 @@
+//! Two real `kvtier serve` daemons of one cluster sharing one Redis index
+//! (docs/meta-api.md §10.2): a block an engine stored through node A's
+//! socket is answered by node B's `Lookup` as the peer tier, and B's
+//! `/metrics` counts the cluster lookups.
+
+use std::path::Path;
+
+use kvtier_client::BlockHash;
+use kvtier_core::TierKind;
+use kvtier_meta::test_support::RedisServer;
+use support::node::{Daemon, secret_in, shm_name, store_blocks, wait_until};
+
+mod support;
+
+/// A daemon named `node` of the cluster over the index at `redis`.
+fn member(data: &Path, node: &str, redis: &str, secret: &str) -> Daemon {
+    let env = [
+        ("KVTIER_META__ENABLED", "true"),
+        ("KVTIER_META__INDEX", redis),
+        ("KVTIER_NODE", node),
+        ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
+        ("KVTIER_PEER__CLUSTER", "cluster-serve"),
+        ("KVTIER_PEER__SECRET_FILE", secret),
+    ];
+    Daemon::start(data, &shm_name(node), &env)
+}
+
+#[test]
+fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
+    let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
+    let keep = tempfile::tempdir().expect("secret dir");
+    let secret = secret_in(keep.path(), &[0x17; 32]);
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = member(da.path(), "cluster-a", &redis.url(), &secret);
+    let b = member(db.path(), "cluster-b", &redis.url(), &secret);
+
+    let ks: Vec<u128> = (1..=3).map(|k| k | (0x5eed << 64)).collect();
+    store_blocks(&mut a.client(), &ks);
+
+    // B lists the peer tier after its own, and answers A's blocks with it
+    // once A's view published them.
+    let mut on_b = b.client();
+    let peer = *on_b.tiers().last().expect("tiers");
+    assert_eq!(peer.kind, TierKind::Peer, "{:?}", on_b.tiers());
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    wait_until("node B to find node A's blocks", || {
+        let tiers = on_b.lookup(&keys).unwrap();
+        (tiers == [peer.tier; 3]).then_some(())
+    });
+
+    let admin = b.logged_addr("admin_http");
+    let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
+    let sample = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {name}:\n{metrics}"))
+    };
+    // The last lookup found all three (earlier ones may have found fewer).
+    assert!(sample("kvtier_node_cluster_hits_total") >= 3.0);
+    assert!(sample("kvtier_node_cluster_lookup_queries_total") >= 1.0);
+    drop((a, b));
+}
