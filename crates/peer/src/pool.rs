@@ -91,7 +91,8 @@ pub struct PeerStats {
     pub connections_opened: u64,
     /// Connections open now, in use or idle.
     pub connections_open: u64,
-    /// Latency of completed reads (connect included), per bucket of
+    /// Latency of completed reads (the wait for a connection and its
+    /// connect included), per bucket of
     /// [`LATENCY_BOUNDS_US`] plus one unbounded bucket; not cumulative.
     pub latency_buckets: [u64; LATENCY_BOUNDS_US.len() + 1],
     /// Sum of those latencies, µs.
