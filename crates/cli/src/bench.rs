@@ -5,6 +5,7 @@ mod measure;
 mod meta;
 mod meta_wire;
 mod node;
+mod peer;
 mod store;
 mod trace;
 
@@ -29,6 +30,10 @@ pub enum BenchCommand {
     /// same bytes; control round trips of 64 keys; client and daemon CPU
     /// per block.
     Node(node::NodeBenchArgs),
+    /// One node reading another's blocks over the peer data plane (whole
+    /// blocks and single layers, verified, through the reader's pool)
+    /// against a raw TCP copy of the same bytes; CPU per block per side.
+    Peer(peer::PeerBenchArgs),
     /// One client process of `bench node` (started by it).
     #[command(hide = true)]
     NodeWorker(node::NodeWorkerArgs),
@@ -41,6 +46,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Meta(args) => meta::run(args),
         BenchCommand::Trace(args) => trace::run(*args),
         BenchCommand::Node(args) => node::run(args),
+        BenchCommand::Peer(args) => peer::run(args),
         BenchCommand::NodeWorker(args) => node::run_worker(args),
     }
 }

@@ -115,6 +115,28 @@ pub enum PeerError {
     /// The connection failed earlier and cannot be used.
     #[error("the connection failed earlier; reconnect")]
     Broken,
+    /// The pool skips this peer for now: it failed repeatedly and its
+    /// backoff has not passed (nothing was sent).
+    #[error("peer {node:?} is skipped after repeated failures")]
+    Skipped {
+        /// The peer's node name.
+        node: String,
+    },
+    /// Every connection the pool may open to this peer stayed in use until
+    /// the read's deadline (nothing was sent).
+    #[error("every connection to peer {node:?} was busy until the deadline")]
+    Busy {
+        /// The peer's node name.
+        node: String,
+    },
+    /// The server at the peer's address proved another node name.
+    #[error("expected peer {expected:?} at its address, found {got:?}")]
+    WrongNode {
+        /// The node the pool was asked to read from.
+        expected: String,
+        /// The node that answered.
+        got: String,
+    },
 }
 
 /// Why a cluster secret could not be loaded.

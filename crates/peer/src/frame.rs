@@ -247,17 +247,7 @@ impl Frame {
     pub fn encode(&self) -> Result<Vec<u8>, DecodeError> {
         let mut out = vec![0u8; LEN_BYTES];
         self.put(&mut out);
-        let len = out.len() - LEN_BYTES;
-        match u32::try_from(len) {
-            Ok(len) if len <= MAX_FRAME => {
-                out[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
-                Ok(out)
-            }
-            _ => Err(DecodeError::Oversized {
-                len,
-                max: MAX_FRAME as usize,
-            }),
-        }
+        set_length(out, 0)
     }
 
     fn put(&self, out: &mut Vec<u8>) {
@@ -435,7 +425,43 @@ fn put_read(out: &mut Vec<u8>, m: &Read) {
     }
 }
 
+/// The start of `reply`'s `Block` frame, length prefix included, up to
+/// the block's bytes, which follow it on the wire: a server writes the two
+/// together without copying the bytes into a frame. Fails as
+/// [`Frame::encode`] would.
+pub(crate) fn encode_block_head(reply: &BlockReply) -> Result<Vec<u8>, DecodeError> {
+    let mut out = vec![0u8; LEN_BYTES];
+    put_block_head(&mut out, reply);
+    let bytes = reply.found.as_ref().map_or(0, |b| b.bytes.len());
+    set_length(out, bytes)
+}
+
+/// Writes the body length of `out` (a frame after its length prefix, and
+/// `more` bytes still to follow) into its prefix.
+fn set_length(mut out: Vec<u8>, more: usize) -> Result<Vec<u8>, DecodeError> {
+    let len = out.len() - LEN_BYTES + more;
+    match u32::try_from(len) {
+        Ok(len) if len <= MAX_FRAME => {
+            out[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+            Ok(out)
+        }
+        _ => Err(DecodeError::Oversized {
+            len,
+            max: MAX_FRAME as usize,
+        }),
+    }
+}
+
 fn put_block(out: &mut Vec<u8>, m: &BlockReply) {
+    put_block_head(out, m);
+    // The bytes run to the end of the frame: their length is implied.
+    if let Some(b) = &m.found {
+        out.extend_from_slice(&b.bytes);
+    }
+}
+
+/// A `Block` frame's body up to its bytes.
+fn put_block_head(out: &mut Vec<u8>, m: &BlockReply) {
     out.push(0x11);
     out.extend_from_slice(&m.req_id.to_le_bytes());
     out.extend_from_slice(&m.index.to_le_bytes());
@@ -450,8 +476,6 @@ fn put_block(out: &mut Vec<u8>, m: &BlockReply) {
         out.extend_from_slice(&s.to_le_bytes());
     }
     out.extend_from_slice(&b.layer_bytes.to_le_bytes());
-    // The bytes run to the end of the frame: their length is implied.
-    out.extend_from_slice(&b.bytes);
 }
 
 /// A cursor over one frame body; the frame name labels its errors.
@@ -760,6 +784,18 @@ mod tests {
             let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;
             prop_assert_eq!(len, bytes.len() - LEN_BYTES);
             prop_assert_eq!(Frame::decode(&bytes[LEN_BYTES..]).unwrap(), f);
+        }
+
+        /// A server writes a block frame as its head and then the block's
+        /// bytes: together they are exactly the frame's encoding.
+        #[test]
+        fn a_block_head_and_its_bytes_are_the_frame(
+            req_id in any::<u64>(), index in any::<u32>(), found in data(),
+        ) {
+            let reply = BlockReply { req_id, index, found };
+            let mut split = encode_block_head(&reply).unwrap();
+            split.extend_from_slice(reply.found.as_ref().map_or(&[][..], |b| &b.bytes));
+            prop_assert_eq!(split, Frame::Block(reply).encode().unwrap());
         }
 
         #[test]

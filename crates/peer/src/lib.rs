@@ -14,6 +14,9 @@
 //!   [`verify`]) before it is returned, and one that fails is a miss.
 //!   Every request has a deadline.
 //! - [`PeerHealth`] says when a peer that keeps failing is to be skipped.
+//! - [`PeerPool`] is the reader a daemon keeps for all its peers: bounded,
+//!   reused connections per peer, health-based skipping, per-peer
+//!   [`PeerStats`].
 //! - [`frame`] is the wire format: total decoding, bounded allocation.
 //!
 //! ```
@@ -50,6 +53,7 @@ mod error;
 pub mod frame;
 mod health;
 mod incoming;
+mod pool;
 mod server;
 mod source;
 mod stats;
@@ -60,6 +64,7 @@ pub use client::{Identity, PeerClient, ReadStats, Want};
 pub use error::{DecodeError, PeerError, SecretError};
 pub use frame::{BlockData, LayerRange, MAX_FRAME, MAX_KEYS, PEER_VERSION};
 pub use health::{HealthPolicy, PeerHealth};
+pub use pool::{LATENCY_BOUNDS_US, PeerAddr, PeerPool, PeerStats, PoolConfig, ReadOutcome};
 pub use server::{PeerServer, ServerConfig, ServerHandle};
 pub use source::{BlockSource, MemorySource, resolve_layers, slice_layers};
 pub use stats::{ServerStats, StatsHandle};

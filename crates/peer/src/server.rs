@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Buf;
 use kvtier_core::BlockHash;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -17,7 +18,8 @@ use crate::client::Identity;
 use crate::error::PeerError;
 use crate::frame::{
     BlockReply, ErrorCode, ErrorReply, Frame, Hello, HelloOk, LayerRange, MAX_HANDSHAKE_FRAME,
-    MAX_REQUEST_FRAME, PEER_VERSION, Read, RefuseReason, Refused, read_frame_up_to, write_frame,
+    MAX_REQUEST_FRAME, PEER_VERSION, Read, RefuseReason, Refused, encode_block_head,
+    read_frame_up_to, write_frame,
 };
 use crate::source::BlockSource;
 use crate::stats::{Counters, StatsHandle};
@@ -422,30 +424,28 @@ async fn serve_read(
     Ok(())
 }
 
-/// Writes one `Block` frame within `write_timeout`; a block too large for
-/// a frame goes as a miss. Returns the block bytes sent, `None` for a miss.
+/// Writes one `Block` frame within `write_timeout`: its head, then the
+/// block's bytes from the source's buffer, in one vectored write (no copy
+/// into a frame). A block too large for a frame goes as a miss. Returns
+/// the block bytes sent, `None` for a miss.
 async fn write_block(
     stream: &mut TcpStream,
-    reply: BlockReply,
+    mut reply: BlockReply,
     key: BlockHash,
     write_timeout: Duration,
 ) -> Result<Option<usize>, PeerError> {
-    let (req_id, index) = (reply.req_id, reply.index);
-    let mut sent = reply.found.as_ref().map(|b| b.bytes.len());
-    let bytes = match Frame::Block(reply).encode() {
-        Ok(bytes) => bytes,
+    let head = match encode_block_head(&reply) {
+        Ok(head) => head,
         Err(_) => {
             tracing::warn!(%key, "a block too large for a peer frame was sent as a miss");
-            let miss = BlockReply {
-                req_id,
-                index,
-                found: None,
-            };
-            sent = None;
-            Frame::Block(miss).encode()?
+            reply.found = None;
+            encode_block_head(&reply)?
         }
     };
-    match tokio::time::timeout(write_timeout, stream.write_all(&bytes)).await {
+    let bytes: &[u8] = reply.found.as_ref().map_or(&[], |b| &b.bytes);
+    let sent = reply.found.as_ref().map(|b| b.bytes.len());
+    let mut frame = Buf::chain(head.as_slice(), bytes);
+    match tokio::time::timeout(write_timeout, stream.write_all_buf(&mut frame)).await {
         Ok(written) => written.map(|()| sent).map_err(PeerError::from),
         Err(_) => Err(PeerError::Timeout),
     }

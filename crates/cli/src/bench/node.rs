@@ -21,7 +21,7 @@
 //! difference is the daemon's checksum work.
 
 mod echo;
-mod report;
+pub(super) mod report;
 mod wire;
 mod worker;
 
@@ -439,24 +439,36 @@ impl Daemon {
 }
 
 /// The daemon's configuration: the plan's geometry, an arena for every
-/// client's peak, and a small disk log the bench never reaches (psync, no
-/// fsync, so no io_uring or locked-memory needs).
+/// client's peak, and a small disk log the bench never reaches.
 fn daemon_config(plan: &Plan, dir: &std::path::Path, verify_commits: bool) -> NodeConfig {
+    let tag = format!("node-{}", u8::from(verify_commits));
+    let mut c = bench_node_config(plan.preset, plan.geometry, plan.arena_slots(), &tag, dir);
+    c.manager.verify_commits = verify_commits;
+    c
+}
+
+/// An in-process daemon's configuration for a bench: `geometry` of
+/// `preset`, an arena of `slots` blocks (its shared-memory name tagged
+/// with this process and `tag`), and a small disk log the bench never
+/// reaches (psync, no fsync, so no io_uring or locked-memory needs).
+pub(super) fn bench_node_config(
+    preset: ModelPreset,
+    geometry: Geometry,
+    slots: u64,
+    tag: &str,
+    dir: &std::path::Path,
+) -> NodeConfig {
     let mut c = NodeConfig {
         geometry: Some(kvtier_core::GeometryConfig {
-            preset: Some(plan.preset.name().to_owned()),
-            tokens_per_block: plan.geometry.tokens_per_block,
+            preset: Some(preset.name().to_owned()),
+            tokens_per_block: geometry.tokens_per_block,
             ..Default::default()
         }),
         ..NodeConfig::default()
     };
-    let block = plan.geometry.block_bytes();
-    c.memory.capacity = ByteSize(plan.arena_slots() * block);
-    c.memory.shm_name = format!(
-        "kvtier-bench-node-{}-{}",
-        std::process::id(),
-        u8::from(verify_commits)
-    );
+    let block = geometry.block_bytes();
+    c.memory.capacity = ByteSize(slots * block);
+    c.memory.shm_name = format!("kvtier-bench-{}-{tag}", std::process::id());
     let region = (block * 4 + (64 << 10)).next_power_of_two().max(1 << 20);
     c.disk.region_size = ByteSize(region);
     c.disk.capacity_per_dir = ByteSize(region * 4);
@@ -465,7 +477,6 @@ fn daemon_config(plan: &Plan, dir: &std::path::Path, verify_commits: bool) -> No
     c.disk.sync = false;
     c.disk.checkpoint_interval_secs = 0;
     c.serve.data_dir = dir.to_owned();
-    c.manager.verify_commits = verify_commits;
     c
 }
 

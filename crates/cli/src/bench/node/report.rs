@@ -550,7 +550,8 @@ fn print_pass(p: &Pass) {
     }
 }
 
-fn spread(s: Spread, digits: usize) -> String {
+/// `median [min .. max]` with `digits` decimals.
+pub fn spread(s: Spread, digits: usize) -> String {
     format!(
         "{:.d$} [{:.d$} .. {:.d$}]",
         s.median,
