@@ -101,6 +101,26 @@ fn sessions(t: &mut Text, s: &NodeStats) {
             s.cluster_misses,
         ),
         (
+            "peer_loads",
+            "Loads that read located blocks from other nodes.",
+            s.peer_loads,
+        ),
+        (
+            "peer_hits",
+            "Blocks a Load brought from other nodes into G2.",
+            s.peer_hits,
+        ),
+        (
+            "peer_misses",
+            "Located blocks a Load could not bring from other nodes.",
+            s.peer_misses,
+        ),
+        (
+            "peer_bytes",
+            "Bytes of the blocks brought from other nodes.",
+            s.peer_bytes,
+        ),
+        (
             "reserved",
             "Slots reserved for clients to fill.",
             s.reserved,
