@@ -454,6 +454,10 @@ async fn a_block_found_on_another_node_is_loaded_from_it() {
     assert_eq!(pool.len(), 1);
     assert_eq!((pool[0].0.node.as_str(), pool[0].1.found), ("node-a", 3));
     on_b.release_load(load).await.unwrap();
+    // B publishes the copies it brought, as blocks committed on it.
+    p.b.view.sync().await;
+    let v = p.b.view.stats();
+    assert_eq!((v.published, v.failures), (4, 0), "{v:?}");
 
     // B holds them now: its own tier answers, and a second client's Load
     // reads them from B alone.

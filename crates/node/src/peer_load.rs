@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use kvtier_core::{BlockHash, BlockSums};
+use kvtier_core::{BlockChecksum, BlockHash, BlockSums};
 use kvtier_manager::manager::{BlockManager, HostCommit, HostReservation, HostReserve};
 use kvtier_peer::{Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, Want};
 
@@ -44,10 +44,11 @@ impl PeerReader {
 }
 
 /// What one [`fetch`] brought into G2.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Fetched {
-    /// The leading blocks now readable in G2.
-    pub(crate) blocks: usize,
+    /// The block sum, under this node's key, of each leading block now
+    /// readable in G2: stored by this fetch, or meanwhile another way.
+    pub(crate) sums: Vec<BlockChecksum>,
     /// Their bytes, as read from the peers.
     pub(crate) bytes: u64,
 }
@@ -87,15 +88,15 @@ pub(crate) async fn fetch(
     let Some(batch) = sum_slots(slots, layer_bytes).await else {
         return Fetched::default();
     };
-    let blocks = manager
-        .commit_host(batch)
-        .await
-        .into_iter()
-        .take_while(|c| matches!(c, HostCommit::Stored | HostCommit::AlreadyStored))
-        .count();
+    let block_sums: Vec<BlockChecksum> = batch.iter().map(|(_, s)| s.block).collect();
+    let sums: Vec<BlockChecksum> = (manager.commit_host(batch).await.into_iter())
+        .zip(block_sums)
+        .take_while(|(c, _)| matches!(c, HostCommit::Stored | HostCommit::AlreadyStored))
+        .map(|(_, sum)| sum)
+        .collect();
     Fetched {
-        blocks,
-        bytes: block_bytes * blocks as u64,
+        bytes: block_bytes * sums.len() as u64,
+        sums,
     }
 }
 

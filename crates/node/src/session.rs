@@ -808,16 +808,17 @@ impl Session {
     /// that the session's lookups located on other nodes into G2 from
     /// those nodes (within `peer.load_timeout_ms`), so the `Load` that
     /// follows finds them local. What does not come is a miss of that
-    /// `Load`, never an error.
-    async fn bring_located(&mut self, keys: &[BlockHash]) {
+    /// `Load`, never an error. `clients` are the client keys of `keys`;
+    /// the commit observer is told of the blocks brought, as of a commit.
+    async fn bring_located(&mut self, clients: &[BlockHash], keys: &[BlockHash]) {
         if self.located.is_empty() {
             return;
         }
         let Some(reader) = self.node.peer_reader().cloned() else {
             return;
         };
-        let local = self.node.manager().lookup(keys).len();
-        let wanted: Vec<Located> = keys[local.min(keys.len())..]
+        let local = self.node.manager().lookup(keys).len().min(keys.len());
+        let wanted: Vec<Located> = keys[local..]
             .iter()
             .map_while(|&k| self.located(k).map(|l| (k, l.clone())))
             .collect();
@@ -825,12 +826,26 @@ impl Session {
             return;
         }
         let fetched = crate::peer_load::fetch(self.node.manager(), &reader, &wanted).await;
+        let brought = fetched.sums.len();
         let c = &self.node.counters;
         Counters::add(&c.peer_loads, 1);
-        Counters::add(&c.peer_hits, fetched.blocks as u64);
-        Counters::add(&c.peer_misses, (wanted.len() - fetched.blocks) as u64);
+        Counters::add(&c.peer_hits, brought as u64);
+        Counters::add(&c.peer_misses, (wanted.len() - brought) as u64);
         Counters::add(&c.peer_bytes, fetched.bytes);
-        for (key, location) in &wanted[..fetched.blocks] {
+        if let Some((observer, ns)) = self.node.commit_observer().zip(self.namespace.as_ref())
+            && brought > 0
+        {
+            let committed: Vec<CommittedKey> = (clients[local..].iter().zip(&wanted))
+                .zip(&fetched.sums)
+                .map(|((&client, (stored, _)), &sum)| CommittedKey {
+                    client,
+                    stored: *stored,
+                    sum,
+                })
+                .collect();
+            observer.committed(ns, &committed);
+        }
+        for (key, location) in &wanted[..brought] {
             self.located.remove(key);
             if self.peers_named.insert(location.node.clone()) {
                 tracing::info!(session = self.id, node = %location.node, addr = %location.addr, "loading blocks from a peer node");
@@ -840,7 +855,7 @@ impl Session {
             session = self.id,
             node = %wanted[0].1.node,
             located = wanted.len(),
-            brought = fetched.blocks,
+            brought,
             "a prefix from the cluster"
         );
     }
@@ -975,7 +990,7 @@ impl Session {
             .iter()
             .map(|k| self.key_cache.stored(&keys, *k))
             .collect();
-        self.bring_located(&stored).await;
+        self.bring_located(&r.keys, &stored).await;
         match self.load(r.request_id, stored, wr).await {
             Ok(()) => Ok(()),
             Err(LoadFailure::Write(e)) => Err(e),
