@@ -162,6 +162,20 @@ impl Pair {
         on_a
     }
 
+    /// Stores `stored` on A and the first of them on B; A's client and
+    /// B's, whose `Lookup` answered B's own block, then A's as the peer
+    /// tier.
+    async fn first_on_b(&self, ns: &Namespace, stored: &[BlockHash]) -> (AsyncClient, AsyncClient) {
+        let on_a = self.stored_on_a(ns.clone(), None, stored).await;
+        let mut on_b = self.b.client(ns.clone(), None).await;
+        store(&mut on_b, &stored[..1], self.len).await;
+        let peer = peer_tier(&on_b);
+        let mut want = vec![peer; stored.len()];
+        want[0] = Tier::G2;
+        assert_eq!(on_b.lookup(stored).await.unwrap(), want);
+        (on_a, on_b)
+    }
+
     async fn stop(self) {
         self.b.stop().await;
         self.a.stop().await;
@@ -340,14 +354,7 @@ async fn without_the_metadata_service_lookups_answer_local_blocks() {
     let p = Pair::start(Arc::new(index)).await;
     let ns = namespace("llama");
     let stored = keys(0..4);
-    let on_a = p.stored_on_a(ns.clone(), None, &stored).await;
-    let mut on_b = p.b.client(ns.clone(), None).await;
-    store(&mut on_b, &stored[..1], p.len).await;
-    let peer = peer_tier(&on_b);
-    assert_eq!(
-        on_b.lookup(&stored).await.unwrap(),
-        [Tier::G2, peer, peer, peer]
-    );
+    let (on_a, mut on_b) = p.first_on_b(&ns, &stored).await;
 
     // The service's index is gone: B answers what it holds, no error,
     // and counts the failure (keys the service has not cached: it may
@@ -436,16 +443,8 @@ async fn a_block_found_on_another_node_is_loaded_from_it() {
     let p = Pair::start(Arc::new(MemoryIndex::new())).await;
     let ns = namespace("llama");
     let stored = keys(0..4);
-    let on_a = p.stored_on_a(ns.clone(), None, &stored).await;
-
     // B holds the first block; its Load brings A's three after it.
-    let mut on_b = p.b.client(ns.clone(), None).await;
-    store(&mut on_b, &stored[..1], p.len).await;
-    let peer = peer_tier(&on_b);
-    assert_eq!(
-        on_b.lookup(&stored).await.unwrap(),
-        [Tier::G2, peer, peer, peer]
-    );
+    let (on_a, mut on_b) = p.first_on_b(&ns, &stored).await;
     let load = check_loaded(&mut on_b, &stored, p.len).await;
     let s = p.b.node.stats();
     assert_eq!((s.peer_loads, s.peer_hits, s.peer_misses), (1, 3, 0));

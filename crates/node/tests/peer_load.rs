@@ -129,6 +129,21 @@ impl Rig {
         self.cluster.0.lock().unwrap().insert(ours, location);
     }
 
+    /// Locates two blocks at `addr`, looks them up and loads them, which
+    /// must answer two misses; their keys.
+    fn two_located_miss(&mut self, addr: SocketAddr) -> Vec<BlockHash> {
+        let asked = keys(1..3);
+        for &k in &asked {
+            self.locate(k, addr, false);
+        }
+        assert_eq!(self.client.lookup(&asked).unwrap().len(), 2);
+        let load = self.client.load(&asked).unwrap();
+        assert_eq!(load.prefix_len(), 0, "{:?}", load.results());
+        let s = self.stats();
+        assert_eq!((s.peer_hits, s.peer_misses), (0, 2));
+        asked
+    }
+
     fn stats(&self) -> NodeStats {
         self.test.node.stats()
     }
@@ -181,15 +196,7 @@ fn a_peer_that_never_answers_is_a_miss_by_the_deadline() {
         .rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
-    let asked = keys(1..3);
-    rig.locate(asked[0], silent.local_addr().unwrap(), false);
-    rig.locate(asked[1], silent.local_addr().unwrap(), false);
-    assert_eq!(rig.client.lookup(&asked).unwrap().len(), 2);
-
-    let load = rig.client.load(&asked).unwrap();
-    assert_eq!(load.prefix_len(), 0, "{:?}", load.results());
-    let s = rig.stats();
-    assert_eq!((s.peer_hits, s.peer_misses), (0, 2));
+    rig.two_located_miss(silent.local_addr().unwrap());
     let pool = rig.test.node.peer_reader().unwrap().pool().stats();
     assert_eq!(pool[0].1.timeouts, 1, "{pool:?}");
     assert_eq!(rig.test.node.usage().0, 0, "no slot kept");
@@ -212,15 +219,7 @@ fn without_room_in_g2_located_blocks_are_misses() {
     let pinned = rig.client.load(&local).unwrap();
     assert_eq!(pinned.prefix_len(), local.len());
 
-    let asked = keys(1..3);
-    let addr = rig.peer.local_addr();
-    rig.locate(asked[0], addr, false);
-    rig.locate(asked[1], addr, false);
-    assert_eq!(rig.client.lookup(&asked).unwrap().len(), 2);
-    let load = rig.client.load(&asked).unwrap();
-    assert_eq!(load.prefix_len(), 0, "{:?}", load.results());
-    let s = rig.stats();
-    assert_eq!((s.peer_hits, s.peer_misses), (0, 2));
+    let asked = rig.two_located_miss(rig.peer.local_addr());
     // Nothing was read: the slots were refused first.
     let pool = rig.test.node.peer_reader().unwrap().pool().stats();
     assert!(pool.is_empty(), "{pool:?}");
