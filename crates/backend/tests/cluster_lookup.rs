@@ -68,6 +68,8 @@ impl Member {
             cluster: "test".into(),
             secret_file: secret_file(dir),
             node_name: name.into(),
+            // Long: a loaded machine must not turn a hit into a miss.
+            load_timeout_ms: 30_000,
             ..PeerSectionConfig::default()
         };
         let options = PeerOptions::from_config(&section).unwrap().unwrap();

@@ -26,6 +26,8 @@ fn member(data: &Path, node: &str, redis: &str, secret: &str) -> Daemon {
         ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
         ("KVTIER_PEER__CLUSTER", "cluster-serve"),
         ("KVTIER_PEER__SECRET_FILE", secret),
+        // Long: a loaded machine must not turn a hit into a miss.
+        ("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000"),
     ];
     Daemon::start(data, &shm_name(node), &env)
 }
