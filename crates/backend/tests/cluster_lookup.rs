@@ -454,6 +454,15 @@ async fn a_block_found_on_another_node_is_loaded_from_it() {
     let pool = p.b.node.peer_reader().unwrap().pool().stats();
     assert_eq!(pool.len(), 1);
     assert_eq!((pool[0].0.node.as_str(), pool[0].1.found), ("node-a", 3));
+    let metrics = p.b.node.metrics_text();
+    assert!(
+        metrics.contains("kvtier_peer_reader_found_total{peer=\"node-a\"} 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kvtier_node_peer_hits_total 3\n"),
+        "{metrics}"
+    );
     on_b.release_load(load).await.unwrap();
     // B publishes the copies it brought, as blocks committed on it.
     p.b.view.sync().await;
