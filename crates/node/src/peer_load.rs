@@ -69,8 +69,12 @@ pub(crate) async fn fetch(
 ) -> Fetched {
     let deadline = tokio::time::Instant::now() + reader.timeout;
     let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
-    let Ok(granted) = manager.reserve_host(&keys).await else {
-        return Fetched::default();
+    let granted = match manager.reserve_host(&keys).await {
+        Ok(granted) => granted,
+        Err(e) => {
+            tracing::warn!(error = %e, "no G2 slots for blocks located on peers");
+            return Fetched::default();
+        }
     };
     // A key already held, in flight or without room ends the prefix; the
     // reservations past it drop with the iterator (their slots freed).
