@@ -5,6 +5,8 @@
 //! cluster's key or B itself are not answered; with the metadata service
 //! gone, B answers from its own tiers, without an error; A's peer server
 //! gone, A's storage probes unhealthy and its locations leave B's answers.
+//! B's `Load` of A's blocks reads them from A's peer server into B's G2,
+//! byte-exact; with A's peer server gone it answers misses.
 
 mod common;
 
@@ -22,7 +24,7 @@ use kvtier_meta::{DEFAULT_GROUP, Instance, LocationSpecInfo, MemoryIndex, MetaIn
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{
-    ClusterLookup, CommittedKey, Node, NodeHost, NodePeer, NodeServer, PeerOptions,
+    ClusterLookup, CommittedKey, Node, NodeHost, NodePeer, NodeServer, PeerOptions, PeerReader,
     PeerSectionConfig, SessionNamespace,
 };
 use kvtier_protocol::{
@@ -66,12 +68,15 @@ impl Member {
             cluster: "test".into(),
             secret_file: secret_file(dir),
             node_name: name.into(),
+            // Long: a loaded machine must not turn a hit into a miss.
+            load_timeout_ms: 30_000,
             ..PeerSectionConfig::default()
         };
         let options = PeerOptions::from_config(&section).unwrap().unwrap();
         assert_eq!(options.advertise, None, "port 0 is no address to publish");
         let identity = options.server.identity.clone();
         let key = options.location_key.clone();
+        assert!(node.set_peer_reader(Arc::new(PeerReader::from_options(&options))));
         assert_eq!(key, LocationKey::from_secret(&SECRET));
         let peer = NodePeer::start(&NodeHost::of(node.clone()), options)
             .await
@@ -157,6 +162,20 @@ impl Pair {
         store(&mut on_a, keys, self.len).await;
         self.a.view.sync().await;
         on_a
+    }
+
+    /// Stores `stored` on A and the first of them on B; A's client and
+    /// B's, whose `Lookup` answered B's own block, then A's as the peer
+    /// tier.
+    async fn first_on_b(&self, ns: &Namespace, stored: &[BlockHash]) -> (AsyncClient, AsyncClient) {
+        let on_a = self.stored_on_a(ns.clone(), None, stored).await;
+        let mut on_b = self.b.client(ns.clone(), None).await;
+        store(&mut on_b, &stored[..1], self.len).await;
+        let peer = peer_tier(&on_b);
+        let mut want = vec![peer; stored.len()];
+        want[0] = Tier::G2;
+        assert_eq!(on_b.lookup(stored).await.unwrap(), want);
+        (on_a, on_b)
     }
 
     async fn stop(self) {
@@ -337,14 +356,7 @@ async fn without_the_metadata_service_lookups_answer_local_blocks() {
     let p = Pair::start(Arc::new(index)).await;
     let ns = namespace("llama");
     let stored = keys(0..4);
-    let on_a = p.stored_on_a(ns.clone(), None, &stored).await;
-    let mut on_b = p.b.client(ns.clone(), None).await;
-    store(&mut on_b, &stored[..1], p.len).await;
-    let peer = peer_tier(&on_b);
-    assert_eq!(
-        on_b.lookup(&stored).await.unwrap(),
-        [Tier::G2, peer, peer, peer]
-    );
+    let (on_a, mut on_b) = p.first_on_b(&ns, &stored).await;
 
     // The service's index is gone: B answers what it holds, no error,
     // and counts the failure (keys the service has not cached: it may
@@ -402,6 +414,104 @@ async fn a_node_whose_peer_server_is_gone_leaves_the_answers() {
     assert_eq!(on_b.lookup(&stored).await.unwrap(), []);
 
     drop((on_a, on_b));
+    b.stop().await;
+    a.view.stop().await;
+    a.server.shutdown().await;
+    a.node.close().await.unwrap();
+}
+
+/// Loads `keys` through `client`, reads every block (all must be pinned),
+/// verified against the `LoadOk` sums, and checks each holds its key's
+/// bytes (as `store` wrote them); the load, to release.
+async fn check_loaded(
+    client: &mut AsyncClient,
+    keys: &[BlockHash],
+    len: usize,
+) -> kvtier_client::Load {
+    let load = client.load(keys).await.unwrap();
+    assert_eq!(load.prefix_len(), keys.len(), "{:?}", load.results());
+    let last = client.arena().layers() as u32 - 1;
+    client.wait_layer(&load, last).await.unwrap();
+    let mut buf = vec![0u8; len];
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(load.read(i, &mut buf).unwrap(), kvtier_core::Lookup::Hit);
+        assert!(buf.iter().all(|&b| b == k.0 as u8), "block {i} differs");
+    }
+    load
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_found_on_another_node_is_loaded_from_it() {
+    let p = Pair::start(Arc::new(MemoryIndex::new())).await;
+    let ns = namespace("llama");
+    let stored = keys(0..4);
+    // B holds the first block; its Load brings A's three after it.
+    let (on_a, mut on_b) = p.first_on_b(&ns, &stored).await;
+    let load = check_loaded(&mut on_b, &stored, p.len).await;
+    let s = p.b.node.stats();
+    assert_eq!((s.peer_loads, s.peer_hits, s.peer_misses), (1, 3, 0));
+    assert_eq!(s.peer_bytes, 3 * p.len as u64);
+    let pool = p.b.node.peer_reader().unwrap().pool().stats();
+    assert_eq!(pool.len(), 1);
+    assert_eq!((pool[0].0.node.as_str(), pool[0].1.found), ("node-a", 3));
+    let metrics = p.b.node.metrics_text();
+    assert!(
+        metrics.contains("kvtier_peer_reader_found_total{peer=\"node-a\"} 3\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kvtier_node_peer_hits_total 3\n"),
+        "{metrics}"
+    );
+    on_b.release_load(load).await.unwrap();
+    // B publishes the copies it brought, as blocks committed on it.
+    p.b.view.sync().await;
+    let v = p.b.view.stats();
+    assert_eq!((v.published, v.failures), (4, 0), "{v:?}");
+
+    // B holds them now: its own tier answers, and a second client's Load
+    // reads them from B alone.
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), [Tier::G2; 4]);
+    let mut again = p.b.client(ns.clone(), None).await;
+    let load = check_loaded(&mut again, &stored, p.len).await;
+    assert_eq!(p.b.node.stats().peer_loads, 1);
+
+    drop((on_a, on_b, again, load));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_from_a_peer_that_is_gone_misses() {
+    let p = Pair::start(Arc::new(MemoryIndex::new())).await;
+    let ns = namespace("llama");
+    let stored = keys(0..3);
+    let on_a = p.stored_on_a(ns.clone(), None, &stored).await;
+    let mut on_b = p.b.client(ns.clone(), None).await;
+    let peer = peer_tier(&on_b);
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
+
+    // A's peer server stops between B's Lookup and its Load.
+    let Pair { a, b, _dirs, .. } = p;
+    a.peer.shutdown().await;
+    let load = on_b.load(&stored).await.unwrap();
+    assert_eq!(load.prefix_len(), 0, "{:?}", load.results());
+    let s = b.node.stats();
+    assert_eq!((s.peer_loads, s.peer_hits, s.peer_misses), (1, 0, 3));
+    assert_eq!(s.load_misses, 3);
+    // Nothing of it stayed: no block, no reservation.
+    assert_eq!(b.node.usage().0, 0);
+    let pool = b.node.peer_reader().unwrap().pool().stats();
+    assert_eq!(pool[0].1.failures, 1, "{:?}", pool[0].1);
+    // The session goes on.
+    store(
+        &mut on_b,
+        &stored[..1],
+        b.node.geometry().block_bytes() as usize,
+    )
+    .await;
+    assert_eq!(on_b.lookup(&stored[..1]).await.unwrap(), [Tier::G2]);
+
+    drop((on_a, on_b, load));
     b.stop().await;
     a.view.stop().await;
     a.server.shutdown().await;

@@ -415,6 +415,7 @@ mod tests {
             ("KVTIER_PEER__SECRET_FILE", "", "peer.secret_file"),
             ("KVTIER_PEER__WRITE_TIMEOUT_MS", "0", "write_timeout_ms"),
             ("KVTIER_PEER__LOOKUP_TIMEOUT_MS", "0", "lookup_timeout_ms"),
+            ("KVTIER_PEER__LOAD_TIMEOUT_MS", "0", "load_timeout_ms"),
             ("KVTIER_PEER__ADVERTISE", "nowhere", "peer.advertise"),
         ] {
             let e = Config::from_toml_with_env(text, env(&[(var, value)])).unwrap_err();

@@ -15,7 +15,7 @@ use kvtier_backend::{
 };
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
-use kvtier_node::{Node, NodeHost, NodePeer, NodeServer, OpenHook, PeerOptions};
+use kvtier_node::{Node, NodeHost, NodePeer, NodeServer, OpenHook, PeerOptions, PeerReader};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Arguments of `kvtier serve`.
@@ -127,6 +127,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                 view: view.clone(),
                 cluster: cluster.as_ref().map(|c| c.node.clone()),
                 lookup: lookup.get().cloned(),
+                reader: (peer_options.as_ref())
+                    .filter(|_| cluster.is_some())
+                    .map(|o| Arc::new(PeerReader::from_options(o))),
             };
             // Engines connect only once the view observes their commits.
             host.when_open(view_hook(&host, hook)).await;
@@ -241,6 +244,8 @@ struct ViewHook {
     cluster: Option<ClusterNode>,
     /// Installed on the node with the view.
     lookup: Option<Arc<MetaClusterLookup>>,
+    /// Reads the blocks the lookup locates; installed with it.
+    reader: Option<Arc<PeerReader>>,
 }
 
 /// Starts the node view (the node's blocks published to the metadata
@@ -256,9 +261,13 @@ fn view_hook(host: &NodeHost, hook: ViewHook) -> OpenHook {
                 view,
                 cluster,
                 lookup,
+                reader,
             } = hook;
             if let Some(l) = lookup {
                 node.set_cluster_lookup(l);
+            }
+            if let Some(r) = reader {
+                node.set_peer_reader(r);
             }
             let config = NodeViewConfig {
                 cluster,

@@ -1,14 +1,19 @@
 //! Two real `kvtier serve` daemons of one cluster sharing one Redis index
 //! (docs/meta-api.md §10.2): a block an engine stored through node A's
 //! socket is answered by node B's `Lookup` as the peer tier, and B's
-//! `/metrics` counts the cluster lookups.
+//! `/metrics` counts the cluster lookups; B's `Load` then reads it from A
+//! byte-exact and holds it in its G2. With A SIGKILLed between B's
+//! `Lookup` and `Load`, the `Load` answers misses.
 
 use std::path::Path;
 
 use kvtier_client::BlockHash;
-use kvtier_core::TierKind;
+use kvtier_client::Client;
+use kvtier_core::{Tier, TierKind};
 use kvtier_meta::test_support::RedisServer;
-use support::node::{Daemon, secret_in, shm_name, store_blocks, wait_until};
+use support::node::{
+    Daemon, Stats, block, block_bytes, secret_in, shm_name, store_blocks, wait_until,
+};
 
 mod support;
 
@@ -21,6 +26,8 @@ fn member(data: &Path, node: &str, redis: &str, secret: &str) -> Daemon {
         ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
         ("KVTIER_PEER__CLUSTER", "cluster-serve"),
         ("KVTIER_PEER__SECRET_FILE", secret),
+        // Long: a loaded machine must not turn a hit into a miss.
+        ("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000"),
     ];
     Daemon::start(data, &shm_name(node), &env)
 }
@@ -59,5 +66,54 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
     // The last lookup found all three (earlier ones may have found fewer).
     assert!(sample("kvtier_node_cluster_hits_total") >= 3.0);
     assert!(sample("kvtier_node_cluster_lookup_queries_total") >= 1.0);
+
+    // B's Load reads them from A, verified, into its G2.
+    assert_eq!(load_all(&mut on_b, &ks), 3);
+    assert_eq!(on_b.lookup(&keys).unwrap(), [Tier::G2; 3]);
+    let s = Stats::of(&mut on_b);
+    assert_eq!((s.get("peer_hits"), s.get("peer_misses")), (3, 0));
+    drop((a, b));
+}
+
+/// Loads `ks` through `client` and checks each block it answers against
+/// the bytes stored (the client verified them against `LoadOk`'s sums);
+/// how many came.
+fn load_all(client: &mut Client, ks: &[u128]) -> usize {
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; block_bytes()]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let n = client.load_into(&keys, &mut dsts).expect("load");
+    for (k, got) in ks.iter().zip(&bufs).take(n) {
+        assert!(got[..] == block(*k)[..], "block {k:#x} differs");
+    }
+    n
+}
+
+#[test]
+fn a_load_from_a_node_killed_after_the_lookup_misses() {
+    let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
+    let keep = tempfile::tempdir().expect("secret dir");
+    let secret = secret_in(keep.path(), &[0x18; 32]);
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = member(da.path(), "gone-a", &redis.url(), &secret);
+    let b = member(db.path(), "gone-b", &redis.url(), &secret);
+
+    let ks: Vec<u128> = (1..=2).map(|k| k | (0x90e << 64)).collect();
+    store_blocks(&mut a.client(), &ks);
+    let mut on_b = b.client();
+    let peer = on_b.tiers().last().expect("tiers").tier;
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    wait_until("node B to find node A's blocks", || {
+        (on_b.lookup(&keys).unwrap() == [peer; 2]).then_some(())
+    });
+
+    a.kill();
+    assert_eq!(load_all(&mut on_b, &ks), 0);
+    let s = Stats::of(&mut on_b);
+    assert_eq!((s.get("peer_hits"), s.get("peer_misses")), (0, 2));
+    // The session goes on; B holds nothing of them (whether the cluster
+    // still names A depends on when its health was probed).
+    let tiers = on_b.lookup(&keys).unwrap();
+    assert!(!tiers.contains(&Tier::G2), "{tiers:?}");
     drop((a, b));
 }

@@ -56,6 +56,9 @@ impl Node {
         sessions(&mut t, &node);
         tiers(&mut t, &manager);
         paths(&mut t, &manager);
+        if let Some(reader) = self.peer_reader() {
+            reader_families(&mut t, &reader.pool().stats());
+        }
         t.0
     }
 }
@@ -99,6 +102,26 @@ fn sessions(t: &mut Text, s: &NodeStats) {
             "cluster_misses",
             "Cluster lookups that located nothing.",
             s.cluster_misses,
+        ),
+        (
+            "peer_loads",
+            "Loads that read located blocks from other nodes.",
+            s.peer_loads,
+        ),
+        (
+            "peer_hits",
+            "Blocks a Load brought from other nodes into G2.",
+            s.peer_hits,
+        ),
+        (
+            "peer_misses",
+            "Located blocks a Load could not bring from other nodes.",
+            s.peer_misses,
+        ),
+        (
+            "peer_bytes",
+            "Bytes of the blocks brought from other nodes.",
+            s.peer_bytes,
         ),
         (
             "reserved",
@@ -391,4 +414,100 @@ pub(crate) fn shape_family(known: bool) -> String {
         u64::from(known),
     );
     t.0
+}
+
+/// A label value as OpenMetrics quotes it: a node name comes from the
+/// cluster and may hold any character.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// What the node's reader counted per peer (docs/peer-protocol.md §10-11).
+fn reader_families(t: &mut Text, peers: &[(kvtier_peer::PeerAddr, kvtier_peer::PeerStats)]) {
+    type Field = fn(&kvtier_peer::PeerStats) -> u64;
+    let families: [(&str, &str, &str, Field); 10] = [
+        (
+            "reads",
+            "counter",
+            "Reads asked of a peer (skipped ones included).",
+            |s| s.reads,
+        ),
+        (
+            "found",
+            "counter",
+            "Blocks a peer returned verified.",
+            |s| s.found,
+        ),
+        ("missing", "counter", "Blocks a peer did not hold.", |s| {
+            s.missing
+        }),
+        (
+            "corrupt",
+            "counter",
+            "Blocks from a peer that failed verification.",
+            |s| s.corrupt,
+        ),
+        (
+            "bytes",
+            "counter",
+            "Verified bytes received from a peer.",
+            |s| s.bytes,
+        ),
+        (
+            "failures",
+            "counter",
+            "Reads of a peer that failed (connect, i/o, protocol, timeout).",
+            |s| s.failures,
+        ),
+        (
+            "timeouts",
+            "counter",
+            "Reads of a peer that ran out of their deadline.",
+            |s| s.timeouts,
+        ),
+        (
+            "skipped",
+            "counter",
+            "Reads refused at once while a failing peer was skipped.",
+            |s| s.skipped,
+        ),
+        (
+            "read_microseconds",
+            "counter",
+            "Microseconds the completed reads of a peer took.",
+            |s| s.latency_sum_us,
+        ),
+        (
+            "connections_open",
+            "gauge",
+            "Connections open to a peer.",
+            |s| s.connections_open,
+        ),
+    ];
+    for (name, kind, help, field) in families {
+        let samples: Vec<(String, f64)> = peers
+            .iter()
+            .map(|(p, s)| (label_value(&p.node), field(s) as f64))
+            .collect();
+        t.labelled(
+            &format!("kvtier_peer_reader_{name}"),
+            kind,
+            help,
+            "peer",
+            &samples,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_value;
+
+    #[test]
+    fn label_values_are_quoted() {
+        assert_eq!(label_value("node-a"), "node-a");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
 }

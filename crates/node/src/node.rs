@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::observer::{ClusterLookup, CommitObserver};
+use crate::peer_load::PeerReader;
 use crate::shape::Shape;
 use crate::stats::Counters;
 use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
@@ -50,6 +51,9 @@ pub struct Node {
     /// Asked for the keys past the node's own prefix, once set (see
     /// [`Node::set_cluster_lookup`]).
     cluster: OnceLock<Arc<dyn ClusterLookup>>,
+    /// Reads the blocks the cluster located from their nodes, once set
+    /// (see [`Node::set_peer_reader`]).
+    peer_reader: OnceLock<Arc<PeerReader>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -177,6 +181,7 @@ impl Node {
             closed: AtomicBool::new(false),
             observer: OnceLock::new(),
             cluster: OnceLock::new(),
+            peer_reader: OnceLock::new(),
         });
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
@@ -282,6 +287,18 @@ impl Node {
 
     pub(crate) fn cluster_lookup(&self) -> Option<&Arc<dyn ClusterLookup>> {
         self.cluster.get()
+    }
+
+    /// Reads the blocks a session's lookups located on other nodes when it
+    /// `Load`s them, from now on (without one, such keys are misses). One
+    /// per node: a second call is refused (returns false).
+    pub fn set_peer_reader(&self, reader: Arc<PeerReader>) -> bool {
+        self.peer_reader.set(reader).is_ok()
+    }
+
+    /// The reader installed by [`set_peer_reader`](Self::set_peer_reader).
+    pub fn peer_reader(&self) -> Option<&Arc<PeerReader>> {
+        self.peer_reader.get()
     }
 
     /// The position of the peer tier: right after the node's own tiers,

@@ -25,6 +25,8 @@ pub struct PeerOptions {
     pub location_key: LocationKey,
     /// How long a cluster lookup waits for the metadata service.
     pub lookup_timeout: Duration,
+    /// How long a `Load` waits for the peers it reads blocks from.
+    pub load_timeout: Duration,
 }
 
 /// The key a cluster's nodes make and check location MACs with
@@ -135,6 +137,7 @@ impl PeerOptions {
             advertise: parse_advertise(&section.advertise)?,
             location_key,
             lookup_timeout: Duration::from_millis(section.lookup_timeout_ms),
+            load_timeout: Duration::from_millis(section.load_timeout_ms),
         }))
     }
 }

@@ -230,6 +230,9 @@ pub struct PeerSectionConfig {
     /// Milliseconds a cluster lookup waits for the metadata service before
     /// the node answers from its own tiers only.
     pub lookup_timeout_ms: u64,
+    /// Milliseconds a `Load` waits for the peers it reads located blocks
+    /// from; past it the blocks not yet in are misses.
+    pub load_timeout_ms: u64,
 }
 
 impl Default for PeerSectionConfig {
@@ -245,6 +248,7 @@ impl Default for PeerSectionConfig {
             write_timeout_ms: S::DEFAULT_WRITE_TIMEOUT.as_millis() as u64,
             advertise: String::new(),
             lookup_timeout_ms: 50,
+            load_timeout_ms: 2000,
         }
     }
 }
@@ -278,9 +282,10 @@ impl PeerSectionConfig {
             || self.handshake_timeout_ms == 0
             || self.write_timeout_ms == 0
             || self.lookup_timeout_ms == 0
+            || self.load_timeout_ms == 0
         {
             return bad(
-                "peer.max_connections, handshake_timeout_ms, write_timeout_ms and lookup_timeout_ms must be positive",
+                "peer.max_connections, handshake_timeout_ms, write_timeout_ms, lookup_timeout_ms and load_timeout_ms must be positive",
             );
         }
         if !self.advertise.is_empty() && self.advertise.parse::<std::net::SocketAddr>().is_err() {

@@ -3,8 +3,8 @@
 //! session holds is dropped with it, so a client that disconnects or dies
 //! leaves nothing reserved, pinned or half-visible.
 
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,7 @@ use crate::conn::{
     request_frame_limit,
 };
 use crate::observer::{CommittedKey, PeerLocation, SessionNamespace};
+use crate::peer_load::Located;
 use crate::stats::Counters;
 use crate::{Node, NodeHost};
 
@@ -466,6 +467,8 @@ struct Session {
     /// Blocks the session's lookups found on other nodes, by this node's
     /// stored key, each for one lease: what a `Load` of them fetches.
     located: HashMap<BlockHash, Leased<PeerLocation>>,
+    /// The nodes this session brought blocks from (each logged once).
+    peers_named: HashSet<String>,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
     pins: HashMap<BlockHash, Pins>,
     /// Pins held, every key's together (the pin cap's count).
@@ -487,6 +490,7 @@ impl Session {
             key_cache: KeyCache::default(),
             peer_tier: None,
             located: HashMap::new(),
+            peers_named: HashSet::new(),
             reservations: HashMap::new(),
             pins: HashMap::new(),
             pinned: 0,
@@ -793,12 +797,67 @@ impl Session {
 
     /// Where the session's last lookups found `key` on another node, while
     /// their lease lasts.
-    #[allow(dead_code)] // The Load of peer blocks, the next step, reads it.
     fn located(&self, key: BlockHash) -> Option<&PeerLocation> {
         self.located
             .get(&key)
             .filter(|l| l.until > Instant::now())
             .map(|l| &l.value)
+    }
+
+    /// Brings the blocks of `keys` that continue the node's own prefix and
+    /// that the session's lookups located on other nodes into G2 from
+    /// those nodes (within `peer.load_timeout_ms`), so the `Load` that
+    /// follows finds them local. What does not come is a miss of that
+    /// `Load`, never an error. `clients` are the client keys of `keys`;
+    /// the commit observer is told of the blocks brought, as of a commit.
+    async fn bring_located(&mut self, clients: &[BlockHash], keys: &[BlockHash]) {
+        if self.located.is_empty() {
+            return;
+        }
+        let Some(reader) = self.node.peer_reader().cloned() else {
+            return;
+        };
+        let local = self.node.manager().lookup(keys).len().min(keys.len());
+        let wanted: Vec<Located> = keys[local..]
+            .iter()
+            .map_while(|&k| self.located(k).map(|l| (k, l.clone())))
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let fetched = crate::peer_load::fetch(self.node.manager(), &reader, &wanted).await;
+        let brought = fetched.sums.len();
+        let c = &self.node.counters;
+        Counters::add(&c.peer_loads, 1);
+        Counters::add(&c.peer_hits, brought as u64);
+        Counters::add(&c.peer_misses, (wanted.len() - brought) as u64);
+        Counters::add(&c.peer_bytes, fetched.bytes);
+        if let Some((observer, ns)) = self.node.commit_observer().zip(self.namespace.as_ref())
+            && brought > 0
+        {
+            let committed: Vec<CommittedKey> = (clients[local..].iter().zip(&wanted))
+                .zip(&fetched.sums)
+                .map(|((&client, (stored, _)), &sum)| CommittedKey {
+                    client,
+                    stored: *stored,
+                    sum,
+                })
+                .collect();
+            observer.committed(ns, &committed);
+        }
+        for (key, location) in &wanted[..brought] {
+            self.located.remove(key);
+            if self.peers_named.insert(location.node.clone()) {
+                tracing::info!(session = self.id, node = %location.node, addr = %location.addr, "loading blocks from a peer node");
+            }
+        }
+        tracing::debug!(
+            session = self.id,
+            node = %wanted[0].1.node,
+            located = wanted.len(),
+            brought,
+            "a prefix from the cluster"
+        );
     }
 
     async fn reserve(
@@ -931,6 +990,7 @@ impl Session {
             .iter()
             .map(|k| self.key_cache.stored(&keys, *k))
             .collect();
+        self.bring_located(&r.keys, &stored).await;
         match self.load(r.request_id, stored, wr).await {
             Ok(()) => Ok(()),
             Err(LoadFailure::Write(e)) => Err(e),

@@ -41,13 +41,20 @@ impl HostReservation {
         self.slot.slot()
     }
 
+    /// The slot's bytes, for a writer in this process that lands a block
+    /// there itself (a read from a peer node): nothing becomes visible
+    /// until [`commit_host`](BlockManager::commit_host) checks them.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.slot.as_mut_slice()
+    }
+
     /// Fills the slot from `data` in this process and returns the block's
     /// sums, for callers that hold the bytes themselves rather than a
     /// client that maps the arena (the trace bench, `put_host`). `data`
     /// must be one whole block, else nothing is written.
     pub fn fill(&mut self, data: &[u8], layer_bytes: usize) -> Result<BlockSums, ManagerError> {
         let key = self.key();
-        let dst = self.slot.as_mut_slice();
+        let dst = self.bytes_mut();
         if data.len() != dst.len() {
             return Err(ManagerError::Config(format!(
                 "block {key}: {} bytes given, a block is {}",
