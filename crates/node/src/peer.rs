@@ -43,33 +43,23 @@ impl std::fmt::Debug for LocationKey {
 }
 
 impl LocationKey {
+    /// The key derivation's context: frozen (a new derivation takes a new
+    /// context and a new location MAC version).
+    const CONTEXT: &'static str = "kvtier location key v1";
+
     /// The location key of the cluster secret `secret`.
+    pub fn of(secret: &ClusterSecret) -> Self {
+        Self(secret.derive_key(Self::CONTEXT))
+    }
+
+    /// The location key of a cluster secret of these bytes.
     pub fn from_secret(secret: &[u8; 32]) -> Self {
-        Self(blake3::derive_key("kvtier location key v1", secret))
+        Self::of(&ClusterSecret::from_bytes(*secret))
     }
 
     /// The key's bytes, for a keyed hash.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
-    }
-
-    /// The location key of the secret file `path` whose contents
-    /// `ClusterSecret::from_file` already checked and read as `secret`
-    /// (read again here: the peer crate does not hand a secret's bytes
-    /// out); a file that changed meanwhile is refused.
-    fn from_secret_file(path: &std::path::Path, secret: &ClusterSecret) -> Result<Self, NodeError> {
-        let changed = || {
-            NodeError::Config(format!(
-                "cluster secret {} changed while read",
-                path.display()
-            ))
-        };
-        let bytes = std::fs::read(path).map_err(|_| changed())?;
-        let bytes: [u8; 32] = bytes.try_into().map_err(|_| changed())?;
-        if ClusterSecret::from_bytes(bytes) != *secret {
-            return Err(changed());
-        }
-        Ok(Self::from_secret(&bytes))
     }
 }
 
@@ -115,7 +105,7 @@ impl PeerOptions {
             .parse()
             .map_err(|e| NodeError::Config(format!("peer.listen {:?}: {e}", section.listen)))?;
         let secret = ClusterSecret::from_file(&section.secret_file)?;
-        let location_key = LocationKey::from_secret_file(&section.secret_file, &secret)?;
+        let location_key = LocationKey::of(&secret);
         let node = match section.node_name.as_str() {
             "" => crate::node_name(),
             name => name.to_owned(),

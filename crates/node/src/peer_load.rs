@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kvtier_core::{BlockChecksum, BlockHash, BlockSums};
 use kvtier_manager::manager::{BlockManager, HostCommit, HostReservation, HostReserve};
-use kvtier_peer::{Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, Want};
+use kvtier_peer::{Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, Want, verify};
 
 use crate::PeerOptions;
 use crate::observer::PeerLocation;
@@ -85,11 +85,18 @@ pub(crate) async fn fetch(
             _ => None,
         })
         .collect();
-    let read = read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
-    slots.truncate(read);
+    let peer_sums = read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
+    slots.truncate(peer_sums.len());
     let block_bytes = slots.first_mut().map_or(0, |r| r.bytes_mut().len() as u64);
-    let layer_bytes = manager.geometry().layer_bytes() as usize;
-    let Some(batch) = sum_slots(slots, layer_bytes).await else {
+    let layer_bytes = manager.geometry().layer_bytes();
+    let read: Vec<Landed> = (slots.into_iter().zip(peer_sums).zip(wanted))
+        .map(|((slot, peer_sums), (_, location))| Landed {
+            slot,
+            peer_sums,
+            location: location.clone(),
+        })
+        .collect();
+    let Some(batch) = sum_slots(read, layer_bytes).await else {
         return Fetched::default();
     };
     let block_sums: Vec<BlockChecksum> = batch.iter().map(|(_, s)| s.block).collect();
@@ -105,17 +112,19 @@ pub(crate) async fn fetch(
 }
 
 /// Reads `wanted` into `slots` (one each), peer by peer in order, until
-/// one fails or `deadline`; how many leading slots hold verified bytes.
+/// one fails or `deadline`: the peer's sums of each leading slot that
+/// holds verified bytes.
 async fn read_slots(
     reader: &PeerReader,
     wanted: &[Located],
     slots: &mut [HostReservation],
     deadline: tokio::time::Instant,
-) -> usize {
-    let mut good = 0;
-    while good < wanted.len() {
-        let first = &wanted[good].1;
-        let run = wanted[good..]
+) -> Vec<BlockSums> {
+    let mut good: Vec<BlockSums> = Vec::with_capacity(wanted.len());
+    while good.len() < wanted.len() {
+        let at = good.len();
+        let first = &wanted[at].1;
+        let run = wanted[at..]
             .iter()
             .take(MAX_KEYS)
             .take_while(|(_, l)| l.node == first.node && l.addr == first.addr)
@@ -124,14 +133,14 @@ async fn read_slots(
             node: first.node.clone(),
             addr: first.addr,
         };
-        let wants: Vec<Want> = wanted[good..good + run]
+        let wants: Vec<Want> = wanted[at..at + run]
             .iter()
             .map(|(_, l)| Want {
                 key: l.stored,
                 expect: Expect::Checksum(l.sum),
             })
             .collect();
-        let mut targets: Vec<&mut [u8]> = slots[good..good + run]
+        let mut targets: Vec<&mut [u8]> = slots[at..at + run]
             .iter_mut()
             .map(HostReservation::bytes_mut)
             .collect();
@@ -139,39 +148,118 @@ async fn read_slots(
             .read_into(&peer, &wants, LayerRange::All, &mut targets, deadline)
             .await
         {
-            Ok(out) => out.sums.iter().take_while(|s| s.is_some()).count(),
+            Ok(out) => out.sums.into_iter().map_while(|s| s).collect(),
             Err(e) => {
                 tracing::debug!(node = %peer.node, addr = %peer.addr, error = %e, "reading blocks from a peer failed");
-                0
+                Vec::new()
             }
         };
-        good += landed;
-        if landed < run {
+        let complete = landed.len() == run;
+        good.extend(landed);
+        if !complete {
             break;
         }
     }
     good
 }
 
-/// Each slot with its sums under this node's key (a peer's sums are keyed
-/// by the peer's own stored key), hashed off the async workers; `None`
-/// when the hashing task failed (the reservations went with it).
+/// A slot holding a block as a peer sent it: the peer's sums (under the
+/// peer's stored key) and the location that named it.
+struct Landed {
+    slot: HostReservation,
+    peer_sums: BlockSums,
+    location: PeerLocation,
+}
+
+/// The leading slots with their sums under this node's key (a peer's sums
+/// are keyed by the peer's own stored key), hashed off the async workers;
+/// `None` when the hashing task failed (the reservations went with it).
+///
+/// Each slot's bytes are checked against the peer's sums again *after*
+/// this node's sums are made of them: clients map the arena writable, so
+/// bytes changed between the read's check and the hashing would otherwise
+/// be committed under sums of the changed bytes. A slot that fails ends
+/// the prefix.
 async fn sum_slots(
-    slots: Vec<HostReservation>,
-    layer_bytes: usize,
+    read: Vec<Landed>,
+    layer_bytes: u64,
 ) -> Option<Vec<(HostReservation, BlockSums)>> {
-    if slots.is_empty() {
+    if read.is_empty() {
         return Some(Vec::new());
     }
     tokio::task::spawn_blocking(move || {
-        slots
-            .into_iter()
-            .map(|mut r| {
-                let sums = BlockSums::compute(r.key(), layer_bytes, r.bytes_mut());
-                (r, sums)
+        read.into_iter()
+            .map_while(|mut l| {
+                let key = l.slot.key();
+                let sums = own_sums(
+                    key,
+                    l.slot.bytes_mut(),
+                    layer_bytes,
+                    &l.peer_sums,
+                    &l.location,
+                )?;
+                Some((l.slot, sums))
             })
             .collect()
     })
     .await
     .ok()
+}
+
+/// The sums of `bytes` as block `key` of this node, if the bytes still
+/// match what the peer sent for `location` once they are made: hashed
+/// first, checked against the peer's sums after, so bytes changed at any
+/// time before the check fail it.
+fn own_sums(
+    key: BlockHash,
+    bytes: &[u8],
+    layer_bytes: u64,
+    peer_sums: &BlockSums,
+    location: &PeerLocation,
+) -> Option<BlockSums> {
+    let sums = BlockSums::compute(key, layer_bytes as usize, bytes);
+    let expect = Expect::Checksum(location.sum);
+    // A layer size the peer wire cannot name never verifies.
+    let lb = u32::try_from(layer_bytes).ok()?;
+    verify(
+        location.stored,
+        expect,
+        LayerRange::All,
+        peer_sums,
+        lb,
+        bytes,
+    )
+    .then_some(sums)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn location(stored: BlockHash, sum: BlockChecksum) -> PeerLocation {
+        PeerLocation {
+            node: "a".into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            stored,
+            sum,
+        }
+    }
+
+    /// The sums are this node's (its key's) of bytes the peer's sums
+    /// still describe; bytes changed after the read's check are refused.
+    #[test]
+    fn own_sums_are_made_only_of_bytes_the_peer_sums_still_match() {
+        let (peer_key, own_key, layer) = (BlockHash(7), BlockHash(9), 64u64);
+        let mut bytes: Vec<u8> = (0..4 * layer as usize).map(|i| i as u8).collect();
+        let peer = BlockSums::compute(peer_key, layer as usize, &bytes);
+        let at = location(peer_key, peer.block);
+        let own = own_sums(own_key, &bytes, layer, &peer, &at).unwrap();
+        assert_eq!(own, BlockSums::compute(own_key, layer as usize, &bytes));
+        assert_ne!(own, peer, "sums are keyed by the stored key");
+        bytes[100] ^= 1;
+        assert_eq!(own_sums(own_key, &bytes, layer, &peer, &at), None);
+        bytes[100] ^= 1;
+        let elsewhere = location(peer_key, peer.block ^ 1);
+        assert_eq!(own_sums(own_key, &bytes, layer, &peer, &elsewhere), None);
+    }
 }

@@ -89,6 +89,14 @@ impl ClusterSecret {
         Ok(Self(bytes))
     }
 
+    /// A 32-byte key for another use of the cluster secret, derived with
+    /// BLAKE3's key derivation under `context` (a constant naming that use
+    /// and its version): keys of different contexts are independent, and
+    /// none equals the handshake's. The secret's bytes never leave this type.
+    pub fn derive_key(&self, context: &'static str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0)
+    }
+
     /// The key proofs are made with: derived under its own domain tag, so
     /// a secret also used for something else never yields the same MACs.
     fn auth_key(&self) -> [u8; 32] {
