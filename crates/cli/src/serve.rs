@@ -58,6 +58,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
     // A missing or unsafe cluster secret stops the start before the arena
     // and the disk tier are made.
     let peer_options = PeerOptions::from_config(&config.peer)?;
+    check_peer_name(peer_options.as_ref())?;
     let publish = config.meta.enabled && config.meta.publish_node_blocks;
     if let Some(o) = peer_options
         .as_ref()
@@ -206,6 +207,19 @@ fn log_ready(
         data_dir = %config.serve.data_dir.display(),
         "kvtier serving; Ctrl-C or SIGTERM to stop"
     );
+}
+
+/// Refuses a peer name other than the node's own: its locations name the
+/// node by that, and a peer that proves another name is refused by every
+/// reader (`WrongNode`), so no block of it would ever be read.
+fn check_peer_name(options: Option<&PeerOptions>) -> Result<()> {
+    let node = kvtier_node::node_name();
+    match options.map(|o| o.server.identity.node.as_str()) {
+        Some(peer) if peer != node => anyhow::bail!(
+            "peer.node_name {peer:?} is not this node's name {node:?} ($KVTIER_NODE, else the host name), which its locations carry; leave peer.node_name empty or set KVTIER_NODE={peer:?}"
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The node in its cluster: what its locations carry and how it looks up

@@ -2,8 +2,9 @@
 //! engine stored through the node socket are read by another node of the
 //! cluster over loopback TCP, byte-exact and verified against the sums the
 //! daemon holds: from G2, then from G3 after a restart adopted the disk
-//! log; its `/metrics` counts them; a start with no usable cluster secret
-//! stops with a clear error and nothing made.
+//! log; its `/metrics` counts them; a start with no usable cluster secret,
+//! or with a peer name other than the node's, stops with a clear error and
+//! nothing made.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -150,6 +151,31 @@ fn a_start_without_a_usable_cluster_secret_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no-such.secret"), "{err}");
+    assert!(
+        !data.path().join("disk").exists(),
+        "a failed start made the disk tier"
+    );
+}
+
+#[test]
+fn a_peer_name_other_than_the_nodes_is_refused_at_start() {
+    let data = tempfile::tempdir().expect("data dir");
+    let secret = secret_in(data.path(), &SECRET);
+    let out = support::serve(data.path(), &shm_name("peer-name"))
+        .env("KVTIER_META__ENABLED", "false")
+        .env("KVTIER_NODE", "node-a")
+        .env("KVTIER_PEER__LISTEN", "127.0.0.1:0")
+        .env("KVTIER_PEER__CLUSTER", CLUSTER)
+        .env("KVTIER_PEER__SECRET_FILE", &secret)
+        .env("KVTIER_PEER__NODE_NAME", "node-b")
+        .output()
+        .expect("run kvtier serve");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"node-b\"") && err.contains("\"node-a\""),
+        "{err}"
+    );
     assert!(
         !data.path().join("disk").exists(),
         "a failed start made the disk tier"

@@ -211,9 +211,12 @@ pub struct PeerSectionConfig {
     /// bytes, a regular file of the daemon's user, mode 0600 or stricter,
     /// not a symbolic link. Required with `listen`.
     pub secret_file: PathBuf,
-    /// This node's name as it proves itself to peers; empty: the node's
-    /// name (`$KVTIER_NODE`, else the host name), the one its
-    /// `kvtier://<node>/...` locations carry.
+    /// This node's name as it proves itself to peers; empty (the default):
+    /// the node's name (`$KVTIER_NODE`, else the host name), the one its
+    /// `kvtier://<node>/...` locations carry. Another name is for a
+    /// process that hosts several nodes (tests); `kvtier serve` refuses a
+    /// name other than its node's, as peers would then refuse every read
+    /// of its locations.
     pub node_name: String,
     /// Peer connections served at once; more are refused `Busy`.
     pub max_connections: usize,
