@@ -66,7 +66,7 @@ pub use node::Node;
 pub use observer::{ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace};
 pub use peer::{LocationKey, NodePeer, PeerOptions};
 pub use peer_load::PeerReader;
-pub use peer_source::{HeldBlocks, HeldRead};
+pub use peer_source::{HeldBlocks, HeldRead, NodeSource};
 pub use sections::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
 pub use server::NodeServer;
 pub use stats::NodeStats;

@@ -28,15 +28,30 @@ use crate::{Node, NodeHost};
 /// The node's tiers as a [`BlockSource`]: what `kvtier serve`'s peer
 /// server answers from. Before the node is open (no shape yet) every key
 /// is a miss.
-pub(crate) struct NodeSource {
+pub struct NodeSource {
     host: Arc<NodeHost>,
     served: Arc<ServedCounters>,
+}
+
+impl std::fmt::Debug for NodeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSource")
+            .field("open", &self.host.node().is_some())
+            .finish()
+    }
 }
 
 impl NodeSource {
     /// A source over `host`'s node, counting into `served`.
     pub(crate) fn new(host: Arc<NodeHost>, served: Arc<ServedCounters>) -> Self {
         Self { host, served }
+    }
+
+    /// A source over an open `node`, as `kvtier serve` builds it, for a
+    /// peer server outside the daemon (the peer bench); its counters are
+    /// its own.
+    pub fn of(node: Arc<Node>) -> Self {
+        Self::new(NodeHost::of(node), Arc::default())
     }
 }
 

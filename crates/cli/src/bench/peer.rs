@@ -4,7 +4,7 @@
 //!
 //! Both peers live in this process: the serving node is a real
 //! [`Node`] (its arena, blocks stored through the manager's host path)
-//! served by a `PeerServer` over [`HeldBlocks`], as `kvtier serve` serves
+//! served by a `PeerServer` over [`NodeSource`], as `kvtier serve` serves
 //! peers, on one tokio runtime; the reader is a [`PeerPool`] on another.
 //! The baseline is a plain TCP server on the serving runtime writing the
 //! same bytes from memory to a client on the reading runtime that reads
@@ -24,12 +24,11 @@ use tokio::net::{TcpListener, TcpStream};
 
 use kvtier_core::{BlockHash, BlockSums, Geometry, ModelPreset};
 use kvtier_manager::manager::HostCommit;
-use kvtier_node::{HeldBlocks, HeldRead, Node};
+use kvtier_node::{Node, NodeSource};
 use kvtier_peer::{
-    BlockData, BlockSource, ClusterSecret, Expect, Identity, LayerRange, PeerAddr, PeerPool,
-    PeerServer, PoolConfig, ServerConfig, ServerHandle, Want,
+    ClusterSecret, Expect, Identity, LayerRange, PeerAddr, PeerPool, PeerServer, PoolConfig,
+    ServerConfig, ServerHandle, Want,
 };
-use kvtier_tier::BoxFuture;
 
 use super::measure::{Latencies, kvtier_first, process_cpu_time};
 use super::node::bench_node_config;
@@ -146,7 +145,7 @@ impl Serving {
         let me = identity("server");
         let secret = me.secret.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let source = Arc::new(NodeBlocks(node.clone()));
+        let source = Arc::new(NodeSource::of(node.clone()));
         let peer = PeerServer::start(listener, ServerConfig::new(me), source)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let raw = listener.local_addr()?;
@@ -174,29 +173,6 @@ fn block_content(i: usize, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (seed.rotate_left((j % 64) as u32) as u8) ^ (j as u8))
         .collect()
-}
-
-/// The node's tiers as a peer source, as `kvtier serve` builds it: every
-/// block held in its tier while it is read, read verified.
-struct NodeBlocks(Arc<Node>);
-
-impl BlockSource for NodeBlocks {
-    fn read<'a>(
-        &'a self,
-        keys: &'a [BlockHash],
-        layers: LayerRange,
-    ) -> BoxFuture<'a, Vec<Option<BlockData>>> {
-        Box::pin(async move {
-            let reads = HeldBlocks::take(&self.0, keys).read(layers).await;
-            reads
-                .into_iter()
-                .map(|r| match r {
-                    HeldRead::Served(_, block) => Some(block),
-                    HeldRead::NotHeld | HeldRead::Failed(_) => None,
-                })
-                .collect()
-        })
-    }
 }
 
 /// The raw baseline's request: block index, byte offset, length.
