@@ -744,3 +744,37 @@ async fn a_starting_frontend_keeps_other_frontends_writes_in_flight() {
     // A single frontend (no age) sweeps nothing later.
     assert_eq!(a.sweep_orphaned_writes(None).unwrap(), 0);
 }
+
+/// A write session never lands on a kvtier node's block store (it takes no
+/// writes; its probe, a peer handshake, may still pass): the next
+/// candidate takes it, and with none left the refusal says why.
+#[tokio::test]
+async fn a_write_session_never_picks_a_node_store() {
+    let index: Arc<dyn MetaIndex> = Arc::new(MemoryIndex::new());
+    let svc = MetaService::new(index, MetaConfig::default()).unwrap();
+    let mut node = storage("node-a", StorageKind::KvtierNode);
+    node.uri = "kvtier://a".into();
+    svc.put_storage(node).unwrap();
+    svc.put_storage(storage("b", StorageKind::S3)).unwrap();
+    svc.put_group(group(100, &["node-a", "b"])).unwrap();
+    svc.register_instance(instance("i")).await.unwrap();
+    let grant = svc.start_write_cache("i", &keys(0..2)).await.unwrap();
+    for block in &grant.blocks {
+        for part in &block.location.specs {
+            assert!(part.uri.starts_with("file:///kv/b"), "{}", part.uri);
+        }
+    }
+    let mut b = storage("b", StorageKind::S3);
+    b.enabled = false;
+    svc.put_storage(b).unwrap();
+    let err = svc.start_write_cache("i", &keys(5..6)).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, MetaError::NoAvailableStorage { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"node-a\" is a kvtier node's block store"),
+        "{text}"
+    );
+}

@@ -7,7 +7,7 @@
 
 use crate::error::{MetaError, Result};
 use crate::ledger::GroupUsage;
-use crate::model::{InstanceGroup, Storage};
+use crate::model::{InstanceGroup, Storage, StorageKind};
 
 /// Why none of the group's storages takes writes, one clause per storage:
 /// an operator must tell a disabled storage from a failing one, and both
@@ -18,9 +18,24 @@ fn unwritable_reasons(group: &InstanceGroup, candidates: &[Storage]) -> String {
         .iter()
         .filter(|n| !candidates.iter().any(|s| &s.name == *n))
         .map(|n| format!("storage {n:?} is not added"));
-    let refused = candidates.iter().filter_map(Storage::refusal_clause);
+    let refused = candidates.iter().filter_map(session_refusal);
     let why: Vec<String> = missing.chain(refused).collect();
     why.join("; ")
+}
+
+/// Why `s` takes no write session, as a clause that names it; `None` when
+/// it takes them. A `kvtier_node` storage is a node's own block store:
+/// blocks enter it only through its node's commits (docs/meta-api.md §10),
+/// and a remote node's store refuses writes, so a session placed there
+/// would fail even though its health probe (a peer handshake) passes.
+fn session_refusal(s: &Storage) -> Option<String> {
+    if s.kind == StorageKind::KvtierNode {
+        return Some(format!(
+            "storage {:?} is a kvtier node's block store (it takes no write sessions)",
+            s.name
+        ));
+    }
+    s.refusal_clause()
 }
 
 /// The quota policy: the first writable candidate whose kind quota, and
@@ -42,7 +57,12 @@ pub(crate) fn choose(
         });
     }
     let mut refused_by_kind = None;
-    for (i, s) in candidates.iter().enumerate().filter(|(_, s)| s.writable()) {
+    let takes_session = |s: &Storage| s.writable() && session_refusal(s).is_none();
+    for (i, s) in candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| takes_session(s))
+    {
         let used = usage.by_kind.get(&s.kind).copied().unwrap_or(0);
         let limit = group
             .kind_quota_bytes
