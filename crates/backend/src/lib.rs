@@ -9,7 +9,9 @@
 //! - [`NodeStoreBackend`]: block parts in a kvtier node's own block store
 //!   (`kvtier://node/...`), local node only for now, and [`NodeView`], which
 //!   publishes the node's own blocks to the metadata service;
-//! - [`S3Backend`]: objects in an S3-compatible store.
+//! - [`S3Backend`]: objects in an S3-compatible store;
+//! - [`SharedG4Writer`]: writes the node's committed blocks to the
+//!   cluster's shared G4 through the service's two-phase write.
 //!
 //! [`open_backend`] picks one by a storage's kind and URI;
 //! [`attach_backend`] also restores its state from the metadata service and
@@ -24,6 +26,7 @@ pub mod node_store;
 pub mod node_view;
 pub mod registry;
 pub mod s3;
+pub mod shared_g4;
 mod uri;
 
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
@@ -37,3 +40,6 @@ pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spe
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};
+pub use shared_g4::{
+    SHARED_SPEC, SharedG4Config, SharedG4Error, SharedG4Stats, SharedG4Writer, shared_block_key,
+};

@@ -89,9 +89,6 @@ pub enum NodeViewError {
     /// The metadata service refused.
     #[error(transparent)]
     Meta(#[from] MetaError),
-    /// The view was started twice on one node.
-    #[error("the node already has a commit observer")]
-    AlreadyObserved,
 }
 
 /// Counters of the view, for metrics.
@@ -366,9 +363,7 @@ impl NodeView {
         let observer = Observer {
             tracker: tracker.clone(),
         };
-        if !node.observe_commits(Arc::new(observer)) {
-            return Err(NodeViewError::AlreadyObserved);
-        }
+        node.observe_commits(Arc::new(observer));
         tracing::info!(
             storage = %config.storage,
             listed,

@@ -61,6 +61,28 @@ impl Default for S3Options {
     }
 }
 
+impl S3Options {
+    /// The defaults with the endpoint, region and credentials of the
+    /// environment, as the node's G4 takes them (`AWS_ENDPOINT_URL`,
+    /// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_SESSION_TOKEN`); a plain `http://` endpoint is allowed.
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let endpoint = var("AWS_ENDPOINT_URL");
+        S3Options {
+            allow_http: endpoint
+                .as_deref()
+                .is_some_and(|e| e.starts_with("http://")),
+            endpoint,
+            region: var("AWS_REGION").unwrap_or_else(|| "us-east-1".into()),
+            access_key_id: var("AWS_ACCESS_KEY_ID"),
+            secret_access_key: var("AWS_SECRET_ACCESS_KEY"),
+            session_token: var("AWS_SESSION_TOKEN"),
+            ..S3Options::default()
+        }
+    }
+}
+
 /// A storage in one bucket under one key prefix.
 #[derive(Debug)]
 pub struct S3Backend {

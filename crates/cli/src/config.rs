@@ -15,7 +15,9 @@ use anyhow::{Context, Result};
 use kvtier_core::GeometryConfig;
 use kvtier_disk::DiskConfig;
 use kvtier_mem::MemoryConfig;
-use kvtier_node::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
+use kvtier_node::{
+    ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig, SharedG4SectionConfig,
+};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -40,6 +42,8 @@ pub struct Config {
     pub manager: ManagerSectionConfig,
     /// `[peer]`.
     pub peer: PeerSectionConfig,
+    /// `[shared_g4]`.
+    pub shared_g4: SharedG4SectionConfig,
 }
 
 /// Tair KVCM's environment variables (`server_config.cc`) that kvtier reads,
@@ -103,7 +107,9 @@ impl Config {
         self.disk.validate()?;
         self.meta.validate()?;
         self.manager.validate()?;
-        self.peer.validate()
+        self.peer.validate()?;
+        let meta = self.meta.enabled && self.meta.publish_node_blocks;
+        (self.shared_g4).validate(meta, &self.peer, &self.manager.g4_url)
     }
 
     /// The sections the node opens with.

@@ -72,7 +72,8 @@ impl RunningMeta {
             local_node: node.map(|h| (h.name, h.host)),
             peer_identity,
             file_pool: pool_options(config),
-            ..BackendOptions::default()
+            // As the node's G4 (and the shared G4's writer) reach theirs.
+            s3: kvtier_backend::S3Options::from_env(),
         };
         let mut meta_config = MetaConfig {
             session_timeout: Duration::from_secs(m.session_timeout_secs),

@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvtier_backend::{
     ClusterLookupConfig, ClusterNode, MetaClusterLookup, NodeView, NodeViewConfig, NodeViewSink,
+    SharedG4Config, SharedG4Writer,
 };
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
@@ -108,9 +109,15 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         };
         let view: Arc<OnceLock<NodeView>> = Arc::default();
         let lookup: Arc<OnceLock<Arc<MetaClusterLookup>>> = Arc::default();
+        let shared_g4: Arc<OnceLock<SharedG4Writer>> = Arc::default();
         let meta = if config.meta.enabled {
             let identity = peer_options.as_ref().map(|o| o.server.identity.clone());
-            Some(start_meta(&config, &host, &view, &lookup, identity).await?)
+            let installed = Installed {
+                view: view.clone(),
+                lookup: lookup.clone(),
+                shared_g4: shared_g4.clone(),
+            };
+            Some(start_meta(&config, &host, installed, identity).await?)
         } else {
             None
         };
@@ -131,6 +138,13 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                 reader: (peer_options.as_ref())
                     .filter(|_| cluster.is_some())
                     .map(|o| Arc::new(PeerReader::from_options(o))),
+                shared_g4: (peer_options.as_ref())
+                    .filter(|_| config.shared_g4.enabled())
+                    .map(|o| SharedG4Hook {
+                        keys: o.shared_keys.clone(),
+                        section: config.shared_g4.clone(),
+                        writer: shared_g4.clone(),
+                    }),
             };
             // Engines connect only once the view observes their commits.
             host.when_open(view_hook(&host, hook)).await;
@@ -138,6 +152,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                 anyhow::bail!(
                     "could not publish the node's blocks to the metadata service (see the log)"
                 );
+            }
+            if host.node().is_some() && config.shared_g4.enabled() && shared_g4.get().is_none() {
+                anyhow::bail!("could not start writing the shared G4 (see the log)");
             }
         }
         let server = NodeServer::bind_host(host.clone(), &config.node_socket())
@@ -165,6 +182,9 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
         if let Some(m) = meta {
             tracing::info!("shutting down: stopping the metadata service");
             m.shutdown().await;
+        }
+        if let Some(w) = shared_g4.get() {
+            w.stop().await;
         }
         if let Some(node) = host.node() {
             tracing::info!("shutting down: moving G2 blocks to disk and checkpointing");
@@ -260,6 +280,29 @@ struct ViewHook {
     lookup: Option<Arc<MetaClusterLookup>>,
     /// Reads the blocks the lookup locates; installed with it.
     reader: Option<Arc<PeerReader>>,
+    /// Writes the shared G4, when `[shared_g4]` is on.
+    shared_g4: Option<SharedG4Hook>,
+}
+
+/// What the shared G4's writer starts with once the node is open.
+struct SharedG4Hook {
+    keys: kvtier_node::SharedKeys,
+    section: kvtier_node::SharedG4SectionConfig,
+    writer: Arc<OnceLock<SharedG4Writer>>,
+}
+
+impl SharedG4Hook {
+    /// Starts the writer over `node`; a writer that fails is logged.
+    async fn start(self, node: Arc<Node>, svc: Arc<kvtier_meta::MetaService>) {
+        let store = kvtier_node::remote_config(&self.section.url);
+        let config = SharedG4Config::from_section(&self.section);
+        match SharedG4Writer::start(node, svc, self.keys, &store, config).await {
+            Ok(w) => {
+                let _ = self.writer.set(w);
+            }
+            Err(e) => tracing::error!(error = %e, "could not start writing the shared G4"),
+        }
+    }
 }
 
 /// Starts the node view (the node's blocks published to the metadata
@@ -276,6 +319,7 @@ fn view_hook(host: &NodeHost, hook: ViewHook) -> OpenHook {
                 cluster,
                 lookup,
                 reader,
+                shared_g4,
             } = hook;
             if let Some(l) = lookup {
                 node.set_cluster_lookup(l);
@@ -287,6 +331,9 @@ fn view_hook(host: &NodeHost, hook: ViewHook) -> OpenHook {
                 cluster,
                 ..NodeViewConfig::new(name)
             };
+            if let Some(h) = shared_g4 {
+                h.start(node.clone(), svc.clone()).await;
+            }
             match NodeView::start(&sink, node, svc, config).await {
                 Ok(started) => {
                     let _ = view.set(started);
@@ -300,23 +347,32 @@ fn view_hook(host: &NodeHost, hook: ViewHook) -> OpenHook {
     })
 }
 
+/// What the node installs once it is open, whose figures join `/metrics`.
+struct Installed {
+    view: Arc<OnceLock<NodeView>>,
+    lookup: Arc<OnceLock<Arc<MetaClusterLookup>>>,
+    shared_g4: Arc<OnceLock<SharedG4Writer>>,
+}
+
 /// Starts the metadata service beside this host's node; its `/metrics`
 /// carries the node's figures (and whether its shape is known yet).
 async fn start_meta(
     config: &crate::config::Config,
     host: &Arc<NodeHost>,
-    view: &Arc<OnceLock<NodeView>>,
-    lookup: &Arc<OnceLock<Arc<MetaClusterLookup>>>,
+    installed: Installed,
     peer_identity: Option<kvtier_backend::PeerIdentity>,
 ) -> Result<crate::meta::RunningMeta> {
-    let (h, v, l) = (host.clone(), view.clone(), lookup.clone());
+    let h = host.clone();
     let metrics: kvtier_server::ExtraMetrics = Arc::new(move || {
         let mut text = h.metrics_text();
-        if let Some(v) = v.get() {
+        if let Some(v) = installed.view.get() {
             text.push_str(&v.metrics_text());
         }
-        if let Some(l) = l.get() {
+        if let Some(l) = installed.lookup.get() {
             text.push_str(&l.metrics_text());
+        }
+        if let Some(w) = installed.shared_g4.get() {
+            text.push_str(&w.metrics_text());
         }
         text
     });

@@ -62,11 +62,13 @@ pub use config::{NodeOptions, node_name};
 pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
 pub use host::{NodeHost, OpenHook};
-pub use node::Node;
+pub use node::{Node, remote_config};
 pub use observer::{ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace};
-pub use peer::{LocationKey, NodePeer, PeerOptions};
+pub use peer::{LocationKey, NodePeer, PeerOptions, SharedKeys};
 pub use peer_load::PeerReader;
 pub use peer_source::{HeldBlocks, HeldRead, NodeSource};
-pub use sections::{ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig};
+pub use sections::{
+    ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig, SharedG4SectionConfig,
+};
 pub use server::NodeServer;
 pub use stats::NodeStats;

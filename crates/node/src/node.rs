@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::observer::{ClusterLookup, CommitObserver};
+use crate::observer::{ClusterLookup, CommitObserver, CommitObservers};
 use crate::peer_load::PeerReader;
 use crate::shape::Shape;
 use crate::stats::Counters;
@@ -47,7 +47,7 @@ pub struct Node {
     stepper: Mutex<Option<JoinHandle<()>>>,
     closed: AtomicBool,
     /// Told of every commit, once set (see [`Node::observe_commits`]).
-    observer: OnceLock<Arc<dyn CommitObserver>>,
+    observers: CommitObservers,
     /// Asked for the keys past the node's own prefix, once set (see
     /// [`Node::set_cluster_lookup`]).
     cluster: OnceLock<Arc<dyn ClusterLookup>>,
@@ -179,7 +179,7 @@ impl Node {
             stop_step,
             stepper: Mutex::new(None),
             closed: AtomicBool::new(false),
-            observer: OnceLock::new(),
+            observers: CommitObservers::default(),
             cluster: OnceLock::new(),
             peer_reader: OnceLock::new(),
         });
@@ -268,14 +268,17 @@ impl Node {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Tells `observer` of every block committed from now on. One observer
-    /// per node: a second call is refused (returns false).
-    pub fn observe_commits(&self, observer: Arc<dyn CommitObserver>) -> bool {
-        self.observer.set(observer).is_ok()
+    /// Tells `observer` of every block committed from now on, after the
+    /// observers added before it (the node view that publishes the node's
+    /// blocks, the shared G4's writer).
+    pub fn observe_commits(&self, observer: Arc<dyn CommitObserver>) {
+        self.observers.add(observer);
     }
 
-    pub(crate) fn commit_observer(&self) -> Option<&Arc<dyn CommitObserver>> {
-        self.observer.get()
+    /// Every observer as one; `None` while there is none (the stored keys
+    /// are then not collected).
+    pub(crate) fn commit_observer(&self) -> Option<&dyn CommitObserver> {
+        (!self.observers.is_empty()).then_some(&self.observers as &dyn CommitObserver)
     }
 
     /// Answers the keys past the node's own prefix from the cluster from
@@ -389,19 +392,24 @@ async fn open_disk(
         .map_err(NodeError::from)
 }
 
-/// Opens G4 at `url`; the endpoint, region and credentials come from the
-/// environment (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
-fn open_remote(url: &str, geometry: Geometry) -> Result<RemoteTier, NodeError> {
+/// The store at `url` (`manager.g4_url`, `shared_g4.url`): the endpoint,
+/// region and credentials come from the environment (`AWS_ENDPOINT_URL`,
+/// `AWS_REGION`, `AWS_ACCESS_KEY_ID`, ...).
+pub fn remote_config(url: &str) -> RemoteConfig {
     let endpoint = std::env::var("AWS_ENDPOINT_URL").ok();
-    let cfg = RemoteConfig {
+    RemoteConfig {
         url: url.to_owned(),
         allow_http: endpoint
             .as_deref()
             .is_some_and(|e| e.starts_with("http://")),
         endpoint,
         ..RemoteConfig::default()
-    };
-    Ok(RemoteTier::open(&cfg, geometry)?)
+    }
+}
+
+/// Opens G4 at `url` ([`remote_config`]).
+fn open_remote(url: &str, geometry: Geometry) -> Result<RemoteTier, NodeError> {
+    Ok(RemoteTier::open(&remote_config(url), geometry)?)
 }
 
 /// Steps the manager (watermark offloads, expiry, events) every

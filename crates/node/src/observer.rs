@@ -6,6 +6,7 @@
 //! other nodes of the cluster hold, so its `Lookup` can answer them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use kvtier_core::{BlockChecksum, BlockHash};
 use kvtier_protocol::Namespace;
@@ -41,6 +42,28 @@ pub struct CommittedKey {
 pub trait CommitObserver: Send + Sync {
     /// `blocks` were committed by a session of `ns`.
     fn committed(&self, ns: &SessionNamespace, blocks: &[CommittedKey]);
+}
+
+/// The node's observers, told in the order they were added.
+#[derive(Default)]
+pub(crate) struct CommitObservers(parking_lot::RwLock<Vec<Arc<dyn CommitObserver>>>);
+
+impl CommitObservers {
+    pub(crate) fn add(&self, observer: Arc<dyn CommitObserver>) {
+        self.0.write().push(observer);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.read().is_empty()
+    }
+}
+
+impl CommitObserver for CommitObservers {
+    fn committed(&self, ns: &SessionNamespace, blocks: &[CommittedKey]) {
+        for o in self.0.read().iter() {
+            o.committed(ns, blocks);
+        }
+    }
 }
 
 /// Where another node of the cluster holds a block: what a later `Load`

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvtier_peer::{ClusterSecret, Identity, PeerServer, ServerConfig, ServerHandle, StatsHandle};
+use kvtier_protocol::{KeyMap, Namespace, NamespaceKey, NodeSecret};
 
 use crate::peer_source::{NodeSource, ServedCounters};
 use crate::{NodeError, NodeHost, PeerSectionConfig};
@@ -23,6 +24,8 @@ pub struct PeerOptions {
     pub advertise: Option<SocketAddr>,
     /// The key of the cluster's location MACs, from the cluster secret.
     pub location_key: LocationKey,
+    /// The keys of the cluster's shared G4, from the cluster secret.
+    pub shared_keys: SharedKeys,
     /// How long a cluster lookup waits for the metadata service.
     pub lookup_timeout: Duration,
     /// How long a `Load` waits for the peers it reads blocks from.
@@ -60,6 +63,38 @@ impl LocationKey {
     /// The key's bytes, for a keyed hash.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
+    }
+}
+
+/// How the cluster keys a namespace's blocks in the shared G4
+/// (docs/meta-api.md §10.3): a [`KeyMap`] of a namespace key derived, as a
+/// node derives its own, from `blake3::derive_key("kvtier shared g4 key
+/// v1", cluster secret)` instead of the node's secret. Every node of the
+/// cluster derives the same shared key for one namespace (tenant salt and
+/// rank included) and client key; nobody without the cluster secret can.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SharedKeys(NodeSecret);
+
+impl std::fmt::Debug for SharedKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the key.
+        f.write_str("SharedKeys(..)")
+    }
+}
+
+impl SharedKeys {
+    /// The key derivation's context: frozen (a change orphans every shared
+    /// object).
+    const CONTEXT: &'static str = "kvtier shared g4 key v1";
+
+    /// The shared keys of the cluster secret `secret`.
+    pub fn of(secret: &ClusterSecret) -> Self {
+        Self(NodeSecret::from_bytes(secret.derive_key(Self::CONTEXT)))
+    }
+
+    /// The map of namespace `ns`'s client keys to their shared keys.
+    pub fn key_map(&self, ns: &Namespace) -> KeyMap {
+        KeyMap::new(NamespaceKey::derive(&self.0, ns))
     }
 }
 
@@ -106,6 +141,7 @@ impl PeerOptions {
             .map_err(|e| NodeError::Config(format!("peer.listen {:?}: {e}", section.listen)))?;
         let secret = ClusterSecret::from_file(&section.secret_file)?;
         let location_key = LocationKey::of(&secret);
+        let shared_keys = SharedKeys::of(&secret);
         let node = match section.node_name.as_str() {
             "" => crate::node_name(),
             name => name.to_owned(),
@@ -126,6 +162,7 @@ impl PeerOptions {
             server,
             advertise: parse_advertise(&section.advertise)?,
             location_key,
+            shared_keys,
             lookup_timeout: Duration::from_millis(section.lookup_timeout_ms),
             load_timeout: Duration::from_millis(section.load_timeout_ms),
         }))
@@ -196,5 +233,42 @@ impl NodePeer {
     /// reads held are let go), then returns.
     pub async fn shutdown(self) {
         self.handle.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod shared_key_tests {
+    use super::*;
+    use kvtier_core::BlockHash;
+
+    fn ns(salt: &[u8]) -> Namespace {
+        Namespace {
+            model: "m".into(),
+            dtype: "bf16".into(),
+            layout_version: 1,
+            block_size_tokens: 16,
+            tp_rank: 0,
+            tp_size: 1,
+            tenant_salt: Some(salt.to_vec()),
+        }
+    }
+
+    /// Every holder of the cluster secret derives one shared key per
+    /// (namespace, client key); another cluster, another tenant, or a
+    /// node's own stored-key map never does.
+    #[test]
+    fn shared_keys_are_the_clusters_per_namespace() {
+        let key = BlockHash(42);
+        let a = SharedKeys::of(&ClusterSecret::from_bytes([1; 32]));
+        let b = SharedKeys::of(&ClusterSecret::from_bytes([1; 32]));
+        let other = SharedKeys::of(&ClusterSecret::from_bytes([2; 32]));
+        let shared = a.key_map(&ns(b"t1")).stored(key);
+        assert_eq!(shared, b.key_map(&ns(b"t1")).stored(key));
+        assert_ne!(shared, other.key_map(&ns(b"t1")).stored(key));
+        assert_ne!(shared, a.key_map(&ns(b"t2")).stored(key));
+        let node = NodeSecret::from_bytes([1; 32]);
+        let own = KeyMap::new(NamespaceKey::derive(&node, &ns(b"t1"))).stored(key);
+        assert_ne!(shared, own, "the cluster secret is not used as is");
+        assert_eq!(format!("{a:?}"), "SharedKeys(..)");
     }
 }

@@ -298,6 +298,108 @@ impl PeerSectionConfig {
     }
 }
 
+/// `[shared_g4]`: a G4 the whole cluster shares, owned by the metadata
+/// service (docs/cluster.md, "A shared G4"). Each block committed on any
+/// node is written there once per cluster through the service's two-phase
+/// write, published as a location every node loads from, and deleted only
+/// by the service's reclaimer under `quota_bytes`: never by a node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedG4SectionConfig {
+    /// The store: `s3://bucket/prefix` (endpoint, region and credentials
+    /// from the environment, as `manager.g4_url`'s); empty (the default)
+    /// for none.
+    pub url: String,
+    /// The metadata-service storage of the store: created (kind `s3`) at
+    /// start if missing; one of that name with another URI stops the
+    /// start.
+    pub storage: String,
+    /// The instance group the shared blocks are charged to, created if
+    /// missing with `quota_bytes`.
+    pub group: String,
+    /// The instance the shared blocks are recorded under (one spec,
+    /// `block`), registered in `group` if missing.
+    pub instance: String,
+    /// The group's quota: the reclaimer deletes the least recently used
+    /// shared objects to keep below its watermark.
+    pub quota_bytes: u64,
+    /// Blocks waiting to be written at most; past it a committed block is
+    /// not written (counted as dropped).
+    pub queue_blocks: usize,
+    /// Blocks per write session.
+    pub batch: usize,
+}
+
+impl Default for SharedG4SectionConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            storage: "kvtier-shared-g4".into(),
+            group: "kvtier-shared-g4".into(),
+            instance: "kvtier-shared-g4".into(),
+            quota_bytes: 64 << 30,
+            queue_blocks: 4096,
+            batch: 64,
+        }
+    }
+}
+
+impl SharedG4SectionConfig {
+    /// Whether a shared G4 is configured (`url` set).
+    pub fn enabled(&self) -> bool {
+        !self.url.is_empty()
+    }
+
+    /// Checks the section against the others it depends on: the metadata
+    /// service runs beside the node and sees its commits (`meta_enabled`:
+    /// `meta.enabled` and `meta.publish_node_blocks`; it writes and
+    /// reclaims), the node has a cluster identity (`peer`: the shared keys
+    /// derive from the cluster secret), and the node's own G4 is another
+    /// store (`g4_url`: its pool would evict shared objects).
+    pub fn validate(
+        &self,
+        meta_enabled: bool,
+        peer: &PeerSectionConfig,
+        g4_url: &str,
+    ) -> kvtier_core::Result<()> {
+        let bad = |m: String| Err(CoreError::InvalidConfig(m));
+        if !self.enabled() {
+            return Ok(());
+        }
+        if !self.url.starts_with("s3://") {
+            return bad(format!(
+                "shared_g4.url {:?} must be an s3://bucket/prefix URL (a shared directory is not supported yet: the metadata service's file pools hold extents, not objects)",
+                self.url
+            ));
+        }
+        if !meta_enabled {
+            return bad("shared_g4.url needs meta.enabled and meta.publish_node_blocks: the metadata service writes the shared G4 and reclaims it".into());
+        }
+        if !peer.enabled() {
+            return bad("shared_g4.url needs a cluster identity ([peer] listen, cluster and secret_file): shared objects are keyed by the cluster secret".into());
+        }
+        let trim = |u: &str| u.trim_end_matches('/').to_owned();
+        let (own, shared) = (trim(g4_url), trim(&self.url));
+        if !own.is_empty()
+            && (own == shared
+                || own.starts_with(&format!("{shared}/"))
+                || shared.starts_with(&format!("{own}/")))
+        {
+            return bad(format!(
+                "manager.g4_url {g4_url:?} overlaps shared_g4.url {:?}: the node's own G4 pool would evict shared objects",
+                self.url
+            ));
+        }
+        if self.storage.is_empty() || self.group.is_empty() || self.instance.is_empty() {
+            return bad("shared_g4.storage, group and instance must be set".into());
+        }
+        if self.quota_bytes == 0 || self.queue_blocks == 0 || self.batch == 0 {
+            return bad("shared_g4.quota_bytes, queue_blocks and batch must be positive".into());
+        }
+        Ok(())
+    }
+}
+
 /// Every section a node is opened with: `[geometry]`, `[memory]`, `[disk]`,
 /// `[serve]` and `[manager]` of the configuration file (the `kvtier` binary
 /// reads the file, `[meta]` included, and hands the node these).
@@ -358,5 +460,62 @@ impl NodeConfig {
         } else {
             self.disk.dirs.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> PeerSectionConfig {
+        PeerSectionConfig {
+            listen: "127.0.0.1:0".into(),
+            cluster: "c".into(),
+            secret_file: "/etc/kvtier/cluster.secret".into(),
+            ..PeerSectionConfig::default()
+        }
+    }
+
+    fn shared(url: &str) -> SharedG4SectionConfig {
+        SharedG4SectionConfig {
+            url: url.into(),
+            ..SharedG4SectionConfig::default()
+        }
+    }
+
+    fn refusal(s: &SharedG4SectionConfig, meta: bool, p: &PeerSectionConfig, g4: &str) -> String {
+        s.validate(meta, p, g4).unwrap_err().to_string()
+    }
+
+    /// A shared G4 needs the metadata service, a cluster identity, an S3
+    /// store and a node G4 that is another store; off, nothing is checked.
+    #[test]
+    fn the_shared_g4_section_refuses_what_cannot_work() {
+        let s = shared("s3://b/shared");
+        s.validate(true, &peer(), "").unwrap();
+        s.validate(true, &peer(), "s3://b/own").unwrap();
+        shared("")
+            .validate(false, &PeerSectionConfig::default(), "s3://b/shared")
+            .unwrap();
+        assert!(refusal(&s, false, &peer(), "").contains("meta.enabled"));
+        let none = PeerSectionConfig::default();
+        assert!(refusal(&s, true, &none, "").contains("cluster identity"));
+        for own in [
+            "s3://b/shared",
+            "s3://b/shared/",
+            "s3://b/shared/x",
+            "s3://b",
+        ] {
+            assert!(
+                refusal(&s, true, &peer(), own).contains("overlaps"),
+                "{own}"
+            );
+        }
+        assert!(refusal(&shared("file:///mnt/g4"), true, &peer(), "").contains("s3://"));
+        let zero = SharedG4SectionConfig {
+            batch: 0,
+            ..s.clone()
+        };
+        assert!(refusal(&zero, true, &peer(), "").contains("positive"));
     }
 }

@@ -23,6 +23,10 @@
 //!   `Miss`, `Corrupt` (the object failed verification; the tier deletes it;
 //!   never served) or `Failed` (the store did not answer in time, or
 //!   refused).
+//! - [`ObjectBlocks`] puts and gets one block object at a path someone
+//!   else chose (the cluster's shared G4: the metadata service's write
+//!   sessions name the paths), under a key given per call, with the same
+//!   bytes and checks; its reads never delete.
 //! - [`format`](mod@format) is the object header and naming; [`RemoteStats`] the
 //!   counters; [`RemoteError`] the one error type.
 //!
@@ -51,6 +55,7 @@
 mod config;
 mod error;
 pub mod format;
+mod object;
 mod stats;
 mod store;
 #[cfg(feature = "test-support")]
@@ -59,5 +64,6 @@ mod tier;
 
 pub use config::RemoteConfig;
 pub use error::RemoteError;
+pub use object::ObjectBlocks;
 pub use stats::RemoteStats;
 pub use tier::{RemoteRead, RemoteTier};

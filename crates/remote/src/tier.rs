@@ -14,14 +14,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum, layer_checksums};
+use kvtier_core::{BlockHash, BlockSums, Geometry, Lookup, layer_checksum};
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, PutPayload};
 use tracing::Instrument;
 
 use kvtier_tier::BlockPut;
 
-use crate::format::{self, Header, HeaderError};
+use crate::format::{self, Header};
+use crate::object::{Bad, Fail, bounded, decode_verified, encode_checked, timed_out};
 use crate::stats::{Counters, RemoteStats};
 use crate::{RemoteConfig, RemoteError};
 
@@ -83,35 +84,6 @@ pub struct RemoteTier {
 /// Layer reads starting at most this many bytes after the header fetch the
 /// gap too, in one request, rather than making two requests.
 const COALESCE_GAP: u64 = 1 << 20;
-
-/// Why a store call gave no value.
-enum Fail {
-    NotFound,
-    Error(RemoteError),
-}
-
-/// Why a read produced no verified bytes, before it is counted.
-enum Bad {
-    Miss,
-    Corrupt(&'static str),
-    Failed(RemoteError),
-}
-
-impl From<HeaderError> for Bad {
-    fn from(e: HeaderError) -> Self {
-        Bad::Corrupt(match e {
-            HeaderError::Truncated => "header truncated",
-            HeaderError::BadMagic => "bad magic",
-            HeaderError::Unsupported => "unsupported version",
-            HeaderError::BadLength => "bad header length",
-            HeaderError::BadChecksum => "header checksum mismatch",
-            HeaderError::Inconsistent => "inconsistent header",
-            HeaderError::WrongKey => "object holds another block",
-            HeaderError::WrongShape => "object shape differs from the geometry",
-            HeaderError::InconsistentSums => "layer sums do not combine to the block sum",
-        })
-    }
-}
 
 impl RemoteTier {
     /// Builds the tier described by `cfg` for blocks of `geometry`. No
@@ -315,10 +287,7 @@ impl RemoteTier {
     }
 
     fn timed_out(&self, op: &str) -> RemoteError {
-        RemoteError::Unavailable(format!(
-            "{op} on {}: no answer within {:?}",
-            self.display, self.timeout
-        ))
+        timed_out(&self.display, self.timeout, op)
     }
 
     /// One store call under the timeout.
@@ -327,12 +296,7 @@ impl RemoteTier {
         op: &'static str,
         f: impl Future<Output = object_store::Result<T>>,
     ) -> Result<T, Fail> {
-        match tokio::time::timeout(self.timeout, f).await {
-            Err(_) => Err(Fail::Error(self.timed_out(op))),
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(object_store::Error::NotFound { .. })) => Err(Fail::NotFound),
-            Ok(Err(e)) => Err(Fail::Error(RemoteError::from_store(op, e))),
-        }
+        bounded(&self.display, self.timeout, op, f).await
     }
 
     async fn put_one(&self, p: &BlockPut<'_>) -> Result<(), RemoteError> {
@@ -349,35 +313,7 @@ impl RemoteTier {
     }
 
     async fn put_checked(&self, p: &BlockPut<'_>) -> Result<(), RemoteError> {
-        let g = &self.geometry;
-        if p.data.len() as u64 != g.block_bytes() {
-            return Err(RemoteError::WrongLength {
-                key: p.key,
-                what: "bytes",
-                found: p.data.len() as u64,
-                expected: g.block_bytes(),
-            });
-        }
-        if p.sums.layers.len() != g.layers as usize {
-            return Err(RemoteError::WrongLength {
-                key: p.key,
-                what: "layer checksums",
-                found: p.sums.layers.len() as u64,
-                expected: g.layers as u64,
-            });
-        }
-        let layer_bytes = usize::try_from(g.layer_bytes())
-            .map_err(|_| RemoteError::Config("layer larger than the address space".into()))?;
-        if !p.sums.is_consistent(p.key)
-            || layer_checksums(p.key, layer_bytes, p.data) != p.sums.layers
-        {
-            tracing::warn!(key = %p.key, "refusing to write a block that does not match its checksums");
-            return Err(RemoteError::Corrupt);
-        }
-        let header = Header::new(p.key, g, p.sums.clone()).encode();
-        let payload: PutPayload = [Bytes::from(header), Bytes::copy_from_slice(p.data)]
-            .into_iter()
-            .collect();
+        let payload = encode_checked(&self.geometry, p)?;
         let path = self.object_path(p.key);
         match self.call("put", self.store.put(&path, payload)).await {
             Ok(_) => Ok(()),
@@ -397,19 +333,7 @@ impl RemoteTier {
                 Fail::NotFound => Bad::Miss,
                 Fail::Error(e) => Bad::Failed(e),
             })?;
-        let header = Header::decode(&object)?;
-        header.check(key, &self.geometry)?;
-        let start = header.len();
-        if object.len() as u64 != start as u64 + header.block_bytes {
-            return Err(Bad::Corrupt("object length differs from the header's"));
-        }
-        let data = object.slice(start..);
-        let layer_bytes = usize::try_from(header.layer_bytes)
-            .map_err(|_| Bad::Corrupt("layer larger than the address space"))?;
-        if layer_checksums(key, layer_bytes, &data) != header.sums.layers {
-            return Err(Bad::Corrupt("data does not match its layer sums"));
-        }
-        Ok((data, header.sums))
+        decode_verified(&object, key, &self.geometry)
     }
 
     async fn read_one(
