@@ -40,6 +40,4 @@ pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spe
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use s3::{S3Backend, S3Options};
-pub use shared_g4::{
-    SHARED_SPEC, SharedG4Config, SharedG4Error, SharedG4Stats, SharedG4Writer, shared_block_key,
-};
+pub use shared_g4::{SHARED_SPEC, SharedG4Error, SharedG4Stats, SharedG4Writer, shared_block_key};

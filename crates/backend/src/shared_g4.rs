@@ -32,7 +32,8 @@ use kvtier_meta::{
     Storage, StorageHealth, StorageKind, WriteTarget,
 };
 use kvtier_node::{
-    CommitObserver, CommittedKey, HeldBlocks, HeldRead, Node, SessionNamespace, SharedKeys,
+    CommitObserver, CommittedKey, HeldBlocks, HeldRead, Node, SessionNamespace,
+    SharedG4SectionConfig, SharedKeys,
 };
 use kvtier_peer::LayerRange;
 use kvtier_remote::{ObjectBlocks, RemoteConfig, RemoteError, format};
@@ -46,49 +47,6 @@ pub const SHARED_SPEC: &str = "block";
 
 /// Objects written at once within a batch.
 const PUT_CONCURRENCY: usize = 8;
-
-/// How the node writes the shared G4 (`[shared_g4]`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SharedG4Config {
-    /// The store, `s3://bucket/prefix` (the storage's URI).
-    pub url: String,
-    /// The metadata-service storage of the store, created if missing.
-    pub storage: String,
-    /// The group shared blocks are charged to, created if missing.
-    pub group: String,
-    /// The instance they are recorded under, registered if missing.
-    pub instance: String,
-    /// The group's quota when this node creates it.
-    pub quota_bytes: u64,
-    /// Blocks waiting at most; past it a commit's block is dropped.
-    pub queue_blocks: usize,
-    /// Blocks per write session.
-    pub batch: usize,
-}
-
-impl SharedG4Config {
-    /// The store at `url` with `[shared_g4]`'s defaults.
-    pub fn new(url: impl Into<String>) -> Self {
-        let d = kvtier_node::SharedG4SectionConfig::default();
-        Self::from_section(&kvtier_node::SharedG4SectionConfig {
-            url: url.into(),
-            ..d
-        })
-    }
-
-    /// The writer's settings of the `[shared_g4]` section.
-    pub fn from_section(s: &kvtier_node::SharedG4SectionConfig) -> Self {
-        Self {
-            url: s.url.clone(),
-            storage: s.storage.clone(),
-            group: s.group.clone(),
-            instance: s.instance.clone(),
-            quota_bytes: s.quota_bytes,
-            queue_blocks: s.queue_blocks.max(1),
-            batch: s.batch.max(1),
-        }
-    }
-}
 
 /// Why the writer did not start.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +135,7 @@ struct Shared {
     node: Arc<Node>,
     svc: Arc<MetaService>,
     blocks: ObjectBlocks,
-    config: SharedG4Config,
+    config: SharedG4SectionConfig,
     counters: Counters,
     /// Blocks settled (written, present or failed), for `sync`.
     settled: watch::Sender<u64>,
@@ -224,21 +182,22 @@ impl std::fmt::Debug for SharedG4Writer {
 }
 
 impl SharedG4Writer {
-    /// Ensures the storage, group and instance in `svc`, observes `node`'s
-    /// commits and starts the worker. `store` is how the node reaches the
-    /// store (its URL must be `config.url`); `keys` the cluster's.
+    /// Ensures the storage, group and instance `config` names in `svc`,
+    /// observes `node`'s commits and starts the worker. `store` is how the
+    /// node reaches the store (its URL must be `config.url`); `keys` the
+    /// cluster's.
     pub async fn start(
         node: Arc<Node>,
         svc: Arc<MetaService>,
         keys: SharedKeys,
         store: &RemoteConfig,
-        config: SharedG4Config,
+        config: SharedG4SectionConfig,
     ) -> Result<Self, SharedG4Error> {
         let blocks = ObjectBlocks::open(store, *node.geometry())?;
         ensure_storage(&svc, &config)?;
         ensure_group(&svc, &config)?;
         ensure_instance(&svc, &config, &node).await?;
-        let (queue, rx) = mpsc::channel(config.queue_blocks);
+        let (queue, rx) = mpsc::channel(config.queue_blocks.max(1));
         let shared = Arc::new(Shared {
             node: node.clone(),
             svc,
@@ -338,7 +297,7 @@ impl Drop for SharedG4Writer {
 
 /// Creates the store's storage unless it exists; one of that name with
 /// another URI is refused.
-fn ensure_storage(svc: &MetaService, config: &SharedG4Config) -> Result<(), SharedG4Error> {
+fn ensure_storage(svc: &MetaService, config: &SharedG4SectionConfig) -> Result<(), SharedG4Error> {
     let url = config.url.trim_end_matches('/');
     match svc
         .list_storages()
@@ -364,7 +323,7 @@ fn ensure_storage(svc: &MetaService, config: &SharedG4Config) -> Result<(), Shar
 
 /// Creates the group, on the store's storage with the configured quota,
 /// unless it exists (then its settings are the operator's).
-fn ensure_group(svc: &MetaService, config: &SharedG4Config) -> Result<(), SharedG4Error> {
+fn ensure_group(svc: &MetaService, config: &SharedG4SectionConfig) -> Result<(), SharedG4Error> {
     if svc.list_groups().iter().any(|g| g.name == config.group) {
         return Ok(());
     }
@@ -390,7 +349,7 @@ fn ensure_group(svc: &MetaService, config: &SharedG4Config) -> Result<(), Shared
 /// refused by the registration (`DUPLICATE_ENTITY`).
 async fn ensure_instance(
     svc: &MetaService,
-    config: &SharedG4Config,
+    config: &SharedG4SectionConfig,
     node: &Node,
 ) -> Result<(), SharedG4Error> {
     let g = node.geometry();
@@ -415,11 +374,12 @@ async fn work(
     mut rx: mpsc::Receiver<Queued>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut batch = Vec::with_capacity(shared.config.batch);
+    let most = shared.config.batch.max(1);
+    let mut batch = Vec::with_capacity(most);
     loop {
         batch.clear();
         tokio::select! {
-            n = rx.recv_many(&mut batch, shared.config.batch) => if n == 0 { return },
+            n = rx.recv_many(&mut batch, most) => if n == 0 { return },
             _ = stop.changed() => return,
         }
         let n = batch.len();

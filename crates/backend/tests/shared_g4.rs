@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use common::{keys, store};
 use futures::TryStreamExt;
-use kvtier_backend::{BackendOptions, S3Options, SharedG4Config, SharedG4Writer, shared_block_key};
+use kvtier_backend::{BackendOptions, S3Options, SharedG4Writer, shared_block_key};
 use kvtier_client::BlockHash;
 use kvtier_meta::test_support::RedisServer;
 use kvtier_meta::{BlockMask, LocationQuery, MatchMode, MetaConfig, MetaService, RedisIndex};
 use kvtier_node::test_support::{namespace, small_config};
-use kvtier_node::{Node, NodeConfig, SharedKeys};
+use kvtier_node::{Node, NodeConfig, SharedG4SectionConfig, SharedKeys};
 use kvtier_peer::ClusterSecret;
 use kvtier_protocol::Namespace;
 use kvtier_remote::test_support::MotoServer;
@@ -49,7 +49,10 @@ impl Member {
             svc.clone(),
             keys,
             &moto.config(BUCKET, "g4"),
-            SharedG4Config::new(format!("s3://{BUCKET}/g4")),
+            SharedG4SectionConfig {
+                url: format!("s3://{BUCKET}/g4"),
+                ..SharedG4SectionConfig::default()
+            },
         )
         .await
         .unwrap();

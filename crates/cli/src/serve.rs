@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvtier_backend::{
     ClusterLookupConfig, ClusterNode, MetaClusterLookup, NodeView, NodeViewConfig, NodeViewSink,
-    SharedG4Config, SharedG4Writer,
+    SharedG4Writer,
 };
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
@@ -295,8 +295,7 @@ impl SharedG4Hook {
     /// Starts the writer over `node`; a writer that fails is logged.
     async fn start(self, node: Arc<Node>, svc: Arc<kvtier_meta::MetaService>) {
         let store = kvtier_node::remote_config(&self.section.url);
-        let config = SharedG4Config::from_section(&self.section);
-        match SharedG4Writer::start(node, svc, self.keys, &store, config).await {
+        match SharedG4Writer::start(node, svc, self.keys, &store, self.section).await {
             Ok(w) => {
                 let _ = self.writer.set(w);
             }
