@@ -5,21 +5,29 @@
 //! node's, authenticated ([`crate::location`]) for exactly this session's
 //! namespace and the key asked. Answers are cached briefly; each call is
 //! bounded by a deadline, and while the service errs or is slow the node
-//! answers from its own tiers only, with one warning per outage.
+//! answers from its own tiers only, with one warning per outage. With the
+//! cluster's shared G4 ([`SharedLookup`]), the keys past the located peer
+//! prefix are looked up, within the same deadline, in the shared instance
+//! by their shared keys, and the prefix continues there.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use kvtier_core::BlockHash;
 use kvtier_meta::{BlockKey, CacheLocation, LocationQuery, MetaService};
-use kvtier_node::{ClusterLookup, CommittedKey, PeerLocation, SessionNamespace};
+use kvtier_node::{
+    ClusterBlock, ClusterLookup, CommittedKey, PeerLocation, SessionNamespace, SharedKeys,
+    SharedLocation,
+};
 use kvtier_tier::BoxFuture;
 use parking_lot::Mutex;
 
 use crate::location::{Located, LocationKey, verify_mac};
 use crate::node_store::PublishedBlock;
 use crate::node_view::source_of;
+use crate::shared_g4::{SHARED_SPEC, shared_block_key};
 
 /// Keys asked of the service per lookup at most (below its default
 /// `max_keys`); a longer prefix is found by the next lookup.
@@ -36,6 +44,20 @@ pub struct ClusterLookupConfig {
     pub cache_ttl: Duration,
     /// Answers cached at most; past it the cache starts over.
     pub cache_max: usize,
+    /// The cluster's shared G4, when it has one: where the prefix goes on
+    /// past the peers' blocks.
+    pub shared: Option<SharedLookup>,
+}
+
+/// Where a cluster lookup finds the shared G4's blocks (docs/meta-api.md
+/// §10.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedLookup {
+    /// The cluster's shared keys.
+    pub keys: SharedKeys,
+    /// The instance the shared blocks are recorded under
+    /// (`shared_g4.instance`).
+    pub instance: String,
 }
 
 impl ClusterLookupConfig {
@@ -47,6 +69,7 @@ impl ClusterLookupConfig {
             timeout: Duration::from_millis(50),
             cache_ttl: Duration::from_secs(1),
             cache_max: 1 << 16,
+            shared: None,
         }
     }
 }
@@ -69,7 +92,7 @@ pub struct ClusterLookupStats {
 
 /// A cached answer for one (namespace, client key): where it is, or not
 /// found.
-type Cached = (Instant, Option<PeerLocation>);
+type Cached = (Instant, Option<ClusterBlock>);
 
 /// The node's cluster lookup over a metadata service.
 pub struct MetaClusterLookup {
@@ -171,7 +194,7 @@ impl MetaClusterLookup {
 
     /// The prefix of `keys` the cache answers in full (ending at a cached
     /// miss or the last key), or `None` when some key of it is not cached.
-    fn cached_prefix(&self, digest: u128, keys: &[CommittedKey]) -> Option<Vec<PeerLocation>> {
+    fn cached_prefix(&self, digest: u128, keys: &[CommittedKey]) -> Option<Vec<ClusterBlock>> {
         let now = Instant::now();
         let cache = self.cache.lock();
         let mut out = Vec::new();
@@ -188,7 +211,7 @@ impl MetaClusterLookup {
 
     /// Caches `found` for the leading keys of `keys` and a miss for the
     /// key after them, if any.
-    fn remember(&self, digest: u128, keys: &[CommittedKey], found: &[PeerLocation]) {
+    fn remember(&self, digest: u128, keys: &[CommittedKey], found: &[ClusterBlock]) {
         let until = Instant::now() + self.config.cache_ttl;
         let mut cache = self.cache.lock();
         if cache.len() + found.len() + 1 > self.config.cache_max {
@@ -202,15 +225,79 @@ impl MetaClusterLookup {
         }
     }
 
-    /// Asks the service, within the deadline; `None` when it erred or
-    /// was too slow.
-    async fn ask(&self, ns: &SessionNamespace, keys: &[CommittedKey]) -> Option<Vec<PeerLocation>> {
+    /// Asks the service for the peers' prefix, then the shared G4's
+    /// continuation, within one deadline; `None` when it erred or was too
+    /// slow for the first.
+    async fn ask(&self, ns: &SessionNamespace, keys: &[CommittedKey]) -> Option<Vec<ClusterBlock>> {
+        let deadline = tokio::time::Instant::now() + self.config.timeout;
+        let peers = self.ask_peers(ns, keys, deadline).await?;
+        let mut found: Vec<ClusterBlock> = peers.into_iter().map(ClusterBlock::Peer).collect();
+        if let Some(shared) = &self.config.shared
+            && found.len() < keys.len()
+        {
+            let rest = &keys[found.len()..];
+            found.extend(self.ask_shared(shared, ns, rest, deadline).await);
+        }
+        Some(found)
+    }
+
+    /// The shared G4's prefix of `keys`, looked up by their shared keys;
+    /// empty when the service errs or the deadline passes (counted).
+    async fn ask_shared(
+        &self,
+        shared: &SharedLookup,
+        ns: &SessionNamespace,
+        keys: &[CommittedKey],
+        deadline: tokio::time::Instant,
+    ) -> Vec<ClusterBlock> {
+        let map = shared.keys.key_map(&ns.namespace);
+        let ids: Vec<BlockHash> = keys.iter().map(|k| map.stored(k.client)).collect();
+        let query = LocationQuery::prefix(ids.iter().map(|&s| shared_block_key(s)).collect());
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        let answer = tokio::time::timeout_at(
+            deadline,
+            self.svc.get_cache_location(&shared.instance, &query),
+        )
+        .await;
+        let found = match answer {
+            Ok(Ok(found)) => found,
+            Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_))) => return Vec::new(),
+            Ok(Err(_)) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                return Vec::new();
+            }
+            Err(_) => {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                return Vec::new();
+            }
+        };
+        (ids.into_iter().zip(found.locations))
+            .map_while(|(shared, loc)| {
+                let part = loc?
+                    .specs
+                    .iter()
+                    .find(|s| s.name == SHARED_SPEC)?
+                    .uri
+                    .clone();
+                Some(ClusterBlock::Shared(SharedLocation { uri: part, shared }))
+            })
+            .collect()
+    }
+
+    /// Asks the service for the peers' locations, by `deadline`; `None`
+    /// when it erred or was too slow.
+    async fn ask_peers(
+        &self,
+        ns: &SessionNamespace,
+        keys: &[CommittedKey],
+        deadline: tokio::time::Instant,
+    ) -> Option<Vec<PeerLocation>> {
         let source = source_of(ns);
         let query =
             LocationQuery::prefix(keys.iter().map(|k| BlockKey(k.client.0 as u64)).collect());
         self.queries.fetch_add(1, Ordering::Relaxed);
-        let answer = tokio::time::timeout(
-            self.config.timeout,
+        let answer = tokio::time::timeout_at(
+            deadline,
             self.svc.get_cache_location(&source.instance, &query),
         )
         .await;
@@ -307,7 +394,7 @@ impl ClusterLookup for MetaClusterLookup {
         &'a self,
         ns: &'a SessionNamespace,
         keys: &'a [CommittedKey],
-    ) -> BoxFuture<'a, Vec<PeerLocation>> {
+    ) -> BoxFuture<'a, Vec<ClusterBlock>> {
         Box::pin(async move {
             let keys = &keys[..keys.len().min(MAX_KEYS)];
             let digest = ns.namespace.digest();

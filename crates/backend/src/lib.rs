@@ -30,7 +30,7 @@ pub mod shared_g4;
 mod uri;
 
 pub use allocator::{Extent, ExtentAllocator, ReserveError};
-pub use cluster::{ClusterLookupConfig, ClusterLookupStats, MetaClusterLookup};
+pub use cluster::{ClusterLookupConfig, ClusterLookupStats, MetaClusterLookup, SharedLookup};
 pub use file_pool::{EXTENT_ALIGN, FilePool, FilePoolOptions, PoolSpaceError, RestoreSummary};
 /// A node's cluster identity (its peer server's), as
 /// [`BackendOptions::peer_identity`] takes it.

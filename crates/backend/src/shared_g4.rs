@@ -269,7 +269,11 @@ impl SharedG4Writer {
                 "Committed blocks not queued: the queue was full",
                 s.dropped,
             ),
-            ("bytes", "Bytes of blocks written to the shared G4", s.bytes),
+            (
+                "written_bytes",
+                "Bytes of blocks written to the shared G4",
+                s.bytes,
+            ),
         ] {
             let name = format!("kvtier_node_shared_g4_{name}");
             out.push_str(&format!(

@@ -244,7 +244,12 @@ async fn located(
         namespace: ns.clone(),
         instance: instance.map(str::to_owned),
     };
-    lookup.lookup(&sns, &asked).await
+    (lookup.lookup(&sns, &asked).await.into_iter())
+        .map(|l| match l {
+            kvtier_node::ClusterBlock::Peer(p) => p,
+            other => panic!("no shared G4 here: {other:?}"),
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

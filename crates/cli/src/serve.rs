@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use kvtier_backend::{
     ClusterLookupConfig, ClusterNode, MetaClusterLookup, NodeView, NodeViewConfig, NodeViewSink,
-    SharedG4Writer,
+    SharedG4Writer, SharedLookup,
 };
 use kvtier_manager::Tier;
 use kvtier_manager::events::EventSink;
@@ -104,7 +104,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
             None => None,
         };
         let cluster = match (&peer_options, &peer, publish) {
-            (Some(o), Some(p), true) => cluster_of(o, p.local_addr()),
+            (Some(o), Some(p), true) => cluster_of(o, p.local_addr(), &config.shared_g4),
             _ => None,
         };
         let view: Arc<OnceLock<NodeView>> = Arc::default();
@@ -142,6 +142,7 @@ pub fn run(config_path: Option<&Path>, args: ServeArgs) -> Result<()> {
                     .filter(|_| config.shared_g4.enabled())
                     .map(|o| SharedG4Hook {
                         keys: o.shared_keys.clone(),
+                        load_timeout: o.load_timeout,
                         section: config.shared_g4.clone(),
                         writer: shared_g4.clone(),
                     }),
@@ -252,7 +253,11 @@ struct Cluster {
 /// The cluster identity of a node whose peer server listens on `bound`
 /// and that publishes its blocks; `None` when it has no address to
 /// publish (checked before the start: see `PeerOptions::can_advertise`).
-fn cluster_of(options: &PeerOptions, bound: std::net::SocketAddr) -> Option<Cluster> {
+fn cluster_of(
+    options: &PeerOptions,
+    bound: std::net::SocketAddr,
+    shared_g4: &kvtier_node::SharedG4SectionConfig,
+) -> Option<Cluster> {
     let addr = options.advertised(bound)?;
     // The name the node view publishes under (the authority of its URIs).
     let name = kvtier_node::node_name();
@@ -264,6 +269,10 @@ fn cluster_of(options: &PeerOptions, bound: std::net::SocketAddr) -> Option<Clus
         },
         lookup: ClusterLookupConfig {
             timeout: options.lookup_timeout,
+            shared: shared_g4.enabled().then(|| SharedLookup {
+                keys: options.shared_keys.clone(),
+                instance: shared_g4.instance.clone(),
+            }),
             ..ClusterLookupConfig::new(name)
         },
     })
@@ -287,14 +296,24 @@ struct ViewHook {
 /// What the shared G4's writer starts with once the node is open.
 struct SharedG4Hook {
     keys: kvtier_node::SharedKeys,
+    /// How long a `Load` waits for the shared G4 (`peer.load_timeout_ms`).
+    load_timeout: Duration,
     section: kvtier_node::SharedG4SectionConfig,
     writer: Arc<OnceLock<SharedG4Writer>>,
 }
 
 impl SharedG4Hook {
-    /// Starts the writer over `node`; a writer that fails is logged.
+    /// Installs the shared G4's reader on `node` and starts its writer; a
+    /// writer that fails is logged.
     async fn start(self, node: Arc<Node>, svc: Arc<kvtier_meta::MetaService>) {
         let store = kvtier_node::remote_config(&self.section.url);
+        match kvtier_remote::ObjectBlocks::open(&store, *node.geometry()) {
+            Ok(blocks) => {
+                let reader = kvtier_node::SharedReader::new(blocks, self.load_timeout);
+                node.set_shared_reader(Arc::new(reader));
+            }
+            Err(e) => tracing::error!(error = %e, "could not open the shared G4"),
+        }
         match SharedG4Writer::start(node, svc, self.keys, &store, self.section).await {
             Ok(w) => {
                 let _ = self.writer.set(w);

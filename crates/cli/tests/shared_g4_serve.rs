@@ -2,17 +2,27 @@
 //! S3 bucket (moto) as their shared G4 (docs/cluster.md, "A shared G4"):
 //! blocks stored through node A's socket are written to the bucket once,
 //! counted on A's `/metrics`; node B storing the same blocks finds them
-//! present and writes nothing. A start with `[shared_g4]` but without the
+//! present and writes nothing. With A stopped and its data directory
+//! deleted, B's `Lookup` answers them with the shared G4's tier (kind
+//! Remote) and B's `Load` brings them byte-exact; a corrupt object is a
+//! miss, never served; another tenant finds nothing. A start with
+//! `[shared_g4]` but without the
 //! metadata service or a cluster identity, or with the node's own G4 on
 //! the shared store, stops with a message saying why.
 
 use std::path::Path;
 
+use bytes::Bytes;
 use futures::TryStreamExt;
+use kvtier_client::{BlockHash, Client};
+use kvtier_core::{Tier, TierKind};
 use kvtier_meta::test_support::RedisServer;
 use kvtier_remote::test_support::MotoServer;
 use object_store::ObjectStore;
-use support::node::{Daemon, secret_in, shm_name, store_blocks, wait_until};
+use object_store::path::Path as ObjectPath;
+use support::node::{
+    Daemon, Stats, block, block_bytes, secret_in, shm_name, store_blocks, wait_until,
+};
 
 mod support;
 
@@ -48,21 +58,64 @@ fn counter(daemon: &Daemon, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name}:\n{metrics}"))
 }
 
+/// The objects in the bucket with their bytes.
+fn objects_of(moto: &MotoServer) -> Vec<(ObjectPath, Bytes)> {
+    let store = moto.store(BUCKET);
+    block_on(async {
+        let listed: Vec<_> = store.list(None).try_collect().await.expect("list");
+        let mut out = Vec::new();
+        for meta in listed {
+            let bytes = store
+                .get(&meta.location)
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            out.push((meta.location, bytes));
+        }
+        out
+    })
+}
+
 /// Objects in the bucket.
 fn objects(moto: &MotoServer) -> usize {
+    objects_of(moto).len()
+}
+
+/// Writes `objects` back to the bucket.
+fn put_objects(moto: &MotoServer, objects: &[(ObjectPath, Bytes)]) {
     let store = moto.store(BUCKET);
-    let rt = tokio::runtime::Builder::new_current_thread()
+    block_on(async {
+        for (path, bytes) in objects {
+            store.put(path, bytes.clone().into()).await.expect("put");
+        }
+    })
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
-    let listed: Vec<_> = rt
-        .block_on(store.list(None).try_collect())
-        .expect("list the bucket");
-    listed.len()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Loads `ks` through `client` and checks each block it answers against
+/// the bytes stored; how many came.
+fn load_all(client: &mut Client, ks: &[u128]) -> usize {
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; block_bytes()]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let n = client.load_into(&keys, &mut dsts).expect("load");
+    for (k, got) in ks.iter().zip(&bufs).take(n) {
+        assert!(got[..] == block(*k)[..], "block {k:#x} differs");
+    }
+    n
 }
 
 #[test]
-fn blocks_stored_on_a_node_are_written_to_the_shared_g4_once() {
+fn blocks_written_once_to_the_shared_g4_load_byte_exact_after_their_node_is_gone() {
     let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
     let moto = MotoServer::start();
     moto.create_bucket(BUCKET);
@@ -72,6 +125,7 @@ fn blocks_stored_on_a_node_are_written_to_the_shared_g4_once() {
     let a = member(da.path(), "g4-a", &redis.url(), &secret, &moto);
     let b = member(db.path(), "g4-b", &redis.url(), &secret, &moto);
 
+    // A commits: each block written once.
     let ks: Vec<u128> = (1..=3).map(|k| k | (0x64 << 64)).collect();
     store_blocks(&mut a.client(), &ks);
     let written = "kvtier_node_shared_g4_written_total";
@@ -81,14 +135,59 @@ fn blocks_stored_on_a_node_are_written_to_the_shared_g4_once() {
     assert_eq!(objects(&moto), 3);
     assert_eq!(counter(&a, "kvtier_node_shared_g4_failed_total"), 0);
 
-    store_blocks(&mut b.client(), &ks);
+    // C, a third node, stores them too: present, nothing written again.
+    let dc = tempfile::tempdir().unwrap();
+    let c = member(dc.path(), "g4-c", &redis.url(), &secret, &moto);
+    store_blocks(&mut c.client(), &ks);
     let present = "kvtier_node_shared_g4_present_total";
-    wait_until("node B to find them in the shared G4", || {
-        (counter(&b, present) == 3).then_some(())
+    wait_until("node C to find them in the shared G4", || {
+        (counter(&c, present) == 3).then_some(())
     });
-    assert_eq!(counter(&b, written), 0);
+    assert_eq!(counter(&c, written), 0);
     assert_eq!(objects(&moto), 3);
-    drop((a, b));
+    drop(c);
+
+    // A and C are gone, A's data with it: B finds the blocks in the shared
+    // G4, listed after the peer tier, kind Remote.
+    drop(a);
+    drop(da);
+    let mut on_b = b.client();
+    let tiers = on_b.tiers().to_vec();
+    let shared = *tiers.last().expect("tiers");
+    assert_eq!(shared.kind, TierKind::Remote, "{tiers:?}");
+    assert_eq!(tiers[tiers.len() - 2].kind, TierKind::Peer, "{tiers:?}");
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    wait_until("node B to find the blocks in the shared G4", || {
+        (on_b.lookup(&keys).unwrap() == [shared.tier; 3]).then_some(())
+    });
+
+    // A corrupt object is a miss, never served, and stays in the store.
+    let good = objects_of(&moto);
+    let bad: Vec<(ObjectPath, Bytes)> = (good.iter())
+        .map(|(p, b)| {
+            let mut v = b.to_vec();
+            let last = v.len() - 1;
+            v[last] ^= 0x20;
+            (p.clone(), Bytes::from(v))
+        })
+        .collect();
+    put_objects(&moto, &bad);
+    assert_eq!(load_all(&mut on_b, &ks), 0);
+    assert_eq!(Stats::of(&mut on_b).get("shared_g4_misses"), 3);
+    assert_eq!(objects(&moto), 3);
+
+    // Mended, they load byte-exact into B's G2.
+    put_objects(&moto, &good);
+    assert_eq!(load_all(&mut on_b, &ks), 3);
+    assert_eq!(on_b.lookup(&keys).unwrap(), [Tier::G2; 3]);
+    assert_eq!(Stats::of(&mut on_b).get("shared_g4_hits"), 3);
+
+    // Another tenant finds nothing of them on B.
+    let mut config = b.client_config();
+    config.namespace.tenant_salt = Some(b"another tenant".to_vec());
+    let mut tenant = Client::connect(config).expect("connect");
+    assert_eq!(tenant.lookup(&keys).unwrap(), []);
+    drop(b);
 }
 
 /// `kvtier serve` with `[shared_g4]` and `extra` exits with an error that

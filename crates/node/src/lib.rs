@@ -53,6 +53,7 @@ mod sections;
 mod server;
 mod session;
 pub mod shape;
+mod shared_load;
 mod stats;
 #[cfg(feature = "test-support")]
 pub mod test_support;
@@ -63,7 +64,10 @@ pub use conn::{HELLO_FRAME_MAX, HELLO_STRING_MAX, request_frame_limit};
 pub use error::NodeError;
 pub use host::{NodeHost, OpenHook};
 pub use node::{Node, remote_config};
-pub use observer::{ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace};
+pub use observer::{
+    ClusterBlock, ClusterLookup, CommitObserver, CommittedKey, PeerLocation, SessionNamespace,
+    SharedLocation,
+};
 pub use peer::{LocationKey, NodePeer, PeerOptions, SharedKeys};
 pub use peer_load::PeerReader;
 pub use peer_source::{HeldBlocks, HeldRead, NodeSource};
@@ -71,4 +75,5 @@ pub use sections::{
     ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig, SharedG4SectionConfig,
 };
 pub use server::NodeServer;
+pub use shared_load::SharedReader;
 pub use stats::NodeStats;

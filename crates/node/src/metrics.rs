@@ -124,6 +124,21 @@ fn sessions(t: &mut Text, s: &NodeStats) {
             s.peer_bytes,
         ),
         (
+            "shared_g4_hits",
+            "Blocks a Load brought from the cluster's shared G4 into G2.",
+            s.shared_g4_hits,
+        ),
+        (
+            "shared_g4_misses",
+            "Blocks located in the shared G4 a Load could not bring.",
+            s.shared_g4_misses,
+        ),
+        (
+            "shared_g4_bytes",
+            "Bytes of the blocks brought from the shared G4.",
+            s.shared_g4_bytes,
+        ),
+        (
             "reserved",
             "Slots reserved for clients to fill.",
             s.reserved,

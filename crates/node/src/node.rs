@@ -25,6 +25,7 @@ use tokio::task::JoinHandle;
 use crate::observer::{ClusterLookup, CommitObserver, CommitObservers};
 use crate::peer_load::PeerReader;
 use crate::shape::Shape;
+use crate::shared_load::SharedReader;
 use crate::stats::Counters;
 use crate::{NodeConfig, NodeError, NodeOptions, NodeStats};
 
@@ -54,6 +55,9 @@ pub struct Node {
     /// Reads the blocks the cluster located from their nodes, once set
     /// (see [`Node::set_peer_reader`]).
     peer_reader: OnceLock<Arc<PeerReader>>,
+    /// Reads the blocks the cluster lookup located in the shared G4 (see
+    /// [`Node::set_shared_reader`]).
+    shared_reader: OnceLock<Arc<SharedReader>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -182,6 +186,7 @@ impl Node {
             observers: CommitObservers::default(),
             cluster: OnceLock::new(),
             peer_reader: OnceLock::new(),
+            shared_reader: OnceLock::new(),
         });
         let stepper = tokio::spawn(step_loop(Arc::downgrade(&node), stop_rx));
         *node.stepper.lock() = Some(stepper);
@@ -297,6 +302,27 @@ impl Node {
     /// per node: a second call is refused (returns false).
     pub fn set_peer_reader(&self, reader: Arc<PeerReader>) -> bool {
         self.peer_reader.set(reader).is_ok()
+    }
+
+    /// Reads the blocks a session's lookups located in the cluster's shared
+    /// G4 when it `Load`s them, from now on; sessions that start afterwards
+    /// list the shared tier in their `HelloOk`. One per node: a second call
+    /// is refused (returns false).
+    pub fn set_shared_reader(&self, reader: Arc<SharedReader>) -> bool {
+        self.shared_reader.set(reader).is_ok()
+    }
+
+    /// The reader installed by [`set_shared_reader`](Self::set_shared_reader).
+    pub(crate) fn shared_reader(&self) -> Option<&Arc<SharedReader>> {
+        self.shared_reader.get()
+    }
+
+    /// The tier a session is told the shared G4's blocks are in: just below
+    /// the peer tier (a peer's DRAM or disk is faster than an object
+    /// store), when the node has a cluster lookup and a shared reader.
+    pub fn shared_tier(&self) -> Option<Tier> {
+        self.shared_reader.get()?;
+        self.peer_tier()?.below()
     }
 
     /// The reader installed by [`set_peer_reader`](Self::set_peer_reader).

@@ -82,6 +82,26 @@ pub struct PeerLocation {
     pub sum: BlockChecksum,
 }
 
+/// Where the cluster's shared G4 holds a block (docs/meta-api.md §10.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedLocation {
+    /// The object's URI in the shared store, as the write session named it.
+    pub uri: String,
+    /// The block's shared key, which the object's header must name and
+    /// its sums are keyed by.
+    pub shared: BlockHash,
+}
+
+/// Where the cluster holds one block: on another node, or in the shared
+/// G4.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterBlock {
+    /// In another node's tiers, read through its peer server.
+    Peer(PeerLocation),
+    /// In the cluster's shared G4, read from the store.
+    Shared(SharedLocation),
+}
+
 /// Finds blocks on the other nodes of the cluster. Installed on the node by
 /// `kvtier serve` ([`Node::set_cluster_lookup`](crate::Node::set_cluster_lookup))
 /// when it has a metadata service and a cluster identity; the session's
@@ -90,11 +110,12 @@ pub trait ClusterLookup: Send + Sync {
     /// Where the cluster holds the longest prefix of `keys` (each a client
     /// key with this node's stored key for it; `sum` is 0): one entry per
     /// key of the prefix, at most `keys.len()`, none for this node's own
-    /// locations. Bounded in time by the implementation: an unreachable
+    /// locations; another node's location is preferred to the shared G4's
+    /// (a peer's DRAM or disk is faster than an object store). Bounded in time by the implementation: an unreachable
     /// metadata service answers an empty prefix, never an error.
     fn lookup<'a>(
         &'a self,
         ns: &'a SessionNamespace,
         keys: &'a [CommittedKey],
-    ) -> BoxFuture<'a, Vec<PeerLocation>>;
+    ) -> BoxFuture<'a, Vec<ClusterBlock>>;
 }

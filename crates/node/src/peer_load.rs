@@ -69,25 +69,9 @@ pub(crate) async fn fetch(
 ) -> Fetched {
     let deadline = tokio::time::Instant::now() + reader.timeout;
     let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
-    let granted = match manager.reserve_host(&keys).await {
-        Ok(granted) => granted,
-        Err(e) => {
-            tracing::warn!(error = %e, "no G2 slots for blocks located on peers");
-            return Fetched::default();
-        }
-    };
-    // A key already held, in flight or without room ends the prefix; the
-    // reservations past it drop with the iterator (their slots freed).
-    let mut slots: Vec<HostReservation> = granted
-        .into_iter()
-        .map_while(|g| match g {
-            HostReserve::Reserved(r) => Some(r),
-            _ => None,
-        })
-        .collect();
+    let mut slots = reserve_prefix(manager, &keys, "peers").await;
     let peer_sums = read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
     slots.truncate(peer_sums.len());
-    let block_bytes = slots.first_mut().map_or(0, |r| r.bytes_mut().len() as u64);
     let layer_bytes = manager.geometry().layer_bytes();
     let read: Vec<Landed> = (slots.into_iter().zip(peer_sums).zip(wanted))
         .map(|((slot, peer_sums), (_, location))| Landed {
@@ -99,6 +83,42 @@ pub(crate) async fn fetch(
     let Some(batch) = sum_slots(read, layer_bytes).await else {
         return Fetched::default();
     };
+    commit_prefix(manager, batch).await
+}
+
+/// G2 slots for the leading `keys` the manager reserves: a key already
+/// held, in flight or without room ends the prefix (the reservations past
+/// it drop with the iterator, their slots freed). `from` names where the
+/// blocks come from, for the log.
+pub(crate) async fn reserve_prefix(
+    manager: &BlockManager,
+    keys: &[BlockHash],
+    from: &str,
+) -> Vec<HostReservation> {
+    match manager.reserve_host(keys).await {
+        Ok(granted) => granted
+            .into_iter()
+            .map_while(|g| match g {
+                HostReserve::Reserved(r) => Some(r),
+                _ => None,
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, from, "no G2 slots for blocks located in the cluster");
+            Vec::new()
+        }
+    }
+}
+
+/// Commits the filled slots of `batch` (each with its sums under this
+/// node's key): what became readable, up to the first that did not.
+pub(crate) async fn commit_prefix(
+    manager: &BlockManager,
+    mut batch: Vec<(HostReservation, BlockSums)>,
+) -> Fetched {
+    let block_bytes = batch
+        .first_mut()
+        .map_or(0, |(r, _)| r.bytes_mut().len() as u64);
     let block_sums: Vec<BlockChecksum> = batch.iter().map(|(_, s)| s.block).collect();
     let sums: Vec<BlockChecksum> = (manager.commit_host(batch).await.into_iter())
         .zip(block_sums)

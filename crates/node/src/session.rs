@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvtier_core::{BlockHash, BlockSums, Tier, TierKind};
+use kvtier_core::{BlockChecksum, BlockHash, BlockSums, Tier, TierKind};
 use kvtier_manager::manager::{HostCommit, HostReservation, HostReserve, ManagerError, Onboarding};
 use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
@@ -25,8 +25,7 @@ use crate::conn::{
     FrameReader, Limits, ReadFailure, Wait, WriteFailure, Writer, check_hello_strings, clip, error,
     request_frame_limit,
 };
-use crate::observer::{CommittedKey, PeerLocation, SessionNamespace};
-use crate::peer_load::Located;
+use crate::observer::{ClusterBlock, CommittedKey, PeerLocation, SessionNamespace, SharedLocation};
 use crate::stats::Counters;
 use crate::{Node, NodeHost};
 
@@ -453,6 +452,37 @@ impl Conn {
     }
 }
 
+/// How many leading blocks of `located` are located alike (on peers, or
+/// in the shared G4): at least one unless `located` is empty.
+fn run_of(located: &[(BlockHash, ClusterBlock)]) -> usize {
+    let shared = |l: &ClusterBlock| matches!(l, ClusterBlock::Shared(_));
+    let Some((_, first)) = located.first() else {
+        return 0;
+    };
+    located
+        .iter()
+        .take_while(|(_, l)| shared(l) == shared(first))
+        .count()
+}
+
+/// A run's peer locations and shared ones (one of the two is empty).
+#[allow(clippy::type_complexity)]
+fn split_run(
+    run: &[(BlockHash, ClusterBlock)],
+) -> (
+    Vec<(BlockHash, PeerLocation)>,
+    Vec<(BlockHash, SharedLocation)>,
+) {
+    let (mut peers, mut shared) = (Vec::new(), Vec::new());
+    for (k, l) in run {
+        match l {
+            ClusterBlock::Peer(p) => peers.push((*k, p.clone())),
+            ClusterBlock::Shared(s) => shared.push((*k, s.clone())),
+        }
+    }
+    (peers, shared)
+}
+
 struct Session {
     node: Arc<Node>,
     id: u64,
@@ -464,9 +494,12 @@ struct Session {
     key_cache: KeyCache,
     /// Where the session's `HelloOk` put the peer tier, if it listed one.
     peer_tier: Option<Tier>,
-    /// Blocks the session's lookups found on other nodes, by this node's
-    /// stored key, each for one lease: what a `Load` of them fetches.
-    located: HashMap<BlockHash, Leased<PeerLocation>>,
+    /// Where it put the shared G4's tier, if it listed one.
+    shared_tier: Option<Tier>,
+    /// Blocks the session's lookups found on other nodes or in the shared
+    /// G4, by this node's stored key, each for one lease: what a `Load` of
+    /// them fetches.
+    located: HashMap<BlockHash, Leased<ClusterBlock>>,
     /// The nodes this session brought blocks from (each logged once).
     peers_named: HashSet<String>,
     reservations: HashMap<BlockHash, Leased<HostReservation>>,
@@ -489,6 +522,7 @@ impl Session {
             namespace: None,
             key_cache: KeyCache::default(),
             peer_tier: None,
+            shared_tier: None,
             located: HashMap::new(),
             peers_named: HashSet::new(),
             reservations: HashMap::new(),
@@ -666,6 +700,13 @@ impl Session {
                 kind: TierKind::Peer,
             });
         }
+        self.shared_tier = self.node.shared_tier().filter(|_| self.peer_tier.is_some());
+        if let Some(tier) = self.shared_tier {
+            tiers.push(TierInfo {
+                tier,
+                kind: TierKind::Remote,
+            });
+        }
         let memory = self.node.memory();
         let ok = HelloOk {
             protocol_version: PROTOCOL_VERSION,
@@ -755,11 +796,11 @@ impl Session {
         })]
     }
 
-    /// The peer tier for each key of the prefix of `rest` the cluster
-    /// holds, when the session lists the peer tier; each location is
-    /// remembered for one lease.
+    /// The tier for each key of the prefix of `rest` the cluster holds
+    /// (the peer tier, or the shared G4's), when the session lists the
+    /// peer tier; each location is remembered for one lease.
     async fn cluster_prefix(&mut self, rest: &[CommittedKey]) -> Vec<Tier> {
-        let (Some(tier), Some(cluster), Some(ns)) = (
+        let (Some(_), Some(cluster), Some(ns)) = (
             self.peer_tier,
             self.node.cluster_lookup().cloned(),
             self.namespace.clone(),
@@ -768,20 +809,31 @@ impl Session {
         };
         let c = &self.node.counters;
         Counters::add(&c.cluster_lookups, 1);
-        let mut located = cluster.lookup(&ns, rest).await;
-        located.truncate(rest.len());
-        if located.is_empty() {
+        let located = cluster.lookup(&ns, rest).await;
+        let tiers: Vec<Tier> = located
+            .iter()
+            .take(rest.len())
+            .map_while(|l| self.tier_of(l))
+            .collect();
+        if tiers.is_empty() {
             Counters::add(&c.cluster_misses, 1);
             return Vec::new();
         }
-        Counters::add(&c.cluster_hits, located.len() as u64);
-        let n = located.len();
-        self.remember(rest.iter().map(|k| k.stored).zip(located));
-        vec![tier; n]
+        Counters::add(&c.cluster_hits, tiers.len() as u64);
+        self.remember(rest.iter().map(|k| k.stored).zip(located).take(tiers.len()));
+        tiers
+    }
+
+    /// The tier the session was told blocks at `located` are in.
+    fn tier_of(&self, located: &ClusterBlock) -> Option<Tier> {
+        match located {
+            ClusterBlock::Peer(_) => self.peer_tier,
+            ClusterBlock::Shared(_) => self.shared_tier,
+        }
     }
 
     /// Remembers where the cluster holds these blocks, for one lease.
-    fn remember(&mut self, located: impl Iterator<Item = (BlockHash, PeerLocation)>) {
+    fn remember(&mut self, located: impl Iterator<Item = (BlockHash, ClusterBlock)>) {
         let now = Instant::now();
         let until = now + self.node.options().lease;
         for (key, value) in located {
@@ -795,9 +847,9 @@ impl Session {
         }
     }
 
-    /// Where the session's last lookups found `key` on another node, while
+    /// Where the session's last lookups found `key` in the cluster, while
     /// their lease lasts.
-    fn located(&self, key: BlockHash) -> Option<&PeerLocation> {
+    fn located(&self, key: BlockHash) -> Option<&ClusterBlock> {
         self.located
             .get(&key)
             .filter(|l| l.until > Instant::now())
@@ -805,38 +857,40 @@ impl Session {
     }
 
     /// Brings the blocks of `keys` that continue the node's own prefix and
-    /// that the session's lookups located on other nodes into G2 from
-    /// those nodes (within `peer.load_timeout_ms`), so the `Load` that
-    /// follows finds them local. What does not come is a miss of that
-    /// `Load`, never an error. `clients` are the client keys of `keys`;
-    /// the commit observer is told of the blocks brought, as of a commit.
+    /// that the session's lookups located in the cluster into G2: from the
+    /// nodes that hold them (within `peer.load_timeout_ms`) or the shared
+    /// G4, run by run, so the `Load` that follows finds them local. What
+    /// does not come is a miss of that `Load` from there on, never an
+    /// error. `clients` are the client keys of `keys`; the commit observer
+    /// is told of the blocks brought, as of a commit.
     async fn bring_located(&mut self, clients: &[BlockHash], keys: &[BlockHash]) {
         if self.located.is_empty() {
             return;
         }
-        let Some(reader) = self.node.peer_reader().cloned() else {
-            return;
-        };
         let local = self.node.manager().lookup(keys).len().min(keys.len());
-        let wanted: Vec<Located> = keys[local..]
+        let wanted: Vec<(BlockHash, ClusterBlock)> = keys[local..]
             .iter()
             .map_while(|&k| self.located(k).map(|l| (k, l.clone())))
             .collect();
-        if wanted.is_empty() {
-            return;
+        let mut sums: Vec<BlockChecksum> = Vec::with_capacity(wanted.len());
+        while sums.len() < wanted.len() {
+            let at = sums.len();
+            let run = run_of(&wanted[at..]);
+            let got = self.bring_run(&wanted[at..at + run]).await;
+            let complete = got.len() == run;
+            for (key, _) in &wanted[at..at + got.len()] {
+                self.located.remove(key);
+            }
+            sums.extend(got);
+            if !complete {
+                break;
+            }
         }
-        let fetched = crate::peer_load::fetch(self.node.manager(), &reader, &wanted).await;
-        let brought = fetched.sums.len();
-        let c = &self.node.counters;
-        Counters::add(&c.peer_loads, 1);
-        Counters::add(&c.peer_hits, brought as u64);
-        Counters::add(&c.peer_misses, (wanted.len() - brought) as u64);
-        Counters::add(&c.peer_bytes, fetched.bytes);
         if let Some((observer, ns)) = self.node.commit_observer().zip(self.namespace.as_ref())
-            && brought > 0
+            && !sums.is_empty()
         {
             let committed: Vec<CommittedKey> = (clients[local..].iter().zip(&wanted))
-                .zip(&fetched.sums)
+                .zip(&sums)
                 .map(|((&client, (stored, _)), &sum)| CommittedKey {
                     client,
                     stored: *stored,
@@ -845,19 +899,51 @@ impl Session {
                 .collect();
             observer.committed(ns, &committed);
         }
-        for (key, location) in &wanted[..brought] {
-            self.located.remove(key);
+    }
+
+    /// Brings one run of blocks located alike (all on peers, or all in the
+    /// shared G4), counted: the sums of the leading ones brought.
+    async fn bring_run(&mut self, run: &[(BlockHash, ClusterBlock)]) -> Vec<BlockChecksum> {
+        let manager = self.node.manager();
+        let c = &self.node.counters;
+        let (peers, shared) = split_run(run);
+        if !peers.is_empty() {
+            let Some(reader) = self.node.peer_reader().cloned() else {
+                return Vec::new();
+            };
+            let fetched = crate::peer_load::fetch(manager, &reader, &peers).await;
+            let brought = fetched.sums.len();
+            Counters::add(&c.peer_loads, 1);
+            Counters::add(&c.peer_hits, brought as u64);
+            Counters::add(&c.peer_misses, (peers.len() - brought) as u64);
+            Counters::add(&c.peer_bytes, fetched.bytes);
+            self.log_peers(&peers[..brought]);
+            return fetched.sums;
+        }
+        let Some(reader) = self.node.shared_reader().cloned() else {
+            return Vec::new();
+        };
+        let fetched = crate::shared_load::fetch(manager, &reader, &shared).await;
+        let brought = fetched.sums.len();
+        Counters::add(&c.shared_g4_hits, brought as u64);
+        Counters::add(&c.shared_g4_misses, (shared.len() - brought) as u64);
+        Counters::add(&c.shared_g4_bytes, fetched.bytes);
+        tracing::debug!(
+            session = self.id,
+            located = shared.len(),
+            brought,
+            "a prefix from the shared G4"
+        );
+        fetched.sums
+    }
+
+    /// Logs, once per session, each node blocks were brought from.
+    fn log_peers(&mut self, brought: &[(BlockHash, PeerLocation)]) {
+        for (_, location) in brought {
             if self.peers_named.insert(location.node.clone()) {
                 tracing::info!(session = self.id, node = %location.node, addr = %location.addr, "loading blocks from a peer node");
             }
         }
-        tracing::debug!(
-            session = self.id,
-            node = %wanted[0].1.node,
-            located = wanted.len(),
-            brought,
-            "a prefix from the cluster"
-        );
     }
 
     async fn reserve(

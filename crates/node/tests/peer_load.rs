@@ -14,7 +14,8 @@ use kvtier_client::{Client, ClientConfig, WireGeometry};
 use kvtier_core::{BlockHash, BlockSums, Lookup, TierKind};
 use kvtier_node::test_support::{TestNode, namespace, small_config};
 use kvtier_node::{
-    ClusterLookup, CommittedKey, NodeStats, PeerLocation, PeerReader, SessionNamespace,
+    ClusterBlock, ClusterLookup, CommittedKey, NodeStats, PeerLocation, PeerReader,
+    SessionNamespace,
 };
 use kvtier_peer::{
     ClusterSecret, Identity, MemorySource, PeerPool, PeerServer, PoolConfig, ServerConfig,
@@ -47,11 +48,11 @@ impl ClusterLookup for Fixed {
         &'a self,
         _ns: &'a SessionNamespace,
         keys: &'a [CommittedKey],
-    ) -> BoxFuture<'a, Vec<PeerLocation>> {
+    ) -> BoxFuture<'a, Vec<ClusterBlock>> {
         let map = self.0.lock().unwrap();
         let found = keys
             .iter()
-            .map_while(|k| map.get(&k.stored).cloned())
+            .map_while(|k| map.get(&k.stored).cloned().map(ClusterBlock::Peer))
             .collect();
         Box::pin(async move { found })
     }
