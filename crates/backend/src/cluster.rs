@@ -90,6 +90,19 @@ pub struct ClusterLookupStats {
     pub errors: u64,
 }
 
+/// Counters `rows` (name, help, value) as OpenMetrics families named
+/// `<prefix><name>`, for the admin `/metrics`.
+pub(crate) fn counter_families(prefix: &str, rows: &[(&str, &str, u64)]) -> String {
+    let mut out = String::new();
+    for (name, help, value) in rows {
+        let name = format!("{prefix}{name}");
+        out.push_str(&format!(
+            "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {value}\n"
+        ));
+    }
+    out
+}
+
 /// A cached answer for one (namespace, client key): where it is, or not
 /// found.
 type Cached = (Instant, Option<ClusterBlock>);
@@ -156,8 +169,7 @@ impl MetaClusterLookup {
     /// The counters as OpenMetrics text, for the admin `/metrics`.
     pub fn metrics_text(&self) -> String {
         let s = self.stats();
-        let mut out = String::new();
-        for (name, help, value) in [
+        let rows = [
             (
                 "queries",
                 "Cluster lookups sent to the metadata service",
@@ -183,13 +195,8 @@ impl MetaClusterLookup {
                 "Cluster lookups the metadata service refused",
                 s.errors,
             ),
-        ] {
-            let name = format!("kvtier_node_cluster_lookup_{name}");
-            out.push_str(&format!(
-                "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {value}\n"
-            ));
-        }
-        out
+        ];
+        counter_families("kvtier_node_cluster_lookup_", &rows)
     }
 
     /// The prefix of `keys` the cache answers in full (ending at a cached

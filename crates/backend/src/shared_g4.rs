@@ -42,6 +42,8 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::cluster::counter_families;
+
 /// The one spec of the shared instance: a block is one object.
 pub const SHARED_SPEC: &str = "block";
 
@@ -242,8 +244,7 @@ impl SharedG4Writer {
     /// The counters as OpenMetrics text, for `/metrics`.
     pub fn metrics_text(&self) -> String {
         let s = self.stats();
-        let mut out = String::new();
-        for (name, help, value) in [
+        let rows = [
             (
                 "queued",
                 "Committed blocks queued for the shared G4",
@@ -274,13 +275,8 @@ impl SharedG4Writer {
                 "Bytes of blocks written to the shared G4",
                 s.bytes,
             ),
-        ] {
-            let name = format!("kvtier_node_shared_g4_{name}");
-            out.push_str(&format!(
-                "# TYPE {name} counter\n# HELP {name} {help}\n{name}_total {value}\n"
-            ));
-        }
-        out
+        ];
+        counter_families("kvtier_node_shared_g4_", &rows)
     }
 
     /// Stops the worker (the batch in flight is finished first).

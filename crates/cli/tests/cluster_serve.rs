@@ -8,12 +8,9 @@
 use std::path::Path;
 
 use kvtier_client::BlockHash;
-use kvtier_client::Client;
 use kvtier_core::{Tier, TierKind};
 use kvtier_meta::test_support::RedisServer;
-use support::node::{
-    Daemon, Stats, block, block_bytes, secret_in, shm_name, store_blocks, wait_until,
-};
+use support::node::{Daemon, Stats, load_all, secret_in, shm_name, store_blocks, wait_until};
 
 mod support;
 
@@ -73,20 +70,6 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
     let s = Stats::of(&mut on_b);
     assert_eq!((s.get("peer_hits"), s.get("peer_misses")), (3, 0));
     drop((a, b));
-}
-
-/// Loads `ks` through `client` and checks each block it answers against
-/// the bytes stored (the client verified them against `LoadOk`'s sums);
-/// how many came.
-fn load_all(client: &mut Client, ks: &[u128]) -> usize {
-    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
-    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; block_bytes()]).collect();
-    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    let n = client.load_into(&keys, &mut dsts).expect("load");
-    for (k, got) in ks.iter().zip(&bufs).take(n) {
-        assert!(got[..] == block(*k)[..], "block {k:#x} differs");
-    }
-    n
 }
 
 #[test]

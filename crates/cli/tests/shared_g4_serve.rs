@@ -20,9 +20,7 @@ use kvtier_meta::test_support::RedisServer;
 use kvtier_remote::test_support::MotoServer;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use support::node::{
-    Daemon, Stats, block, block_bytes, secret_in, shm_name, store_blocks, wait_until,
-};
+use support::node::{Daemon, Stats, load_all, secret_in, shm_name, store_blocks, wait_until};
 
 mod support;
 
@@ -99,19 +97,6 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
         .build()
         .unwrap()
         .block_on(f)
-}
-
-/// Loads `ks` through `client` and checks each block it answers against
-/// the bytes stored; how many came.
-fn load_all(client: &mut Client, ks: &[u128]) -> usize {
-    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
-    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; block_bytes()]).collect();
-    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-    let n = client.load_into(&keys, &mut dsts).expect("load");
-    for (k, got) in ks.iter().zip(&bufs).take(n) {
-        assert!(got[..] == block(*k)[..], "block {k:#x} differs");
-    }
-    n
 }
 
 #[test]

@@ -90,6 +90,20 @@ pub fn shm_name(tag: &str) -> String {
     format!("kvtier-{tag}-{}", std::process::id())
 }
 
+/// Loads `ks` through `client` and checks each block it answers against
+/// the bytes stored (the client verified them against `LoadOk`'s sums);
+/// how many came.
+pub fn load_all(client: &mut Client, ks: &[u128]) -> usize {
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    let mut bufs: Vec<Vec<u8>> = ks.iter().map(|_| vec![0u8; block_bytes()]).collect();
+    let mut dsts: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+    let n = client.load_into(&keys, &mut dsts).expect("load");
+    for (k, got) in ks.iter().zip(&bufs).take(n) {
+        assert!(got[..] == block(*k)[..], "block {k:#x} differs");
+    }
+    n
+}
+
 /// Calls `probe` until it gives a value, pausing [`POLL`] between calls;
 /// panics naming `what` after [`PATIENCE`].
 pub fn wait_until<T>(what: impl Display, mut probe: impl FnMut() -> Option<T>) -> T {
