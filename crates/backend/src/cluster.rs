@@ -259,26 +259,11 @@ impl MetaClusterLookup {
     ) -> Vec<ClusterBlock> {
         let map = shared.keys.key_map(&ns.namespace);
         let ids: Vec<BlockHash> = keys.iter().map(|k| map.stored(k.client)).collect();
-        let query = LocationQuery::prefix(ids.iter().map(|&s| shared_block_key(s)).collect());
-        self.queries.fetch_add(1, Ordering::Relaxed);
-        let answer = tokio::time::timeout_at(
-            deadline,
-            self.svc.get_cache_location(&shared.instance, &query),
-        )
-        .await;
-        let found = match answer {
-            Ok(Ok(found)) => found,
-            Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_))) => return Vec::new(),
-            Ok(Err(_)) => {
-                self.errors.fetch_add(1, Ordering::Relaxed);
-                return Vec::new();
-            }
-            Err(_) => {
-                self.timeouts.fetch_add(1, Ordering::Relaxed);
-                return Vec::new();
-            }
+        let asked = ids.iter().map(|&s| shared_block_key(s)).collect();
+        let Some(found) = self.query(&shared.instance, asked, deadline).await else {
+            return Vec::new();
         };
-        (ids.into_iter().zip(found.locations))
+        (ids.into_iter().zip(found))
             .map_while(|(shared, loc)| {
                 let part = loc?
                     .specs
@@ -300,17 +285,34 @@ impl MetaClusterLookup {
         deadline: tokio::time::Instant,
     ) -> Option<Vec<PeerLocation>> {
         let source = source_of(ns);
-        let query =
-            LocationQuery::prefix(keys.iter().map(|k| BlockKey(k.client.0 as u64)).collect());
+        let asked = keys.iter().map(|k| BlockKey(k.client.0 as u64)).collect();
+        let found = self.query(&source.instance, asked, deadline).await?;
+        let digest = ns.namespace.digest();
+        let mut out = Vec::new();
+        for (k, loc) in keys.iter().zip(found) {
+            let Some(loc) = loc.and_then(|l| self.accept(&l, &source.spec, digest, k)) else {
+                break;
+            };
+            out.push(loc);
+        }
+        Some(out)
+    }
+
+    /// The service's locations of the prefix of `keys` in `instance`, by
+    /// `deadline` (counted); none for an instance nobody wrote into;
+    /// `None` when it erred or was too slow.
+    async fn query(
+        &self,
+        instance: &str,
+        keys: Vec<BlockKey>,
+        deadline: tokio::time::Instant,
+    ) -> Option<Vec<Option<Arc<CacheLocation>>>> {
+        let query = LocationQuery::prefix(keys);
         self.queries.fetch_add(1, Ordering::Relaxed);
-        let answer = tokio::time::timeout_at(
-            deadline,
-            self.svc.get_cache_location(&source.instance, &query),
-        )
-        .await;
+        let answer =
+            tokio::time::timeout_at(deadline, self.svc.get_cache_location(instance, &query)).await;
         let found = match answer {
             Ok(Ok(found)) => found,
-            // An instance nobody published into: nothing found.
             Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_))) => return Some(Vec::new()),
             Ok(Err(e)) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
@@ -326,15 +328,7 @@ impl MetaClusterLookup {
         if self.away.swap(false, Ordering::Relaxed) {
             tracing::info!("the metadata service answers cluster lookups again");
         }
-        let digest = ns.namespace.digest();
-        let mut out = Vec::new();
-        for (k, loc) in keys.iter().zip(found.locations) {
-            let Some(loc) = loc.and_then(|l| self.accept(&l, &source.spec, digest, k)) else {
-                break;
-            };
-            out.push(loc);
-        }
-        Some(out)
+        Some(found.locations)
     }
 
     /// Warns once per outage.
