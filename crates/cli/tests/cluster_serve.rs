@@ -3,7 +3,8 @@
 //! socket is answered by node B's `Lookup` as the peer tier, and B's
 //! `/metrics` counts the cluster lookups; B's `Load` then reads it from A
 //! byte-exact and holds it in its G2. With A SIGKILLed between B's
-//! `Lookup` and `Load`, the `Load` answers misses.
+//! `Lookup` and `Load`, the `Load` answers misses. A daemon of a cluster
+//! stopped cleanly leaves no arena behind.
 
 use std::path::Path;
 
@@ -72,7 +73,16 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
     assert_eq!(on_b.lookup(&keys).unwrap(), [Tier::G2; 3]);
     let s = Stats::of(&mut on_b);
     assert_eq!((s.get("peer_hits"), s.get("peer_misses")), (3, 0));
-    drop((a, b));
+    drop(on_b);
+    // Stopped cleanly, neither leaves its arena behind, though the
+    // metadata service's backends and the cluster lookup hold the node
+    // until the process ends.
+    for (mut daemon, node) in [(a, "cluster-a"), (b, "cluster-b")] {
+        let (status, log) = daemon.terminate();
+        assert!(status.success(), "{node}: {status:?} {log:?}");
+        let arena = Path::new("/dev/shm").join(shm_name(node));
+        assert!(!arena.exists(), "{node} left {}", arena.display());
+    }
 }
 
 /// Loads `ks` through `client` and checks each block it answers against
