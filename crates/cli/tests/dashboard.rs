@@ -10,14 +10,15 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::process::{Command, Stdio};
 
 use kvtier_client::BlockHash;
 use kvtier_meta::test_support::RedisServer;
 use serde_json::Value;
 use support::Proc;
-use support::node::{Daemon, block, read_block, secret_in, shm_name, store_blocks, wait_until};
+use support::node::{
+    Daemon, block, cluster_member, read_block, secret_in, store_blocks, wait_until,
+};
 
 mod support;
 
@@ -39,11 +40,24 @@ const G2_BLOCKS: u128 = 256;
 fn every_panel_query_of_the_dashboard_answers_over_two_scraped_daemons() {
     let queries = panel_queries(&load_dashboard());
     let redis = RedisServer::start().expect("start redis-server (.ci/setup installs it)");
-    let keep = tempfile::tempdir().expect("secret dir");
-    let secret = secret_in(keep.path(), &[0x33; 32]);
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let a = member(da.path(), "dash-a", &redis.url(), &secret);
-    let b = member(db.path(), "dash-b", &redis.url(), &secret);
+    // The secret's directory, then each daemon's data directory.
+    let dirs: Vec<_> = (0..3)
+        .map(|_| tempfile::tempdir().expect("a dir"))
+        .collect();
+    let secret = secret_in(dirs[0].path(), &[0x33; 32]);
+    // Long: a loaded machine must not turn a peer hit into a miss.
+    let env = [("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000")];
+    let member = |i: usize, node| {
+        cluster_member(
+            dirs[i].path(),
+            node,
+            "dashboard",
+            &redis.url(),
+            &secret,
+            &env,
+        )
+    };
+    let (a, b) = (member(1, "dash-a"), member(2, "dash-b"));
     let targets = [a.logged_addr("admin_http"), b.logged_addr("admin_http")];
     let prom = Prometheus::start(&targets);
 
@@ -66,22 +80,6 @@ fn every_panel_query_of_the_dashboard_answers_over_two_scraped_daemons() {
         failed.join("\n")
     );
     drop((a, b));
-}
-
-/// A daemon named `node` of the cluster over the index at `redis`, its
-/// blocks published to it.
-fn member(data: &Path, node: &str, redis: &str, secret: &str) -> Daemon {
-    let env = [
-        ("KVTIER_META__ENABLED", "true"),
-        ("KVTIER_META__INDEX", redis),
-        ("KVTIER_NODE", node),
-        ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
-        ("KVTIER_PEER__CLUSTER", "dashboard"),
-        ("KVTIER_PEER__SECRET_FILE", secret),
-        // Long: a loaded machine must not turn a peer hit into a miss.
-        ("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000"),
-    ];
-    Daemon::start(data, &shm_name(node), &env)
 }
 
 /// Blocks stored on A, located by B and loaded from A's peer server, then

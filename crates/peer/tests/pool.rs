@@ -384,12 +384,19 @@ proptest! {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn idle_connections_are_closed_after_the_idle_timeout() {
+/// A peer, and a pool holding one idle connection to it.
+async fn one_idle_connection() -> (ServerHandle, Arc<PeerPool>, PeerAddr) {
     let (gate, _asked) = Gate::new(false);
     let server = start(gate).await;
     let (pool, peer) = (pool(2), addr_of(&server));
     assert!(read_block(&pool, &peer, 0, later()).await.unwrap());
+    assert_eq!(stats_of(&pool, &peer).connections_open, 1);
+    (server, pool, peer)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let (_server, pool, peer) = one_idle_connection().await;
     assert_eq!(pool.close_idle(), 0, "fresh connections stay");
     skip_time(PoolConfig::default().idle_timeout).await;
     assert_eq!(pool.close_idle(), 1);
@@ -400,11 +407,7 @@ async fn idle_connections_are_closed_after_the_idle_timeout() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn idle_connections_are_closed_in_the_background() {
-    let (gate, _asked) = Gate::new(false);
-    let server = start(gate).await;
-    let (pool, peer) = (pool(2), addr_of(&server));
-    assert!(read_block(&pool, &peer, 0, later()).await.unwrap());
-    assert_eq!(stats_of(&pool, &peer).connections_open, 1);
+    let (server, pool, peer) = one_idle_connection().await;
     // Nothing calls into the pool while tokio's clock runs past the idle
     // timeout and one period of the pool's timer (the timer's ticks come
     // before this sleep's end on this one-thread runtime).
