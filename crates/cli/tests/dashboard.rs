@@ -11,13 +11,14 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use kvtier_client::BlockHash;
 use kvtier_meta::test_support::RedisServer;
 use serde_json::Value;
 use support::Proc;
 use support::node::{
-    Daemon, block, cluster_member, read_block, secret_in, store_blocks, wait_until,
+    Daemon, PATIENCE, block, cluster_member, read_block, secret_in, store_blocks, wait_until,
 };
 
 mod support;
@@ -64,9 +65,9 @@ fn every_panel_query_of_the_dashboard_answers_over_two_scraped_daemons() {
     prom.wait_scraped(&targets, 1);
     drive_traffic(&a, &b);
     // Every series the traffic made has two samples after it, so rates
-    // over them exist: of the scrapes after those counted now, the first
-    // may have begun before the traffic's end (one at a time per target),
-    // the next two began after it.
+    // over them exist: of the good scrapes after those counted now, the
+    // first may have begun before the traffic's end (one at a time per
+    // target), the next two began after it.
     let scraped = prom.scrapes(&targets);
     prom.wait_scraped(&targets, scraped + 3);
 
@@ -270,32 +271,29 @@ impl Prometheus {
         answer["data"].clone()
     }
 
-    /// Scrapes of each target so far, the fewest of them; a target down at
-    /// its last scrape fails the test.
+    /// Successful scrapes of each target so far, the fewest of them.
     fn scrapes(&self, targets: &[SocketAddr]) -> u64 {
-        let data = self.api(&format!(
-            "/api/v1/query?query={}",
-            encode("count_over_time(up[1h])")
-        ));
-        let up = self.api(&format!("/api/v1/query?query={}", encode("up")));
-        targets
+        let query = encode("sum_over_time(up[1h])");
+        let data = self.api(&format!("/api/v1/query?query={query}"));
+        let each = targets
             .iter()
-            .map(|t| {
-                if let Some(down) = sample(&up, t).filter(|v| *v != 1.0) {
-                    panic!("target {t} is down (up = {down}): {}", self.targets());
-                }
-                sample(&data, t).unwrap_or(0.0) as u64
-            })
-            .min()
-            .unwrap_or(0)
+            .map(|t| sample(&data, t).unwrap_or(0.0) as u64);
+        each.min().unwrap_or(0)
     }
 
-    /// Waits until each of `targets` was scraped at least `n` times, the
-    /// last time up.
+    /// Waits until each of `targets` was scraped successfully at least `n`
+    /// times; after [`PATIENCE`], fails showing Prometheus's view of its
+    /// targets (a failed scrape's error with them).
     fn wait_scraped(&self, targets: &[SocketAddr], n: u64) {
-        wait_until(format!("{n} scrapes of {targets:?}"), || {
-            (self.scrapes(targets) >= n).then_some(())
-        });
+        let deadline = Instant::now() + PATIENCE;
+        while self.scrapes(targets) < n {
+            assert!(
+                Instant::now() < deadline,
+                "fewer than {n} good scrapes of {targets:?} after {PATIENCE:?}: {}",
+                self.targets()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Prometheus's view of its targets, for a failure's message.
