@@ -13,24 +13,16 @@ use kvtier_client::Client;
 use kvtier_core::{Tier, TierKind};
 use kvtier_meta::test_support::RedisServer;
 use support::node::{
-    Daemon, Stats, block, block_bytes, secret_in, shm_name, store_blocks, wait_until,
+    Daemon, Stats, block, block_bytes, cluster_member, secret_in, store_blocks, wait_until,
 };
 
 mod support;
 
 /// A daemon named `node` of the cluster over the index at `redis`.
 fn member(data: &Path, node: &str, redis: &str, secret: &str) -> Daemon {
-    let env = [
-        ("KVTIER_META__ENABLED", "true"),
-        ("KVTIER_META__INDEX", redis),
-        ("KVTIER_NODE", node),
-        ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
-        ("KVTIER_PEER__CLUSTER", "cluster-serve"),
-        ("KVTIER_PEER__SECRET_FILE", secret),
-        // Long: a loaded machine must not turn a hit into a miss.
-        ("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000"),
-    ];
-    Daemon::start(data, &shm_name(node), &env)
+    // Long: a loaded machine must not turn a hit into a miss.
+    let env = [("KVTIER_PEER__LOAD_TIMEOUT_MS", "30000")];
+    cluster_member(data, node, "cluster-serve", redis, secret, &env)
 }
 
 #[test]
