@@ -20,7 +20,9 @@ use kvtier_meta::test_support::RedisServer;
 use kvtier_remote::test_support::MotoServer;
 use object_store::ObjectStore;
 use object_store::path::Path as ObjectPath;
-use support::node::{Daemon, Stats, load_all, secret_in, shm_name, store_blocks, wait_until};
+use support::node::{
+    Daemon, Stats, cluster_member, load_all, secret_in, shm_name, store_blocks, wait_until,
+};
 
 mod support;
 
@@ -31,19 +33,13 @@ fn member(data: &Path, node: &str, redis: &str, secret: &str, moto: &MotoServer)
     let endpoint = moto.endpoint();
     let url = format!("s3://{BUCKET}/shared");
     let env = [
-        ("KVTIER_META__ENABLED", "true"),
-        ("KVTIER_META__INDEX", redis),
-        ("KVTIER_NODE", node),
-        ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
-        ("KVTIER_PEER__CLUSTER", "shared-g4"),
-        ("KVTIER_PEER__SECRET_FILE", secret),
         ("KVTIER_SHARED_G4__URL", url.as_str()),
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "testing"),
         ("AWS_SECRET_ACCESS_KEY", "testing"),
         ("AWS_REGION", "us-east-1"),
     ];
-    Daemon::start(data, &shm_name(node), &env)
+    cluster_member(data, node, "shared-g4", redis, secret, &env)
 }
 
 /// The value of counter `name` on `daemon`'s admin `/metrics`.

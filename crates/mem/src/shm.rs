@@ -208,14 +208,22 @@ impl OwnedShm {
     }
 }
 
-impl Drop for OwnedShm {
-    fn drop(&mut self) {
-        // Never unlink a newer arena that took over the name.
+impl OwnedShm {
+    /// Removes the file's name if it still names our file (never a newer
+    /// arena that took the name over); mappings of it stay valid. A second
+    /// call finds the name gone and does nothing.
+    pub(crate) fn unlink(&self) {
         if self.name_is_ours()
             && let Err(e) = std::fs::remove_file(&self.path)
         {
             tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the shared-memory arena");
         }
+    }
+}
+
+impl Drop for OwnedShm {
+    fn drop(&mut self) {
+        self.unlink();
     }
 }
 

@@ -337,6 +337,16 @@ impl MemoryTier {
         self.inner.shm.path()
     }
 
+    /// Removes the arena's name from /dev/shm now instead of when the last
+    /// clone of the tier drops: for a clean shutdown that left nothing in
+    /// memory only, so the file (as large as the arena) does not outlive
+    /// the daemon even when something still holds a clone at exit.
+    /// Processes that mapped the arena keep their mapping; none can open it
+    /// by name any more.
+    pub fn unlink_name(&self) {
+        self.inner.shm.unlink();
+    }
+
     /// The shared-memory name other processes pass to
     /// [`ArenaReader::open`](kvtier_arena::ArenaReader::open).
     pub fn shm_name(&self) -> &str {

@@ -514,11 +514,70 @@ fn reader_families(t: &mut Text, peers: &[(kvtier_peer::PeerAddr, kvtier_peer::P
             &samples,
         );
     }
+    read_latency(t, peers);
+}
+
+/// The latency of each peer's completed reads as a histogram in seconds
+/// (cumulative `le` buckets over [`kvtier_peer::LATENCY_BOUNDS_US`]), so
+/// dashboards can take quantiles per peer.
+fn read_latency(t: &mut Text, peers: &[(kvtier_peer::PeerAddr, kvtier_peer::PeerStats)]) {
+    let name = "kvtier_peer_reader_read_seconds";
+    t.family(
+        name,
+        "histogram",
+        "Latency of a peer's completed reads (waiting for a connection and connecting included).",
+    );
+    let bounds = kvtier_peer::LATENCY_BOUNDS_US
+        .iter()
+        .map(|us| format!("{}", *us as f64 / 1e6));
+    for (p, s) in peers {
+        let peer = label_value(&p.node);
+        let mut count = 0u64;
+        for (le, n) in bounds
+            .clone()
+            .chain(["+Inf".to_owned()])
+            .zip(s.latency_buckets)
+        {
+            count += n;
+            let _ = writeln!(t.0, "{name}_bucket{{peer=\"{peer}\",le=\"{le}\"}} {count}");
+        }
+        let sum = s.latency_sum_us as f64 / 1e6;
+        let _ = writeln!(t.0, "{name}_sum{{peer=\"{peer}\"}} {sum}");
+        let _ = writeln!(t.0, "{name}_count{{peer=\"{peer}\"}} {count}");
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::label_value;
+    use super::{Text, label_value, read_latency};
+
+    #[test]
+    fn read_latency_is_a_cumulative_histogram_in_seconds() {
+        let mut stats = kvtier_peer::PeerStats::default();
+        stats.latency_buckets[0] = 2;
+        stats.latency_buckets[3] = 1;
+        stats.latency_buckets[kvtier_peer::LATENCY_BOUNDS_US.len()] = 1;
+        stats.latency_sum_us = 2_500_000;
+        let peer = kvtier_peer::PeerAddr {
+            node: "node-a".into(),
+            addr: ([127, 0, 0, 1], 7470).into(),
+        };
+        let mut t = Text(String::new());
+        read_latency(&mut t, &[(peer, stats)]);
+        let name = "kvtier_peer_reader_read_seconds";
+        for line in [
+            format!("# TYPE {name} histogram"),
+            format!("{name}_bucket{{peer=\"node-a\",le=\"0.0001\"}} 2"),
+            format!("{name}_bucket{{peer=\"node-a\",le=\"0.0005\"}} 2"),
+            format!("{name}_bucket{{peer=\"node-a\",le=\"0.001\"}} 3"),
+            format!("{name}_bucket{{peer=\"node-a\",le=\"1\"}} 3"),
+            format!("{name}_bucket{{peer=\"node-a\",le=\"+Inf\"}} 4"),
+            format!("{name}_sum{{peer=\"node-a\"}} 2.5"),
+            format!("{name}_count{{peer=\"node-a\"}} 4"),
+        ] {
+            assert!(t.0.lines().any(|l| l == line), "no {line:?} in\n{}", t.0);
+        }
+    }
 
     #[test]
     fn label_values_are_quoted() {

@@ -259,12 +259,18 @@ impl Node {
         if left > 0 {
             tracing::warn!(
                 blocks = left,
-                "G2 blocks still held at shutdown stay in memory only"
+                "G2 blocks still held at shutdown stay in memory only: the arena file is kept for the next start to adopt"
             );
         }
         self.manager.settle().await;
         self.manager.flush_events();
         self.disk.close().await?;
+        // Everything G2 held is on disk now: the arena's file goes with the
+        // daemon, whatever still holds the node (the metadata service's
+        // backends and the node view do until the process ends).
+        if left == 0 {
+            self.memory.unlink_name();
+        }
         Ok(())
     }
 

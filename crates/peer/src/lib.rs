@@ -15,8 +15,9 @@
 //!   Every request has a deadline.
 //! - [`PeerHealth`] says when a peer that keeps failing is to be skipped.
 //! - [`PeerPool`] is the reader a daemon keeps for all its peers: bounded,
-//!   reused connections per peer, health-based skipping, per-peer
-//!   [`PeerStats`].
+//!   reused connections per peer (those idle too long closed in the
+//!   background), health-based skipping of a peer that fails or sends
+//!   blocks failing verification, per-peer [`PeerStats`].
 //! - [`frame`] is the wire format: total decoding, bounded allocation.
 //!
 //! ```

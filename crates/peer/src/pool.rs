@@ -1,16 +1,19 @@
 //! The reading side a daemon keeps for all its peers: [`PeerPool`] holds
-//! authenticated connections per peer, bounds them, reuses the idle ones,
-//! skips a peer that keeps failing ([`PeerHealth`]) and counts what every
-//! peer answered ([`PeerStats`]) (docs/peer-protocol.md §10).
+//! authenticated connections per peer, bounds them, reuses the idle ones
+//! and closes those idle too long in the background, skips a peer that
+//! keeps failing or sends blocks that fail verification ([`PeerHealth`])
+//! and counts what every peer answered ([`PeerStats`])
+//! (docs/peer-protocol.md §10).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use kvtier_core::BlockSums;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::{Instant, timeout_at};
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, MissedTickBehavior, timeout_at};
 
 use crate::client::{Identity, PeerClient, ReadStats, Want};
 use crate::error::PeerError;
@@ -39,8 +42,9 @@ pub struct PoolConfig {
     /// Connections open to one peer at most (in use and idle together);
     /// a reader beyond them waits for one within its deadline. Default: 4.
     pub max_connections_per_peer: usize,
-    /// An idle connection older than this is closed, not reused.
-    /// Default: 60 s.
+    /// An idle connection older than this is closed, not reused; a pool
+    /// made inside a tokio runtime also closes it in the background within
+    /// half this time more. Default: 60 s.
     pub idle_timeout: Duration,
     /// When a failing peer is skipped.
     pub health: HealthPolicy,
@@ -75,7 +79,8 @@ pub struct PeerStats {
     pub found: u64,
     /// Blocks the peer did not hold.
     pub missing: u64,
-    /// Blocks that failed verification (misses).
+    /// Blocks that failed verification (misses). A read with any is a
+    /// failure in the peer's health, though not counted in `failures`.
     pub corrupt: u64,
     /// Verified bytes received.
     pub bytes: u64,
@@ -148,21 +153,39 @@ impl Drop for Lease {
     }
 }
 
+/// Every peer's entry, by peer; std mutex, never held across an await.
+type Peers = Mutex<HashMap<PeerAddr, Arc<Peer>>>;
+
 /// Connections to every peer of the cluster, for reading blocks.
 #[derive(Debug)]
 pub struct PeerPool {
     me: Identity,
     config: PoolConfig,
-    peers: Mutex<HashMap<PeerAddr, Arc<Peer>>>,
+    /// Shared with the reaper, which holds it weakly so that it never
+    /// keeps the pool's connections alive.
+    peers: Arc<Peers>,
+    /// The task closing idle connections in the background, aborted when
+    /// the pool is dropped; none for a pool made outside a runtime.
+    reaper: Option<AbortHandle>,
 }
 
 impl PeerPool {
-    /// A pool that connects as `me`.
+    /// A pool that connects as `me`. Made inside a tokio runtime, it starts
+    /// a task on it that closes connections idle past
+    /// [`PoolConfig::idle_timeout`] every half of that time, until the pool
+    /// is dropped; made outside one, idle connections are closed only when
+    /// their peer is next read and by [`close_idle`](Self::close_idle).
     pub fn new(me: Identity, config: PoolConfig) -> Self {
+        let peers: Arc<Peers> = Arc::default();
+        let reaper = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            rt.spawn(reap(Arc::downgrade(&peers), config.idle_timeout))
+                .abort_handle()
+        });
         Self {
             me,
             config,
-            peers: Mutex::new(HashMap::new()),
+            peers,
+            reaper,
         }
     }
 
@@ -203,16 +226,11 @@ impl PeerPool {
             .collect()
     }
 
-    /// Closes every connection idle longer than the idle timeout; a daemon
-    /// calls this now and then so that quiet peers' sockets are released.
-    /// Returns how many were closed.
+    /// Closes every connection idle longer than the idle timeout now (the
+    /// pool's background task does this periodically). Returns how many
+    /// were closed.
     pub fn close_idle(&self) -> usize {
-        let now = Instant::now();
-        let peers: Vec<_> = lock(&self.peers).values().cloned().collect();
-        peers
-            .iter()
-            .map(|p| p.state().expire(now, self.config.idle_timeout))
-            .sum()
+        close_idle_in(&self.peers, self.config.idle_timeout)
     }
 
     /// The entry of `peer`, made on first use.
@@ -318,6 +336,49 @@ impl PeerPool {
     }
 }
 
+impl Drop for PeerPool {
+    fn drop(&mut self) {
+        if let Some(reaper) = &self.reaper {
+            reaper.abort();
+        }
+    }
+}
+
+/// The period of the background close of idle connections: half the idle
+/// timeout, so a connection is closed at most 1.5 idle timeouts after it
+/// rested (at least 1 ms: an interval cannot be zero).
+fn reap_period(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 2).max(Duration::from_millis(1))
+}
+
+/// Closes the idle connections of `peers` every [`reap_period`] until the
+/// pool is gone.
+async fn reap(peers: Weak<Peers>, idle_timeout: Duration) {
+    let mut tick = tokio::time::interval(reap_period(idle_timeout));
+    // A runtime that stalled owes no burst of closes.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first tick is at once; nothing can be idle yet.
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(peers) = peers.upgrade() else {
+            return;
+        };
+        close_idle_in(&peers, idle_timeout);
+    }
+}
+
+/// Closes the connections of `peers` idle longer than `idle_timeout`;
+/// how many.
+fn close_idle_in(peers: &Peers, idle_timeout: Duration) -> usize {
+    let now = Instant::now();
+    let entries: Vec<_> = lock(peers).values().cloned().collect();
+    entries
+        .iter()
+        .map(|p| p.state().expire(now, idle_timeout))
+        .sum()
+}
+
 impl Peer {
     fn state(&self) -> MutexGuard<'_, PeerState> {
         lock(&self.state)
@@ -347,7 +408,12 @@ impl Peer {
         let mut state = self.state();
         match result {
             Ok(outcome) => {
-                state.health.succeeded();
+                // A peer that answers with blocks failing verification is
+                // as unusable as one that does not answer: skipped alike.
+                match outcome.counts.corrupt {
+                    0 => state.health.succeeded(),
+                    _ => state.health.failed(now.into_std()),
+                }
                 state.stats.record(outcome, targets, now - started);
             }
             // Waiting for our own connections says nothing of the peer.

@@ -384,16 +384,211 @@ proptest! {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn idle_connections_are_closed_after_the_idle_timeout() {
+/// A peer, and a pool holding one idle connection to it.
+async fn one_idle_connection() -> (ServerHandle, Arc<PeerPool>, PeerAddr) {
     let (gate, _asked) = Gate::new(false);
     let server = start(gate).await;
     let (pool, peer) = (pool(2), addr_of(&server));
     assert!(read_block(&pool, &peer, 0, later()).await.unwrap());
+    assert_eq!(stats_of(&pool, &peer).connections_open, 1);
+    (server, pool, peer)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_connections_are_closed_after_the_idle_timeout() {
+    let (_server, pool, peer) = one_idle_connection().await;
     assert_eq!(pool.close_idle(), 0, "fresh connections stay");
     skip_time(PoolConfig::default().idle_timeout).await;
     assert_eq!(pool.close_idle(), 1);
     assert_eq!(stats_of(&pool, &peer).connections_open, 0);
     assert!(read_block(&pool, &peer, 1, later()).await.unwrap());
     assert_eq!(stats_of(&pool, &peer).connections_opened, 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_connections_are_closed_in_the_background() {
+    let (server, pool, peer) = one_idle_connection().await;
+    // Nothing calls into the pool while tokio's clock runs past the idle
+    // timeout and one period of the pool's timer (the timer's ticks come
+    // before this sleep's end on this one-thread runtime).
+    tokio::time::pause();
+    tokio::time::sleep(PoolConfig::default().idle_timeout * 3 / 2).await;
+    tokio::time::resume();
+    assert_eq!(stats_of(&pool, &peer).connections_open, 0);
+    // The socket is really closed: the server sees its peer leave.
+    let closed = std::time::Instant::now() + Duration::from_secs(30);
+    while server.stats().snapshot().open > 0 {
+        assert!(
+            std::time::Instant::now() < closed,
+            "the server still holds it"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(read_block(&pool, &peer, 1, later()).await.unwrap());
+    assert_eq!(stats_of(&pool, &peer).connections_opened, 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_pool_stops_its_timer() {
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let pool = pool(2);
+    assert_eq!(tasks(), before + 1, "the pool's timer runs");
+    drop(pool);
+    // The abort takes effect when the runtime next polls the task.
+    let stopped = std::time::Instant::now() + Duration::from_secs(30);
+    while tasks() > before {
+        assert!(
+            std::time::Instant::now() < stopped,
+            "the timer outlived its pool"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+#[test]
+fn a_pool_made_outside_a_runtime_has_no_timer_and_still_reads() {
+    let pool = pool(2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (gate, _asked) = Gate::new(false);
+        let server = start(gate).await;
+        let peer = addr_of(&server);
+        assert!(read_block(&pool, &peer, 0, later()).await.unwrap());
+        assert_eq!(pool.close_idle(), 0, "its connection is fresh");
+    });
+}
+
+/// A source of blocks 0..8, of which those in `bad` are stored with the
+/// sums of other bytes (a faulty copy: every read of one fails
+/// verification) and block 7 is absent.
+fn mixed_source(bad: &[u8]) -> Arc<MemorySource> {
+    let source = Arc::new(MemorySource::new());
+    for n in 0..7u8 {
+        let sums = if bad.contains(&n) {
+            sums(n + 1)
+        } else {
+            sums(n)
+        };
+        source.insert_with_sums(BlockHash(n as u128), LAYER, block_bytes(n), sums);
+    }
+    source
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_peer_sending_corrupt_blocks_is_skipped_then_probed() {
+    let server = start(mixed_source(&[1])).await;
+    let peer = addr_of(&server);
+    let config = PoolConfig {
+        health: HealthPolicy {
+            failures_to_skip: 3,
+            backoff: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(60),
+        },
+        ..PoolConfig::default()
+    };
+    let pool = PeerPool::new(client_id(), config);
+    for _ in 0..3 {
+        assert!(!read_block(&pool, &peer, 1, later()).await.unwrap());
+    }
+    let err = read_block(&pool, &peer, 0, later()).await.unwrap_err();
+    assert!(matches!(err, PeerError::Skipped { .. }), "{err}");
+    let s = stats_of(&pool, &peer);
+    assert_eq!((s.corrupt, s.failures, s.skipped), (3, 0, 1));
+    assert_eq!(
+        server.stats().snapshot().reads,
+        3,
+        "a skipped read sends nothing"
+    );
+
+    skip_time(Duration::from_secs(10)).await;
+    assert!(
+        read_block(&pool, &peer, 0, later()).await.unwrap(),
+        "probed"
+    );
+    assert!(
+        read_block(&pool, &peer, 1, later()).await.is_ok(),
+        "restored"
+    );
+}
+
+/// What a read of the property test below asks for.
+#[derive(Debug, Clone, Copy)]
+enum Ask {
+    /// A block the peer holds intact.
+    Good,
+    /// A block the peer sends failing verification.
+    Corrupt,
+    /// A block the peer does not hold.
+    Absent,
+}
+
+/// Reads `asks` in turn from a peer holding good, corrupt and absent
+/// blocks, with a backoff no read outlives, and checks each outcome
+/// against a model of the health: a read is skipped exactly when the last
+/// `threshold` reads sent were each answered with a corrupt block.
+async fn health_follows_verification(threshold: u32, asks: Vec<Ask>) {
+    let server = start(mixed_source(&[3])).await;
+    let peer = addr_of(&server);
+    let health = HealthPolicy {
+        failures_to_skip: threshold,
+        backoff: Duration::from_secs(3600),
+        max_backoff: Duration::from_secs(3600),
+    };
+    let pool = PeerPool::new(
+        client_id(),
+        PoolConfig {
+            health,
+            ..PoolConfig::default()
+        },
+    );
+    let mut run = 0u32;
+    for ask in asks {
+        let n = match ask {
+            Ask::Good => 0,
+            Ask::Corrupt => 3,
+            Ask::Absent => 7,
+        };
+        let got = read_block(&pool, &peer, n, later()).await;
+        if run >= threshold {
+            assert!(matches!(got, Err(PeerError::Skipped { .. })), "{got:?}");
+            continue;
+        }
+        assert_eq!(got.unwrap(), matches!(ask, Ask::Good));
+        run = if matches!(ask, Ask::Corrupt) {
+            run + 1
+        } else {
+            0
+        };
+    }
+    let s = stats_of(&pool, &peer);
+    assert_eq!(s.failures, 0, "no read erred");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    /// A peer's health counts reads answered with corrupt blocks as
+    /// failures and any other completed read as a success.
+    #[test]
+    fn corrupt_answers_feed_the_health(
+        threshold in 1u32..4,
+        asks in prop::collection::vec(
+            prop_oneof![Just(Ask::Good), Just(Ask::Corrupt), Just(Ask::Absent)],
+            1..16,
+        ),
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(health_follows_verification(threshold, asks));
+    }
 }

@@ -151,6 +151,29 @@ pub fn secret_in(dir: &Path, secret: &[u8; 32]) -> String {
     path.to_str().expect("a UTF-8 path").to_owned()
 }
 
+/// A daemon named `node` of cluster `cluster` over the metadata index at
+/// `redis` (its blocks published there, a peer server on a free loopback
+/// port, the cluster secret at `secret`), with `env` after.
+pub fn cluster_member(
+    data: &Path,
+    node: &str,
+    cluster: &str,
+    redis: &str,
+    secret: &str,
+    env: &[(&str, &str)],
+) -> Daemon {
+    let mut all = vec![
+        ("KVTIER_META__ENABLED", "true"),
+        ("KVTIER_META__INDEX", redis),
+        ("KVTIER_NODE", node),
+        ("KVTIER_PEER__LISTEN", "127.0.0.1:0"),
+        ("KVTIER_PEER__CLUSTER", cluster),
+        ("KVTIER_PEER__SECRET_FILE", secret),
+    ];
+    all.extend_from_slice(env);
+    Daemon::start(data, &shm_name(node), &all)
+}
+
 /// `kvtier serve` in a data directory, restartable with the same settings.
 /// Stopped (SIGTERM, then SIGKILL) when dropped.
 pub struct Daemon {
