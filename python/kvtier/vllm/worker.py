@@ -118,7 +118,7 @@ class KvtierWorker:
             self._copier.start_loads()
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
+            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys), t.tiers), None)
             pinned = self._layout.blocks_of(load.prefix_len) if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
@@ -351,8 +351,17 @@ class KvtierWorker:
             self._copier.drain()
 
 
-def _loader(keys: list[int]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+def _loader(keys: list[int], tiers: list[str]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+    """A load of ``keys``, whose blocks the scheduler found in ``tiers``.
+    The node reads a block from another node of its cluster only for a
+    session whose own lookup located it there (docs/node-protocol.md,
+    §4.2), and the scheduler looked up on its own session: when any
+    block is in a peer tier, this session looks the keys up first."""
+
     def load(c: kvtier.Client) -> kvtier.Load | None:
+        peers = {name for name, kind in c.tiers if kind == "peer"}
+        if peers.intersection(tiers):
+            c.lookup(keys)
         return c.load(keys)
 
     return load
