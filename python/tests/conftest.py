@@ -18,6 +18,32 @@ from kvtier.testing import Daemon, DaemonError, start_daemon
 LAYERS = 2
 LAYER_BYTES = 8192
 TOKENS = 16
+BLOCK = LAYERS * LAYER_BYTES
+#: The tiny store every test daemon has.
+TINY_ENV = dict(
+    KVTIER_GEOMETRY__PRESET="tiny",
+    KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(TOKENS),
+    KVTIER_MEMORY__CAPACITY="4MiB",
+    KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
+    KVTIER_DISK__REGION_SIZE="1MiB",
+)
+
+
+def block(key: int) -> bytes:
+    """Bytes that differ per key and per position."""
+    seed = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFF
+    return bytes(((seed >> (i % 24)) + i * 31) & 0xFF for i in range(BLOCK))
+
+
+def check_blocks(load: kvtier.Load, keys: list[int]) -> None:
+    """Waits for every layer of ``load`` and checks that its first blocks
+    are ``block(k)`` of ``keys``, verified."""
+    assert load.prefix_len == len(keys)
+    load.wait_layer(LAYERS - 1)
+    for i, k in enumerate(keys):
+        out = bytearray(BLOCK)
+        assert load.read_block(i, out)
+        assert bytes(out) == block(k)
 
 
 class TinyDaemon:
@@ -47,16 +73,8 @@ class TinyDaemon:
 def start_tiny(data: Path, **settings: str) -> TinyDaemon:
     """The tiny daemon in ``data``, with ``KVTIER_*`` ``settings`` on top;
     a daemon that does not start fails the test."""
-    env = dict(
-        KVTIER_GEOMETRY__PRESET="tiny",
-        KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(TOKENS),
-        KVTIER_MEMORY__CAPACITY="4MiB",
-        KVTIER_DISK__CAPACITY_PER_DIR="16MiB",
-        KVTIER_DISK__REGION_SIZE="1MiB",
-    )
-    env.update(settings)
     try:
-        return TinyDaemon(start_daemon(data, env))
+        return TinyDaemon(start_daemon(data, TINY_ENV | settings))
     except DaemonError as e:
         pytest.fail(str(e))
 

@@ -10,17 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import LAYER_BYTES, LAYERS, TinyDaemon as Daemon, start_tiny
+from conftest import BLOCK, LAYER_BYTES, LAYERS, TinyDaemon as Daemon, block, check_blocks, start_tiny
 
 import kvtier
-
-BLOCK = LAYERS * LAYER_BYTES
-
-
-def block(key: int) -> bytes:
-    """Bytes that differ per key and per position."""
-    seed = (key * 0x9E3779B97F4A7C15) & 0xFFFFFFFF
-    return bytes(((seed >> (i % 24)) + i * 31) & 0xFF for i in range(BLOCK))
 
 
 def address(buf: bytearray) -> tuple[int, int]:
@@ -36,12 +28,7 @@ def test_whole_blocks_store_load_and_verify(daemon: Daemon) -> None:
     assert c.lookup([1, 2, 99, 3]) == ["G2", "G2"]
 
     load = c.load([1, 2, 3, 99])
-    assert load.prefix_len == 3
-    load.wait_layer(LAYERS - 1)
-    for i, k in enumerate(keys):
-        out = bytearray(BLOCK)
-        assert load.read_block(i, out)
-        assert bytes(out) == block(k)
+    check_blocks(load, keys)
     load.release()
     load.release()  # a no-op
     with pytest.raises(kvtier.KvtierError, match="released"):

@@ -118,7 +118,7 @@ class KvtierWorker:
             self._copier.start_loads()
         for t in meta.loads:
             began = time.perf_counter()
-            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys)), None)
+            load = self._clients[t.group].call(t.salt, "load", _loader(self._layout.rank_keys(t.keys), t.tiers), None)
             pinned = self._layout.blocks_of(load.prefix_len) if load is not None else 0
             # What the node no longer holds is recomputed.
             self._load_errors.update(t.block_ids[pinned:])
@@ -351,11 +351,29 @@ class KvtierWorker:
             self._copier.drain()
 
 
-def _loader(keys: list[int]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+def _loader(keys: list[int], tiers: list[str]) -> Callable[[kvtier.Client], kvtier.Load | None]:
+    """A load of ``keys``, whose blocks the scheduler found in ``tiers``.
+    The node brings a block from the cluster (another node: the peer tier;
+    a store the cluster shares, listed after it) only for a session whose
+    own lookup located it there (docs/node-protocol.md §4.2), and the
+    scheduler looked up on its own session: when any block is in such a
+    tier, this session looks the keys up first."""
+
     def load(c: kvtier.Client) -> kvtier.Load | None:
+        if _cluster_tiers(c).intersection(tiers):
+            c.lookup(keys)
         return c.load(keys)
 
     return load
+
+
+def _cluster_tiers(c: kvtier.Client) -> set[str]:
+    """The tiers ``c``'s node reads from the cluster: its peer tier and
+    every tier it lists after it; none on a node of no cluster."""
+    kinds = [kind for _, kind in c.tiers]
+    if "peer" not in kinds:
+        return set()
+    return {name for name, _ in c.tiers[kinds.index("peer") :]}
 
 
 def _remover(keys: list[int]) -> Callable[[kvtier.Client], None]:
