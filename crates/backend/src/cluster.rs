@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_core::BlockHash;
-use kvtier_meta::{BlockKey, CacheLocation, LocationQuery, MetaService};
+use kvtier_meta::{BlockKey, CacheLocation, LocationMatch, LocationQuery, MetaService};
 use kvtier_node::{
     ClusterBlock, ClusterLookup, CommittedKey, PeerLocation, SessionNamespace, SharedKeys,
     SharedLocation,
@@ -103,6 +103,13 @@ pub(crate) fn counter_families(prefix: &str, rows: &[(&str, &str, u64)]) -> Stri
     out
 }
 
+/// Index queries one node runs at once. The service's index calls block
+/// (a Redis round trip each), so they run on the blocking pool, where a
+/// stalled index keeps each for up to its response timeout: this bounds
+/// the threads a stall can hold. A lookup finding none free answers from
+/// the node's own tiers, as on a timeout.
+const MAX_QUERIES_IN_FLIGHT: usize = 16;
+
 /// A cached answer for one (namespace, client key): where it is, or not
 /// found.
 type Cached = (Instant, Option<ClusterBlock>);
@@ -116,6 +123,9 @@ pub struct MetaClusterLookup {
     cache: Mutex<HashMap<(u128, u128), Cached>>,
     /// Set while the service is away: warned once, cleared when it answers.
     away: AtomicBool,
+    /// Index queries running on the blocking pool; a query past
+    /// [`MAX_QUERIES_IN_FLIGHT`] is not started (a timeout).
+    in_flight: Arc<tokio::sync::Semaphore>,
     queries: AtomicU64,
     cached: AtomicU64,
     rejected: AtomicU64,
@@ -141,6 +151,7 @@ impl MetaClusterLookup {
             config,
             cache: Mutex::new(HashMap::new()),
             away: AtomicBool::new(false),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_QUERIES_IN_FLIGHT)),
             queries: AtomicU64::new(0),
             cached: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -307,18 +318,26 @@ impl MetaClusterLookup {
         keys: Vec<BlockKey>,
         deadline: tokio::time::Instant,
     ) -> Option<Vec<Option<Arc<CacheLocation>>>> {
-        let query = LocationQuery::prefix(keys);
         self.queries.fetch_add(1, Ordering::Relaxed);
-        let answer =
-            tokio::time::timeout_at(deadline, self.svc.get_cache_location(instance, &query)).await;
-        let found = match answer {
-            Ok(Ok(found)) => found,
-            Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_))) => return Some(Vec::new()),
-            Ok(Err(e)) => {
+        let Some(running) = self.start_query(instance, keys) else {
+            self.timeouts.fetch_add(1, Ordering::Relaxed);
+            self.went_away("too many index queries in flight");
+            return None;
+        };
+        let found = match tokio::time::timeout_at(deadline, running).await {
+            Ok(Ok(Ok(found))) => found,
+            Ok(Ok(Err(kvtier_meta::MetaError::InstanceNotFound(_)))) => return Some(Vec::new()),
+            Ok(Ok(Err(e))) => {
                 self.errors.fetch_add(1, Ordering::Relaxed);
                 self.went_away(&e.to_string());
                 return None;
             }
+            Ok(Err(lost)) => {
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                self.went_away(&format!("the index query was lost: {lost}"));
+                return None;
+            }
+            // The query runs on; its answer is dropped.
             Err(_) => {
                 self.timeouts.fetch_add(1, Ordering::Relaxed);
                 self.went_away(&format!("no answer within {:?}", self.config.timeout));
@@ -329,6 +348,27 @@ impl MetaClusterLookup {
             tracing::info!("the metadata service answers cluster lookups again");
         }
         Some(found.locations)
+    }
+
+    /// Runs `getCacheLocation` of `keys` in `instance` on the blocking
+    /// pool, holding one of the in-flight permits until it returns; `None`
+    /// when none is free. Why not on the caller's task: the service's index
+    /// calls block, and a stalled index (a Redis that accepts and never
+    /// answers) would hold the session's runtime worker past any deadline,
+    /// stalling every session on it.
+    fn start_query(
+        &self,
+        instance: &str,
+        keys: Vec<BlockKey>,
+    ) -> Option<tokio::task::JoinHandle<kvtier_meta::Result<LocationMatch>>> {
+        let permit = self.in_flight.clone().try_acquire_owned().ok()?;
+        let (svc, instance) = (self.svc.clone(), instance.to_owned());
+        let runtime = tokio::runtime::Handle::current();
+        Some(tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let query = LocationQuery::prefix(keys);
+            runtime.block_on(svc.get_cache_location(&instance, &query))
+        }))
     }
 
     /// Warns once per outage.

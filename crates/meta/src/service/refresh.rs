@@ -49,8 +49,13 @@ impl MetaService {
             loop {
                 tick.tick().await;
                 let Some(svc) = svc.upgrade() else { return };
-                if let Err(e) = svc.refresh_catalog() {
-                    tracing::warn!("catalog refresh failed: {e}");
+                // On the blocking pool: the index read blocks, and a stalled
+                // index (a Redis that never answers) must not hold one of
+                // the runtime's workers, which serve everything else.
+                match tokio::task::spawn_blocking(move || svc.refresh_catalog()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("catalog refresh failed: {e}"),
+                    Err(e) => tracing::warn!("catalog refresh lost: {e}"),
                 }
             }
         }))
