@@ -59,13 +59,20 @@ pub struct NodeViewConfig {
     pub cluster: Option<ClusterNode>,
 }
 
+/// The storage (and group) a node's view publishes into by default:
+/// `node-<node>`. Where another node's locations are, to drop one it
+/// answered it no longer holds (docs/meta-api.md §10.4).
+pub(crate) fn node_storage(node_name: &str) -> String {
+    format!("node-{node_name}")
+}
+
 impl NodeViewConfig {
     /// Storage and group `node-<node>`, retried every second.
     pub fn new(node_name: impl Into<String>) -> Self {
         let node_name = node_name.into();
         Self {
-            storage: format!("node-{node_name}"),
-            group: format!("node-{node_name}"),
+            storage: node_storage(&node_name),
+            group: node_storage(&node_name),
             node_name,
             retry: Duration::from_secs(1),
             cluster: None,
@@ -127,6 +134,12 @@ struct Entry {
     /// Bumped by every commit, so a stale unpublish does not forget a
     /// block committed again meanwhile.
     generation: u64,
+    /// Taken over from before a restart with a peer address that is no
+    /// longer the node's: its MAC covers the namespace digest, which the
+    /// node does not keep, so it cannot be signed anew; it is unpublished
+    /// (peers would dial the old address) until a commit of the block
+    /// publishes it again.
+    stale: bool,
 }
 
 /// What the view registers an instance with, learnt from a `Hello`.
@@ -183,13 +196,16 @@ impl State {
             sum: m.sum,
             published,
             generation,
+            stale: false,
         });
         // Another source's entry is replaced; the same source's keeps
-        // whether it is published.
-        if e.source != source {
+        // whether it is published, unless its location is stale: a commit
+        // (`published` false) then publishes it afresh.
+        if e.source != source || (e.stale && !published) {
             e.source = source;
             e.published = published;
         }
+        e.stale = false;
         e.client = m.client;
         e.namespace = m.namespace;
         e.sum = m.sum;
@@ -519,7 +535,9 @@ fn ensure_group(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeVi
 
 /// Tracks every block the service lists on the node's storage as
 /// published and dirty, so the first reconciliation unpublishes the ones
-/// the node no longer holds. Returns how many it found.
+/// the node no longer holds, and those whose location names another peer
+/// address than the node's now (a restart on another port or
+/// `peer.advertise`; [`Entry::stale`]). Returns how many it found.
 fn take_over_listed(
     svc: &MetaService,
     config: &NodeViewConfig,
@@ -543,6 +561,9 @@ fn take_over_listed(
             sum: b.peer.map_or(0, |p| p.sum),
         };
         s.mark(b.stored(), m, id, true);
+        if let Some(e) = s.known.get_mut(&b.stored()) {
+            e.stale = b.peer.map(|p| p.peer) != config.cluster.as_ref().map(|c| c.addr);
+        }
         listed += 1;
     }
     Ok(listed)
@@ -602,6 +623,8 @@ fn plan(shared: &Shared) -> (HashMap<u32, Plan>, Vec<Source>) {
     let mut plans: HashMap<u32, Plan> = HashMap::new();
     let mut s = shared.tracker.state.lock();
     for ((key, e), held) in marked.into_iter().zip(held) {
+        // A stale location is unpublished as if the block were gone.
+        let held = held && !e.stale;
         let plan = plans.entry(e.source).or_default();
         match (held, e.published) {
             (true, false) => plan.publish.push(key),
