@@ -296,6 +296,24 @@ mod tests {
         }
     }
 
+    /// Every miss of a read without a corrupt block is the peer's missing
+    /// answer; a read with any corrupt block names none (which miss was
+    /// which is not known, and a corrupt block is the peer's health).
+    #[test]
+    fn only_a_read_without_corrupt_blocks_names_missing_ones() {
+        let some = Some(BlockSums::compute(BlockHash(1), 8, &[0u8; 16]));
+        let out = |corrupt| ReadOutcome {
+            sums: vec![some.clone(), None, None],
+            counts: kvtier_peer::ReadStats {
+                found: 1,
+                missing: 2 - corrupt,
+                corrupt,
+            },
+        };
+        assert_eq!(missing_of(&out(0)).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(missing_of(&out(1)).count(), 0);
+    }
+
     /// The sums are this node's (its key's) of bytes the peer's sums
     /// still describe; bytes changed after the read's check are refused.
     #[test]
