@@ -299,3 +299,22 @@ impl ServedCounters {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_peer::BlockSource;
+
+    /// An open node's source is ready; once the node closes it is not, so
+    /// its peer server answers `NotReady` rather than misses.
+    #[tokio::test]
+    async fn a_closed_nodes_source_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::test_support::small_config(dir.path(), 4);
+        let node = Node::open(&config, vec![]).await.unwrap();
+        let source = NodeSource::of(node.clone());
+        assert!(source.ready());
+        node.close().await.unwrap();
+        assert!(!source.ready());
+    }
+}
