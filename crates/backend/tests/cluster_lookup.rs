@@ -601,7 +601,7 @@ async fn a_location_whose_block_is_gone_is_dropped_by_the_load() {
 }
 
 #[test]
-fn a_restart_on_another_port_drops_the_old_address_and_publishes_the_new() {
+fn a_restart_on_another_port_republishes_adopted_blocks_at_the_new_address() {
     let index: Arc<dyn MetaIndex> = Arc::new(MemoryIndex::new());
     let svc = service_on(index.clone());
     let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -643,21 +643,26 @@ fn a_restart_on_another_port_drops_the_old_address_and_publishes_the_new() {
         let mut on_b = b.client(ns.clone(), Some("mine")).await;
         assert_eq!(on_b.lookup(&stored).await.unwrap(), []);
 
-        // A commit publishes a block afresh, at the new address, and B
-        // loads it from there.
+        // A session of their namespace commits another block: A finds the
+        // namespace its adopted blocks were stored in (its key map makes
+        // their stored keys), signs them for the new address and
+        // publishes them again; B loads them all from there.
         let len = a.node.geometry().block_bytes() as usize;
         let mut c = a.client(ns.clone(), Some("mine")).await;
-        c.remove(&stored[..1]).await.unwrap();
-        store(&mut c, &stored[..1], len).await;
+        store(&mut c, &keys(9..10), len).await;
         a.view.sync().await;
+        assert_eq!(
+            listed_on(index.as_ref(), "mine", storage, &stored),
+            [true; 3]
+        );
         b.lookup.clear_cache();
         let found = located(&b, &b.lookup, &ns, Some("mine"), &stored).await;
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert_eq!(found[0].addr, a.peer.local_addr());
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found.iter().all(|l| l.addr == a.peer.local_addr()));
         let peer = peer_tier(&on_b);
-        assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer]);
-        let load = check_loaded(&mut on_b, &stored[..1], len).await;
-        assert_eq!(b.node.stats().peer_hits, 1);
+        assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
+        let load = check_loaded(&mut on_b, &stored, len).await;
+        assert_eq!(b.node.stats().peer_hits, 3);
 
         on_b.release_load(load).await.unwrap();
         drop((c, on_b));
