@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 
 use crate::location::{Located, LocationKey, verify_mac};
 use crate::node_store::PublishedBlock;
-use crate::node_view::source_of;
+use crate::node_view::{node_storage, source_of};
 use crate::shared_g4::{SHARED_SPEC, shared_block_key};
 
 /// Keys asked of the service per lookup at most (below its default
@@ -88,6 +88,9 @@ pub struct ClusterLookupStats {
     pub timeouts: u64,
     /// Calls the service refused.
     pub errors: u64,
+    /// Locations a node answered it no longer holds, dropped from the
+    /// service (docs/meta-api.md §10.4).
+    pub reported: u64,
 }
 
 /// Counters `rows` (name, help, value) as OpenMetrics families named
@@ -131,6 +134,7 @@ pub struct MetaClusterLookup {
     rejected: AtomicU64,
     timeouts: AtomicU64,
     errors: AtomicU64,
+    reported: AtomicU64,
 }
 
 impl std::fmt::Debug for MetaClusterLookup {
@@ -157,6 +161,7 @@ impl MetaClusterLookup {
             rejected: AtomicU64::new(0),
             timeouts: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            reported: AtomicU64::new(0),
         }
     }
 
@@ -168,6 +173,7 @@ impl MetaClusterLookup {
             rejected: self.rejected.load(Ordering::Relaxed),
             timeouts: self.timeouts.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            reported: self.reported.load(Ordering::Relaxed),
         }
     }
 
@@ -205,6 +211,11 @@ impl MetaClusterLookup {
                 "errors",
                 "Cluster lookups the metadata service refused",
                 s.errors,
+            ),
+            (
+                "reported",
+                "Stale cluster locations dropped from the metadata service",
+                s.reported,
             ),
         ];
         counter_families("kvtier_node_cluster_lookup_", &rows)
@@ -424,6 +435,42 @@ impl MetaClusterLookup {
         })
     }
 
+    /// Drops `gone` (client keys of a session of `ns`, and the peer
+    /// locations their nodes answered they do not hold) from the cache and
+    /// each node's location from the service, within the lookup deadline:
+    /// only the spec this session's lookups read, on that node's storage,
+    /// so other copies (other nodes', the shared G4's) stay.
+    async fn drop_stale(&self, ns: &SessionNamespace, gone: &[(BlockHash, PeerLocation)]) {
+        let digest = ns.namespace.digest();
+        {
+            let mut cache = self.cache.lock();
+            for (client, _) in gone {
+                cache.remove(&(digest, client.0));
+            }
+        }
+        let source = source_of(ns);
+        let deadline = tokio::time::Instant::now() + self.config.timeout;
+        for (client, at) in gone {
+            let keys = [BlockKey(client.0 as u64)];
+            let storage = node_storage(&at.node);
+            let drop = self
+                .svc
+                .unpublish_parts(&source.instance, &storage, &source.spec, &keys);
+            match tokio::time::timeout_at(deadline, drop).await {
+                Ok(Ok(_)) => {
+                    self.reported.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(Err(e)) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(node = %at.node, error = %e, "a stale location stays listed");
+                }
+                Err(_) => {
+                    self.timeouts.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     fn reject<T>(&self) -> Option<T> {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         None
@@ -451,5 +498,13 @@ impl ClusterLookup for MetaClusterLookup {
                 None => Vec::new(),
             }
         })
+    }
+
+    fn missing<'a>(
+        &'a self,
+        ns: &'a SessionNamespace,
+        gone: &'a [(BlockHash, PeerLocation)],
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.drop_stale(ns, gone))
     }
 }

@@ -59,13 +59,20 @@ pub struct NodeViewConfig {
     pub cluster: Option<ClusterNode>,
 }
 
+/// The storage (and group) a node's view publishes into by default:
+/// `node-<node>`. Where another node's locations are, to drop one it
+/// answered it no longer holds (docs/meta-api.md §10.4).
+pub(crate) fn node_storage(node_name: &str) -> String {
+    format!("node-{node_name}")
+}
+
 impl NodeViewConfig {
     /// Storage and group `node-<node>`, retried every second.
     pub fn new(node_name: impl Into<String>) -> Self {
         let node_name = node_name.into();
         Self {
-            storage: format!("node-{node_name}"),
-            group: format!("node-{node_name}"),
+            storage: node_storage(&node_name),
+            group: node_storage(&node_name),
             node_name,
             retry: Duration::from_secs(1),
             cluster: None,
@@ -127,6 +134,14 @@ struct Entry {
     /// Bumped by every commit, so a stale unpublish does not forget a
     /// block committed again meanwhile.
     generation: u64,
+    /// Taken over from before a restart with a peer address that is no
+    /// longer the node's: its MAC covers the namespace digest, which the
+    /// node does not keep, so it cannot be signed anew yet; it is
+    /// unpublished (peers would dial the old address) and kept until a
+    /// session of its source commits: the namespace whose key map gives
+    /// the entry's stored key is its own, and it is published again,
+    /// signed for the new address ([`recognize`]).
+    stale: bool,
 }
 
 /// What the view registers an instance with, learnt from a `Hello`.
@@ -149,6 +164,10 @@ struct State {
     known: HashMap<BlockHash, Entry>,
     dirty: HashSet<BlockHash>,
     generation: u64,
+    /// Namespaces sessions of a source committed in, not yet tried on the
+    /// stale entries (each pair once).
+    candidates: Vec<(u32, Namespace)>,
+    tried: HashSet<(u32, u128)>,
 }
 
 impl State {
@@ -183,13 +202,16 @@ impl State {
             sum: m.sum,
             published,
             generation,
+            stale: false,
         });
         // Another source's entry is replaced; the same source's keeps
-        // whether it is published.
-        if e.source != source {
+        // whether it is published, unless its location is stale: a commit
+        // (`published` false) then publishes it afresh.
+        if e.source != source || (e.stale && !published) {
             e.source = source;
             e.published = published;
         }
+        e.stale = false;
         e.client = m.client;
         e.namespace = m.namespace;
         e.sum = m.sum;
@@ -281,6 +303,9 @@ impl CommitObserver for Observer {
             tp_size: ns.namespace.tp_size,
         });
         let namespace = ns.namespace.digest();
+        if s.tried.insert((id, namespace)) && s.known.values().any(|e| e.stale) {
+            s.candidates.push((id, ns.namespace.clone()));
+        }
         for b in blocks {
             let m = Mark {
                 client: b.client.0,
@@ -519,7 +544,9 @@ fn ensure_group(svc: &MetaService, config: &NodeViewConfig) -> Result<(), NodeVi
 
 /// Tracks every block the service lists on the node's storage as
 /// published and dirty, so the first reconciliation unpublishes the ones
-/// the node no longer holds. Returns how many it found.
+/// the node no longer holds, and those whose location names another peer
+/// address than the node's now (a restart on another port or
+/// `peer.advertise`; [`Entry::stale`]). Returns how many it found.
 fn take_over_listed(
     svc: &MetaService,
     config: &NodeViewConfig,
@@ -543,6 +570,9 @@ fn take_over_listed(
             sum: b.peer.map_or(0, |p| p.sum),
         };
         s.mark(b.stored(), m, id, true);
+        if let Some(e) = s.known.get_mut(&b.stored()) {
+            e.stale = b.peer.map(|p| p.peer) != config.cluster.as_ref().map(|c| c.addr);
+        }
         listed += 1;
     }
     Ok(listed)
@@ -570,6 +600,7 @@ struct Plan {
 
 async fn reconcile(shared: &Shared) {
     let _one = shared.stepping.lock().await;
+    recognize(shared);
     let (plans, sources) = plan(shared);
     for (id, p) in plans {
         let source = &sources[id as usize];
@@ -580,6 +611,37 @@ async fn reconcile(shared: &Shared) {
         }
         if !p.unpublish.is_empty() {
             unpublish(shared, source, p.unpublish).await;
+        }
+    }
+}
+
+/// Gives each stale entry whose stored key a candidate namespace's key
+/// map makes of its client key that namespace, so it is signed for the
+/// node's address now and published again (the keyed hash matches only
+/// for the namespace the block was committed in).
+fn recognize(shared: &Shared) {
+    let candidates = std::mem::take(&mut shared.tracker.state.lock().candidates);
+    for (id, ns) in candidates {
+        let stale: Vec<(BlockHash, u128)> = {
+            let s = shared.tracker.state.lock();
+            (s.known.iter())
+                .filter(|(_, e)| e.stale && e.source == id)
+                .map(|(k, e)| (*k, e.client))
+                .collect()
+        };
+        let map = shared.node.key_map(&ns);
+        let digest = ns.digest();
+        let mut s = shared.tracker.state.lock();
+        for (key, client) in stale {
+            if map.stored(BlockHash(client)) != key {
+                continue;
+            }
+            if let Some(e) = s.known.get_mut(&key).filter(|e| e.stale) {
+                e.namespace = digest;
+                e.stale = false;
+                e.published = false;
+                s.dirty.insert(key);
+            }
         }
     }
 }
@@ -604,6 +666,10 @@ fn plan(shared: &Shared) -> (HashMap<u32, Plan>, Vec<Source>) {
     for ((key, e), held) in marked.into_iter().zip(held) {
         let plan = plans.entry(e.source).or_default();
         match (held, e.published) {
+            // A stale location names the old address: unpublished, and
+            // not published again until its namespace is recognized.
+            (true, true) if e.stale => plan.unpublish.push((key, e.generation)),
+            (true, false) if e.stale => {}
             (true, false) => plan.publish.push(key),
             (false, true) => plan.unpublish.push((key, e.generation)),
             // Never published and gone: forget it, unless committed again
@@ -806,9 +872,24 @@ fn published(shared: &Shared, id: u32, keys: &[BlockHash]) {
 /// Forgets unpublished blocks, except those committed again meanwhile
 /// (their newer entry is dirty and published afresh).
 fn forget(shared: &Shared, keys: &[(BlockHash, u64)]) {
+    let stale: Vec<BlockHash> = {
+        let s = shared.tracker.state.lock();
+        (keys.iter().map(|(k, _)| *k))
+            .filter(|k| s.known.get(k).is_some_and(|e| e.stale))
+            .collect()
+    };
+    // A stale entry of a block still held stays known, unpublished,
+    // waiting for its namespace (`recognize`).
+    let kept: HashSet<BlockHash> = (stale.into_iter())
+        .filter(|k| shared.node.contains(*k))
+        .collect();
     let mut s = shared.tracker.state.lock();
     for (k, generation) in keys {
-        if s.known.get(k).is_some_and(|e| e.generation == *generation) {
+        if kept.contains(k) {
+            if let Some(e) = s.known.get_mut(k) {
+                e.published = false;
+            }
+        } else if s.known.get(k).is_some_and(|e| e.generation == *generation) {
             s.known.remove(k);
         } else if let Some(e) = s.known.get_mut(k) {
             e.published = false;

@@ -6,21 +6,25 @@
 //! gone, B answers from its own tiers, without an error; A's peer server
 //! gone, A's storage probes unhealthy and its locations leave B's answers.
 //! B's `Load` of A's blocks reads them from A's peer server into B's G2,
-//! byte-exact; with A's peer server gone it answers misses.
+//! byte-exact; with A's peer server gone it answers misses. A location
+//! whose block A no longer holds (A's own answer) is dropped from the
+//! service by B's `Load`, and B's next `Lookup` does not answer it.
 
 mod common;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{keys, service_on, store};
+use common::{keys, on_runtime, service_on, store};
 use kvtier_backend::{
     BackendOptions, ClusterLookupConfig, ClusterNode, LocationKey, MetaClusterLookup, NodeView,
     NodeViewConfig, NodeViewSink, PeerIdentity, attach_backend,
 };
 use kvtier_client::{AsyncClient, BlockHash};
 use kvtier_core::{Tier, TierKind};
-use kvtier_meta::{DEFAULT_GROUP, Instance, LocationSpecInfo, MemoryIndex, MetaIndex, MetaService};
+use kvtier_meta::{
+    BlockKey, DEFAULT_GROUP, Instance, LocationSpecInfo, MemoryIndex, MetaIndex, MetaService,
+};
 use kvtier_node::NodeConfig as Config;
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{
@@ -507,6 +511,8 @@ async fn a_load_from_a_peer_that_is_gone_misses() {
     assert_eq!(b.node.usage().0, 0);
     let pool = b.node.peer_reader().unwrap().pool().stats();
     assert_eq!(pool[0].1.failures, 1, "{:?}", pool[0].1);
+    // A dead peer is its health, not its locations' word: none reported.
+    assert_eq!(b.lookup.stats().reported, 0);
     // The session goes on.
     store(
         &mut on_b,
@@ -521,4 +527,146 @@ async fn a_load_from_a_peer_that_is_gone_misses() {
     a.view.stop().await;
     a.server.shutdown().await;
     a.node.close().await.unwrap();
+}
+
+/// Which of `keys` `index` lists a location of on `storage`, in
+/// instance `instance`.
+fn listed_on(
+    index: &dyn MetaIndex,
+    instance: &str,
+    storage: &str,
+    keys: &[BlockHash],
+) -> Vec<bool> {
+    let asked: Vec<BlockKey> = keys.iter().map(|k| BlockKey(k.0 as u64)).collect();
+    (index.get(instance, &asked).unwrap().into_iter())
+        .map(|m| m.is_some_and(|m| m.locations.iter().any(|l| l.storage == storage)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_location_whose_block_is_gone_is_dropped_by_the_load() {
+    let redis = kvtier_meta::test_support::RedisServer::start()
+        .unwrap_or_else(|e| panic!("cannot start redis-server: {e}"));
+    let index = kvtier_meta::RedisIndex::open(&redis.url(), Default::default()).unwrap();
+    let index: Arc<dyn MetaIndex> = Arc::new(index);
+    let p = Pair::start(index.clone()).await;
+    let ns = namespace("llama");
+    let stored = keys(0..3);
+    let mut on_a = p.stored_on_a(ns.clone(), Some("mine"), &stored).await;
+    let storage = "node-node-a";
+    assert_eq!(
+        listed_on(index.as_ref(), "mine", storage, &stored),
+        [true; 3]
+    );
+
+    // A drops its last two blocks with its view stopped: their locations
+    // stay listed, stale.
+    p.a.view.stop().await;
+    on_a.remove(&stored[1..]).await.unwrap();
+    assert_eq!(
+        listed_on(index.as_ref(), "mine", storage, &stored),
+        [true; 3]
+    );
+
+    // B's Lookup answers all three from A; its Load brings the first, and
+    // A's answer that it lacks the others drops exactly those locations.
+    let mut on_b = p.b.client(ns.clone(), Some("mine")).await;
+    let peer = peer_tier(&on_b);
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
+    let load = on_b.load(&stored).await.unwrap();
+    assert_eq!(load.prefix_len(), 1, "{:?}", load.results());
+    let s = p.b.node.stats();
+    assert_eq!((s.peer_hits, s.peer_misses), (1, 2));
+    assert_eq!(p.b.lookup.stats().reported, 2);
+    let metrics = p.b.lookup.metrics_text();
+    assert!(
+        metrics.contains("kvtier_node_cluster_lookup_reported_total 2\n"),
+        "{metrics}"
+    );
+    assert_eq!(
+        listed_on(index.as_ref(), "mine", storage, &stored),
+        [true, false, false]
+    );
+
+    // The next Lookup (the cache forgot them too) answers B's copy of the
+    // first block and nothing of the others.
+    assert_eq!(on_b.lookup(&stored).await.unwrap(), [Tier::G2]);
+    let mut again = p.b.client(ns.clone(), Some("mine")).await;
+    assert_eq!(again.lookup(&stored).await.unwrap(), [Tier::G2]);
+
+    on_b.release_load(load).await.unwrap();
+    drop((on_a, on_b, again));
+    p.stop().await;
+    drop(redis);
+}
+
+#[test]
+fn a_restart_on_another_port_republishes_adopted_blocks_at_the_new_address() {
+    let index: Arc<dyn MetaIndex> = Arc::new(MemoryIndex::new());
+    let svc = service_on(index.clone());
+    let dirs = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ns = namespace("llama");
+    let stored = keys(0..3);
+    let storage = "node-node-a";
+    let old = on_runtime(async {
+        let a = Member::start("node-a", dirs.0.path(), &svc).await;
+        let len = a.node.geometry().block_bytes() as usize;
+        let mut c = a.client(ns.clone(), Some("mine")).await;
+        store(&mut c, &stored, len).await;
+        a.view.sync().await;
+        drop(c);
+        let old = a.peer.local_addr();
+        a.stop().await;
+        old
+    });
+    assert_eq!(
+        listed_on(index.as_ref(), "mine", storage, &stored),
+        [true; 3]
+    );
+    on_runtime(async {
+        // A comes back on another port and adopts its blocks (a clean stop
+        // moved them to its disk log): their locations name the old
+        // address and a MAC A cannot make anew, so they are unpublished.
+        let a = Member::start("node-a", dirs.0.path(), &svc).await;
+        assert_ne!(a.peer.local_addr(), old);
+        a.view.sync().await;
+        assert_eq!(a.view.stats().unpublished, 3, "{:?}", a.view.stats());
+        assert_eq!(
+            listed_on(index.as_ref(), "mine", storage, &stored),
+            [false; 3]
+        );
+        let map = a.node.key_map(&ns);
+        assert!(stored.iter().all(|&k| a.node.contains(map.stored(k))));
+
+        // B is never sent to the old address: it finds nothing.
+        let b = Member::start("node-b", dirs.1.path(), &svc).await;
+        let mut on_b = b.client(ns.clone(), Some("mine")).await;
+        assert_eq!(on_b.lookup(&stored).await.unwrap(), []);
+
+        // A session of their namespace commits another block: A finds the
+        // namespace its adopted blocks were stored in (its key map makes
+        // their stored keys), signs them for the new address and
+        // publishes them again; B loads them all from there.
+        let len = a.node.geometry().block_bytes() as usize;
+        let mut c = a.client(ns.clone(), Some("mine")).await;
+        store(&mut c, &keys(9..10), len).await;
+        a.view.sync().await;
+        assert_eq!(
+            listed_on(index.as_ref(), "mine", storage, &stored),
+            [true; 3]
+        );
+        b.lookup.clear_cache();
+        let found = located(&b, &b.lookup, &ns, Some("mine"), &stored).await;
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(found.iter().all(|l| l.addr == a.peer.local_addr()));
+        let peer = peer_tier(&on_b);
+        assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
+        let load = check_loaded(&mut on_b, &stored, len).await;
+        assert_eq!(b.node.stats().peer_hits, 3);
+
+        on_b.release_load(load).await.unwrap();
+        drop((c, on_b));
+        b.stop().await;
+        a.stop().await;
+    });
 }

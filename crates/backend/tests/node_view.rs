@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{keys, service_on, store};
+use common::{keys, on_runtime, service_on, store};
 use kvtier_backend::{NodeStoreBackend, NodeView, NodeViewConfig, NodeViewSink, PublishedBlock};
 use kvtier_client::{AsyncClient, BlockHash};
 use kvtier_meta::{
@@ -211,17 +211,6 @@ async fn committed_blocks_are_listed_while_the_node_holds_them() {
     assert!(run.view.stats().unpublished > 0);
     assert_eq!(run.view.stats().failures, 0);
     run.stop().await;
-}
-
-/// Runs `f` on a runtime of its own, dropped after it: the node's tasks
-/// end with it, so the next run can open the same disk log.
-fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 #[test]

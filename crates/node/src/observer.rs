@@ -118,4 +118,21 @@ pub trait ClusterLookup: Send + Sync {
         ns: &'a SessionNamespace,
         keys: &'a [CommittedKey],
     ) -> BoxFuture<'a, Vec<ClusterBlock>>;
+
+    /// The node holding each of `gone` (a client key of a session of `ns`
+    /// and where this node's lookup located it) answered, over its
+    /// authenticated peer connection, that it does not hold it: the
+    /// location is stale. The implementation forgets it and has the
+    /// service drop that one location, so the next lookup asks again and
+    /// no node reads it anew. Not for a peer that is down, late or sent a
+    /// corrupt block: those are the peer's health, not the location's.
+    /// Bounded in time; by default nothing is done.
+    fn missing<'a>(
+        &'a self,
+        ns: &'a SessionNamespace,
+        gone: &'a [(BlockHash, PeerLocation)],
+    ) -> BoxFuture<'a, ()> {
+        let _ = (ns, gone);
+        Box::pin(async {})
+    }
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use kvtier_core::{BlockChecksum, BlockHash, BlockSums};
 use kvtier_manager::manager::{BlockManager, HostCommit, HostReservation, HostReserve};
-use kvtier_peer::{Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, Want, verify};
+use kvtier_peer::{
+    Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, ReadOutcome, Want, verify,
+};
 
 use crate::PeerOptions;
 use crate::observer::PeerLocation;
@@ -51,6 +53,10 @@ pub(crate) struct Fetched {
     pub(crate) sums: Vec<BlockChecksum>,
     /// Their bytes, as read from the peers.
     pub(crate) bytes: u64,
+    /// Indices into the wanted blocks whose node answered that it does not
+    /// hold them (its own word over the authenticated connection: not a
+    /// failed read, nor a corrupt block).
+    pub(crate) missing: Vec<usize>,
 }
 
 /// A block to bring: this node's stored key for it, and where the cluster
@@ -70,7 +76,8 @@ pub(crate) async fn fetch(
     let deadline = tokio::time::Instant::now() + reader.timeout;
     let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
     let mut slots = reserve_prefix(manager, &keys, "peers").await;
-    let peer_sums = read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
+    let (peer_sums, missing) =
+        read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
     slots.truncate(peer_sums.len());
     let layer_bytes = manager.geometry().layer_bytes();
     let read: Vec<Landed> = (slots.into_iter().zip(peer_sums).zip(wanted))
@@ -81,9 +88,15 @@ pub(crate) async fn fetch(
         })
         .collect();
     let Some(batch) = sum_slots(read, layer_bytes).await else {
-        return Fetched::default();
+        return Fetched {
+            missing,
+            ..Fetched::default()
+        };
     };
-    commit_prefix(manager, batch).await
+    Fetched {
+        missing,
+        ..commit_prefix(manager, batch).await
+    }
 }
 
 /// G2 slots for the leading `keys` the manager reserves: a key already
@@ -128,19 +141,22 @@ pub(crate) async fn commit_prefix(
     Fetched {
         bytes: block_bytes * sums.len() as u64,
         sums,
+        missing: Vec::new(),
     }
 }
 
 /// Reads `wanted` into `slots` (one each), peer by peer in order, until
 /// one fails or `deadline`: the peer's sums of each leading slot that
-/// holds verified bytes.
+/// holds verified bytes, and the indices of the blocks the last peer read
+/// answered it does not hold ([`missing_of`]).
 async fn read_slots(
     reader: &PeerReader,
     wanted: &[Located],
     slots: &mut [HostReservation],
     deadline: tokio::time::Instant,
-) -> Vec<BlockSums> {
+) -> (Vec<BlockSums>, Vec<usize>) {
     let mut good: Vec<BlockSums> = Vec::with_capacity(wanted.len());
+    let mut missing = Vec::new();
     while good.len() < wanted.len() {
         let at = good.len();
         let first = &wanted[at].1;
@@ -168,7 +184,10 @@ async fn read_slots(
             .read_into(&peer, &wants, LayerRange::All, &mut targets, deadline)
             .await
         {
-            Ok(out) => out.sums.into_iter().map_while(|s| s).collect(),
+            Ok(out) => {
+                missing = missing_of(&out).map(|i| at + i).collect();
+                out.sums.into_iter().map_while(|s| s).collect()
+            }
             Err(e) => {
                 tracing::debug!(node = %peer.node, addr = %peer.addr, error = %e, "reading blocks from a peer failed");
                 Vec::new()
@@ -180,7 +199,19 @@ async fn read_slots(
             break;
         }
     }
-    good
+    (good, missing)
+}
+
+/// The wants of `out` its peer answered it does not hold. A miss is
+/// missing or corrupt and the outcome counts, not names, them: only when
+/// no block of the read was corrupt is every miss the peer's word that it
+/// lacks the block (a corrupt one is the peer's health, P15, and its
+/// location stays).
+fn missing_of(out: &ReadOutcome) -> impl Iterator<Item = usize> + '_ {
+    let clean = out.counts.corrupt == 0;
+    (out.sums.iter().enumerate())
+        .filter(move |(_, s)| clean && s.is_none())
+        .map(|(i, _)| i)
 }
 
 /// A slot holding a block as a peer sent it: the peer's sums (under the
@@ -263,6 +294,24 @@ mod tests {
             stored,
             sum,
         }
+    }
+
+    /// Every miss of a read without a corrupt block is the peer's missing
+    /// answer; a read with any corrupt block names none (which miss was
+    /// which is not known, and a corrupt block is the peer's health).
+    #[test]
+    fn only_a_read_without_corrupt_blocks_names_missing_ones() {
+        let some = Some(BlockSums::compute(BlockHash(1), 8, &[0u8; 16]));
+        let out = |corrupt| ReadOutcome {
+            sums: vec![some.clone(), None, None],
+            counts: kvtier_peer::ReadStats {
+                found: 1,
+                missing: 2 - corrupt,
+                corrupt,
+            },
+        };
+        assert_eq!(missing_of(&out(0)).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(missing_of(&out(1)).count(), 0);
     }
 
     /// The sums are this node's (its key's) of bytes the peer's sums

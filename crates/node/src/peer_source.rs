@@ -26,8 +26,10 @@ use kvtier_tier::{BoxFuture, ReadDone, Target};
 use crate::{Node, NodeHost};
 
 /// The node's tiers as a [`BlockSource`]: what `kvtier serve`'s peer
-/// server answers from. Before the node is open (no shape yet) every key
-/// is a miss.
+/// server answers from. Before the node is open (no shape yet), and once
+/// it is closed, it is not ready: a read is answered `NotReady`, never
+/// with misses, which readers would take as the node's word that it lacks
+/// the blocks (docs/meta-api.md §10.4).
 pub struct NodeSource {
     host: Arc<NodeHost>,
     served: Arc<ServedCounters>,
@@ -69,6 +71,10 @@ impl BlockSource for NodeSource {
             let reads = HeldBlocks::take(&node, keys).read(layers).await;
             reads.into_iter().map(|r| self.served.count(r)).collect()
         })
+    }
+
+    fn ready(&self) -> bool {
+        self.host.node().is_some_and(|n| !n.is_closed())
     }
 }
 
@@ -291,5 +297,24 @@ impl ServedCounters {
                 failed: get(&self.failed, tier),
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvtier_peer::BlockSource;
+
+    /// An open node's source is ready; once the node closes it is not, so
+    /// its peer server answers `NotReady` rather than misses.
+    #[tokio::test]
+    async fn a_closed_nodes_source_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = crate::test_support::small_config(dir.path(), 4);
+        let node = Node::open(&config, vec![]).await.unwrap();
+        let source = NodeSource::of(node.clone());
+        assert!(source.ready());
+        node.close().await.unwrap();
+        assert!(!source.ready());
     }
 }

@@ -876,7 +876,7 @@ impl Session {
         while sums.len() < wanted.len() {
             let at = sums.len();
             let run = run_of(&wanted[at..]);
-            let got = self.bring_run(&wanted[at..at + run]).await;
+            let got = (self.bring_run(&wanted[at..at + run], &clients[local + at..])).await;
             let complete = got.len() == run;
             for (key, _) in &wanted[at..at + got.len()] {
                 self.located.remove(key);
@@ -902,8 +902,13 @@ impl Session {
     }
 
     /// Brings one run of blocks located alike (all on peers, or all in the
-    /// shared G4), counted: the sums of the leading ones brought.
-    async fn bring_run(&mut self, run: &[(BlockHash, ClusterBlock)]) -> Vec<BlockChecksum> {
+    /// shared G4), counted: the sums of the leading ones brought. `clients`
+    /// are the client keys of the run, in order.
+    async fn bring_run(
+        &mut self,
+        run: &[(BlockHash, ClusterBlock)],
+        clients: &[BlockHash],
+    ) -> Vec<BlockChecksum> {
         let manager = self.node.manager();
         let c = &self.node.counters;
         let (peers, shared) = split_run(run);
@@ -918,6 +923,7 @@ impl Session {
             Counters::add(&c.peer_misses, (peers.len() - brought) as u64);
             Counters::add(&c.peer_bytes, fetched.bytes);
             self.log_peers(&peers[..brought]);
+            self.report_missing(&peers, clients, &fetched.missing).await;
             return fetched.sums;
         }
         let Some(reader) = self.node.shared_reader().cloned() else {
@@ -935,6 +941,31 @@ impl Session {
             "a prefix from the shared G4"
         );
         fetched.sums
+    }
+
+    /// Forgets the locations of `peers` at `missing` (their node answered
+    /// it does not hold them) and reports them to the cluster lookup, so
+    /// the next `Lookup` asks the cluster again (docs/meta-api.md §10.4).
+    async fn report_missing(
+        &mut self,
+        peers: &[(BlockHash, PeerLocation)],
+        clients: &[BlockHash],
+        missing: &[usize],
+    ) {
+        let gone: Vec<(BlockHash, PeerLocation)> = (missing.iter())
+            .filter_map(|&i| Some((*clients.get(i)?, peers.get(i)?)))
+            .map(|(client, (stored, at))| {
+                self.located.remove(stored);
+                (client, at.clone())
+            })
+            .collect();
+        if let (false, Some(cluster), Some(ns)) = (
+            gone.is_empty(),
+            self.node.cluster_lookup().cloned(),
+            self.namespace.as_ref(),
+        ) {
+            cluster.missing(ns, &gone).await;
+        }
     }
 
     /// Logs, once per session, each node blocks were brought from.

@@ -152,6 +152,10 @@ wire_codes! {
         TooManyKeys = 3,
         /// The layer range is empty.
         BadRange = 4,
+        /// The server cannot tell yet (or any longer) which blocks it
+        /// holds (its node is not open, or closing): not an answer that it
+        /// lacks them. The connection stays open.
+        NotReady = 5,
     }
 }
 

@@ -402,6 +402,11 @@ async fn serve_read(
         send_error(stream, ErrorCode::BadRange, message).await;
         return Ok(());
     }
+    if !source.ready() {
+        let message = "the node cannot tell which blocks it holds yet".to_owned();
+        send_error(stream, ErrorCode::NotReady, message).await;
+        return Ok(());
+    }
     for (n, keys) in read.keys.chunks(SOURCE_BATCH).enumerate() {
         let first = n * SOURCE_BATCH;
         let mut blocks = source.read(keys, read.layers).await.into_iter();

@@ -24,6 +24,16 @@ pub trait BlockSource: Send + Sync + 'static {
         keys: &'a [BlockHash],
         layers: LayerRange,
     ) -> BoxFuture<'a, Vec<Option<BlockData>>>;
+
+    /// Whether the source can tell which blocks it holds now. A `Read` of
+    /// a source that cannot is answered
+    /// [`ErrorCode::NotReady`](crate::frame::ErrorCode::NotReady), never
+    /// with per-key misses: a reader takes
+    /// a miss as the server's word that it lacks the block (and drops the
+    /// block's location from the cluster), a failed read as its health.
+    fn ready(&self) -> bool {
+        true
+    }
 }
 
 /// The layers `range` of a block with `layer_count` layers, as indices

@@ -365,3 +365,43 @@ async fn a_peer_that_stops_reading_is_dropped() {
         "a peer that stopped reading got all {received} bytes"
     );
 }
+
+/// A source that cannot tell which blocks it holds yet.
+struct NotReady;
+
+impl BlockSource for NotReady {
+    fn read<'a>(
+        &'a self,
+        keys: &'a [BlockHash],
+        _: LayerRange,
+    ) -> BoxFuture<'a, Vec<Option<BlockData>>> {
+        panic!("a source that is not ready is not read: {keys:?}")
+    }
+
+    fn ready(&self) -> bool {
+        false
+    }
+}
+
+#[tokio::test]
+async fn a_source_that_is_not_ready_answers_an_error_not_misses() {
+    let server = start(Arc::new(NotReady)).await;
+    let mut c = PeerClient::connect(server.local_addr(), &client_id(), WITHIN)
+        .await
+        .unwrap();
+    let err = c
+        .read(&[want(0), want(1)], LayerRange::All, later())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PeerError::Server {
+                code: ErrorCode::NotReady,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(c.stats().missing, 0);
+}

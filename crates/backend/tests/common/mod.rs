@@ -57,3 +57,14 @@ pub async fn store(client: &mut AsyncClient, keys: &[BlockHash], len: usize) {
 pub fn keys(r: std::ops::Range<u128>) -> Vec<BlockHash> {
     r.map(|k| BlockHash(k | (0xabcd << 64))).collect()
 }
+
+/// Runs `f` on a runtime of its own, dropped after it: the node's tasks
+/// end with it, so the next run can open the same disk log.
+pub fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
