@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvtier_core::BlockHash;
-use kvtier_meta::{BlockKey, CacheLocation, LocationMatch, LocationQuery, MetaService};
+use kvtier_meta::{BlockKey, CacheLocation, LocationQuery, MetaService};
 use kvtier_node::{
     ClusterBlock, ClusterLookup, CommittedKey, PeerLocation, SessionNamespace, SharedKeys,
     SharedLocation,
@@ -330,7 +330,12 @@ impl MetaClusterLookup {
         deadline: tokio::time::Instant,
     ) -> Option<Vec<Option<Arc<CacheLocation>>>> {
         self.queries.fetch_add(1, Ordering::Relaxed);
-        let Some(running) = self.start_query(instance, keys) else {
+        let instance = instance.to_owned();
+        let running = self.off_workers(move |svc| async move {
+            let query = LocationQuery::prefix(keys);
+            svc.get_cache_location(&instance, &query).await
+        });
+        let Some(running) = running else {
             self.timeouts.fetch_add(1, Ordering::Relaxed);
             self.went_away("too many index queries in flight");
             return None;
@@ -361,24 +366,25 @@ impl MetaClusterLookup {
         Some(found.locations)
     }
 
-    /// Runs `getCacheLocation` of `keys` in `instance` on the blocking
-    /// pool, holding one of the in-flight permits until it returns; `None`
-    /// when none is free. Why not on the caller's task: the service's index
-    /// calls block, and a stalled index (a Redis that accepts and never
-    /// answers) would hold the session's runtime worker past any deadline,
-    /// stalling every session on it.
-    fn start_query(
-        &self,
-        instance: &str,
-        keys: Vec<BlockKey>,
-    ) -> Option<tokio::task::JoinHandle<kvtier_meta::Result<LocationMatch>>> {
+    /// Runs `call` over the service on the blocking pool, holding one of
+    /// the in-flight permits until it returns; `None` when none is free.
+    /// Why not on the caller's task: the service's index calls block, and
+    /// a stalled index (a Redis that accepts and never answers) would hold
+    /// the session's runtime worker past any deadline, stalling every
+    /// session on it. The caller bounds its wait; a call it stops waiting
+    /// for runs on, and its answer is dropped.
+    fn off_workers<T, F, Fut>(&self, call: F) -> Option<tokio::task::JoinHandle<T>>
+    where
+        F: FnOnce(Arc<MetaService>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+        T: Send + 'static,
+    {
         let permit = self.in_flight.clone().try_acquire_owned().ok()?;
-        let (svc, instance) = (self.svc.clone(), instance.to_owned());
+        let svc = self.svc.clone();
         let runtime = tokio::runtime::Handle::current();
         Some(tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let query = LocationQuery::prefix(keys);
-            runtime.block_on(svc.get_cache_location(&instance, &query))
+            runtime.block_on(call(svc))
         }))
     }
 
@@ -450,19 +456,31 @@ impl MetaClusterLookup {
         }
         let source = source_of(ns);
         let deadline = tokio::time::Instant::now() + self.config.timeout;
+        let mut by_node: HashMap<&str, Vec<BlockKey>> = HashMap::new();
         for (client, at) in gone {
-            let keys = [BlockKey(client.0 as u64)];
-            let storage = node_storage(&at.node);
-            let drop = self
-                .svc
-                .unpublish_parts(&source.instance, &storage, &source.spec, &keys);
+            (by_node.entry(at.node.as_str()).or_default()).push(BlockKey(client.0 as u64));
+        }
+        for (node, keys) in by_node {
+            let (instance, spec) = (source.instance.clone(), source.spec.clone());
+            let storage = node_storage(node);
+            let drop = self.off_workers(move |svc| async move {
+                svc.unpublish_parts(&instance, &storage, &spec, &keys).await
+            });
+            let Some(drop) = drop else {
+                self.timeouts.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
             match tokio::time::timeout_at(deadline, drop).await {
-                Ok(Ok(_)) => {
-                    self.reported.fetch_add(1, Ordering::Relaxed);
+                Ok(Ok(Ok(n))) => {
+                    self.reported.fetch_add(n as u64, Ordering::Relaxed);
                 }
-                Ok(Err(e)) => {
+                Ok(Ok(Err(e))) => {
                     self.errors.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(node = %at.node, error = %e, "a stale location stays listed");
+                    tracing::debug!(node, error = %e, "a stale location stays listed");
+                }
+                Ok(Err(lost)) => {
+                    self.errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(node, error = %lost, "a stale location stays listed");
                 }
                 Err(_) => {
                     self.timeouts.fetch_add(1, Ordering::Relaxed);
