@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from kvtier.testing import Cluster, Daemon, start_cluster, wait_until
+from kvtier.testing import Cluster, Daemon, start_cluster, start_daemon, wait_until
 
 LAYERS = 2
 LAYER_BYTES = 8192
@@ -94,7 +94,10 @@ def member(cluster: Cluster, data: Path, node: str, arena: str) -> Daemon:
         KVTIER_DISK__IO_ENGINE="auto",
         KVTIER_DISK__SYNC="true",
     )
-    return cluster.start_member(data, node, env)
+    # Not Cluster.start_member, which lays member_env over these again.
+    daemon = start_daemon(data, env)
+    cluster.members.append(daemon)
+    return daemon
 
 
 def client(daemon: Daemon) -> kvtier.Client:

@@ -4,7 +4,8 @@
 //! `/metrics` counts the cluster lookups; B's `Load` then reads it from A
 //! byte-exact and holds it in its G2. With A SIGKILLed between B's
 //! `Lookup` and `Load`, the `Load` answers misses. A daemon of a cluster
-//! stopped cleanly leaves no arena behind.
+//! stopped cleanly leaves no arena behind. A stalled index (Redis stopped
+//! with SIGSTOP) ends a `Lookup` at its deadline.
 
 use std::path::Path;
 
@@ -47,12 +48,7 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
 
     let admin = b.logged_addr("admin_http");
     let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
-    let sample = |name: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {name}:\n{metrics}"))
-    };
+    let sample = |name: &str| sample(&metrics, name);
     // The last lookup found all three (earlier ones may have found fewer).
     assert!(sample("kvtier_node_cluster_hits_total") >= 3.0);
     assert!(sample("kvtier_node_cluster_lookup_queries_total") >= 1.0);
@@ -101,4 +97,56 @@ fn a_load_from_a_node_killed_after_the_lookup_misses() {
     let tiers = on_b.lookup(&keys).unwrap();
     assert!(!tiers.contains(&Tier::G2), "{tiers:?}");
     drop((a, b));
+}
+
+/// The metrics sample `name` (without labels) of `metrics`.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name}:\n{metrics}"))
+}
+
+#[test]
+fn a_stalled_index_ends_a_lookup_at_its_deadline() {
+    let redis = RedisServer::start().expect("start redis-server (.ci/run installs it)");
+    let keep = tempfile::tempdir().expect("secret dir");
+    let secret = secret_in(keep.path(), &[0x17; 32]);
+    let db = tempfile::tempdir().unwrap();
+    let b = member(db.path(), "stalled-b", &redis.url(), &secret);
+    let mut on_b = b.client();
+    let keys = |r: std::ops::Range<u128>| -> Vec<BlockHash> {
+        r.map(|k| BlockHash(k | (0x57a1 << 64))).collect()
+    };
+    // The index answers: keys nobody holds are asked of it, and missed.
+    assert_eq!(on_b.lookup(&keys(1..4)).unwrap(), []);
+    let admin = b.logged_addr("admin_http");
+    let counts = || {
+        let (_, metrics) = support::http_text(admin, "GET", "/metrics", None, "");
+        let timeouts = sample(&metrics, "kvtier_node_cluster_lookup_timeouts_total");
+        (
+            timeouts,
+            sample(&metrics, "kvtier_node_cluster_lookup_errors_total"),
+        )
+    };
+    let before = counts();
+
+    // A Redis that takes requests and never answers (stopped, not gone):
+    // its calls block until their 5 s response timeout, which must not
+    // hold the session past `peer.lookup_timeout_ms`. The lookup answers
+    // the node's own prefix, counted as a timeout; before the index
+    // queries left the async workers it waited for Redis and counted an
+    // error.
+    redis.pause().expect("SIGSTOP redis-server");
+    let stalled = on_b.lookup(&keys(10..13));
+    redis.resume().expect("SIGCONT redis-server");
+    assert_eq!(stalled.unwrap(), []);
+    let after = counts();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (1.0, 0.0),
+        "(timeouts, errors) of the stalled lookup"
+    );
+    // The index is back: the session goes on.
+    assert_eq!(on_b.lookup(&keys(20..23)).unwrap(), []);
 }
