@@ -4,10 +4,19 @@
 //! node's [`PeerReader`], and commits them as any client-filled block, so
 //! the `Load` then finds them local. A block that does not come (peer
 //! down, skipped, late, missing, corrupt, no room) ends the prefix there.
+//!
+//! When the located blocks follow a prefix the node holds in G2, the
+//! `Load` streams them instead ([`PeerStream`]): its answer names their
+//! reserved slots at once and they are read in a few groups of layers,
+//! each group announced as it lands, the blocks committed after the last.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use kvtier_core::{BlockChecksum, BlockHash, BlockSums};
+use kvtier_core::{
+    BlockChecksum, BlockHash, BlockSums, combine_layer_checksums, layer_checksum, layer_checksums,
+};
 use kvtier_manager::manager::{BlockManager, HostCommit, HostReservation, HostReserve};
 use kvtier_peer::{
     Expect, LayerRange, MAX_KEYS, PeerAddr, PeerPool, PoolConfig, ReadOutcome, Want, verify,
@@ -24,12 +33,38 @@ use crate::observer::PeerLocation;
 pub struct PeerReader {
     pool: PeerPool,
     timeout: Duration,
+    /// Requests a streamed `Load` splits a block's layers into; 0: whole
+    /// blocks before the answer.
+    layer_groups: AtomicU32,
 }
+
+/// Layer groups a streamed `Load` reads a run of blocks in by default: the
+/// first group's layers are announced after a quarter of the bytes, and
+/// each request still carries a quarter of the run (docs/peer-protocol.md
+/// §11 gives the figures this was chosen by).
+pub const LAYER_GROUPS: u32 = 4;
 
 impl PeerReader {
     /// A reader over `pool` whose reads of one `Load` end after `timeout`.
     pub fn new(pool: PeerPool, timeout: Duration) -> Self {
-        Self { pool, timeout }
+        Self {
+            pool,
+            timeout,
+            layer_groups: AtomicU32::new(LAYER_GROUPS),
+        }
+    }
+
+    /// Streams located blocks in `groups` requests of layers each (capped
+    /// at one per layer), or, with 0, reads them whole before the `Load`
+    /// answers (the bench's baseline).
+    pub fn set_layer_groups(&self, groups: u32) {
+        self.layer_groups.store(groups, Ordering::Relaxed);
+    }
+
+    /// The groups of layers a streamed `Load` reads in; 0 when loads read
+    /// whole blocks.
+    pub fn layer_groups(&self) -> u32 {
+        self.layer_groups.load(Ordering::Relaxed)
     }
 
     /// The reader of a node with peer options `options`: it connects as the
@@ -76,8 +111,15 @@ pub(crate) async fn fetch(
     let deadline = tokio::time::Instant::now() + reader.timeout;
     let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
     let mut slots = reserve_prefix(manager, &keys, "peers").await;
-    let (peer_sums, missing) =
-        read_slots(reader, &wanted[..slots.len()], &mut slots, deadline).await;
+    let window = Window::all(manager.geometry().block_bytes() as usize);
+    let (peer_sums, missing) = read_slots(
+        reader,
+        &wanted[..slots.len()],
+        &mut slots,
+        &window,
+        deadline,
+    )
+    .await;
     slots.truncate(peer_sums.len());
     let layer_bytes = manager.geometry().layer_bytes();
     let read: Vec<Landed> = (slots.into_iter().zip(peer_sums).zip(wanted))
@@ -96,6 +138,195 @@ pub(crate) async fn fetch(
     Fetched {
         missing,
         ..commit_prefix(manager, batch).await
+    }
+}
+
+/// A run of located blocks a `Load` streams (docs/peer-protocol.md §11):
+/// their G2 slots reserved up front, their layers read a group at a
+/// time, each group verified against the peer's sums and summed under
+/// this node's keys, and the blocks committed after the last group. The
+/// blocks still good are a prefix that only shrinks; a block past it is
+/// never read again, and its reservation is kept (unreadable, unreused)
+/// until the stream is dropped, after the `Load`'s last answer.
+pub(crate) struct PeerStream {
+    wanted: Vec<Located>,
+    slots: Vec<HostReservation>,
+    /// The peer's sums of each good block, as its first group came.
+    peer: Vec<BlockSums>,
+    /// This node's checksum of each landed layer of each good block.
+    own: Vec<Vec<u64>>,
+    /// How many leading blocks are still good.
+    good: usize,
+    /// Layers landed (of the good blocks).
+    landed: u32,
+    /// Layers a request reads.
+    group: u32,
+    layers: u32,
+    layer_bytes: usize,
+    block_bytes: usize,
+    /// Wants the peer answered it does not hold, by index.
+    missing: Vec<usize>,
+    deadline: tokio::time::Instant,
+}
+
+impl PeerStream {
+    /// Reserves G2 slots for the leading blocks of `wanted` the manager
+    /// grants (see [`reserve_prefix`]); reading ends by `reader`'s
+    /// deadline from now.
+    pub(crate) async fn start(
+        manager: &BlockManager,
+        reader: &PeerReader,
+        wanted: &[Located],
+    ) -> Self {
+        let deadline = tokio::time::Instant::now() + reader.timeout;
+        let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
+        let slots = reserve_prefix(manager, &keys, "peers").await;
+        let g = manager.geometry();
+        let layers = g.layers;
+        let groups = reader.layer_groups().clamp(1, layers.max(1));
+        Self {
+            wanted: wanted[..slots.len()].to_vec(),
+            good: slots.len(),
+            own: vec![Vec::with_capacity(layers as usize); slots.len()],
+            slots,
+            peer: Vec::new(),
+            landed: 0,
+            group: layers.div_ceil(groups).max(1),
+            layers,
+            layer_bytes: g.layer_bytes() as usize,
+            block_bytes: g.block_bytes() as usize,
+            missing: Vec::new(),
+            deadline,
+        }
+    }
+
+    /// The arena slot of each block reserved, in order.
+    pub(crate) fn arena_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.slots.iter().map(HostReservation::arena_slot)
+    }
+
+    /// Whether nothing is left to read: every layer landed, or no block
+    /// is good.
+    pub(crate) fn done(&self) -> bool {
+        self.good == 0 || self.landed >= self.layers
+    }
+
+    /// Reads the next group of layers of the good blocks; the layers it
+    /// landed (empty once [`done`](Self::done)). A block that fails here
+    /// (not read, late, missing, corrupt, changed under the hashing) and
+    /// every one after it stop being good.
+    pub(crate) async fn next(&mut self, reader: &PeerReader) -> Range<u32> {
+        if self.done() {
+            return self.landed..self.landed;
+        }
+        let layers = self.landed..(self.landed + self.group).min(self.layers);
+        let window = Window::span(layers.clone(), self.layer_bytes, self.block_bytes);
+        let good = self.good;
+        let (sums, missing) = read_slots(
+            reader,
+            &self.wanted[..good],
+            &mut self.slots[..good],
+            &window,
+            self.deadline,
+        )
+        .await;
+        if !missing.is_empty() {
+            self.missing = missing;
+        }
+        self.keep_same_sums(sums);
+        self.sum_group(window.bytes, layers.clone()).await;
+        self.landed = layers.end;
+        layers
+    }
+
+    /// Keeps the good prefix whose peer sums are those of the first group
+    /// (a block's sums never change between its groups).
+    fn keep_same_sums(&mut self, sums: Vec<BlockSums>) {
+        let same = if self.landed == 0 {
+            let n = sums.len();
+            self.peer = sums;
+            n
+        } else {
+            (sums.iter().zip(&self.peer))
+                .take_while(|(now, first)| now == first)
+                .count()
+        };
+        self.good = self.good.min(same);
+    }
+
+    /// Makes this node's sums of layers `layers` (bytes `bytes` of each
+    /// slot) of the good blocks, checking the bytes against the peer's
+    /// sums after (as [`own_sums`]), off the async workers; the good
+    /// prefix ends at the first that fails. Should the hashing task fail,
+    /// its reservations went with it and nothing is good.
+    async fn sum_group(&mut self, bytes: Range<usize>, layers: Range<u32>) {
+        let mut slots = std::mem::take(&mut self.slots);
+        let good = self.good;
+        let locations: Vec<PeerLocation> =
+            self.wanted[..good].iter().map(|(_, l)| l.clone()).collect();
+        let peer = self.peer[..good].to_vec();
+        let lb = self.layer_bytes as u64;
+        let done = tokio::task::spawn_blocking(move || {
+            let own: Vec<Vec<u64>> = (slots.iter_mut().zip(&peer).zip(&locations))
+                .map_while(|((slot, peer), at)| {
+                    let key = slot.key();
+                    let got = &slot.bytes_mut()[bytes.clone()];
+                    own_layers(key, got, layers.clone(), lb, peer, at)
+                })
+                .collect();
+            (slots, own)
+        })
+        .await;
+        let Ok((slots, own)) = done else {
+            self.good = 0;
+            return;
+        };
+        self.slots = slots;
+        self.good = own.len();
+        for (all, group) in self.own.iter_mut().zip(own) {
+            all.extend(group);
+        }
+    }
+
+    /// This node's checksum of layer `layer` of each good block, once the
+    /// layer landed.
+    pub(crate) fn layer_sums(&self, layer: u32) -> impl Iterator<Item = u64> + '_ {
+        self.own[..self.good]
+            .iter()
+            .map_while(move |own| own.get(layer as usize).copied())
+    }
+
+    /// Checks every good block's whole slot against this node's sums once
+    /// more (clients map the arena writable) and commits those that hold,
+    /// up to the first that does not: what became readable, and the
+    /// reservations of the blocks that failed before, kept for the caller
+    /// to drop once its answer no longer names them.
+    pub(crate) async fn finish(
+        mut self,
+        manager: &BlockManager,
+    ) -> (Fetched, Vec<HostReservation>) {
+        if self.landed < self.layers {
+            self.good = 0;
+        }
+        let failed = self.slots.split_off(self.good);
+        let (slots, own) = (self.slots, self.own);
+        let lb = self.layer_bytes;
+        let checked = tokio::task::spawn_blocking(move || {
+            (slots.into_iter().zip(own))
+                .map_while(|(mut slot, layers)| {
+                    let key = slot.key();
+                    (layer_checksums(key, lb, slot.bytes_mut()) == layers).then(|| {
+                        let block = combine_layer_checksums(key, &layers);
+                        (slot, BlockSums { block, layers })
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let fetched = commit_prefix(manager, checked).await;
+        let missing = self.missing;
+        (Fetched { missing, ..fetched }, failed)
     }
 }
 
@@ -145,14 +376,46 @@ pub(crate) async fn commit_prefix(
     }
 }
 
-/// Reads `wanted` into `slots` (one each), peer by peer in order, until
-/// one fails or `deadline`: the peer's sums of each leading slot that
-/// holds verified bytes, and the indices of the blocks the last peer read
-/// answered it does not hold ([`missing_of`]).
+/// Layers of a block read in one request: as the peer wire names them,
+/// and the bytes of the slot they land in.
+#[derive(Debug, Clone)]
+struct Window {
+    range: LayerRange,
+    bytes: Range<usize>,
+}
+
+impl Window {
+    /// The whole block of `block_bytes`.
+    fn all(block_bytes: usize) -> Self {
+        Self {
+            range: LayerRange::All,
+            bytes: 0..block_bytes,
+        }
+    }
+
+    /// Layers `layers` of blocks of `block_bytes` in layers of
+    /// `layer_bytes` (the last possibly shorter).
+    fn span(layers: Range<u32>, layer_bytes: usize, block_bytes: usize) -> Self {
+        let at = |l: u32| (l as usize).saturating_mul(layer_bytes).min(block_bytes);
+        Self {
+            bytes: at(layers.start)..at(layers.end),
+            range: LayerRange::Span {
+                start: layers.start,
+                end: layers.end,
+            },
+        }
+    }
+}
+
+/// Reads layers `window` of `wanted` into `slots` (one each), peer by
+/// peer in order, until one fails or `deadline`: the peer's sums of each
+/// leading slot that holds verified bytes there, and the indices of the
+/// blocks the last peer read answered it does not hold ([`missing_of`]).
 async fn read_slots(
     reader: &PeerReader,
     wanted: &[Located],
     slots: &mut [HostReservation],
+    window: &Window,
     deadline: tokio::time::Instant,
 ) -> (Vec<BlockSums>, Vec<usize>) {
     let mut good: Vec<BlockSums> = Vec::with_capacity(wanted.len());
@@ -178,10 +441,10 @@ async fn read_slots(
             .collect();
         let mut targets: Vec<&mut [u8]> = slots[at..at + run]
             .iter_mut()
-            .map(HostReservation::bytes_mut)
+            .map(|s| &mut s.bytes_mut()[window.bytes.clone()])
             .collect();
         let landed = match (reader.pool)
-            .read_into(&peer, &wants, LayerRange::All, &mut targets, deadline)
+            .read_into(&peer, &wants, window.range, &mut targets, deadline)
             .await
         {
             Ok(out) => {
@@ -268,19 +531,38 @@ fn own_sums(
     peer_sums: &BlockSums,
     location: &PeerLocation,
 ) -> Option<BlockSums> {
-    let sums = BlockSums::compute(key, layer_bytes as usize, bytes);
-    let expect = Expect::Checksum(location.sum);
+    let layers = own_layers(key, bytes, 0..u32::MAX, layer_bytes, peer_sums, location)?;
+    Some(BlockSums {
+        block: combine_layer_checksums(key, &layers),
+        layers,
+    })
+}
+
+/// This node's checksums (as block `key`) of `bytes`, layers `layers` of a
+/// block (`0..u32::MAX`: all of it), if the bytes still match the peer's
+/// sums of them for `location` once they are made ([`own_sums`]).
+fn own_layers(
+    key: BlockHash,
+    bytes: &[u8],
+    layers: Range<u32>,
+    layer_bytes: u64,
+    peer_sums: &BlockSums,
+    location: &PeerLocation,
+) -> Option<Vec<u64>> {
     // A layer size the peer wire cannot name never verifies.
-    let lb = u32::try_from(layer_bytes).ok()?;
-    verify(
-        location.stored,
-        expect,
-        LayerRange::All,
-        peer_sums,
-        lb,
-        bytes,
-    )
-    .then_some(sums)
+    let lb = u32::try_from(layer_bytes).ok().filter(|&lb| lb > 0)?;
+    let own: Vec<u64> = (bytes.chunks(lb as usize).zip(layers.start..))
+        .map(|(chunk, l)| layer_checksum(key, l, chunk))
+        .collect();
+    let range = match layers.end {
+        u32::MAX => LayerRange::All,
+        end => LayerRange::Span {
+            start: layers.start,
+            end,
+        },
+    };
+    let expect = Expect::Checksum(location.sum);
+    verify(location.stored, expect, range, peer_sums, lb, bytes).then_some(own)
 }
 
 #[cfg(test)]

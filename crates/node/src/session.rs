@@ -26,6 +26,7 @@ use crate::conn::{
     request_frame_limit,
 };
 use crate::observer::{ClusterBlock, CommittedKey, PeerLocation, SessionNamespace, SharedLocation};
+use crate::peer_load::{Fetched, Located, PeerStream};
 use crate::stats::Counters;
 use crate::{Node, NodeHost};
 
@@ -868,32 +869,45 @@ impl Session {
             return;
         }
         let local = self.node.manager().lookup(keys).len().min(keys.len());
-        let wanted: Vec<(BlockHash, ClusterBlock)> = keys[local..]
-            .iter()
-            .map_while(|&k| self.located(k).map(|l| (k, l.clone())))
-            .collect();
+        let wanted = self.located_from(&keys[local..]);
         let mut sums: Vec<BlockChecksum> = Vec::with_capacity(wanted.len());
         while sums.len() < wanted.len() {
             let at = sums.len();
             let run = run_of(&wanted[at..]);
             let got = (self.bring_run(&wanted[at..at + run], &clients[local + at..])).await;
             let complete = got.len() == run;
-            for (key, _) in &wanted[at..at + got.len()] {
-                self.located.remove(key);
-            }
             sums.extend(got);
             if !complete {
                 break;
             }
         }
+        let stored: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
+        self.brought(&clients[local..], &stored, &sums);
+    }
+
+    /// The leading `keys` the session's lookups located in the cluster,
+    /// with where.
+    fn located_from(&self, keys: &[BlockHash]) -> Vec<(BlockHash, ClusterBlock)> {
+        keys.iter()
+            .map_while(|&k| self.located(k).map(|l| (k, l.clone())))
+            .collect()
+    }
+
+    /// Forgets where the cluster held the leading `stored` keys, now in G2
+    /// with block sums `sums`, and tells the commit observer of them as
+    /// of a commit. `clients` are their client keys.
+    fn brought(&mut self, clients: &[BlockHash], stored: &[BlockHash], sums: &[BlockChecksum]) {
+        for key in &stored[..sums.len()] {
+            self.located.remove(key);
+        }
         if let Some((observer, ns)) = self.node.commit_observer().zip(self.namespace.as_ref())
             && !sums.is_empty()
         {
-            let committed: Vec<CommittedKey> = (clients[local..].iter().zip(&wanted))
-                .zip(&sums)
-                .map(|((&client, (stored, _)), &sum)| CommittedKey {
+            let committed: Vec<CommittedKey> = (clients.iter().zip(stored))
+                .zip(sums)
+                .map(|((&client, &stored), &sum)| CommittedKey {
                     client,
-                    stored: *stored,
+                    stored,
                     sum,
                 })
                 .collect();
@@ -917,13 +931,7 @@ impl Session {
                 return Vec::new();
             };
             let fetched = crate::peer_load::fetch(manager, &reader, &peers).await;
-            let brought = fetched.sums.len();
-            Counters::add(&c.peer_loads, 1);
-            Counters::add(&c.peer_hits, brought as u64);
-            Counters::add(&c.peer_misses, (peers.len() - brought) as u64);
-            Counters::add(&c.peer_bytes, fetched.bytes);
-            self.log_peers(&peers[..brought]);
-            self.report_missing(&peers, clients, &fetched.missing).await;
+            self.count_peers(&peers, clients, &fetched).await;
             return fetched.sums;
         }
         let Some(reader) = self.node.shared_reader().cloned() else {
@@ -941,6 +949,112 @@ impl Session {
             "a prefix from the shared G4"
         );
         fetched.sums
+    }
+
+    /// Counts and logs a read of `peers` from the nodes holding them, and
+    /// reports the blocks their node answered it does not hold.
+    async fn count_peers(&mut self, peers: &[Located], clients: &[BlockHash], fetched: &Fetched) {
+        let brought = fetched.sums.len();
+        let c = &self.node.counters;
+        Counters::add(&c.peer_loads, 1);
+        Counters::add(&c.peer_hits, brought as u64);
+        Counters::add(&c.peer_misses, (peers.len() - brought) as u64);
+        Counters::add(&c.peer_bytes, fetched.bytes);
+        self.log_peers(&peers[..brought]);
+        self.report_missing(peers, clients, &fetched.missing).await;
+    }
+
+    /// The node's own prefix of `keys` and the blocks after it the
+    /// session located on peers, when a `Load` streams them
+    /// ([`load_from_peers`](Self::load_from_peers)): the prefix all in G2
+    /// (none arriving from the disk), every located block after it on a
+    /// peer (none in the shared G4, read whole), and the node's reader
+    /// streaming.
+    fn peers_to_stream(&self, keys: &[BlockHash]) -> Option<(usize, Vec<Located>)> {
+        let reader = self.node.peer_reader()?;
+        if self.located.is_empty() || reader.layer_groups() == 0 {
+            return None;
+        }
+        let local = self.node.manager().lookup(keys).len().min(keys.len());
+        let memory = self.node.memory();
+        if !keys[..local].iter().all(|&k| memory.contains(k)) {
+            return None;
+        }
+        let (peers, shared) = split_run(&self.located_from(&keys[local..]));
+        (!peers.is_empty() && shared.is_empty()).then_some((local, peers))
+    }
+
+    /// `Load` of the node's own prefix (in G2) followed by `peers`, the
+    /// blocks the session located on other nodes, streamed
+    /// (docs/peer-protocol.md §11): the prefix pinned, `LoadOk` at once
+    /// with it and the slots reserved for the peers' blocks (`Arriving`),
+    /// one `LayerReady` per layer as the peers' groups of layers land, the
+    /// last after the commit, naming exactly the blocks committed and
+    /// pinned. A block that failed is left out from the next `LayerReady`
+    /// on; its slot is freed only after the last one.
+    async fn load_from_peers(
+        &mut self,
+        id: u64,
+        clients: &[BlockHash],
+        keys: &[BlockHash],
+        (local, peers): (usize, Vec<Located>),
+        wr: &mut Writer,
+    ) -> Result<(), LoadFailure> {
+        let node = self.node.clone();
+        let manager = node.manager();
+        let onboarding =
+            (manager.begin_onboard(&keys[..local]).await).map_err(LoadFailure::BeforeAnswer)?;
+        let onboarded =
+            (manager.finish_onboard(onboarding).await).map_err(LoadFailure::BeforeAnswer)?;
+        let resident = self.pin(onboarded.blocks, &[]);
+        let (Some(reader), true) = (node.peer_reader(), resident.len() == local) else {
+            return self.answer_whole(id, keys.len(), resident, wr).await;
+        };
+        let mut stream = PeerStream::start(manager, reader, &peers).await;
+        if stream.done() {
+            // No slot reserved: nothing to stream, the peers' blocks miss.
+            let (fetched, _) = stream.finish(manager).await;
+            self.count_peers(&peers, &clients[local..], &fetched).await;
+            return self.answer_whole(id, keys.len(), resident, wr).await;
+        }
+        let slots: Vec<Slot> = (stream.arena_slots())
+            .map(|s| arena_slot(node.memory(), s))
+            .collect();
+        let found = (resident.iter())
+            .map(|(slot, sums)| LoadResult::Resident(*slot, sums.clone()))
+            .chain(slots.iter().map(|s| LoadResult::Arriving(*s)));
+        let answer = load_ok(id, keys.len(), found);
+        wr.send(&[answer]).await.map_err(LoadFailure::Write)?;
+        let top = node.geometry().layers.saturating_sub(1);
+        while !stream.done() {
+            let ready: Vec<Message> = (stream.next(reader).await)
+                .filter(|&l| l < top)
+                .map(|l| {
+                    let own = resident.iter().map(|(_, s)| last_sum(s, l));
+                    layer_ready(id, l, own.chain(stream.layer_sums(l)))
+                })
+                .collect();
+            wr.send(&ready).await.map_err(LoadFailure::Write)?;
+        }
+        let (fetched, failed) = stream.finish(manager).await;
+        self.count_peers(&peers, &clients[local..], &fetched).await;
+        let stored: Vec<BlockHash> = peers.iter().map(|(k, _)| *k).collect();
+        self.brought(&clients[local..], &stored, &fetched.sums);
+        let onboarding = (manager.begin_onboard(&stored[..fetched.sums.len()]).await)
+            .map_err(LoadFailure::AfterAnswer)?;
+        let onboarded =
+            (manager.finish_onboard(onboarding).await).map_err(LoadFailure::AfterAnswer)?;
+        let mut pinned = resident;
+        pinned.extend(self.pin(onboarded.blocks, &slots));
+        self.count_load(pinned.len(), keys.len());
+        if !(pinned.is_empty() && slots.is_empty()) {
+            let last = pinned.iter().map(|(_, sums)| last_sum(sums, top));
+            let last = layer_ready(id, top, last);
+            wr.send(&[last]).await.map_err(LoadFailure::Write)?;
+        }
+        // Only now that no answer names them: the failed blocks' slots.
+        drop(failed);
+        Ok(())
     }
 
     /// Forgets the locations of `peers` at `missing` (their node answered
@@ -1107,8 +1221,14 @@ impl Session {
             .iter()
             .map(|k| self.key_cache.stored(&keys, *k))
             .collect();
-        self.bring_located(&r.keys, &stored).await;
-        match self.load(r.request_id, stored, wr).await {
+        let loaded = match self.peers_to_stream(&stored) {
+            Some(run) => (self.load_from_peers(r.request_id, &r.keys, &stored, run, wr)).await,
+            None => {
+                self.bring_located(&r.keys, &stored).await;
+                self.load(r.request_id, stored, wr).await
+            }
+        };
+        match loaded {
             Ok(()) => Ok(()),
             Err(LoadFailure::Write(e)) => Err(e),
             Err(LoadFailure::BeforeAnswer(e)) => {
@@ -1208,6 +1328,18 @@ impl Session {
             .await
             .map_err(LoadFailure::BeforeAnswer)?;
         let pinned = self.pin(onboarded.blocks, &[]);
+        self.answer_whole(id, asked, pinned, wr).await
+    }
+
+    /// Answers a `Load` of `asked` keys whose `pinned` blocks are all in
+    /// G2: `LoadOk`, and one `LayerReady` for the last layer, in one write.
+    async fn answer_whole(
+        &mut self,
+        id: u64,
+        asked: usize,
+        pinned: Vec<(Slot, Arc<BlockSums>)>,
+        wr: &mut Writer,
+    ) -> Result<(), LoadFailure> {
         let last = self.node.geometry().layers.saturating_sub(1);
         let last_sums: Vec<u64> = pinned
             .iter()
