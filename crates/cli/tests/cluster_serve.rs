@@ -1,18 +1,21 @@
 //! Two real `kvtier serve` daemons of one cluster sharing one Redis index
 //! (docs/meta-api.md §10.2): a block an engine stored through node A's
 //! socket is answered by node B's `Lookup` as the peer tier, and B's
-//! `/metrics` counts the cluster lookups; B's `Load` then reads it from A
-//! byte-exact and holds it in its G2. With A SIGKILLed between B's
+//! `/metrics` counts the cluster lookups; B's `Load` then streams it from A
+//! (its slots answered at once, `Arriving`, each layer readable exact as
+//! it lands) and holds it in its G2. With A SIGKILLed between B's
 //! `Lookup` and `Load`, the `Load` answers misses. A daemon of a cluster
 //! stopped cleanly leaves no arena behind. A stalled index (Redis stopped
 //! with SIGSTOP) ends a `Lookup` at its deadline.
 
 use std::path::Path;
 
-use kvtier_client::BlockHash;
+use kvtier_client::{BlockHash, Client, LoadResult, Lookup};
 use kvtier_core::{Tier, TierKind};
 use kvtier_meta::test_support::RedisServer;
-use support::node::{Daemon, Stats, cluster_member, load_all, secret_in, store_blocks, wait_until};
+use support::node::{
+    Daemon, Stats, block, cluster_member, geometry, load_all, secret_in, store_blocks, wait_until,
+};
 
 mod support;
 
@@ -53,9 +56,11 @@ fn a_block_stored_on_node_a_is_found_by_node_bs_lookup() {
     assert!(sample("kvtier_node_cluster_hits_total") >= 3.0);
     assert!(sample("kvtier_node_cluster_lookup_queries_total") >= 1.0);
 
-    // B's Load reads them from A, verified, into its G2.
-    assert_eq!(load_all(&mut on_b, &ks), 3);
+    // B's Load streams them from A, verified, into its G2; a second
+    // finds them there.
+    load_layer_by_layer(&mut on_b, &ks);
     assert_eq!(on_b.lookup(&keys).unwrap(), [Tier::G2; 3]);
+    assert_eq!(load_all(&mut on_b, &ks), 3);
     let s = Stats::of(&mut on_b);
     assert_eq!((s.get("peer_hits"), s.get("peer_misses")), (3, 0));
     drop(on_b);
@@ -97,6 +102,32 @@ fn a_load_from_a_node_killed_after_the_lookup_misses() {
     let tiers = on_b.lookup(&keys).unwrap();
     assert!(!tiers.contains(&Tier::G2), "{tiers:?}");
     drop((a, b));
+}
+
+/// Loads `ks`, each located on a peer: every slot answered at once as
+/// arriving, each layer read exact once its `LayerReady` came, then the
+/// whole blocks; released after.
+fn load_layer_by_layer(client: &mut Client, ks: &[u128]) {
+    let keys: Vec<BlockHash> = ks.iter().map(|k| BlockHash(*k)).collect();
+    let load = client.load(&keys).expect("load");
+    assert!(
+        (load.results().iter()).all(|r| matches!(r, LoadResult::Arriving(_))),
+        "{:?}",
+        load.results()
+    );
+    let g = geometry();
+    let lb = g.layer_bytes() as usize;
+    for layer in 0..g.layers {
+        client.wait_layer(&load, layer).expect("wait for a layer");
+        for (i, k) in ks.iter().enumerate() {
+            let mut dst = vec![0u8; lb];
+            let got = load.read_layer(i, layer, &mut dst).expect("read a layer");
+            assert_eq!(got, Lookup::Hit, "block {k:#x} layer {layer}");
+            let at = layer as usize * lb;
+            assert!(dst == block(*k)[at..at + lb], "block {k:#x} layer {layer}");
+        }
+    }
+    client.release_load(load).expect("release");
 }
 
 /// The metrics sample `name` (without labels) of `metrics`.
