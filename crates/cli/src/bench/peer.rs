@@ -11,6 +11,11 @@
 //! them into a buffer. Each round runs every row's baseline and peer side,
 //! the order turned around every other round; CPU is split by runtime
 //! (the threads' own CPU time), and the whole process's is given too.
+//!
+//! With `--load`, a node's `Load` of the other's blocks instead, whole
+//! against streamed ([`load`]).
+
+mod load;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::Args;
@@ -53,6 +58,14 @@ pub struct PeerBenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    /// Measure a node's `Load` of the blocks from the other node instead:
+    /// the time to `LoadOk`, the first layer and the last.
+    #[arg(long)]
+    load: bool,
+    /// With `--load`: the modes, alternated every round, as layer groups
+    /// a streamed load reads in (0: whole blocks before the answer).
+    #[arg(long, value_delimiter = ',', default_value = "0,4")]
+    layer_groups: Vec<u32>,
 }
 
 /// Thread-name prefixes of the two runtimes, by which CPU is split.
@@ -65,6 +78,9 @@ pub fn run(args: PeerBenchArgs) -> Result<()> {
     let preset = ModelPreset::from_str(&args.preset)
         .map_err(|e| anyhow::anyhow!("--preset {:?}: {e}", args.preset))?;
     let geometry = preset.geometry(args.tokens_per_block);
+    if args.load {
+        return load::run(&args, preset, geometry);
+    }
     let server_rt = runtime(SERVER_THREADS)?;
     let client_rt = runtime(CLIENT_THREADS)?;
     let dir = tempfile::Builder::new()
