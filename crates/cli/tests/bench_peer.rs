@@ -8,9 +8,14 @@ use std::process::Command;
 use serde_json::Value;
 
 fn run_tiny() -> Value {
+    run_tiny_with(&[])
+}
+
+fn run_tiny_with(extra: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
         .args(["bench", "peer", "--preset", "tiny", "--blocks", "8"])
         .args(["--rounds", "2", "--json"])
+        .args(extra)
         .output()
         .unwrap_or_else(|e| panic!("running kvtier: {e}"));
     assert!(
@@ -54,5 +59,31 @@ fn bench_peer_tiny_reports_both_rows_against_raw_tcp() {
             let (p50, p99) = (s["p50_us"].as_f64(), s["p99_us"].as_f64());
             assert!(p50.is_some_and(|p| p > 0.0) && p50 <= p99, "{s:#}");
         }
+    }
+}
+
+/// `--load`: a node's `Load` of the other's blocks in each mode asked,
+/// whole and streamed, each read back exact by the bench (it fails
+/// otherwise); the first layer is never later than the last.
+#[test]
+fn bench_peer_load_reports_whole_and_streamed_loads() {
+    let v = run_tiny_with(&["--load", "--layer-groups", "0,2"]);
+    let modes = v.as_array().expect("modes");
+    let groups: Vec<u64> = modes
+        .iter()
+        .filter_map(|m| m["layer_groups"].as_u64())
+        .collect();
+    assert_eq!(groups, [0, 2]);
+    for m in modes {
+        for k in [
+            "load_ok_ms",
+            "first_layer_ms",
+            "last_layer_ms",
+            "process_cpu_us_per_block",
+        ] {
+            positive_spread(&m[k], k);
+        }
+        let median = |k: &str| m[k]["median"].as_f64().unwrap();
+        assert!(median("first_layer_ms") <= median("last_layer_ms"), "{m:#}");
     }
 }

@@ -299,8 +299,9 @@ impl PeerStream {
     /// Checks every good block's whole slot against this node's sums once
     /// more (clients map the arena writable) and commits those that hold,
     /// up to the first that does not: what became readable, and the
-    /// reservations of the blocks that failed before, kept for the caller
-    /// to drop once its answer no longer names them.
+    /// reservations of the blocks that failed before the commit, kept for
+    /// the caller to drop once its answer no longer names them (one the
+    /// commit refuses is freed by it).
     pub(crate) async fn finish(
         mut self,
         manager: &BlockManager,
@@ -308,22 +309,25 @@ impl PeerStream {
         if self.landed < self.layers {
             self.good = 0;
         }
-        let failed = self.slots.split_off(self.good);
+        let mut failed = self.slots.split_off(self.good);
         let (slots, own) = (self.slots, self.own);
         let lb = self.layer_bytes;
         let checked = tokio::task::spawn_blocking(move || {
-            (slots.into_iter().zip(own))
-                .map_while(|(mut slot, layers)| {
-                    let key = slot.key();
-                    (layer_checksums(key, lb, slot.bytes_mut()) == layers).then(|| {
-                        let block = combine_layer_checksums(key, &layers);
-                        (slot, BlockSums { block, layers })
-                    })
-                })
-                .collect::<Vec<_>>()
+            let (mut checked, mut failed) = (Vec::with_capacity(slots.len()), Vec::new());
+            for (mut slot, layers) in slots.into_iter().zip(own) {
+                let key = slot.key();
+                if failed.is_empty() && layer_checksums(key, lb, slot.bytes_mut()) == layers {
+                    let block = combine_layer_checksums(key, &layers);
+                    checked.push((slot, BlockSums { block, layers }));
+                } else {
+                    failed.push(slot);
+                }
+            }
+            (checked, failed)
         })
-        .await
-        .unwrap_or_default();
+        .await;
+        let (checked, late) = checked.unwrap_or_default();
+        failed.extend(late);
         let fetched = commit_prefix(manager, checked).await;
         let missing = self.missing;
         (Fetched { missing, ..fetched }, failed)
@@ -612,5 +616,38 @@ mod tests {
         bytes[100] ^= 1;
         let elsewhere = location(peer_key, peer.block ^ 1);
         assert_eq!(own_sums(own_key, &bytes, layer, &peer, &elsewhere), None);
+    }
+
+    proptest::proptest! {
+        /// Of any span of any block, the sums are this node's of exactly
+        /// those layers when the bytes are the peer's; a byte changed
+        /// anywhere in the span, or the span named as other layers, never
+        /// checks.
+        #[test]
+        fn own_layers_of_a_span_hold_only_for_the_peers_bytes(
+            layers in 1usize..8,
+            (start, len) in (0usize..8, 1usize..8),
+            flip in proptest::option::of(0usize..4096),
+            shift in 0u32..2,
+        ) {
+            let (start, end) = (start % layers, (start % layers + len).min(layers));
+            let (peer_key, own_key, lb) = (BlockHash(3), BlockHash(4), 64usize);
+            let bytes: Vec<u8> = (0..layers * lb).map(|i| (i * 31 + 7) as u8).collect();
+            let peer = BlockSums::compute(peer_key, lb, &bytes);
+            let at = location(peer_key, peer.block);
+            let mut span = bytes[start * lb..end * lb].to_vec();
+            if let Some(f) = flip {
+                let n = span.len();
+                span[f % n] ^= 0x40;
+            }
+            let named = (start as u32 + shift)..(end as u32 + shift);
+            let got = own_layers(own_key, &span, named, lb as u64, &peer, &at);
+            if flip.is_none() && shift == 0 {
+                let own = BlockSums::compute(own_key, lb, &bytes);
+                proptest::prop_assert_eq!(got, Some(own.layers[start..end].to_vec()));
+            } else {
+                proptest::prop_assert_eq!(got, None);
+            }
+        }
     }
 }
