@@ -449,6 +449,29 @@ async fn check_loaded(
     load
 }
 
+/// Waits for `load`'s last layer (a `Load` of located blocks streams
+/// them: its slots come at once, a block that fails is left out of the
+/// later `LayerReady`s) and reads its blocks in order: how many leading
+/// ones are hits; every later one reads as a miss.
+async fn settled(client: &mut AsyncClient, load: &kvtier_client::Load, len: usize) -> usize {
+    let last = client.arena().layers() as u32 - 1;
+    client.wait_layer(load, last).await.unwrap();
+    let mut buf = vec![0u8; len];
+    let hit = |i| load.read(i, &mut buf).unwrap();
+    let lookups: Vec<kvtier_core::Lookup> = (0..load.len()).map(hit).collect();
+    let hits = lookups
+        .iter()
+        .take_while(|l| **l == kvtier_core::Lookup::Hit)
+        .count();
+    assert!(
+        lookups[hits..]
+            .iter()
+            .all(|l| *l == kvtier_core::Lookup::Miss),
+        "{lookups:?}"
+    );
+    hits
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_found_on_another_node_is_loaded_from_it() {
     let p = Pair::start(Arc::new(MemoryIndex::new())).await;
@@ -460,14 +483,21 @@ async fn a_block_found_on_another_node_is_loaded_from_it() {
     let s = p.b.node.stats();
     assert_eq!((s.peer_loads, s.peer_hits, s.peer_misses), (1, 3, 0));
     assert_eq!(s.peer_bytes, 3 * p.len as u64);
-    let pool = p.b.node.peer_reader().unwrap().pool().stats();
+    // Streamed: each of the three found once per group of layers.
+    let reader = p.b.node.peer_reader().unwrap();
+    let groups = u64::from(reader.layer_groups().min(p.b.node.geometry().layers));
+    let pool = reader.pool().stats();
     assert_eq!(pool.len(), 1);
-    assert_eq!((pool[0].0.node.as_str(), pool[0].1.found), ("node-a", 3));
-    let metrics = p.b.node.metrics_text();
-    assert!(
-        metrics.contains("kvtier_peer_reader_found_total{peer=\"node-a\"} 3\n"),
-        "{metrics}"
+    assert_eq!(
+        (pool[0].0.node.as_str(), pool[0].1.found),
+        ("node-a", 3 * groups)
     );
+    let metrics = p.b.node.metrics_text();
+    let found = format!(
+        "kvtier_peer_reader_found_total{{peer=\"node-a\"}} {}\n",
+        3 * groups
+    );
+    assert!(metrics.contains(&found), "{metrics}");
     assert!(
         metrics.contains("kvtier_node_peer_hits_total 3\n"),
         "{metrics}"
@@ -503,7 +533,10 @@ async fn a_load_from_a_peer_that_is_gone_misses() {
     let Pair { a, b, _dirs, .. } = p;
     a.peer.shutdown().await;
     let load = on_b.load(&stored).await.unwrap();
-    assert_eq!(load.prefix_len(), 0, "{:?}", load.results());
+    let len = b.node.geometry().block_bytes() as usize;
+    assert_eq!(settled(&mut on_b, &load, len).await, 0);
+    // A round trip: the session finished the Load.
+    on_b.release_load(load).await.unwrap();
     let s = b.node.stats();
     assert_eq!((s.peer_loads, s.peer_hits, s.peer_misses), (1, 0, 3));
     assert_eq!(s.load_misses, 3);
@@ -522,7 +555,7 @@ async fn a_load_from_a_peer_that_is_gone_misses() {
     .await;
     assert_eq!(on_b.lookup(&stored[..1]).await.unwrap(), [Tier::G2]);
 
-    drop((on_a, on_b, load));
+    drop((on_a, on_b));
     b.stop().await;
     a.view.stop().await;
     a.server.shutdown().await;
@@ -574,7 +607,7 @@ async fn a_location_whose_block_is_gone_is_dropped_by_the_load() {
     let peer = peer_tier(&on_b);
     assert_eq!(on_b.lookup(&stored).await.unwrap(), [peer; 3]);
     let load = on_b.load(&stored).await.unwrap();
-    assert_eq!(load.prefix_len(), 1, "{:?}", load.results());
+    assert_eq!(settled(&mut on_b, &load, p.len).await, 1);
     let s = p.b.node.stats();
     assert_eq!((s.peer_hits, s.peer_misses), (1, 2));
     assert_eq!(p.b.lookup.stats().reported, 2);
