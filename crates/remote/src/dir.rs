@@ -208,8 +208,19 @@ impl ObjectStore for PrivateDir {
         self.fs.head(location).await
     }
 
+    /// A missing object's error names the object, as an object store's
+    /// does (the file system's names the file), so callers that match a
+    /// bulk delete's answers to their objects find it.
     async fn delete(&self, location: &Path) -> object_store::Result<()> {
-        self.fs.delete(location).await
+        match self.fs.delete(location).await {
+            Err(object_store::Error::NotFound { source, .. }) => {
+                Err(object_store::Error::NotFound {
+                    path: location.to_string(),
+                    source,
+                })
+            }
+            r => r,
+        }
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
@@ -273,6 +284,10 @@ mod tests {
         assert_eq!(mode(&root.path().join("inst/c-d/block")), 0o600);
         store.delete(&at).await.unwrap();
         assert!(!root.path().join("inst/a-b").exists());
+        match store.delete(&at).await {
+            Err(object_store::Error::NotFound { path, .. }) => assert_eq!(path, at.to_string()),
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(
             store.put_multipart(&at).await,
             Err(object_store::Error::NotSupported { .. })
