@@ -39,6 +39,6 @@ pub use kvtier_peer::Identity as PeerIdentity;
 pub use location::{ClusterNode, LocationKey, PeerFields};
 pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spec, spec_peer};
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
-pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use objects::{ObjectBackend, S3Options};
+pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
 pub use shared_g4::{SHARED_SPEC, SharedG4Error, SharedG4Stats, SharedG4Writer, shared_block_key};

@@ -255,7 +255,9 @@ impl ObjectBackend {
                         done.insert(p, true);
                     }
                 }
-                Err(e) => tracing::warn!(store = self.what, error = %e, "a bulk delete item failed"),
+                Err(e) => {
+                    tracing::warn!(store = self.what, error = %e, "a bulk delete item failed")
+                }
             }
         }
         Ok(done)
@@ -361,7 +363,10 @@ impl StorageBackend for ObjectBackend {
                     .bytes()
                     .await
                     .map_err(|e| self.unavailable(e))?;
-                self.store.delete(&path).await.map_err(|e| self.unavailable(e))?;
+                self.store
+                    .delete(&path)
+                    .await
+                    .map_err(|e| self.unavailable(e))?;
                 if back.as_ref() != data.as_slice() {
                     return Err(self.unavailable("probe object read back different bytes"));
                 }

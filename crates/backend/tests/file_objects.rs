@@ -44,7 +44,12 @@ async fn block_files_stay_below_the_directory_and_are_deleted_with_their_directo
     let url = format!("file://{}", dir.display());
     let b = open_backend(&storage(&format!("{url}/")), &BackendOptions::default()).unwrap();
     b.health().await.unwrap();
-    let names = [("../../y", "../../../spec"), ("/abs", "x/y"), ("a?b#c", ".."), ("m", "block")];
+    let names = [
+        ("../../y", "../../../spec"),
+        ("/abs", "x/y"),
+        ("a?b#c", ".."),
+        ("m", "block"),
+    ];
     let requests: Vec<CreateRequest> = (names.iter().enumerate())
         .map(|(n, (inst, spec))| req(n as u64, inst, spec))
         .collect();
@@ -52,17 +57,27 @@ async fn block_files_stay_below_the_directory_and_are_deleted_with_their_directo
     assert_eq!(b.exist(&uris).await.unwrap(), vec![false; names.len()]);
     for uri in &uris {
         // A node writes the file the grant named, as the shared G4 does.
-        let rel = uri.strip_prefix(&format!("{url}/")).expect("under the directory");
+        let rel = uri
+            .strip_prefix(&format!("{url}/"))
+            .expect("under the directory");
         let parts: Vec<&str> = rel.split('/').collect();
         assert_eq!(parts.len(), 3, "{uri}");
-        assert!(parts.iter().all(|p| !p.is_empty() && *p != "." && *p != ".."), "{uri}");
+        assert!(
+            parts
+                .iter()
+                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
+            "{uri}"
+        );
         let file = dir.join(rel);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, b"kv!").unwrap();
     }
     assert_eq!(b.exist(&uris).await.unwrap(), vec![true; names.len()]);
     let usage = b.usage().await.unwrap();
-    assert_eq!((usage.objects, usage.used_bytes), (names.len() as u64, 3 * names.len() as u64));
+    assert_eq!(
+        (usage.objects, usage.used_bytes),
+        (names.len() as u64, 3 * names.len() as u64)
+    );
 
     for r in b.delete(&uris).await {
         r.unwrap();
@@ -84,7 +99,10 @@ async fn block_files_stay_below_the_directory_and_are_deleted_with_their_directo
         format!("{url}/m/0-7/block?x=1"),
     ];
     for (r, uri) in b.delete(&foreign).await.into_iter().zip(&foreign) {
-        assert!(matches!(r, Err(BackendError::BadUri { .. })), "{uri}: {r:?}");
+        assert!(
+            matches!(r, Err(BackendError::BadUri { .. })),
+            "{uri}: {r:?}"
+        );
     }
 
     // Gone (unmounted), the directory fails the probe and is not made again.
@@ -97,8 +115,16 @@ async fn block_files_stay_below_the_directory_and_are_deleted_with_their_directo
 fn a_directory_that_is_missing_relative_or_another_store_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let missing = format!("file://{}/not-mounted", root.path().display());
-    for uri in [missing.as_str(), "file://relative/dir", "s3://bucket/x", "file:///"] {
+    for uri in [
+        missing.as_str(),
+        "file://relative/dir",
+        "s3://bucket/x",
+        "file:///",
+    ] {
         let r = open_backend(&storage(uri), &BackendOptions::default());
-        assert!(matches!(r, Err(BackendError::BadUri { .. })), "{uri}: {r:?}");
+        assert!(
+            matches!(r, Err(BackendError::BadUri { .. })),
+            "{uri}: {r:?}"
+        );
     }
 }

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use common::{keys, store};
 use kvtier_backend::{BackendOptions, S3Options, SharedG4Writer, shared_block_key};
 use kvtier_client::BlockHash;
+use kvtier_meta::StorageKind;
 use kvtier_meta::test_support::RedisServer;
 use kvtier_meta::{BlockMask, LocationQuery, MatchMode, MetaConfig, MetaService, RedisIndex};
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{Node, NodeConfig, SharedG4SectionConfig, SharedKeys};
 use kvtier_peer::ClusterSecret;
 use kvtier_protocol::Namespace;
-use kvtier_meta::StorageKind;
 use kvtier_remote::test_support::SharedStore;
 use kvtier_remote::{ObjectBlocks, RemoteRead};
 
@@ -160,7 +160,10 @@ async fn written_once_deleted_by_the_reclaimer(shared: SharedStore, kind: Storag
     let storage = (svc.list_storages().into_iter())
         .find(|s| s.name == "kvtier-shared-g4")
         .unwrap();
-    assert_eq!((storage.kind, storage.uri.as_str()), (kind, shared.url().as_str()));
+    assert_eq!(
+        (storage.kind, storage.uri.as_str()),
+        (kind, shared.url().as_str())
+    );
     let len = a.node.geometry().block_bytes() as usize;
     let reader = ObjectBlocks::open(&shared.config(), *a.node.geometry()).unwrap();
     let ns = salted(b"t1");

@@ -184,12 +184,18 @@ fn a_shared_g4_that_cannot_work_stops_the_start() {
         &[("KVTIER_MANAGER__G4_URL", "s3://bucket/shared")],
         "overlaps shared_g4.url",
     );
-    refused(&[("KVTIER_SHARED_G4__URL", "gs://bucket/x")], "file:///absolute/dir");
+    refused(
+        &[("KVTIER_SHARED_G4__URL", "gs://bucket/x")],
+        "file:///absolute/dir",
+    );
     let shared = SharedStore::dir();
     let dir = shared.path().expect("a directory");
     let url = shared.url();
     refused(
-        &[("KVTIER_SHARED_G4__URL", &url), ("KVTIER_MANAGER__G4_URL", &format!("{url}/own"))],
+        &[
+            ("KVTIER_SHARED_G4__URL", &url),
+            ("KVTIER_MANAGER__G4_URL", &format!("{url}/own")),
+        ],
         "overlaps shared_g4.url",
     );
     refused(
@@ -198,14 +204,23 @@ fn a_shared_g4_that_cannot_work_stops_the_start() {
     );
     let missing = dir.join("not-mounted");
     refused(
-        &[("KVTIER_SHARED_G4__URL", &format!("file://{}", missing.display()))],
+        &[(
+            "KVTIER_SHARED_G4__URL",
+            &format!("file://{}", missing.display()),
+        )],
         &format!("directory {} does not exist", missing.display()),
     );
-    assert!(!missing.exists(), "a refused start made the shared directory");
+    assert!(
+        !missing.exists(),
+        "a refused start made the shared directory"
+    );
     let plain = dir.join("plain");
     std::fs::write(&plain, b"").unwrap();
     refused(
-        &[("KVTIER_SHARED_G4__URL", &format!("file://{}", plain.display()))],
+        &[(
+            "KVTIER_SHARED_G4__URL",
+            &format!("file://{}", plain.display()),
+        )],
         "is not a directory",
     );
 }

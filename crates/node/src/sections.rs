@@ -375,9 +375,11 @@ impl SharedG4SectionConfig {
         };
         let shared = match store.canonical_url() {
             Ok(url) => url,
-            Err(e) => return bad(format!(
-                "shared_g4.url: {e} (expected s3://bucket/prefix, or file:///absolute/dir of a directory every node mounts at that path)"
-            )),
+            Err(e) => {
+                return bad(format!(
+                    "shared_g4.url: {e} (expected s3://bucket/prefix, or file:///absolute/dir of a directory every node mounts at that path)"
+                ));
+            }
         };
         if !meta_enabled {
             return bad("shared_g4.url needs meta.enabled and meta.publish_node_blocks: the metadata service writes the shared G4 and reclaims it".into());
@@ -552,19 +554,26 @@ mod tests {
         let dir = root.path().display().to_string();
         let s = shared(&format!("file://{dir}/"));
         s.validate(true, &peer(), "").unwrap();
-        s.validate(true, &peer(), &format!("file://{dir}-own")).unwrap();
+        s.validate(true, &peer(), &format!("file://{dir}-own"))
+            .unwrap();
         for own in [
             format!("file://{dir}"),
             format!("file://localhost{dir}/"),
             format!("file://{dir}/g4"),
         ] {
-            assert!(refusal(&s, true, &peer(), &own).contains("overlaps"), "{own}");
+            assert!(
+                refusal(&s, true, &peer(), &own).contains("overlaps"),
+                "{own}"
+            );
         }
         let relative = refusal(&shared("file://shared/dir"), true, &peer(), "");
         assert!(relative.contains("absolute directory"), "{relative}");
         let missing = format!("file://{dir}/not-mounted");
         let e = refusal(&shared(&missing), true, &peer(), "");
-        assert!(e.contains("not-mounted") && e.contains("does not exist"), "{e}");
+        assert!(
+            e.contains("not-mounted") && e.contains("does not exist"),
+            "{e}"
+        );
         assert!(!root.path().join("not-mounted").exists());
         let e = refusal(&shared("file:///proc"), true, &peer(), "");
         assert!(e.contains("cannot write in directory /proc"), "{e}");

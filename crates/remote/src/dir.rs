@@ -274,7 +274,10 @@ mod tests {
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let store = PrivateDir::new("file:///x", root.path()).unwrap();
         let at = Path::from("inst/a-b/block");
-        store.put(&at, PutPayload::from_static(b"kv")).await.unwrap();
+        store
+            .put(&at, PutPayload::from_static(b"kv"))
+            .await
+            .unwrap();
         assert_eq!(mode(&root.path().join("inst/a-b/block")), 0o600);
         assert_eq!(mode(&root.path().join("inst/a-b")), 0o700);
         assert_eq!(mode(&root.path().join("inst")), 0o700);
@@ -301,7 +304,12 @@ mod tests {
         let (store, canonical) = PrivateDir::open(&url).unwrap();
         assert_eq!(canonical, format!("file://{}", gone.display()));
         std::fs::remove_dir(&gone).unwrap();
-        assert!(store.put(&at, PutPayload::from_static(b"kv")).await.is_err());
+        assert!(
+            store
+                .put(&at, PutPayload::from_static(b"kv"))
+                .await
+                .is_err()
+        );
         assert!(!gone.exists());
     }
 
@@ -320,6 +328,9 @@ mod tests {
         assert!(e.to_string().contains("not a directory"), "{e}");
         // Nobody, root included, makes files in /proc.
         let e = check_writable_dir("file:///proc", FsPath::new("/proc")).unwrap_err();
-        assert!(e.to_string().contains("cannot write in directory /proc"), "{e}");
+        assert!(
+            e.to_string().contains("cannot write in directory /proc"),
+            "{e}"
+        );
     }
 }
