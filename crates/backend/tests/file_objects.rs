@@ -6,6 +6,9 @@
 //! the health probe work on real files; a URI of another store is
 //! refused, and so is a directory that does not exist.
 
+#[allow(dead_code)] // not every helper is used here
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 
 use kvtier_backend::{BackendOptions, open_backend};
@@ -60,14 +63,7 @@ async fn block_files_stay_below_the_directory_and_are_deleted_with_their_directo
         let rel = uri
             .strip_prefix(&format!("{url}/"))
             .expect("under the directory");
-        let parts: Vec<&str> = rel.split('/').collect();
-        assert_eq!(parts.len(), 3, "{uri}");
-        assert!(
-            parts
-                .iter()
-                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
-            "{uri}"
-        );
+        common::assert_part_path(rel, uri);
         let file = dir.join(rel);
         std::fs::create_dir_all(file.parent().unwrap()).unwrap();
         std::fs::write(&file, b"kv!").unwrap();

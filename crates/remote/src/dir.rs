@@ -114,6 +114,19 @@ impl PrivateDir {
         Ok(file)
     }
 
+    /// Runs `op`, which makes the object at `to`, between making its
+    /// parent directories and narrowing its file (`op` starts only when
+    /// awaited here).
+    async fn make(
+        &self,
+        to: &Path,
+        op: impl std::future::Future<Output = object_store::Result<()>>,
+    ) -> object_store::Result<()> {
+        let file = self.prepare(to).await?;
+        op.await?;
+        Self::restrict(file).await
+    }
+
     /// Narrows `file` to `0600`.
     async fn restrict(file: PathBuf) -> object_store::Result<()> {
         blocking(move || {
@@ -232,27 +245,19 @@ impl ObjectStore for PrivateDir {
     }
 
     async fn copy(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        let file = self.prepare(to).await?;
-        self.fs.copy(from, to).await?;
-        Self::restrict(file).await
+        self.make(to, self.fs.copy(from, to)).await
     }
 
     async fn copy_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        let file = self.prepare(to).await?;
-        self.fs.copy_if_not_exists(from, to).await?;
-        Self::restrict(file).await
+        self.make(to, self.fs.copy_if_not_exists(from, to)).await
     }
 
     async fn rename(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        let file = self.prepare(to).await?;
-        self.fs.rename(from, to).await?;
-        Self::restrict(file).await
+        self.make(to, self.fs.rename(from, to)).await
     }
 
     async fn rename_if_not_exists(&self, from: &Path, to: &Path) -> object_store::Result<()> {
-        let file = self.prepare(to).await?;
-        self.fs.rename_if_not_exists(from, to).await?;
-        Self::restrict(file).await
+        self.make(to, self.fs.rename_if_not_exists(from, to)).await
     }
 }
 
