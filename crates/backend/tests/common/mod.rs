@@ -72,6 +72,7 @@ pub fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
 
 /// Checks that `rel`, a part's path below its storage's base (`shown` in
 /// messages), is exactly three components, none empty, `.` or `..`.
+#[allow(dead_code)] // the tests of node blocks check no part paths
 pub fn assert_part_path(rel: &str, shown: &str) {
     let parts: Vec<&str> = rel.split('/').collect();
     assert_eq!(parts.len(), 3, "{shown}");
