@@ -49,14 +49,12 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from kvtier.testing import Cluster, Daemon, start_cluster, start_daemon, wait_until
+from cluster_common import cpu_seconds, member, pct
+from kvtier.testing import Cluster, Daemon, start_cluster, wait_until
 
 LAYERS = 2
 LAYER_BYTES = 8192
 TOKENS = 16
-#: The test settings kvtier.testing gives a cluster member that are not
-#: the defaults users run with: dropped, so the bench runs the defaults.
-NOT_DEFAULTS = ("KVTIER_PEER__LOOKUP_TIMEOUT_MS", "KVTIER_PEER__LOAD_TIMEOUT_MS")
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,36 +66,14 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time of process ``pid``'s threads so far, in nanoseconds'
-    resolution (``/proc/<pid>/task/*/schedstat``; ``/proc/<pid>/stat``
-    counts clock ticks, 10 ms, too coarse for one phase)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended meanwhile
-    return total / 1e9
-
-
-def member(cluster: Cluster, data: Path, node: str, arena: str) -> Daemon:
-    env = cluster.member_env(node)
-    for k in NOT_DEFAULTS:
-        env.pop(k)
-    env.update(
-        # The tiny Llama's shape: 2 layers of 8 KiB at 16 tokens.
+def tiny_member(cluster: Cluster, data: Path, node: str, arena: str) -> Daemon:
+    # The tiny Llama's shape: 2 layers of 8 KiB at 16 tokens.
+    settings = dict(
         KVTIER_GEOMETRY__PRESET="tiny",
         KVTIER_GEOMETRY__TOKENS_PER_BLOCK=str(TOKENS),
         KVTIER_MEMORY__CAPACITY=arena,
-        # kvtier.testing's test settings, back to the defaults.
-        KVTIER_DISK__IO_ENGINE="auto",
-        KVTIER_DISK__SYNC="true",
     )
-    # Not Cluster.start_member, which lays member_env over these again.
-    daemon = start_daemon(data, env)
-    cluster.members.append(daemon)
-    return daemon
+    return member(cluster, data, node, settings)
 
 
 def client(daemon: Daemon) -> kvtier.Client:
@@ -126,11 +102,6 @@ def phase(name: str, calls: list[list[int]], c: kvtier.Client, want: str, pids: 
     return {"times": times, "cpu_per_call_us": cpu / len(calls) * 1e6}
 
 
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 def main() -> None:
     args = parse_args()
     total = args.rounds * args.sets * args.keys
@@ -140,8 +111,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvtier-bench-cluster-") as tmp:
         cluster = start_cluster(Path(tmp) / "cluster", name="bench-cluster")
         try:
-            a = member(cluster, Path(tmp) / "a", "bench-a", arena)
-            b = member(cluster, Path(tmp) / "b", "bench-b", arena)
+            a = tiny_member(cluster, Path(tmp) / "a", "bench-a", arena)
+            b = tiny_member(cluster, Path(tmp) / "b", "bench-b", arena)
             on_a, on_b = client(a), client(b)
             peer, kind = on_b.tiers[-1]
             if kind != "peer":

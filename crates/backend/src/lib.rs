@@ -9,7 +9,8 @@
 //! - [`NodeStoreBackend`]: block parts in a kvtier node's own block store
 //!   (`kvtier://node/...`), local node only for now, and [`NodeView`], which
 //!   publishes the node's own blocks to the metadata service;
-//! - [`S3Backend`]: objects in an S3-compatible store;
+//! - [`ObjectBackend`]: one object per block part, in an S3-compatible
+//!   store or as files in a shared directory;
 //! - [`SharedG4Writer`]: writes the node's committed blocks to the
 //!   cluster's shared G4 through the service's two-phase write.
 //!
@@ -24,8 +25,8 @@ pub mod file_pool;
 pub mod location;
 pub mod node_store;
 pub mod node_view;
+pub mod objects;
 pub mod registry;
-pub mod s3;
 pub mod shared_g4;
 mod uri;
 
@@ -38,6 +39,6 @@ pub use kvtier_peer::Identity as PeerIdentity;
 pub use location::{ClusterNode, LocationKey, PeerFields};
 pub use node_store::{NodeStoreBackend, PublishedBlock, node_block_hash, peer_spec, spec_peer};
 pub use node_view::{NodeView, NodeViewConfig, NodeViewError, NodeViewSink, NodeViewStats};
+pub use objects::{ObjectBackend, S3Options};
 pub use registry::{AttachError, BackendOptions, attach_backend, open_backend, open_file_pool};
-pub use s3::{S3Backend, S3Options};
 pub use shared_g4::{SHARED_SPEC, SharedG4Error, SharedG4Stats, SharedG4Writer, shared_block_key};

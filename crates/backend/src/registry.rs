@@ -8,7 +8,7 @@ use kvtier_meta::{
 
 use crate::file_pool::{FilePool, FilePoolOptions};
 use crate::node_store::{NodeStoreBackend, spec_peer};
-use crate::s3::{S3Backend, S3Options};
+use crate::objects::{ObjectBackend, S3Options};
 use crate::uri::{Uri, bad};
 
 /// What [`open_backend`] needs beyond the storage record.
@@ -16,7 +16,8 @@ use crate::uri::{Uri, bad};
 pub struct BackendOptions {
     /// Settings of file pools.
     pub file_pool: FilePoolOptions,
-    /// Settings and credentials of S3 storages.
+    /// Settings and credentials of S3 storages; their `timeout` and
+    /// `usage_list_limit` bound shared directories' calls too.
     pub s3: S3Options,
     /// This node's name and block store, if it has one: a `kvtier://`
     /// storage on this node is served from it (once its block shape is
@@ -40,7 +41,8 @@ impl std::fmt::Debug for BackendOptions {
 }
 
 /// Opens the backend of `storage`. The URI scheme must match the kind:
-/// `file:///abs/dir` ([`StorageKind::FilePool`]), `kvtier://node`
+/// `file:///abs/dir` ([`StorageKind::FilePool`],
+/// [`StorageKind::FileObjects`]), `kvtier://node`
 /// ([`StorageKind::KvtierNode`]), `s3://bucket/prefix` ([`StorageKind::S3`]).
 /// A file pool opened here starts with every extent free; to restore its
 /// allocation map first, open it with [`open_file_pool`] and call
@@ -51,7 +53,7 @@ pub fn open_backend(
 ) -> Result<Arc<dyn StorageBackend>, BackendError> {
     let uri = storage.uri.as_str();
     let want = match storage.kind {
-        StorageKind::FilePool => "file",
+        StorageKind::FilePool | StorageKind::FileObjects => "file",
         StorageKind::KvtierNode => "kvtier",
         StorageKind::S3 => "s3",
         // The service never asks (`StorageKind::has_backend`); a direct
@@ -70,7 +72,8 @@ pub fn open_backend(
     }
     Ok(match storage.kind {
         StorageKind::FilePool => Arc::new(open_file_pool(storage, opts)?),
-        StorageKind::S3 => Arc::new(S3Backend::open(uri, &opts.s3)?),
+        StorageKind::S3 => Arc::new(ObjectBackend::s3(uri, &opts.s3)?),
+        StorageKind::FileObjects => Arc::new(ObjectBackend::dir(uri, &opts.s3)?),
         StorageKind::KvtierNode => {
             if u.authority.is_empty() {
                 return Err(bad(uri, "no node name"));

@@ -53,15 +53,17 @@ const PUT_CONCURRENCY: usize = 8;
 /// Why the writer did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SharedG4Error {
-    /// A storage of the configured name has another URI.
+    /// A storage of the configured name has another URI or kind.
     #[error(
-        "storage {name:?} is {uri:?}, not the shared G4 {url:?}: choose another shared_g4.storage"
+        "storage {name:?} is {uri:?} ({kind}), not the shared G4 {url:?}: choose another shared_g4.storage"
     )]
     ForeignStorage {
         /// The storage.
         name: String,
         /// Its URI.
         uri: String,
+        /// Its kind.
+        kind: &'static str,
         /// The configured store.
         url: String,
     },
@@ -196,7 +198,7 @@ impl SharedG4Writer {
         config: SharedG4SectionConfig,
     ) -> Result<Self, SharedG4Error> {
         let blocks = ObjectBlocks::open(store, *node.geometry())?;
-        ensure_storage(&svc, &config)?;
+        ensure_storage(&svc, &config, blocks.url())?;
         ensure_group(&svc, &config)?;
         ensure_instance(&svc, &config, &node).await?;
         let (queue, rx) = mpsc::channel(config.queue_blocks.max(1));
@@ -295,24 +297,36 @@ impl Drop for SharedG4Writer {
     }
 }
 
-/// Creates the store's storage unless it exists; one of that name with
-/// another URI is refused.
-fn ensure_storage(svc: &MetaService, config: &SharedG4SectionConfig) -> Result<(), SharedG4Error> {
-    let url = config.url.trim_end_matches('/');
+/// Creates the store's storage unless it exists, under `url` (the
+/// store's URL as object URIs show it): an `s3://` one of kind
+/// [`StorageKind::S3`], a shared directory (`file://`) of kind
+/// [`StorageKind::FileObjects`]; one of that name with another URI is
+/// refused.
+fn ensure_storage(
+    svc: &MetaService,
+    config: &SharedG4SectionConfig,
+    url: &str,
+) -> Result<(), SharedG4Error> {
+    let kind = if url.starts_with("file://") {
+        StorageKind::FileObjects
+    } else {
+        StorageKind::S3
+    };
     match svc
         .list_storages()
         .into_iter()
         .find(|s| s.name == config.storage)
     {
-        Some(s) if s.uri.trim_end_matches('/') == url => Ok(()),
+        Some(s) if s.uri.trim_end_matches('/') == url && s.kind == kind => Ok(()),
         Some(s) => Err(SharedG4Error::ForeignStorage {
             name: s.name,
             uri: s.uri,
+            kind: s.kind.as_str(),
             url: config.url.clone(),
         }),
         None => Ok(svc.add_storage(Storage {
             name: config.storage.clone(),
-            kind: StorageKind::S3,
+            kind,
             uri: url.to_owned(),
             enabled: true,
             health: StorageHealth::Healthy,

@@ -1,6 +1,9 @@
 //! NodeStoreBackend over a real node (arena, disk log, manager), and the
 //! registry.
 
+#[allow(dead_code)] // not every helper is used here
+mod common;
+
 use std::sync::Arc;
 
 use kvtier_backend::{BackendOptions, NodeStoreBackend, node_block_hash, open_backend};
@@ -118,14 +121,7 @@ async fn hostile_names_are_escaped_and_decode_back() {
             .remove(0);
         let path = uri.strip_prefix("kvtier://node-1/").expect("node prefix");
         assert!(!path.contains(['?', '#', '\\', '\0']), "{uri}");
-        let parts: Vec<&str> = path.split('/').collect();
-        assert_eq!(parts.len(), 3, "{uri}");
-        assert!(
-            parts
-                .iter()
-                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
-            "{uri}"
-        );
+        common::assert_part_path(path, &uri);
         let hash = node_block_hash(inst, spec, BlockKey(key));
         s.manager().put_host(hash, &block).await.unwrap();
         assert_eq!(

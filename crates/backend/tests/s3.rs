@@ -1,12 +1,15 @@
-//! S3Backend against a real S3-compatible server: moto (`moto_server`, from
+//! ObjectBackend::s3 against a real S3-compatible server: moto (`moto_server`, from
 //! PyPI `moto[server]`), started by `kvtier_remote::test_support::MotoServer`
 //! on 127.0.0.1 with a free port and stopped on drop. The test fails when
 //! moto is not installed.
 
+#[allow(dead_code)] // not every helper is used here
+mod common;
+
 use std::net::TcpListener;
 use std::time::Duration;
 
-use kvtier_backend::{S3Backend, S3Options};
+use kvtier_backend::{ObjectBackend, S3Options};
 use kvtier_meta::{BackendError, BlockKey, CreateRequest, LocationId, StorageBackend};
 use kvtier_remote::test_support::MotoServer;
 use object_store::ObjectStore;
@@ -66,7 +69,7 @@ fn client_store(port: u16, bucket: &str) -> object_store::aws::AmazonS3 {
 async fn hostile_names_stay_under_the_prefix() {
     let moto = MotoServer::start();
     moto.create_bucket("kvbucket");
-    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
+    let b = ObjectBackend::s3("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
     let client = client_store(moto.port(), "kvbucket");
     let names = [
         ("../../y", "../../../spec"),
@@ -101,14 +104,7 @@ async fn hostile_names_stay_under_the_prefix() {
         let rest = key
             .strip_prefix("cache/v1/")
             .unwrap_or_else(|| panic!("{key} outside the prefix"));
-        let parts: Vec<&str> = rest.split('/').collect();
-        assert_eq!(parts.len(), 3, "{key}");
-        assert!(
-            parts
-                .iter()
-                .all(|p| !p.is_empty() && *p != "." && *p != ".."),
-            "{key}"
-        );
+        common::assert_part_path(rest, key);
     }
     for r in b.delete(&uris).await {
         r.unwrap();
@@ -120,7 +116,7 @@ async fn hostile_names_stay_under_the_prefix() {
 async fn names_checks_lists_deletes_and_probes_objects() {
     let moto = MotoServer::start();
     moto.create_bucket("kvbucket");
-    let b = S3Backend::open("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
+    let b = ObjectBackend::s3("s3://kvbucket/cache/v1", &opts(moto.port())).unwrap();
     b.health().await.unwrap();
 
     let uris = b
@@ -198,7 +194,7 @@ async fn a_server_that_never_answers_times_out() {
     });
     let mut o = opts(port);
     o.timeout = Duration::from_millis(500);
-    let b = S3Backend::open("s3://kvbucket/p", &o).unwrap();
+    let b = ObjectBackend::s3("s3://kvbucket/p", &o).unwrap();
     let guard = Duration::from_secs(60);
     let r = tokio::time::timeout(guard, b.health())
         .await

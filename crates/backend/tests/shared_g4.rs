@@ -1,11 +1,13 @@
 //! The shared G4's writer: real nodes, a metadata service over a real
-//! redis-server, and a real S3 server (moto; the test fails when either is
-//! not installed). A block committed on node A is written once per
-//! cluster, as a verified object under its shared key, at the location
-//! the service's write session named; node B committing the same blocks
-//! finds them present; A's removal of its own copy deletes nothing; only
-//! the reclaimer, under the group's quota, deletes objects; another
-//! tenant's blocks are other objects.
+//! redis-server, and the shared G4 on a real S3 server (moto) or in a
+//! shared directory (the test fails when redis-server or moto is not
+//! installed). One scenario, run on each store: a block committed on
+//! node A is written once per cluster, as a verified object under its
+//! shared key, at the location the service's write session named; node B
+//! committing the same blocks finds them present; A's removal of its own
+//! copy deletes nothing; only the reclaimer, under the group's quota,
+//! deletes objects; another tenant's blocks are other objects. In a
+//! directory, every file is `0600` and every directory made `0700`.
 
 #[allow(dead_code)] // not every helper is used here
 mod common;
@@ -13,18 +15,17 @@ mod common;
 use std::sync::Arc;
 
 use common::{keys, store};
-use futures::TryStreamExt;
 use kvtier_backend::{BackendOptions, S3Options, SharedG4Writer, shared_block_key};
 use kvtier_client::BlockHash;
+use kvtier_meta::StorageKind;
 use kvtier_meta::test_support::RedisServer;
 use kvtier_meta::{BlockMask, LocationQuery, MatchMode, MetaConfig, MetaService, RedisIndex};
 use kvtier_node::test_support::{namespace, small_config};
 use kvtier_node::{Node, NodeConfig, SharedG4SectionConfig, SharedKeys};
 use kvtier_peer::ClusterSecret;
 use kvtier_protocol::Namespace;
-use kvtier_remote::test_support::MotoServer;
+use kvtier_remote::test_support::SharedStore;
 use kvtier_remote::{ObjectBlocks, RemoteRead};
-use object_store::ObjectStore;
 
 const BUCKET: &str = "shared";
 const INSTANCE: &str = "kvtier-shared-g4";
@@ -38,7 +39,7 @@ struct Member {
 }
 
 impl Member {
-    async fn start(svc: &Arc<MetaService>, moto: &MotoServer) -> Self {
+    async fn start(svc: &Arc<MetaService>, store: &SharedStore) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let mut config = small_config(dir.path(), 16);
         config.manager.step_interval_ms = 3_600_000;
@@ -48,9 +49,9 @@ impl Member {
             node.clone(),
             svc.clone(),
             keys,
-            &moto.config(BUCKET, "g4"),
+            &store.config(),
             SharedG4SectionConfig {
-                url: format!("s3://{BUCKET}/g4"),
+                url: store.url(),
                 ..SharedG4SectionConfig::default()
             },
         )
@@ -75,12 +76,12 @@ impl Member {
     }
 }
 
-/// A metadata service over `redis` that opens S3 storages on `moto`.
-fn service(redis: &RedisServer, moto: &MotoServer) -> Arc<MetaService> {
+/// A metadata service over `redis` that opens the storage of `store`.
+fn service(redis: &RedisServer, store: &SharedStore) -> Arc<MetaService> {
     let index = RedisIndex::open(&redis.url(), Default::default()).unwrap();
     let opener = BackendOptions {
         s3: S3Options {
-            endpoint: Some(moto.endpoint()),
+            endpoint: store.endpoint(),
             access_key_id: Some("testing".into()),
             secret_access_key: Some("testing".into()),
             allow_http: true,
@@ -95,15 +96,9 @@ fn service(redis: &RedisServer, moto: &MotoServer) -> Arc<MetaService> {
     Arc::new(MetaService::new(Arc::new(index), config).unwrap())
 }
 
-/// Block objects in the bucket.
-async fn objects(moto: &MotoServer) -> usize {
-    let store = moto.store(BUCKET);
-    let listed: Vec<object_store::ObjectMeta> = store.list(None).try_collect().await.unwrap();
-    // The metadata service's health probe of the storage comes and goes.
-    let probe = |m: &object_store::ObjectMeta| {
-        (m.location.filename()).is_some_and(|f| f.starts_with(".kvtier-probe-"))
-    };
-    listed.iter().filter(|m| !probe(m)).count()
+/// Block objects in the store.
+async fn objects(store: &SharedStore) -> usize {
+    store.objects().await.len()
 }
 
 fn salted(salt: &[u8]) -> Namespace {
@@ -146,15 +141,31 @@ async fn shared_blocks(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer() {
+async fn on_s3_blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer() {
+    written_once_deleted_by_the_reclaimer(SharedStore::s3(BUCKET), StorageKind::S3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_a_shared_directory_blocks_are_written_once_and_deleted_only_by_the_reclaimer() {
+    let store = SharedStore::dir();
+    written_once_deleted_by_the_reclaimer(store, StorageKind::FileObjects).await;
+}
+
+/// The scenario on `shared`, whose storage is of `kind`.
+async fn written_once_deleted_by_the_reclaimer(shared: SharedStore, kind: StorageKind) {
     let redis = RedisServer::start().expect("redis-server");
-    let moto = MotoServer::start();
-    moto.create_bucket(BUCKET);
-    let svc = service(&redis, &moto);
-    let a = Member::start(&svc, &moto).await;
-    let b = Member::start(&svc, &moto).await;
+    let svc = service(&redis, &shared);
+    let a = Member::start(&svc, &shared).await;
+    let b = Member::start(&svc, &shared).await;
+    let storage = (svc.list_storages().into_iter())
+        .find(|s| s.name == "kvtier-shared-g4")
+        .unwrap();
+    assert_eq!(
+        (storage.kind, storage.uri.as_str()),
+        (kind, shared.url().as_str())
+    );
     let len = a.node.geometry().block_bytes() as usize;
-    let reader = ObjectBlocks::open(&moto.config(BUCKET, "g4"), *a.node.geometry()).unwrap();
+    let reader = ObjectBlocks::open(&shared.config(), *a.node.geometry()).unwrap();
     let ns = salted(b"t1");
     let ks = keys(0..4);
     let want: Vec<Option<Vec<u8>>> = ks.iter().map(|k| Some(vec![k.0 as u8; len])).collect();
@@ -166,8 +177,10 @@ async fn blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer()
     let s = a.writer.stats();
     assert_eq!((s.queued, s.written, s.failed), (4, 4, 0), "{s:?}");
     assert_eq!(s.bytes, 4 * len as u64);
-    assert_eq!(objects(&moto).await, 4);
+    assert_eq!(objects(&shared).await, 4);
     assert_eq!(shared_blocks(&svc, &reader, &ns, &ks).await, want);
+    let private = shared.assert_private();
+    assert!(private.is_none_or(|files| files == 4), "{private:?}");
 
     // B commits the same blocks: present, nothing written again.
     let mut on_b = common::client(&b.node, &b.config, ns.clone(), None).await;
@@ -175,12 +188,12 @@ async fn blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer()
     b.writer.sync().await;
     let s = b.writer.stats();
     assert_eq!((s.queued, s.written, s.present), (4, 0, 4), "{s:?}");
-    assert_eq!(objects(&moto).await, 4);
+    assert_eq!(objects(&shared).await, 4);
 
     // A's removal of its own copies deletes no shared object.
     on_a.remove(&ks).await.unwrap();
     assert_eq!(shared_blocks(&svc, &reader, &ns, &ks).await, want);
-    assert_eq!(objects(&moto).await, 4);
+    assert_eq!(objects(&shared).await, 4);
 
     // Another tenant's blocks of the same client keys are other objects,
     // and the first tenant's shared keys do not find them.
@@ -189,7 +202,7 @@ async fn blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer()
     let theirs = keys(10..12);
     store(&mut tenant, &theirs, len).await;
     b.writer.sync().await;
-    assert_eq!(objects(&moto).await, 6);
+    assert_eq!(objects(&shared).await, 6);
     assert_eq!(
         shared_blocks(&svc, &reader, &ns, &theirs).await,
         vec![None, None]
@@ -207,8 +220,10 @@ async fn blocks_are_written_once_per_cluster_and_deleted_only_by_the_reclaimer()
     svc.update_group(group).unwrap();
     let report = svc.reclaim_once().await;
     assert!(report.errors.is_empty(), "{report:?}");
-    let left = objects(&moto).await;
+    let left = objects(&shared).await;
     assert!(left <= 2, "{left} objects left");
+    let private = shared.assert_private();
+    assert!(private.is_none_or(|files| files == left), "{private:?}");
     let mut served = shared_blocks(&svc, &reader, &ns, &ks).await;
     served.extend(shared_blocks(&svc, &reader, &other, &theirs).await);
     assert_eq!(served.iter().flatten().count(), left, "{served:?}");

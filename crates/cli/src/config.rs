@@ -135,13 +135,23 @@ impl Config {
     }
 
     /// Where admin-added `file://` storages may live
-    /// (`meta.storage_roots`), defaulting to [`Config::pool_dir`].
+    /// (`meta.storage_roots`), defaulting to [`Config::pool_dir`]; and the
+    /// shared G4's directory when `shared_g4.url` names one (the operator
+    /// named it there: its storage is created at start).
     pub fn storage_roots(&self) -> Vec<PathBuf> {
-        if self.meta.storage_roots.is_empty() {
+        let mut roots = if self.meta.storage_roots.is_empty() {
             vec![self.pool_dir()]
         } else {
             self.meta.storage_roots.clone()
+        };
+        let shared = kvtier_remote::RemoteConfig {
+            url: self.shared_g4.url.clone(),
+            ..Default::default()
+        };
+        if let Ok(Some(dir)) = shared.dir() {
+            roots.push(dir);
         }
+        roots
     }
 }
 
@@ -234,6 +244,12 @@ mod tests {
         );
         let empty = Config::from_toml_with_env("[meta]\nstorage_roots = [\"\"]", env(&[]));
         assert!(empty.is_err(), "an empty root must be refused");
+        let mut c = Config::from_toml_with_env("[serve]\ndata_dir = \"/d\"", env(&[])).unwrap();
+        c.shared_g4.url = "file:///mnt/shared/g4/".into();
+        assert_eq!(
+            c.storage_roots(),
+            vec![PathBuf::from("/d/pool"), PathBuf::from("/mnt/shared/g4")]
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use kvtier_core::{CoreError, GeometryConfig};
 use kvtier_disk::DiskConfig;
 use kvtier_mem::MemoryConfig;
+use kvtier_remote::RemoteConfig;
 use serde::{Deserialize, Serialize};
 
 /// `[serve]`: the `kvtier serve` process.
@@ -307,12 +308,14 @@ impl PeerSectionConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct SharedG4SectionConfig {
     /// The store: `s3://bucket/prefix` (endpoint, region and credentials
-    /// from the environment, as `manager.g4_url`'s); empty (the default)
+    /// from the environment, as `manager.g4_url`'s), or
+    /// `file:///absolute/dir`, a directory every node mounts at that path
+    /// (NFS, 3FS), which must exist and take files; empty (the default)
     /// for none.
     pub url: String,
-    /// The metadata-service storage of the store: created (kind `s3`) at
-    /// start if missing; one of that name with another URI stops the
-    /// start.
+    /// The metadata-service storage of the store: created (kind `s3`, or
+    /// `file_objects` for a directory) at start if missing; one of that
+    /// name with another URI or kind stops the start.
     pub storage: String,
     /// The instance group the shared blocks are charged to, created if
     /// missing with `quota_bytes`.
@@ -366,25 +369,25 @@ impl SharedG4SectionConfig {
         if !self.enabled() {
             return Ok(());
         }
-        if !self.url.starts_with("s3://") {
-            return bad(format!(
-                "shared_g4.url {:?} must be an s3://bucket/prefix URL (a shared directory is not supported yet: the metadata service's file pools hold extents, not objects)",
-                self.url
-            ));
-        }
+        let store = RemoteConfig {
+            url: self.url.clone(),
+            ..RemoteConfig::default()
+        };
+        let shared = match store.canonical_url() {
+            Ok(url) => url,
+            Err(e) => {
+                return bad(format!(
+                    "shared_g4.url: {e} (expected s3://bucket/prefix, or file:///absolute/dir of a directory every node mounts at that path)"
+                ));
+            }
+        };
         if !meta_enabled {
             return bad("shared_g4.url needs meta.enabled and meta.publish_node_blocks: the metadata service writes the shared G4 and reclaims it".into());
         }
         if !peer.enabled() {
             return bad("shared_g4.url needs a cluster identity ([peer] listen, cluster and secret_file): shared objects are keyed by the cluster secret".into());
         }
-        let trim = |u: &str| u.trim_end_matches('/').to_owned();
-        let (own, shared) = (trim(g4_url), trim(&self.url));
-        if !own.is_empty()
-            && (own == shared
-                || own.starts_with(&format!("{shared}/"))
-                || shared.starts_with(&format!("{own}/")))
-        {
+        if overlaps(g4_url, &shared) {
             return bad(format!(
                 "manager.g4_url {g4_url:?} overlaps shared_g4.url {:?}: the node's own G4 pool would evict shared objects",
                 self.url
@@ -396,8 +399,30 @@ impl SharedG4SectionConfig {
         if self.quota_bytes == 0 || self.queue_blocks == 0 || self.batch == 0 {
             return bad("shared_g4.quota_bytes, queue_blocks and batch must be positive".into());
         }
-        Ok(())
+        // Last, once nothing else is wrong: a shared directory that is
+        // missing is a file system not mounted, never made here.
+        store
+            .check_existing()
+            .or_else(|e| bad(format!("shared_g4.url: {e}")))
     }
+}
+
+/// Whether the node's own G4 at `own` (empty: none) and the shared G4 at
+/// `shared` (canonical) are one store or one inside the other. URLs are
+/// compared as object URIs spell them ([`RemoteConfig::canonical_url`]).
+fn overlaps(own: &str, shared: &str) -> bool {
+    if own.is_empty() {
+        return false;
+    }
+    let canonical = RemoteConfig {
+        url: own.to_owned(),
+        ..RemoteConfig::default()
+    }
+    .canonical_url();
+    let own = canonical.unwrap_or_else(|_| own.trim_end_matches('/').to_owned());
+    own == shared
+        || own.starts_with(&format!("{shared}/"))
+        || shared.starts_with(&format!("{own}/"))
 }
 
 /// Every section a node is opened with: `[geometry]`, `[memory]`, `[disk]`,
@@ -488,7 +513,8 @@ mod tests {
     }
 
     /// A shared G4 needs the metadata service, a cluster identity, an S3
-    /// store and a node G4 that is another store; off, nothing is checked.
+    /// store or a shared directory, and a node G4 that is another store;
+    /// off, nothing is checked.
     #[test]
     fn the_shared_g4_section_refuses_what_cannot_work() {
         let s = shared("s3://b/shared");
@@ -511,11 +537,71 @@ mod tests {
                 "{own}"
             );
         }
-        assert!(refusal(&shared("file:///mnt/g4"), true, &peer(), "").contains("s3://"));
+        assert!(refusal(&shared("gs://b/x"), true, &peer(), "").contains("file:///absolute/dir"));
         let zero = SharedG4SectionConfig {
             batch: 0,
             ..s.clone()
         };
         assert!(refusal(&zero, true, &peer(), "").contains("positive"));
+    }
+
+    /// A shared directory must be absolute, exist and take files; the
+    /// errors name it. The node's own G4 in or around it is refused
+    /// however either is spelled.
+    #[test]
+    fn a_shared_directory_is_checked_before_the_start() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().display().to_string();
+        let s = shared(&format!("file://{dir}/"));
+        s.validate(true, &peer(), "").unwrap();
+        s.validate(true, &peer(), &format!("file://{dir}-own"))
+            .unwrap();
+        for own in [
+            format!("file://{dir}"),
+            format!("file://localhost{dir}/"),
+            format!("file://{dir}/g4"),
+        ] {
+            assert!(
+                refusal(&s, true, &peer(), &own).contains("overlaps"),
+                "{own}"
+            );
+        }
+        let relative = refusal(&shared("file://shared/dir"), true, &peer(), "");
+        assert!(relative.contains("absolute directory"), "{relative}");
+        let missing = format!("file://{dir}/not-mounted");
+        let e = refusal(&shared(&missing), true, &peer(), "");
+        assert!(
+            e.contains("not-mounted") && e.contains("does not exist"),
+            "{e}"
+        );
+        assert!(!root.path().join("not-mounted").exists());
+        let e = refusal(&shared("file:///proc"), true, &peer(), "");
+        assert!(e.contains("cannot write in directory /proc"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// The node's own G4 overlaps the shared one exactly when one
+        /// directory is the other or inside it, whatever the spelling;
+        /// a sibling whose name extends the other's never does.
+        #[test]
+        fn overlap_is_containment_of_directories(
+            base in proptest::collection::vec("[a-z0-9]{1,6}", 1..3),
+            below in proptest::collection::vec("[a-z0-9]{1,6}", 0..3),
+            suffix in "[a-z0-9]{0,3}",
+            localhost: bool,
+            slash: bool,
+        ) {
+            let shared_dir = format!("/{}", base.join("/"));
+            let own_dir = if below.is_empty() {
+                format!("{shared_dir}{suffix}")
+            } else {
+                format!("{shared_dir}{suffix}/{}", below.join("/"))
+            };
+            let host = if localhost { "localhost" } else { "" };
+            let own = format!("file://{host}{own_dir}{}", if slash { "/" } else { "" });
+            let shared = format!("file://{shared_dir}");
+            proptest::prop_assert_eq!(overlaps(&own, &shared), suffix.is_empty());
+            proptest::prop_assert!(!overlaps("", &shared));
+        }
     }
 }

@@ -9,18 +9,21 @@
 //!   (environment, web identity, instance metadata); the endpoint from the
 //!   configuration or `AWS_ENDPOINT_URL`.
 //! - `file:///<absolute dir>`: a shared (or local) file system
-//!   ([`LocalFileSystem`](object_store::local::LocalFileSystem)); the
-//!   directory is created if missing.
+//!   ([`LocalFileSystem`](object_store::local::LocalFileSystem), its files
+//!   and directories private: [`PrivateDir`]); the node's own G4 creates
+//!   the directory if missing, a shared G4 requires it.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvtier_io::create_private_dir_all;
 use object_store::aws::AmazonS3Builder;
-use object_store::local::LocalFileSystem;
 use object_store::{ClientOptions, ObjectStore, RetryConfig};
 use serde::Deserialize;
 
 use crate::RemoteError;
+use crate::dir::{PrivateDir, check_writable_dir};
 
 /// Configuration of a [`RemoteTier`](crate::RemoteTier).
 ///
@@ -102,6 +105,25 @@ pub(crate) struct Connected {
     pub prefix: String,
 }
 
+/// Where a URL points.
+enum Target<'a> {
+    /// A bucket and a key prefix (no leading or trailing `/`; may be empty).
+    S3 { bucket: &'a str, prefix: &'a str },
+    /// An absolute directory, without a trailing `/`.
+    Dir(&'a str),
+}
+
+impl Target<'_> {
+    /// The URL as object URIs show it.
+    fn display(&self) -> String {
+        match self {
+            Target::S3 { bucket, prefix: "" } => format!("s3://{bucket}"),
+            Target::S3 { bucket, prefix } => format!("s3://{bucket}/{prefix}"),
+            Target::Dir(dir) => format!("file://{dir}"),
+        }
+    }
+}
+
 fn bad(url: &str, reason: impl Into<String>) -> RemoteError {
     RemoteError::BadUrl {
         url: url.to_owned(),
@@ -144,9 +166,8 @@ impl RemoteConfig {
         Ok(())
     }
 
-    /// Builds the store client (no request is made).
-    pub(crate) fn connect(&self) -> Result<Connected, RemoteError> {
-        self.validate()?;
+    /// Where the URL points, checked without touching anything.
+    fn target(&self) -> Result<Target<'_>, RemoteError> {
         let url = self.url.as_str();
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -157,17 +178,7 @@ impl RemoteConfig {
             if !prefix.is_empty() {
                 clean_segments(url, prefix)?;
             }
-            let store = self.s3(bucket)?;
-            let display = if prefix.is_empty() {
-                format!("s3://{bucket}")
-            } else {
-                format!("s3://{bucket}/{prefix}")
-            };
-            Ok(Connected {
-                store,
-                display,
-                prefix: prefix.to_owned(),
-            })
+            Ok(Target::S3 { bucket, prefix })
         } else if let Some(rest) = url.strip_prefix("file://") {
             let dir = rest.strip_prefix("localhost").unwrap_or(rest);
             if !dir.starts_with('/') {
@@ -181,16 +192,65 @@ impl RemoteConfig {
                 return Err(bad(url, "refusing the root directory"));
             }
             clean_segments(url, &dir[1..])?;
-            std::fs::create_dir_all(dir).map_err(|e| bad(url, format!("create {dir}: {e}")))?;
-            let store =
-                LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(url, e.to_string()))?;
-            Ok(Connected {
-                store: Arc::new(store),
-                display: format!("file://{dir}"),
-                prefix: String::new(),
-            })
+            Ok(Target::Dir(dir))
         } else {
             Err(bad(url, "expected s3://bucket/prefix or file:///dir"))
+        }
+    }
+
+    /// The URL as object URIs show it (`s3://bucket/prefix`,
+    /// `file:///dir`: no trailing `/`, no `localhost`), so two spellings
+    /// of one store compare equal. Nothing is touched.
+    pub fn canonical_url(&self) -> Result<String, RemoteError> {
+        Ok(self.target()?.display())
+    }
+
+    /// The directory of a `file://` URL; `None` for an `s3://` one.
+    pub fn dir(&self) -> Result<Option<std::path::PathBuf>, RemoteError> {
+        Ok(match self.target()? {
+            Target::Dir(dir) => Some(dir.into()),
+            Target::S3 { .. } => None,
+        })
+    }
+
+    /// Checks that a `file://` URL names an existing directory this
+    /// process can write in (see [`check_writable_dir`]); an `s3://` URL
+    /// is only parsed. For stores that others made and share, where
+    /// creating a missing directory would hide an unmounted file system.
+    pub fn check_existing(&self) -> Result<(), RemoteError> {
+        match self.target()? {
+            Target::Dir(dir) => check_writable_dir(&self.url, Path::new(dir)),
+            Target::S3 { .. } => Ok(()),
+        }
+    }
+
+    /// Builds the store client (no request is made). A `file://`
+    /// directory is created (`0700`) if missing when `create_dir`, else
+    /// it must exist and be writable ([`RemoteConfig::check_existing`]).
+    pub(crate) fn connect(&self, create_dir: bool) -> Result<Connected, RemoteError> {
+        self.validate()?;
+        let target = self.target()?;
+        let display = target.display();
+        match target {
+            Target::S3 { bucket, prefix } => Ok(Connected {
+                store: self.s3(bucket)?,
+                display,
+                prefix: prefix.to_owned(),
+            }),
+            Target::Dir(dir) => {
+                let url = self.url.as_str();
+                if create_dir {
+                    create_private_dir_all(Path::new(dir))
+                        .map_err(|e| bad(url, format!("create {dir}: {e}")))?;
+                } else {
+                    check_writable_dir(url, Path::new(dir))?;
+                }
+                Ok(Connected {
+                    store: Arc::new(PrivateDir::new(url, Path::new(dir))?),
+                    display,
+                    prefix: String::new(),
+                })
+            }
         }
     }
 
@@ -244,12 +304,12 @@ mod tests {
 
     #[test]
     fn s3_urls_split_into_bucket_and_prefix() {
-        let c = cfg("s3://kv/cache/v1/").connect().unwrap();
+        let c = cfg("s3://kv/cache/v1/").connect(false).unwrap();
         assert_eq!(
             (c.display.as_str(), c.prefix.as_str()),
             ("s3://kv/cache/v1", "cache/v1")
         );
-        let c = cfg("s3://kv").connect().unwrap();
+        let c = cfg("s3://kv").connect(false).unwrap();
         assert_eq!((c.display.as_str(), c.prefix.as_str()), ("s3://kv", ""));
     }
 
@@ -267,16 +327,55 @@ mod tests {
             "file:///tmp/../etc",
         ] {
             assert!(
-                matches!(cfg(url).connect(), Err(RemoteError::BadUrl { .. })),
+                matches!(cfg(url).connect(true), Err(RemoteError::BadUrl { .. })),
                 "{url}"
             );
         }
         let mut c = cfg("s3://kv");
         c.max_concurrency = 0;
-        assert!(matches!(c.connect(), Err(RemoteError::Config(_))));
+        assert!(matches!(c.connect(true), Err(RemoteError::Config(_))));
         let mut c = cfg("s3://kv");
         c.secret_access_key = None;
-        assert!(matches!(c.connect(), Err(RemoteError::Config(_))));
+        assert!(matches!(c.connect(true), Err(RemoteError::Config(_))));
+    }
+
+    #[test]
+    fn a_shared_directory_must_exist_and_is_never_made() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("nfs");
+        let c = cfg(&format!("file://{}", missing.display()));
+        let e = c.connect(false).unwrap_err().to_string();
+        assert!(e.contains("does not exist") && e.contains("nfs"), "{e}");
+        assert!(c.check_existing().is_err());
+        assert!(!missing.exists());
+        let made = c.connect(true).unwrap();
+        assert_eq!(made.display, format!("file://{}", missing.display()));
+        c.check_existing().unwrap();
+        c.connect(false).unwrap();
+        cfg("s3://kv/p").check_existing().unwrap();
+    }
+
+    proptest::proptest! {
+        /// Every spelling of one store has one canonical URL, itself its
+        /// own; the directory is the URL's path.
+        #[test]
+        fn spellings_of_a_store_share_one_canonical_url(
+            segs in proptest::collection::vec("[a-z0-9_.-]{1,8}", 1..4),
+            localhost: bool,
+            slashes in 0usize..3,
+        ) {
+            proptest::prop_assume!(segs.iter().all(|s| s != "." && s != ".."));
+            let dir = format!("/{}", segs.join("/"));
+            let host = if localhost { "localhost" } else { "" };
+            let url = format!("file://{host}{dir}{}", "/".repeat(slashes));
+            let canonical = cfg(&url).canonical_url().unwrap();
+            proptest::prop_assert_eq!(&canonical, &format!("file://{dir}"));
+            proptest::prop_assert_eq!(&cfg(&canonical).canonical_url().unwrap(), &canonical);
+            proptest::prop_assert_eq!(cfg(&url).dir().unwrap(), Some(dir.clone().into()));
+            let s3 = format!("s3://b{dir}{}", "/".repeat(slashes));
+            proptest::prop_assert_eq!(cfg(&s3).canonical_url().unwrap(), format!("s3://b{dir}"));
+            proptest::prop_assert_eq!(cfg(&s3).dir().unwrap(), None);
+        }
     }
 
     #[test]

@@ -27,6 +27,8 @@
 //!   else chose (the cluster's shared G4: the metadata service's write
 //!   sessions name the paths), under a key given per call, with the same
 //!   bytes and checks; its reads never delete.
+//! - [`PrivateDir`] is the store of a `file://` URL: a directory whose
+//!   files (`0600`) and directories (`0700`) only their owner can reach.
 //! - [`format`](mod@format) is the object header and naming; [`RemoteStats`] the
 //!   counters; [`RemoteError`] the one error type.
 //!
@@ -53,6 +55,7 @@
 //! ```
 
 mod config;
+mod dir;
 mod error;
 pub mod format;
 mod object;
@@ -63,6 +66,7 @@ pub mod test_support;
 mod tier;
 
 pub use config::RemoteConfig;
+pub use dir::PrivateDir;
 pub use error::RemoteError;
 pub use object::ObjectBlocks;
 pub use stats::RemoteStats;

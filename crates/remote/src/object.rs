@@ -24,7 +24,8 @@ use crate::{RemoteConfig, RemoteError, RemoteRead};
 #[derive(Debug, Clone)]
 pub struct ObjectBlocks {
     store: Arc<dyn ObjectStore>,
-    /// The store's URL (`s3://bucket/prefix`), without a trailing `/`.
+    /// The store's URL (`s3://bucket/prefix`, `file:///dir`), without a
+    /// trailing `/`.
     display: String,
     /// Key prefix inside `store`, without leading or trailing `/`.
     prefix: String,
@@ -139,12 +140,14 @@ pub(crate) fn decode_verified(
 
 impl ObjectBlocks {
     /// Block objects of `geometry` in the store `cfg` names. No request is
-    /// made.
+    /// made; a `file://` directory must exist and take files (a shared
+    /// one that is missing is an unmounted file system, never created
+    /// here: [`RemoteConfig::check_existing`]).
     pub fn open(cfg: &RemoteConfig, geometry: Geometry) -> Result<Self, RemoteError> {
         geometry
             .validate()
             .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let c = cfg.connect()?;
+        let c = cfg.connect(false)?;
         Ok(Self {
             store: c.store,
             display: c.display.trim_end_matches('/').to_owned(),
@@ -154,7 +157,7 @@ impl ObjectBlocks {
         })
     }
 
-    /// The store's URL (`s3://bucket/prefix`).
+    /// The store's URL (`s3://bucket/prefix`, `file:///dir`).
     pub fn url(&self) -> &str {
         &self.display
     }

@@ -154,3 +154,187 @@ pub fn file_config(root: &std::path::Path) -> crate::RemoteConfig {
         ..crate::RemoteConfig::default()
     }
 }
+
+/// Where a test of the cluster's shared G4 keeps it: a bucket on a moto
+/// server, or a directory standing for one every node mounts. One
+/// scenario runs on either.
+#[derive(Debug)]
+pub enum SharedStore {
+    /// `s3://<bucket>/<prefix>` on a moto server of its own.
+    S3 {
+        /// The server, stopped on drop.
+        moto: MotoServer,
+        /// The bucket, created.
+        bucket: String,
+    },
+    /// `file://<dir>/<prefix>`, the directory created and removed on drop.
+    Dir(tempfile::TempDir),
+}
+
+/// The key prefix (S3) or subdirectory (directory) of the shared G4.
+const SHARED_PREFIX: &str = "shared";
+
+/// Files the stores' own checks make and remove (the metadata service's
+/// health probe, a shared directory's start check): not block objects.
+fn is_check_file(path: &object_store::path::Path) -> bool {
+    path.filename().is_some_and(|f| f.starts_with(".kvtier-"))
+}
+
+impl SharedStore {
+    /// A moto server with `bucket` created.
+    pub fn s3(bucket: &str) -> Self {
+        let moto = MotoServer::start();
+        moto.create_bucket(bucket);
+        Self::S3 {
+            moto,
+            bucket: bucket.to_owned(),
+        }
+    }
+
+    /// A fresh directory with the shared G4's subdirectory made, as an
+    /// operator prepares a shared mount.
+    ///
+    /// # Panics
+    ///
+    /// If the directory cannot be made.
+    pub fn dir() -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary directory: {e}"));
+        std::fs::create_dir(dir.path().join(SHARED_PREFIX))
+            .unwrap_or_else(|e| panic!("shared directory: {e}"));
+        Self::Dir(dir)
+    }
+
+    /// The shared G4's directory, for a directory store.
+    pub fn path(&self) -> Option<std::path::PathBuf> {
+        match self {
+            Self::S3 { .. } => None,
+            Self::Dir(d) => Some(d.path().join(SHARED_PREFIX)),
+        }
+    }
+
+    /// `[shared_g4] url`.
+    pub fn url(&self) -> String {
+        self.config().url
+    }
+
+    /// How a node reaches the shared G4 (a 5 s timeout).
+    pub fn config(&self) -> crate::RemoteConfig {
+        match self {
+            Self::S3 { moto, bucket } => moto.config(bucket, SHARED_PREFIX),
+            Self::Dir(d) => file_config(&d.path().join(SHARED_PREFIX)),
+        }
+    }
+
+    /// The S3 endpoint, for a bucket store.
+    pub fn endpoint(&self) -> Option<String> {
+        match self {
+            Self::S3 { moto, .. } => Some(moto.endpoint()),
+            Self::Dir(_) => None,
+        }
+    }
+
+    /// The environment a `kvtier serve` of the cluster needs for it:
+    /// `KVTIER_SHARED_G4__URL`, and the endpoint and credentials of a
+    /// bucket.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let mut env = vec![("KVTIER_SHARED_G4__URL".to_owned(), self.url())];
+        if let Some(endpoint) = self.endpoint() {
+            for (k, v) in [
+                ("AWS_ENDPOINT_URL", endpoint.as_str()),
+                ("AWS_ACCESS_KEY_ID", "testing"),
+                ("AWS_SECRET_ACCESS_KEY", "testing"),
+                ("AWS_REGION", "us-east-1"),
+            ] {
+                env.push((k.to_owned(), v.to_owned()));
+            }
+        }
+        env
+    }
+
+    /// A raw client of the shared G4's objects, keys relative to the
+    /// bucket or to the shared directory (to plant or inspect objects
+    /// behind the nodes' backs).
+    ///
+    /// # Panics
+    ///
+    /// If the client cannot be built.
+    pub fn client(&self) -> std::sync::Arc<dyn object_store::ObjectStore> {
+        match self {
+            Self::S3 { moto, bucket } => moto.store(bucket),
+            Self::Dir(d) => std::sync::Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(d.path().join(SHARED_PREFIX))
+                    .unwrap_or_else(|e| panic!("directory client: {e}")),
+            ),
+        }
+    }
+
+    /// The block objects with their bytes (the stores' own check files
+    /// left out: they come and go).
+    ///
+    /// # Panics
+    ///
+    /// If the store cannot be listed or read.
+    pub async fn objects(&self) -> Vec<(object_store::path::Path, bytes::Bytes)> {
+        use futures::TryStreamExt;
+        let store = self.client();
+        let listed: Vec<object_store::ObjectMeta> = (store.list(None).try_collect().await)
+            .unwrap_or_else(|e| panic!("list the shared G4: {e}"));
+        let mut out = Vec::new();
+        for meta in listed.into_iter().filter(|m| !is_check_file(&m.location)) {
+            let get = async { store.get(&meta.location).await?.bytes().await };
+            // Deleted between the list and the get: not there.
+            match get.await {
+                Ok(bytes) => out.push((meta.location, bytes)),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => panic!("read {}: {e}", meta.location),
+            }
+        }
+        out
+    }
+
+    /// Writes `objects` (as [`SharedStore::objects`] lists them) back.
+    ///
+    /// # Panics
+    ///
+    /// If a write fails.
+    pub async fn put_objects(&self, objects: &[(object_store::path::Path, bytes::Bytes)]) {
+        let store = self.client();
+        for (path, bytes) in objects {
+            (store.put(path, bytes.clone().into()).await)
+                .unwrap_or_else(|e| panic!("put {path}: {e}"));
+        }
+    }
+
+    /// For a directory store: every file below it is mode `0600` and
+    /// every directory below it `0700` (the shared directory itself is
+    /// the operator's). Returns the files seen; a bucket has no modes
+    /// (`None`).
+    ///
+    /// # Panics
+    ///
+    /// If one is wider, or the tree cannot be read.
+    pub fn assert_private(&self) -> Option<usize> {
+        fn walk(dir: &std::path::Path, files: &mut usize) {
+            use std::os::unix::fs::MetadataExt;
+            let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir:?}: {e}"));
+            for entry in entries {
+                let path = entry.unwrap_or_else(|e| panic!("{dir:?}: {e}")).path();
+                let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                    continue; // removed meanwhile (a check file)
+                };
+                let mode = meta.mode() & 0o7777;
+                if meta.is_dir() {
+                    assert_eq!(mode, 0o700, "{path:?} is {mode:o}");
+                    walk(&path, files);
+                } else {
+                    assert_eq!(mode, 0o600, "{path:?} is {mode:o}");
+                    *files += 1;
+                }
+            }
+        }
+        let dir = self.path()?;
+        let mut files = 0;
+        walk(&dir, &mut files);
+        Some(files)
+    }
+}

@@ -92,7 +92,7 @@ impl RemoteTier {
         geometry
             .validate()
             .map_err(|e| RemoteError::Config(e.to_string()))?;
-        let c = cfg.connect()?;
+        let c = cfg.connect(true)?;
         Ok(Self::with_store(
             c.store,
             &c.display,

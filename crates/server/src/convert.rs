@@ -241,7 +241,10 @@ pub fn match_mode(qt: pb::QueryType, sw_size: i32, n_keys: usize) -> Result<Matc
 /// upstream's own kinds keep their numbers.
 pub fn storage_type(kind: StorageKind) -> pb::StorageType {
     match kind {
-        StorageKind::KvtierNode | StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
+        StorageKind::KvtierNode
+        | StorageKind::FilePool
+        | StorageKind::S3
+        | StorageKind::FileObjects => pb::StorageType::StNfs,
         StorageKind::Mooncake => pb::StorageType::StMooncake,
         StorageKind::TairMemPool => pb::StorageType::StTairmempool,
     }

@@ -1,5 +1,6 @@
-//! What the node-view and cluster-lookup tests share: a metadata service
-//! with a default group, clients of a node's socket, and stored blocks.
+//! What the backend tests share: a metadata service with a default group,
+//! clients of a node's socket, stored blocks, and the check of a part's
+//! path.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -67,4 +68,18 @@ pub fn on_runtime<F: std::future::Future>(f: F) -> F::Output {
         .build()
         .unwrap()
         .block_on(f)
+}
+
+/// Checks that `rel`, a part's path below its storage's base (`shown` in
+/// messages), is exactly three components, none empty, `.` or `..`.
+#[allow(dead_code)] // the tests of node blocks check no part paths
+pub fn assert_part_path(rel: &str, shown: &str) {
+    let parts: Vec<&str> = rel.split('/').collect();
+    assert_eq!(parts.len(), 3, "{shown}");
+    assert!(
+        parts
+            .iter()
+            .all(|p| !p.is_empty() && *p != "." && *p != ".."),
+        "{shown}"
+    );
 }

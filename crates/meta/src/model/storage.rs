@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum StorageKind {
     /// A kvtier node's block store (G2/G3 of a peer), `kvtier://node/...`.
     KvtierNode,
-    /// A shared file pool (NFS, 3FS), `file://...`.
+    /// A shared file pool (NFS, 3FS), `file://...`: blocks are extents
+    /// of the pool's files.
     FilePool,
     /// An S3-compatible object store, `s3://bucket/prefix`.
     S3,
@@ -19,6 +20,11 @@ pub enum StorageKind {
     /// A Tair memory pool (Tair KVCM's `tair_mem_pool` spec). kvtier has no
     /// backend for it: the storage is kept and listed, never written.
     TairMemPool,
+    /// A shared directory (NFS, 3FS mounted at one path on every node),
+    /// `file:///dir`, holding one file per block part at the path the
+    /// write session names, as [`StorageKind::S3`] holds one object: the
+    /// cluster's shared G4 on a file system.
+    FileObjects,
 }
 
 impl StorageKind {
@@ -30,6 +36,7 @@ impl StorageKind {
             StorageKind::S3 => 2,
             StorageKind::Mooncake => 3,
             StorageKind::TairMemPool => 4,
+            StorageKind::FileObjects => 5,
         }
     }
 
@@ -41,6 +48,7 @@ impl StorageKind {
             2 => Some(StorageKind::S3),
             3 => Some(StorageKind::Mooncake),
             4 => Some(StorageKind::TairMemPool),
+            5 => Some(StorageKind::FileObjects),
             _ => None,
         }
     }
@@ -60,6 +68,7 @@ impl StorageKind {
             StorageKind::S3 => "s3",
             StorageKind::Mooncake => "mooncake",
             StorageKind::TairMemPool => "tair_mem_pool",
+            StorageKind::FileObjects => "file_objects",
         }
     }
 }
@@ -165,5 +174,33 @@ impl Storage {
         } else {
             format!("storage {:?} is {refusal}", self.name)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [StorageKind; 6] = [
+        StorageKind::KvtierNode,
+        StorageKind::FilePool,
+        StorageKind::S3,
+        StorageKind::Mooncake,
+        StorageKind::TairMemPool,
+        StorageKind::FileObjects,
+    ];
+
+    /// Tags and names are stable, distinct, and read back; the names are
+    /// the serialized ones.
+    #[test]
+    fn kinds_round_trip_through_tags_and_names() {
+        for (i, k) in ALL.iter().enumerate() {
+            assert_eq!(StorageKind::from_tag(k.tag()), Some(*k));
+            assert_eq!(usize::from(k.tag()), i, "{k:?} keeps its tag");
+            let json = serde_json::to_string(k).unwrap();
+            assert_eq!(json, format!("\"{}\"", k.as_str()));
+        }
+        assert_eq!(StorageKind::from_tag(ALL.len() as u8), None);
+        assert!(StorageKind::FileObjects.has_backend());
     }
 }

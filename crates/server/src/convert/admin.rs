@@ -28,6 +28,19 @@ fn file_uri(path: &str) -> String {
     }
 }
 
+/// The kind of an `nfs` spec's storage: [`storage_to_wire`] writes the
+/// whole URI of an S3 store or a shared directory of block files, and a
+/// file pool's bare path (upstream's own NFS storages).
+fn nfs_kind(root_path: &str) -> StorageKind {
+    if root_path.starts_with("s3://") {
+        StorageKind::S3
+    } else if root_path.starts_with("file://") {
+        StorageKind::FileObjects
+    } else {
+        StorageKind::FilePool
+    }
+}
+
 /// The spec of a kind kvtier has no backend for, checked as upstream
 /// checks it (`data_storage/storage_config.cc`), as the model keeps it.
 fn foreign_spec<T: serde::Serialize>(
@@ -73,7 +86,7 @@ pub fn storage_from_wire(c: &pb::StorageConfig) -> Result<Storage, Fail> {
     let mut spec = None;
     let (kind, uri) = match &c.storage_spec {
         Some(S::Local(_)) => (StorageKind::KvtierNode, format!("{LOCAL_SCHEME}{name}")),
-        Some(S::Nfs(n)) => (StorageKind::FilePool, file_uri(&n.root_path)),
+        Some(S::Nfs(n)) => (nfs_kind(&n.root_path), file_uri(&n.root_path)),
         Some(S::Dummy(d)) => (StorageKind::FilePool, file_uri(&d.root_path)),
         Some(S::Threefs(t)) => (
             StorageKind::FilePool,
@@ -137,7 +150,9 @@ pub fn storage_to_wire(s: &Storage) -> pb::StorageConfig {
             root_path: s.uri.strip_prefix("file://").unwrap_or(&s.uri).to_owned(),
             key_count_per_file: 0,
         }),
-        StorageKind::S3 => S::Nfs(pb::NfsStorageSpec {
+        // The whole URI: a shared directory of block files reads apart
+        // from a file pool's bare path.
+        StorageKind::S3 | StorageKind::FileObjects => S::Nfs(pb::NfsStorageSpec {
             root_path: s.uri.clone(),
             key_count_per_file: 0,
         }),
@@ -167,7 +182,9 @@ fn quota_kind(t: i32) -> Option<StorageKind> {
 
 fn quota_type(k: StorageKind) -> pb::StorageType {
     match k {
-        StorageKind::FilePool | StorageKind::S3 => pb::StorageType::StNfs,
+        StorageKind::FilePool | StorageKind::S3 | StorageKind::FileObjects => {
+            pb::StorageType::StNfs
+        }
         StorageKind::KvtierNode | StorageKind::TairMemPool => pb::StorageType::StTairmempool,
         StorageKind::Mooncake => pb::StorageType::StMooncake,
     }
@@ -437,6 +454,22 @@ mod tests {
                 name: "nfs".into(),
                 kind: StorageKind::FilePool,
                 uri: "file:///mnt/kv".into(),
+                enabled: true,
+                health: StorageHealth::Healthy,
+                spec: None,
+            },
+            Storage {
+                name: "shared".into(),
+                kind: StorageKind::FileObjects,
+                uri: "file:///mnt/shared".into(),
+                enabled: true,
+                health: StorageHealth::Healthy,
+                spec: None,
+            },
+            Storage {
+                name: "bucket".into(),
+                kind: StorageKind::S3,
+                uri: "s3://b/p".into(),
                 enabled: true,
                 health: StorageHealth::Healthy,
                 spec: None,

@@ -134,6 +134,7 @@ fn kind_name(kind: StorageKind) -> &'static str {
         StorageKind::KvtierNode => "kvtier_node",
         StorageKind::Mooncake => "mooncake",
         StorageKind::TairMemPool => "pace",
+        StorageKind::FileObjects => "file_objects",
     }
 }
 

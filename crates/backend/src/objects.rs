@@ -1,31 +1,41 @@
-//! [`S3Backend`]: block parts as objects in an S3-compatible store,
-//! `s3://<bucket>/<prefix>/<instance>/<key hex>-<location hex>/<spec>`, the
-//! instance id and spec name escaped (`kvtier_meta::path_safe`); the object
-//! key is the URI's path as written, `%XX` included.
+//! [`ObjectBackend`]: block parts as objects, one per part, in an
+//! S3-compatible store (`s3://<bucket>/<prefix>/<rel>`,
+//! [`StorageKind::S3`](kvtier_meta::StorageKind::S3)) or as files in a
+//! shared directory (`file:///<dir>/<rel>`,
+//! [`StorageKind::FileObjects`](kvtier_meta::StorageKind::FileObjects),
+//! through kvtier-remote's [`PrivateDir`]: files `0600` in directories
+//! `0700`). `<rel>` is `<instance>/<key hex>-<location hex>/<spec>`, the
+//! instance id and spec name escaped (`kvtier_meta::path_safe`); the
+//! object key is the URI's path below the store's root as written, `%XX`
+//! included.
 //!
 //! An object store allocates on write, so `create` only names objects;
-//! `delete` removes them in bulk requests, `exist` HEADs them, `usage`
+//! `delete` removes them (in bulk requests on S3; a directory's emptied
+//! subdirectories go with its last file), `exist` HEADs them, `usage`
 //! lists the prefix (at most [`S3Options::usage_list_limit`] objects) and
 //! `health` puts, reads back and deletes a probe object. Every call is
 //! bounded by [`S3Options::timeout`] (client timeouts, and an outer
 //! deadline around the whole call) and reported as
-//! [`BackendError::Unavailable`] when it runs out: a dead endpoint never
-//! hangs the metadata service.
+//! [`BackendError::Unavailable`] when it runs out: a dead endpoint, or a
+//! hung NFS mount, never hangs the metadata service.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use kvtier_meta::path_safe::part_path;
 use kvtier_meta::{BackendError, BackendFuture, BackendUsage, CreateRequest, StorageBackend};
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use kvtier_remote::PrivateDir;
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path;
 use object_store::{ClientOptions, ObjectStore, PutPayload, RetryConfig};
 
 use crate::uri::{Uri, bad};
 
-/// Connection settings of an [`S3Backend`].
+/// Connection settings of an [`ObjectBackend`] on S3; its `timeout` and
+/// `usage_list_limit` bound a shared directory's calls too.
 #[derive(Debug, Clone)]
 pub struct S3Options {
     /// Endpoint URL (`http://127.0.0.1:9000`); `None` for AWS itself.
@@ -83,25 +93,27 @@ impl S3Options {
     }
 }
 
-/// A storage in one bucket under one key prefix.
+/// A storage of one object per block part: in one bucket under one key
+/// prefix, or in one directory.
 #[derive(Debug)]
-pub struct S3Backend {
-    bucket: String,
+pub struct ObjectBackend {
+    /// What the store is, for messages: `s3` or `directory`.
+    what: &'static str,
+    /// The URI of the store's root, without a trailing `/`
+    /// (`s3://bucket`, `file:///dir`): a part's URI is this, `/`, and its
+    /// object key.
+    root: String,
     /// Key prefix without leading or trailing `/`; may be empty.
     prefix: String,
-    store: AmazonS3,
+    store: Arc<dyn ObjectStore>,
     timeout: Duration,
     usage_list_limit: usize,
 }
 
-fn unavailable(e: impl std::fmt::Display) -> BackendError {
-    BackendError::Unavailable(format!("s3: {e}"))
-}
-
-impl S3Backend {
+impl ObjectBackend {
     /// Connects (lazily: no request is made here) to the bucket and prefix
     /// of a storage URI `s3://bucket/prefix`.
-    pub fn open(uri: &str, opts: &S3Options) -> Result<Self, BackendError> {
+    pub fn s3(uri: &str, opts: &S3Options) -> Result<Self, BackendError> {
         let u = Uri::parse(uri)?;
         if u.scheme != "s3" {
             return Err(bad(uri, "S3 URIs start with s3://"));
@@ -144,18 +156,39 @@ impl S3Backend {
             _ => b = b.with_skip_signature(true),
         }
         let store = b.build().map_err(|e| bad(uri, e.to_string()))?;
-        Ok(S3Backend {
-            bucket: u.authority.to_owned(),
+        Ok(ObjectBackend {
+            what: "s3",
+            root: format!("s3://{}", u.authority),
             prefix,
-            store,
+            store: Arc::new(store),
             timeout: opts.timeout,
             usage_list_limit: opts.usage_list_limit,
         })
     }
 
-    /// The bucket.
-    pub fn bucket(&self) -> &str {
-        &self.bucket
+    /// The files of a shared directory `file:///dir` (it must exist; its
+    /// calls are bounded by `opts.timeout`, `usage` by
+    /// `opts.usage_list_limit`).
+    pub fn dir(uri: &str, opts: &S3Options) -> Result<Self, BackendError> {
+        let (store, root) = PrivateDir::open(uri).map_err(|e| bad(uri, e.to_string()))?;
+        Ok(ObjectBackend {
+            what: "directory",
+            root,
+            prefix: String::new(),
+            store: Arc::new(store),
+            timeout: opts.timeout,
+            usage_list_limit: opts.usage_list_limit,
+        })
+    }
+
+    /// The URI of the store's root (`s3://bucket`, `file:///dir`).
+    pub fn root(&self) -> &str {
+        &self.root
+    }
+
+    /// `e` as this store's [`BackendError::Unavailable`].
+    fn unavailable(&self, e: impl std::fmt::Display) -> BackendError {
+        BackendError::Unavailable(format!("{}: {e}", self.what))
     }
 
     async fn bounded<T>(
@@ -167,8 +200,8 @@ impl S3Backend {
             .await
             .unwrap_or_else(|_| {
                 Err(BackendError::Unavailable(format!(
-                    "s3 {what}: no answer within {:?}",
-                    self.timeout
+                    "{} {what}: no answer within {:?}",
+                    self.what, self.timeout
                 )))
             })
     }
@@ -181,29 +214,21 @@ impl S3Backend {
         }
     }
 
-    /// The object URI of a part: `s3://<bucket>/<prefix>/<rel>`, `rel`
-    /// from [`part_path`] (instance and spec escaped, so the key has
-    /// exactly three components below the prefix, none `.` or `..`).
+    /// The object URI of a part: `<root>/<prefix>/<rel>`, `rel` from
+    /// [`part_path`] (instance and spec escaped, so the key has exactly
+    /// three components below the prefix, none `.` or `..`).
     fn uri(&self, r: &CreateRequest) -> Result<String, BackendError> {
-        let rel = part_path(&r.instance, r.key, r.location, &r.spec).map_err(|e| {
-            bad(
-                &format!("s3://{}/{}", self.bucket, self.key("")),
-                e.to_string(),
-            )
-        })?;
-        Ok(format!("s3://{}/{}", self.bucket, self.key(&rel)))
+        let rel = part_path(&r.instance, r.key, r.location, &r.spec)
+            .map_err(|e| bad(&format!("{}/{}", self.root, self.key("")), e.to_string()))?;
+        Ok(format!("{}/{}", self.root, self.key(&rel)))
     }
 
     /// The object path of a part URI of this storage.
     fn path(&self, uri: &str) -> Result<Path, BackendError> {
-        let u = Uri::parse(uri)?;
-        if u.scheme != "s3" || u.authority != self.bucket || !u.query.is_empty() {
-            return Err(bad(
-                uri,
-                format!("not an object URI in bucket {}", self.bucket),
-            ));
-        }
-        let key = u.path.strip_prefix('/').unwrap_or(u.path);
+        let key = (uri.strip_prefix(self.root.as_str()))
+            .and_then(|rest| rest.strip_prefix('/'))
+            .filter(|key| !key.contains(['?', '#']))
+            .ok_or_else(|| bad(uri, format!("not an object URI in {}", self.root)))?;
         let under_prefix = self.prefix.is_empty()
             || key
                 .strip_prefix(self.prefix.as_str())
@@ -230,14 +255,16 @@ impl S3Backend {
                         done.insert(p, true);
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "s3 bulk delete item failed"),
+                Err(e) => {
+                    tracing::warn!(store = self.what, error = %e, "a bulk delete item failed")
+                }
             }
         }
         Ok(done)
     }
 }
 
-impl StorageBackend for S3Backend {
+impl StorageBackend for ObjectBackend {
     fn create<'a>(
         &'a self,
         requests: &'a [CreateRequest],
@@ -267,7 +294,7 @@ impl StorageBackend for S3Backend {
                     let p = p?;
                     match &done {
                         Ok(d) if d.get(&p) == Some(&true) => Ok(()),
-                        Ok(_) => Err(unavailable(format!("delete of {p} not confirmed"))),
+                        Ok(_) => Err(self.unavailable(format!("delete of {p} not confirmed"))),
                         Err(e) => Err(BackendError::Unavailable(e.to_string())),
                     }
                 })
@@ -290,7 +317,7 @@ impl StorageBackend for S3Backend {
                         match self.store.head(&p).await {
                             Ok(_) => Ok(true),
                             Err(object_store::Error::NotFound { .. }) => Ok(false),
-                            Err(e) => Err(unavailable(e)),
+                            Err(e) => Err(self.unavailable(e)),
                         }
                     })
                     .buffered(16)
@@ -308,7 +335,7 @@ impl StorageBackend for S3Backend {
                 let mut list = self.store.list(prefix.as_ref()).take(self.usage_list_limit);
                 let mut usage = BackendUsage::default();
                 while let Some(meta) = list.next().await {
-                    let meta = meta.map_err(unavailable)?;
+                    let meta = meta.map_err(|e| self.unavailable(e))?;
                     usage.objects += 1;
                     usage.used_bytes += meta.size;
                 }
@@ -327,18 +354,21 @@ impl StorageBackend for S3Backend {
                 self.store
                     .put(&path, PutPayload::from(data.clone()))
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(|e| self.unavailable(e))?;
                 let back = self
                     .store
                     .get(&path)
                     .await
-                    .map_err(unavailable)?
+                    .map_err(|e| self.unavailable(e))?
                     .bytes()
                     .await
-                    .map_err(unavailable)?;
-                self.store.delete(&path).await.map_err(unavailable)?;
+                    .map_err(|e| self.unavailable(e))?;
+                self.store
+                    .delete(&path)
+                    .await
+                    .map_err(|e| self.unavailable(e))?;
                 if back.as_ref() != data.as_slice() {
-                    return Err(unavailable("probe object read back different bytes"));
+                    return Err(self.unavailable("probe object read back different bytes"));
                 }
                 Ok(())
             })
