@@ -69,7 +69,7 @@ pub use observer::{
     SharedLocation,
 };
 pub use peer::{LocationKey, NodePeer, PeerOptions, SharedKeys};
-pub use peer_load::PeerReader;
+pub use peer_load::{LAYER_GROUPS, PeerReader};
 pub use peer_source::{HeldBlocks, HeldRead, NodeSource};
 pub use sections::{
     ManagerSectionConfig, NodeConfig, PeerSectionConfig, ServeConfig, SharedG4SectionConfig,

@@ -40,8 +40,8 @@ pub struct PeerReader {
 
 /// Layer groups a streamed `Load` reads a run of blocks in by default: the
 /// first group's layers are announced after a quarter of the bytes, and
-/// each request still carries a quarter of the run (docs/peer-protocol.md
-/// §11 gives the figures this was chosen by).
+/// each request still carries a quarter of the run (docs/benchmarks.md,
+/// `kvtier bench peer --load`, gives the figures this was chosen by).
 pub const LAYER_GROUPS: u32 = 4;
 
 impl PeerReader {
