@@ -108,9 +108,7 @@ pub(crate) async fn fetch(
     reader: &PeerReader,
     wanted: &[Located],
 ) -> Fetched {
-    let deadline = tokio::time::Instant::now() + reader.timeout;
-    let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
-    let mut slots = reserve_prefix(manager, &keys, "peers").await;
+    let (deadline, mut slots) = reserve_located(manager, reader, wanted).await;
     let window = Window::all(manager.geometry().block_bytes() as usize);
     let (peer_sums, missing) = read_slots(
         reader,
@@ -178,9 +176,7 @@ impl PeerStream {
         reader: &PeerReader,
         wanted: &[Located],
     ) -> Self {
-        let deadline = tokio::time::Instant::now() + reader.timeout;
-        let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
-        let slots = reserve_prefix(manager, &keys, "peers").await;
+        let (deadline, slots) = reserve_located(manager, reader, wanted).await;
         let g = manager.geometry();
         let layers = g.layers;
         let groups = reader.layer_groups().clamp(1, layers.max(1));
@@ -332,6 +328,18 @@ impl PeerStream {
         let missing = self.missing;
         (Fetched { missing, ..fetched }, failed)
     }
+}
+
+/// The deadline of a read of `wanted` from peers starting now, and the G2
+/// slots reserved for its leading blocks ([`reserve_prefix`]).
+async fn reserve_located(
+    manager: &BlockManager,
+    reader: &PeerReader,
+    wanted: &[Located],
+) -> (tokio::time::Instant, Vec<HostReservation>) {
+    let deadline = tokio::time::Instant::now() + reader.timeout;
+    let keys: Vec<BlockHash> = wanted.iter().map(|(k, _)| *k).collect();
+    (deadline, reserve_prefix(manager, &keys, "peers").await)
 }
 
 /// G2 slots for the leading `keys` the manager reserves: a key already
