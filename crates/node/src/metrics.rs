@@ -452,16 +452,16 @@ fn reader_families(t: &mut Text, peers: &[(kvtier_peer::PeerAddr, kvtier_peer::P
         (
             "found",
             "counter",
-            "Blocks a peer returned verified.",
+            "Block frames (a block, or a group of its layers when a Load streams) a peer returned verified.",
             |s| s.found,
         ),
-        ("missing", "counter", "Blocks a peer did not hold.", |s| {
+        ("missing", "counter", "Block frames a peer answered it does not hold.", |s| {
             s.missing
         }),
         (
             "corrupt",
             "counter",
-            "Blocks from a peer that failed verification.",
+            "Block frames from a peer that failed verification.",
             |s| s.corrupt,
         ),
         (
