@@ -328,12 +328,20 @@ pub(crate) enum WriteFailure {
 pub(crate) struct Writer {
     wr: OwnedWriteHalf,
     timeout: Duration,
+    /// The frames of the replies being written, kept between requests:
+    /// a reply is encoded without allocating (or growing) a buffer each
+    /// time. Shrinks back to [`READ_CHUNK`] after a larger reply.
+    out: Vec<u8>,
 }
 
 impl Writer {
     /// A writer whose writes may each take `timeout`.
     pub(crate) fn new(wr: OwnedWriteHalf, timeout: Duration) -> Self {
-        Self { wr, timeout }
+        Self {
+            wr,
+            timeout,
+            out: Vec::new(),
+        }
     }
 
     /// Writes `replies` as one buffer.
@@ -341,28 +349,37 @@ impl Writer {
         if replies.is_empty() {
             return Ok(());
         }
-        let out = encode_replies(replies);
-        match timeout(self.timeout, self.wr.write_all(&out)).await {
+        self.out.clear();
+        encode_replies(replies, &mut self.out);
+        let sent = match timeout(self.timeout, self.wr.write_all(&self.out)).await {
             Ok(written) => written.map_err(WriteFailure::Io),
             Err(_) => Err(WriteFailure::TimedOut),
+        };
+        if self.out.capacity() > READ_CHUNK {
+            self.out = Vec::new();
         }
+        sent
+    }
+
+    /// Bytes the reply buffer holds on to.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.out.capacity()
     }
 }
 
-/// `replies` as consecutive frames.
-fn encode_replies(replies: &[Message]) -> Vec<u8> {
-    let mut out = Vec::new();
+/// `replies` as consecutive frames, appended to `out`.
+fn encode_replies(replies: &[Message], out: &mut Vec<u8>) {
     for r in replies {
-        if let Err(e) = r.encode(&mut out) {
+        if let Err(e) = r.encode(out) {
             // Only a reply over MAX_FRAME can fail; requests are bounded by
             // manager.max_batch, so this is a daemon bug: say so.
             tracing::error!(error = %e, reply = r.name(), "a reply did not encode");
             error(0, ErrorCode::INTERNAL, e.to_string())
-                .encode(&mut out)
+                .encode(out)
                 .ok();
         }
     }
-    out
 }
 
 /// An `Error` reply.
@@ -473,5 +490,62 @@ mod tests {
             matches!(got, Err(ReadFailure::Timeout(Wait::Frame))),
             "{got:?}"
         );
+    }
+
+    fn reply(i: usize, len: usize) -> Message {
+        if len == 0 {
+            return Message::Ack(kvtier_protocol::Ack {
+                request_id: i as u64,
+            });
+        }
+        error(i as u64, ErrorCode::BAD_REQUEST, "x".repeat(len))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// The writer's buffer kept between sends writes exactly the
+        /// frames a fresh buffer would, whatever the sizes before, and
+        /// holds at most [`READ_CHUNK`] between sends.
+        #[test]
+        fn a_reused_reply_buffer_writes_the_same_frames(
+            batches in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::prop_oneof![0usize..64, 0usize..3 * READ_CHUNK],
+                    0..4,
+                ),
+                1..8,
+            )
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async {
+                let (a, mut b) = tokio::net::UnixStream::pair().expect("a socket pair");
+                let (_rd, wr) = a.into_split();
+                let mut writer = Writer::new(wr, Duration::from_secs(5));
+                for (n, lens) in batches.iter().enumerate() {
+                    let replies: Vec<Message> =
+                        lens.iter().map(|&len| reply(n, len)).collect();
+                    let mut expected = Vec::new();
+                    for r in &replies {
+                        expected.extend(r.to_frame().expect("a frame"));
+                    }
+                    let reader = tokio::spawn(async move {
+                        let mut got = vec![0u8; expected.len()];
+                        tokio::io::AsyncReadExt::read_exact(&mut b, &mut got)
+                            .await
+                            .expect("the frames");
+                        (b, got == expected)
+                    });
+                    writer.send(&replies).await.expect("sent");
+                    let (back, same) = reader.await.expect("the reader");
+                    b = back;
+                    proptest::prop_assert!(same, "batch {} differs", n);
+                    proptest::prop_assert!(writer.capacity() <= READ_CHUNK);
+                }
+                Ok(())
+            })?;
+        }
     }
 }

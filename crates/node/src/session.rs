@@ -3,8 +3,9 @@
 //! session holds is dropped with it, so a client that disconnects or dies
 //! leaves nothing reserved, pinned or half-visible.
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+
+use hashbrown::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -503,8 +504,13 @@ struct Session {
     located: HashMap<BlockHash, Leased<ClusterBlock>>,
     /// The nodes this session brought blocks from (each logged once).
     peers_named: HashSet<String>,
-    reservations: HashMap<BlockHash, Leased<HostReservation>>,
-    pins: HashMap<BlockHash, Pins>,
+    /// The session's reservations and pins, by stored key. Hashed with
+    /// hashbrown's seeded foldhash rather than SipHash, as [`KeyCache`]
+    /// is: every key of a `Reserve`, `Commit`, `Load` and `Release` is
+    /// hashed here, and stored keys are keyed BLAKE3, which a client
+    /// cannot pick to collide.
+    reservations: hashbrown::HashMap<BlockHash, Leased<HostReservation>>,
+    pins: hashbrown::HashMap<BlockHash, Pins>,
     /// Pins held, every key's together (the pin cap's count).
     pinned: usize,
     /// When leases are next looked at between requests.
@@ -526,8 +532,8 @@ impl Session {
             shared_tier: None,
             located: HashMap::new(),
             peers_named: HashSet::new(),
-            reservations: HashMap::new(),
-            pins: HashMap::new(),
+            reservations: hashbrown::HashMap::new(),
+            pins: hashbrown::HashMap::new(),
             pinned: 0,
             next_sweep: Instant::now(),
             ending: None,
@@ -1099,13 +1105,11 @@ impl Session {
         let granted = self.node.manager().reserve_host(&keys).await?;
         let until = Instant::now() + self.node.options().lease;
         let memory = self.node.memory().clone();
-        let c = &self.node.counters;
         let mut results = Vec::with_capacity(granted.len());
         self.reservations.reserve(granted.len());
         for (key, g) in keys.into_iter().zip(granted) {
             results.push(match g {
                 HostReserve::Reserved(value) => {
-                    Counters::add(&c.reserved, 1);
                     let slot = Slot {
                         offset: memory.slot_offset(value.arena_slot()),
                         len: memory.block_bytes() as u64,
@@ -1113,24 +1117,35 @@ impl Session {
                     self.reservations.insert(key, Leased { value, until });
                     ReserveResult::Slot(slot)
                 }
-                HostReserve::AlreadyStored => {
-                    Counters::add(&c.reserve_already_stored, 1);
-                    ReserveResult::AlreadyStored
-                }
-                HostReserve::InFlight => {
-                    Counters::add(&c.reserve_in_flight, 1);
-                    ReserveResult::InFlightElsewhere
-                }
-                HostReserve::NoSpace => {
-                    Counters::add(&c.reserve_no_space, 1);
-                    ReserveResult::NoSpace
-                }
+                HostReserve::AlreadyStored => ReserveResult::AlreadyStored,
+                HostReserve::InFlight => ReserveResult::InFlightElsewhere,
+                HostReserve::NoSpace => ReserveResult::NoSpace,
             });
         }
+        self.count_reserved(&results);
         Ok(vec![Message::ReserveOk(ReserveOk {
             request_id: id,
             results,
         })])
+    }
+
+    /// Adds a `Reserve`'s answers to the node's counters, one add per
+    /// counter and request: the counters are cache lines every session's
+    /// thread writes.
+    fn count_reserved(&self, results: &[ReserveResult]) {
+        let n = reserve_tally(results);
+        let c = &self.node.counters;
+        let counters = [
+            &c.reserved,
+            &c.reserve_already_stored,
+            &c.reserve_in_flight,
+            &c.reserve_no_space,
+        ];
+        for (counter, n) in counters.into_iter().zip(n) {
+            if n > 0 {
+                Counters::add(counter, n);
+            }
+        }
     }
 
     async fn commit(&mut self, c: Commit, keys: KeyMap) -> Vec<Message> {
@@ -1193,7 +1208,7 @@ impl Session {
     async fn abort(&mut self, id: u64, keys: Vec<BlockHash>) -> Result<Vec<Message>, ManagerError> {
         let dropped = keys
             .iter()
-            .filter(|k| self.reservations.remove(k).is_some())
+            .filter(|k| self.reservations.remove(*k).is_some())
             .count();
         Counters::add(&self.counters().aborted, dropped as u64);
         Ok(vec![ack(id)])
@@ -1550,6 +1565,21 @@ impl Session {
 
 /// Layer `layer`'s checksum in `sums` (`pin` keeps only blocks with every
 /// layer's).
+/// How many of a `Reserve`'s answers are slots, already stored, in flight
+/// elsewhere and without room, in that order (the wire's tag order).
+fn reserve_tally(results: &[ReserveResult]) -> [u64; 4] {
+    let mut n = [0u64; 4];
+    for r in results {
+        n[match r {
+            ReserveResult::Slot(_) => 0,
+            ReserveResult::AlreadyStored => 1,
+            ReserveResult::InFlightElsewhere => 2,
+            ReserveResult::NoSpace => 3,
+        }] += 1;
+    }
+    n
+}
+
 fn last_sum(sums: &BlockSums, layer: u32) -> u64 {
     sums.layers.get(layer as usize).copied().unwrap_or(0)
 }
@@ -1633,6 +1663,41 @@ mod pins_tests {
                 prop_assert_eq!(ids(&pins), want);
                 prop_assert_eq!(pins.as_ref().map_or(0, Pins::len), model.len());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tally_tests {
+    use super::reserve_tally;
+    use kvtier_protocol::{ReserveResult, Slot};
+    use proptest::prelude::*;
+
+    fn result() -> impl Strategy<Value = ReserveResult> {
+        prop_oneof![
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(offset, len)| ReserveResult::Slot(Slot { offset, len })),
+            Just(ReserveResult::AlreadyStored),
+            Just(ReserveResult::InFlightElsewhere),
+            Just(ReserveResult::NoSpace),
+        ]
+    }
+
+    proptest! {
+        /// The per-request tally counts each answer once, under its kind:
+        /// what the per-key adds it replaced summed to.
+        #[test]
+        fn the_tally_counts_each_answer_under_its_kind(
+            results in proptest::collection::vec(result(), 0..200)
+        ) {
+            let count = |f: fn(&ReserveResult) -> bool| results.iter().filter(|r| f(r)).count() as u64;
+            let expected = [
+                count(|r| matches!(r, ReserveResult::Slot(_))),
+                count(|r| matches!(r, ReserveResult::AlreadyStored)),
+                count(|r| matches!(r, ReserveResult::InFlightElsewhere)),
+                count(|r| matches!(r, ReserveResult::NoSpace)),
+            ];
+            prop_assert_eq!(reserve_tally(&results), expected);
         }
     }
 }
