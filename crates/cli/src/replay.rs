@@ -30,8 +30,8 @@ pub struct ReplayArgs {
     /// the first line.
     #[arg(long)]
     format: Option<String>,
-    /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo,
-    /// random-lru, leaf-lru, ttl, belady.
+    /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo, slru,
+    /// cost-aware, random-lru, ttl, belady.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     policy: Vec<String>,
     /// Single-tier capacities, comma-separated: blocks (`4000`) or bytes

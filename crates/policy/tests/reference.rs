@@ -66,6 +66,11 @@ enum Reference {
         uses: HashMap<u64, u64>,
     },
     Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
+    Slru {
+        protected_cap: usize,
+        probation: Order,
+        protected: Order,
+    },
 }
 
 impl Reference {
@@ -91,6 +96,11 @@ impl Reference {
                 uses: HashMap::new(),
             },
             PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
+            PolicyKind::Slru => Reference::Slru {
+                protected_cap: (cap * kvtier_policy::PROTECTED_SHARE / 100).max(1),
+                probation: Order::default(),
+                protected: Order::default(),
+            },
             _ => unreachable!("node policies only"),
         }
     }
@@ -102,6 +112,11 @@ impl Reference {
             Reference::Lfu(m, _) => m.contains_key(&k),
             Reference::Arc { t1, t2, .. } => t1.has(k) || t2.has(k),
             Reference::S3 { small, main, .. } => small.has(k) || main.has(k),
+            Reference::Slru {
+                probation,
+                protected,
+                ..
+            } => probation.has(k) || protected.has(k),
         }
     }
 
@@ -156,6 +171,7 @@ impl Reference {
                 *seq += 1;
                 m.insert(k, (1, now, depth, *seq));
             }
+            Reference::Slru { probation, .. } => probation.push(k),
         }
     }
 
@@ -200,6 +216,19 @@ impl Reference {
                     e.3 = *seq;
                 }
             }
+            Reference::Slru {
+                protected_cap,
+                probation,
+                protected,
+            } => {
+                if probation.remove(k) || protected.has(k) {
+                    protected.push(k);
+                    while protected.0.len() > *protected_cap {
+                        let old = protected.0.remove(0);
+                        probation.push(old);
+                    }
+                }
+            }
         }
     }
 
@@ -224,6 +253,14 @@ impl Reference {
                 small.remove(k);
                 main.remove(k);
                 uses.remove(&k);
+            }
+            Reference::Slru {
+                probation,
+                protected,
+                ..
+            } => {
+                probation.remove(k);
+                protected.remove(k);
             }
         }
     }
@@ -305,6 +342,13 @@ impl Reference {
                 }
                 None
             }
+            Reference::Slru {
+                probation,
+                protected,
+                ..
+            } => probation
+                .take_where(ok)
+                .or_else(|| protected.take_where(ok)),
         }
     }
 

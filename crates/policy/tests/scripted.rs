@@ -3,8 +3,8 @@
 
 use kvtier_core::BlockHash;
 use kvtier_policy::{
-    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Ttl,
-    Use, Verdict,
+    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Slru,
+    Ttl, Use, Verdict,
 };
 
 fn h(i: u128) -> BlockHash {
@@ -34,6 +34,24 @@ fn lru_evicts_least_recent() {
     }
     p.access(h(1), &at(1));
     assert_eq!(drain(&mut p, 2), [2, 3, 1]);
+}
+
+#[test]
+fn slru_keeps_reused_keys_and_demotes_the_protected_overflow() {
+    // A tier of 10: the protected segment holds 3 (30%).
+    let mut p = Slru::<BlockHash>::new(10);
+    for i in 1..=6 {
+        p.insert(h(i), &at(0));
+    }
+    // 1, 2, 3 and 4 are reused; 4 overfills protected, and 1, its least
+    // recent key, drops back to the newest end of probation.
+    for i in 1..=4 {
+        p.access(h(i), &at(1));
+    }
+    assert!(!p.is_protected(h(1)));
+    assert!(p.is_protected(h(4)));
+    // Probation (5, 6, 1) goes first, then protected (2, 3, 4).
+    assert_eq!(drain(&mut p, 2), [5, 6, 1, 2, 3, 4]);
 }
 
 #[test]
