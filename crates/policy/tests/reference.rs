@@ -67,10 +67,96 @@ enum Reference {
     },
     Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
     Slru {
+        cap: usize,
         protected_cap: usize,
         probation: Order,
         protected: Order,
+        minis: Vec<Mini>,
+        seen: usize,
     },
+}
+
+/// SLRU's miniature of one share: the same segments over every key (the
+/// reference's tiers are far below `2 × MINI_KEYS`, where all keys are
+/// sampled), counting misses.
+#[derive(Debug)]
+struct Mini {
+    cap: usize,
+    protected_cap: usize,
+    probation: Order,
+    protected: Order,
+    misses: f64,
+}
+
+impl Mini {
+    fn use_key(&mut self, k: u64) {
+        if self.probation.has(k) || self.protected.has(k) {
+            slru_promote(
+                &mut self.probation,
+                &mut self.protected,
+                self.protected_cap,
+                k,
+            );
+            return;
+        }
+        self.misses += 1.0;
+        self.probation.push(k);
+        if self.probation.0.len() + self.protected.0.len() > self.cap {
+            if self.probation.0.is_empty() {
+                self.protected.0.remove(0);
+            } else {
+                self.probation.0.remove(0);
+            }
+        }
+    }
+}
+
+/// SLRU's promotion: `k` to protected's newest end, then protected's
+/// oldest back to probation's newest end while it holds more than `cap`.
+fn slru_promote(probation: &mut Order, protected: &mut Order, cap: usize, k: u64) {
+    probation.remove(k);
+    protected.push(k);
+    while protected.0.len() > cap {
+        let old = protected.0.remove(0);
+        probation.push(old);
+    }
+}
+
+/// A use SLRU's tuner sees: every miniature takes it; at the end of a
+/// window (as many uses as a miniature holds) the share of the one with
+/// the fewest misses (the first on ties) becomes the tier's bound, and the
+/// misses decay.
+fn slru_observe(
+    cap: usize,
+    protected_cap: &mut usize,
+    probation: &mut Order,
+    protected: &mut Order,
+    minis: &mut [Mini],
+    seen: &mut usize,
+    k: u64,
+) {
+    for m in minis.iter_mut() {
+        m.use_key(k);
+    }
+    *seen += 1;
+    if *seen < cap {
+        return;
+    }
+    *seen = 0;
+    let mut best = 0;
+    for (i, m) in minis.iter().enumerate() {
+        if m.misses < minis[best].misses {
+            best = i;
+        }
+    }
+    for m in minis.iter_mut() {
+        m.misses *= kvtier_policy::DECAY;
+    }
+    *protected_cap = cap * kvtier_policy::SHARES[best] / 100;
+    while protected.0.len() > *protected_cap {
+        let old = protected.0.remove(0);
+        probation.push(old);
+    }
 }
 
 impl Reference {
@@ -96,11 +182,29 @@ impl Reference {
                 uses: HashMap::new(),
             },
             PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
-            PolicyKind::Slru => Reference::Slru {
-                protected_cap: (cap * kvtier_policy::PROTECTED_SHARE / 100).max(1),
-                probation: Order::default(),
-                protected: Order::default(),
-            },
+            PolicyKind::Slru => {
+                assert!(
+                    cap < 2 * kvtier_policy::MINI_KEYS,
+                    "the reference samples every key"
+                );
+                Reference::Slru {
+                    cap,
+                    protected_cap: cap * kvtier_policy::START_SHARE / 100,
+                    probation: Order::default(),
+                    protected: Order::default(),
+                    minis: kvtier_policy::SHARES
+                        .iter()
+                        .map(|&share| Mini {
+                            cap,
+                            protected_cap: cap * share / 100,
+                            probation: Order::default(),
+                            protected: Order::default(),
+                            misses: 0.0,
+                        })
+                        .collect(),
+                    seen: 0,
+                }
+            }
             _ => unreachable!("node policies only"),
         }
     }
@@ -171,7 +275,17 @@ impl Reference {
                 *seq += 1;
                 m.insert(k, (1, now, depth, *seq));
             }
-            Reference::Slru { probation, .. } => probation.push(k),
+            Reference::Slru {
+                cap,
+                protected_cap,
+                probation,
+                protected,
+                minis,
+                seen,
+            } => {
+                probation.push(k);
+                slru_observe(*cap, protected_cap, probation, protected, minis, seen, k);
+            }
         }
     }
 
@@ -217,16 +331,16 @@ impl Reference {
                 }
             }
             Reference::Slru {
+                cap,
                 protected_cap,
                 probation,
                 protected,
+                minis,
+                seen,
             } => {
-                if probation.remove(k) || protected.has(k) {
-                    protected.push(k);
-                    while protected.0.len() > *protected_cap {
-                        let old = protected.0.remove(0);
-                        probation.push(old);
-                    }
+                if probation.has(k) || protected.has(k) {
+                    slru_promote(probation, protected, *protected_cap, k);
+                    slru_observe(*cap, protected_cap, probation, protected, minis, seen, k);
                 }
             }
         }
