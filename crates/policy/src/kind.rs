@@ -26,7 +26,8 @@ pub enum PolicyKind {
     /// Lowest expected reuse times the cost of getting the block back.
     CostAware,
     /// Segmented LRU: probation for blocks used once, a protected segment
-    /// of at most 30% of the tier for reused ones.
+    /// for reused ones whose share of the tier (0, 15 or 30%) miniature
+    /// simulations pick online.
     Slru,
     /// Optimizer only: sample 5 random keys, evict the least recent.
     RandomLru,

@@ -12,8 +12,9 @@
 //! ([`LeafFirst`]), not a policy of its own.
 //!
 //! Policies, one module each: [`Lru`], [`Lfu`], [`Arc`], [`S3Fifo`],
-//! [`Ttl`], [`CostAware`] and [`Slru`] (the one that beats LRU on the
-//! Mooncake traces at every capacity, see its module). All but cost-aware cost O(1) per operation
+//! [`Ttl`], [`CostAware`] and [`Slru`] (segmented LRU whose protected
+//! share miniature simulations tune online, see its module and
+//! docs/optimizer.md). All but cost-aware cost O(1) per operation
 //! (one `key -> slot` lookup and a few stores); a victim scan walks from
 //! the policy's first choice and stops at the first key the predicate
 //! accepts. [`PolicyKind`] also names the optimizer-only policies
