@@ -66,14 +66,7 @@ enum Reference {
         uses: HashMap<u64, u64>,
     },
     Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
-    Slru {
-        cap: usize,
-        protected_cap: usize,
-        probation: Order,
-        protected: Order,
-        minis: Vec<Mini>,
-        seen: usize,
-    },
+    Slru(Slru),
 }
 
 /// SLRU's miniature of one share: the same segments over every key (the
@@ -122,40 +115,90 @@ fn slru_promote(probation: &mut Order, protected: &mut Order, cap: usize, k: u64
     }
 }
 
-/// A use SLRU's tuner sees: every miniature takes it; at the end of a
-/// window (as many uses as a miniature holds) the share of the one with
-/// the fewest misses (the first on ties) becomes the tier's bound, and the
-/// misses decay.
-fn slru_observe(
+/// SLRU: the two segments of the tier and the three miniatures.
+#[derive(Debug)]
+struct Slru {
     cap: usize,
-    protected_cap: &mut usize,
-    probation: &mut Order,
-    protected: &mut Order,
-    minis: &mut [Mini],
-    seen: &mut usize,
-    k: u64,
-) {
-    for m in minis.iter_mut() {
-        m.use_key(k);
-    }
-    *seen += 1;
-    if *seen < cap {
-        return;
-    }
-    *seen = 0;
-    let mut best = 0;
-    for (i, m) in minis.iter().enumerate() {
-        if m.misses < minis[best].misses {
-            best = i;
+    protected_cap: usize,
+    probation: Order,
+    protected: Order,
+    minis: Vec<Mini>,
+    seen: usize,
+}
+
+impl Slru {
+    fn new(cap: usize) -> Self {
+        assert!(
+            cap < 2 * kvtier_policy::MINI_KEYS,
+            "the reference samples every key"
+        );
+        Slru {
+            cap,
+            protected_cap: cap * kvtier_policy::START_SHARE / 100,
+            probation: Order::default(),
+            protected: Order::default(),
+            minis: kvtier_policy::SHARES
+                .iter()
+                .map(|&share| Mini {
+                    cap,
+                    protected_cap: cap * share / 100,
+                    probation: Order::default(),
+                    protected: Order::default(),
+                    misses: 0.0,
+                })
+                .collect(),
+            seen: 0,
         }
     }
-    for m in minis.iter_mut() {
-        m.misses *= kvtier_policy::DECAY;
+
+    fn has(&self, k: u64) -> bool {
+        self.probation.has(k) || self.protected.has(k)
     }
-    *protected_cap = cap * kvtier_policy::SHARES[best] / 100;
-    while protected.0.len() > *protected_cap {
-        let old = protected.0.remove(0);
-        probation.push(old);
+
+    fn insert(&mut self, k: u64) {
+        self.probation.push(k);
+        self.observe(k);
+    }
+
+    fn access(&mut self, k: u64) {
+        if self.has(k) {
+            slru_promote(
+                &mut self.probation,
+                &mut self.protected,
+                self.protected_cap,
+                k,
+            );
+            self.observe(k);
+        }
+    }
+
+    /// A use the tuner sees: every miniature takes it; at the end of a
+    /// window (as many uses as a miniature holds) the share of the one
+    /// with the fewest misses (the first on ties) becomes the tier's
+    /// bound, and the misses decay.
+    fn observe(&mut self, k: u64) {
+        for m in &mut self.minis {
+            m.use_key(k);
+        }
+        self.seen += 1;
+        if self.seen < self.cap {
+            return;
+        }
+        self.seen = 0;
+        let mut best = 0;
+        for (i, m) in self.minis.iter().enumerate() {
+            if m.misses < self.minis[best].misses {
+                best = i;
+            }
+        }
+        for m in &mut self.minis {
+            m.misses *= kvtier_policy::DECAY;
+        }
+        self.protected_cap = self.cap * kvtier_policy::SHARES[best] / 100;
+        while self.protected.0.len() > self.protected_cap {
+            let old = self.protected.0.remove(0);
+            self.probation.push(old);
+        }
     }
 }
 
@@ -182,29 +225,7 @@ impl Reference {
                 uses: HashMap::new(),
             },
             PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
-            PolicyKind::Slru => {
-                assert!(
-                    cap < 2 * kvtier_policy::MINI_KEYS,
-                    "the reference samples every key"
-                );
-                Reference::Slru {
-                    cap,
-                    protected_cap: cap * kvtier_policy::START_SHARE / 100,
-                    probation: Order::default(),
-                    protected: Order::default(),
-                    minis: kvtier_policy::SHARES
-                        .iter()
-                        .map(|&share| Mini {
-                            cap,
-                            protected_cap: cap * share / 100,
-                            probation: Order::default(),
-                            protected: Order::default(),
-                            misses: 0.0,
-                        })
-                        .collect(),
-                    seen: 0,
-                }
-            }
+            PolicyKind::Slru => Reference::Slru(Slru::new(cap)),
             _ => unreachable!("node policies only"),
         }
     }
@@ -216,11 +237,7 @@ impl Reference {
             Reference::Lfu(m, _) => m.contains_key(&k),
             Reference::Arc { t1, t2, .. } => t1.has(k) || t2.has(k),
             Reference::S3 { small, main, .. } => small.has(k) || main.has(k),
-            Reference::Slru {
-                probation,
-                protected,
-                ..
-            } => probation.has(k) || protected.has(k),
+            Reference::Slru(m) => m.has(k),
         }
     }
 
@@ -275,17 +292,7 @@ impl Reference {
                 *seq += 1;
                 m.insert(k, (1, now, depth, *seq));
             }
-            Reference::Slru {
-                cap,
-                protected_cap,
-                probation,
-                protected,
-                minis,
-                seen,
-            } => {
-                probation.push(k);
-                slru_observe(*cap, protected_cap, probation, protected, minis, seen, k);
-            }
+            Reference::Slru(m) => m.insert(k),
         }
     }
 
@@ -330,19 +337,7 @@ impl Reference {
                     e.3 = *seq;
                 }
             }
-            Reference::Slru {
-                cap,
-                protected_cap,
-                probation,
-                protected,
-                minis,
-                seen,
-            } => {
-                if probation.has(k) || protected.has(k) {
-                    slru_promote(probation, protected, *protected_cap, k);
-                    slru_observe(*cap, protected_cap, probation, protected, minis, seen, k);
-                }
-            }
+            Reference::Slru(m) => m.access(k),
         }
     }
 
@@ -368,13 +363,9 @@ impl Reference {
                 main.remove(k);
                 uses.remove(&k);
             }
-            Reference::Slru {
-                probation,
-                protected,
-                ..
-            } => {
-                probation.remove(k);
-                protected.remove(k);
+            Reference::Slru(m) => {
+                m.probation.remove(k);
+                m.protected.remove(k);
             }
         }
     }
@@ -456,13 +447,10 @@ impl Reference {
                 }
                 None
             }
-            Reference::Slru {
-                probation,
-                protected,
-                ..
-            } => probation
+            Reference::Slru(m) => m
+                .probation
                 .take_where(ok)
-                .or_else(|| protected.take_where(ok)),
+                .or_else(|| m.protected.take_where(ok)),
         }
     }
 
