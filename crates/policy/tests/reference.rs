@@ -185,16 +185,17 @@ impl Slru {
             return;
         }
         self.seen = 0;
-        let mut best = 0;
-        for (i, m) in self.minis.iter().enumerate() {
-            if m.misses < self.minis[best].misses {
-                best = i;
-            }
-        }
-        for m in &mut self.minis {
-            m.misses *= kvtier_policy::DECAY;
-        }
-        self.protected_cap = self.cap * kvtier_policy::SHARES[best] / 100;
+        // min_by keeps the first of equal minima: ties go to the smaller share.
+        let best = self
+            .minis
+            .iter()
+            .zip(kvtier_policy::SHARES)
+            .min_by(|a, b| a.0.misses.total_cmp(&b.0.misses))
+            .map_or(0, |(_, share)| share);
+        self.minis
+            .iter_mut()
+            .for_each(|m| m.misses *= kvtier_policy::DECAY);
+        self.protected_cap = self.cap * best / 100;
         while self.protected.0.len() > self.protected_cap {
             let old = self.protected.0.remove(0);
             self.probation.push(old);
