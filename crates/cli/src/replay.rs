@@ -30,16 +30,18 @@ pub struct ReplayArgs {
     /// the first line.
     #[arg(long)]
     format: Option<String>,
-    /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo,
-    /// random-lru, leaf-lru, ttl, belady.
+    /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo, slru,
+    /// cost-aware, random-lru, ttl, belady.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     policy: Vec<String>,
     /// Single-tier capacities, comma-separated: blocks (`4000`) or bytes
     /// with a unit (`64GiB`, converted with the model's KV bytes per token
-    /// and the trace's tokens per block); each is one configuration of a
-    /// tier named by --capacity-tier.
+    /// and the trace's tokens per block), or a sweep `FROM..TO` that
+    /// doubles from FROM while it stays within TO (`1000..32000` is 1000,
+    /// 2000, ..., 32000; `1000..32000x4` multiplies by 4 instead); each
+    /// capacity is one configuration of a tier named by --capacity-tier.
     #[arg(long, value_delimiter = ',')]
-    capacity: Vec<Size>,
+    capacity: Vec<Capacities>,
     /// Name of the tier --capacity sizes: G1 (HBM, loads nothing), G2
     /// (DRAM), G3 (NVMe), G4 (remote).
     #[arg(long, default_value = "G2")]
@@ -126,6 +128,66 @@ impl std::str::FromStr for Size {
                 .map(|b| Size::Bytes(b.bytes()))
         }
     }
+}
+
+/// Largest number of capacities one `FROM..TO` sweep may expand to.
+const MAX_SWEEP: usize = 32;
+
+/// One item of `--capacity`: a size, or a geometric sweep of sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Capacities(Vec<Size>);
+
+impl std::str::FromStr for Capacities {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let Some((from, rest)) = s.split_once("..") else {
+            return s
+                .parse()
+                .map(|one| Capacities(vec![one]))
+                .map_err(|e| format!("{e}"));
+        };
+        let (to, factor) = match rest.split_once(['x', 'X']) {
+            Some((to, f)) => (
+                to,
+                f.trim()
+                    .parse::<u64>()
+                    .map_err(|e| format!("factor {f:?}: {e}"))?,
+            ),
+            None => (rest, 2),
+        };
+        let (from, to): (Size, Size) = (
+            from.parse().map_err(|e| format!("{e}"))?,
+            to.parse().map_err(|e| format!("{e}"))?,
+        );
+        sweep(from, to, factor).map(Capacities)
+    }
+}
+
+/// `from`, `from * factor`, ... while within `to` (same unit, blocks or
+/// bytes).
+fn sweep(from: Size, to: Size, factor: u64) -> Result<Vec<Size>, String> {
+    let (lo, hi, unit): (u64, u64, fn(u64) -> Size) = match (from, to) {
+        (Size::Blocks(a), Size::Blocks(b)) => (a, b, Size::Blocks),
+        (Size::Bytes(a), Size::Bytes(b)) => (a, b, Size::Bytes),
+        _ => return Err("a sweep's ends must both be blocks or both be bytes".into()),
+    };
+    if lo == 0 || lo > hi || factor < 2 {
+        return Err(format!(
+            "sweep {lo}..{hi}x{factor}: need 0 < FROM <= TO and a factor of at least 2"
+        ));
+    }
+    let mut out = Vec::new();
+    let mut c = Some(lo);
+    while let Some(v) = c.filter(|v| *v <= hi) {
+        if out.len() == MAX_SWEEP {
+            return Err(format!(
+                "sweep {lo}..{hi}x{factor}: more than {MAX_SWEEP} capacities"
+            ));
+        }
+        out.push(unit(v));
+        c = v.checked_mul(factor);
+    }
+    Ok(out)
 }
 
 impl Size {
@@ -279,7 +341,11 @@ impl Plan {
         Ok(Plan {
             format,
             policies,
-            capacities: a.capacity.clone(),
+            capacities: a
+                .capacity
+                .iter()
+                .flat_map(|c| c.0.iter().copied())
+                .collect(),
             capacity_tier: a.capacity_tier.clone(),
             layouts,
             ttl_ms: a.ttl_ms,
@@ -422,10 +488,11 @@ fn print_table(
     }
     writeln!(
         out,
-        "{:<10} {:<22} {:>8} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
+        "{:<10} {:<22} {:>8} {:>6} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}",
         "policy",
         "tiers",
         "hit rate",
+        "gap",
         "hits per tier",
         "ttft ms",
         "serial ms",
@@ -464,10 +531,12 @@ fn row(out: &mut impl Write, p: &Point, best: bool) -> Result<()> {
     let c = p.cost;
     writeln!(
         out,
-        "{:<10} {:<22} {:>8.4} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}{}",
+        "{:<10} {:<22} {:>8.4} {:>6} {:<24} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9}{}",
         p.policy,
         layout_label(p),
         p.hit_rate,
+        p.gap_closed
+            .map_or_else(|| "-".to_owned(), |g| format!("{:.0}%", g * 100.0)),
         hits.join(" "),
         ms(t.map(|t| t.with_cache.mean)),
         ms(t.map(|t| t.with_cache_serial.mean)),
@@ -481,4 +550,43 @@ fn row(out: &mut impl Write, p: &Point, best: bool) -> Result<()> {
         if best { " *" } else { "" }
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(s: &str) -> Result<Vec<Size>, String> {
+        s.parse::<Capacities>().map(|c| c.0)
+    }
+
+    #[test]
+    fn capacity_sweeps_expand_geometrically() {
+        let blocks = |v: &[u64]| v.iter().map(|&n| Size::Blocks(n)).collect::<Vec<_>>();
+        assert_eq!(caps("4000"), Ok(blocks(&[4000])));
+        assert_eq!(
+            caps("1000..32000"),
+            Ok(blocks(&[1000, 2000, 4000, 8000, 16000, 32000]))
+        );
+        assert_eq!(caps("1000..20000x4"), Ok(blocks(&[1000, 4000, 16000])));
+        assert_eq!(caps("5..5"), Ok(blocks(&[5])));
+        assert_eq!(
+            caps("1GiB..4GiB"),
+            Ok(vec![
+                Size::Bytes(1 << 30),
+                Size::Bytes(2 << 30),
+                Size::Bytes(4 << 30)
+            ])
+        );
+        for bad in [
+            "0..10",
+            "10..5",
+            "1..8x1",
+            "1GiB..4000",
+            "1..x",
+            "1..1000000000000x2",
+        ] {
+            assert!(caps(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -73,10 +73,47 @@ fn json_has_a_result_per_policy_and_capacity_and_the_report_is_html() {
     assert_eq!(results[1]["capacity"], 12);
     assert_eq!(results[2]["tiers"][1]["name"], "G2");
     assert_eq!(v["trace"]["requests"], 9);
+    // LRU and Belady ran on every layout, but they meet on each of these
+    // (a request fills 4 blocks; 12 hold everything): no gap to share.
+    assert!(results.iter().all(|r| r["gap_closed"].is_null()), "{v}");
     let page = std::fs::read_to_string(&html).unwrap_or_else(|e| panic!("{e}"));
     assert!(page.starts_with("<!DOCTYPE html>"));
     assert!(page.matches("<svg").count() >= 4);
     assert!(page.contains("belady"));
+}
+
+#[test]
+fn a_capacity_sweep_runs_every_capacity_and_lru_alone_has_no_gap() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let trace = small_trace(dir.path());
+    let path = trace.to_str().unwrap_or_default();
+    let args = ["--trace", path, "--capacity", "2..16", "--json", "--policy"];
+    let v = json(&kvtier(&[&args[..], &["lru,arc,belady"]].concat()));
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    let caps: Vec<u64> = results
+        .iter()
+        .filter_map(|r| r["capacity"].as_u64())
+        .collect();
+    assert_eq!(caps, [2, 4, 8, 16, 2, 4, 8, 16, 2, 4, 8, 16]);
+    // At 8 blocks LRU thrashes on the 12-block cycle and Belady keeps some:
+    // LRU closes 0 of the gap, Belady all of it; at 16 there is no gap.
+    let gap = |policy: &str, cap: u64| {
+        results
+            .iter()
+            .find(|r| r["policy"] == policy && r["capacity"] == cap)
+            .map(|r| r["gap_closed"].clone())
+    };
+    assert_eq!(gap("lru", 8), Some(serde_json::json!(0.0)), "{v}");
+    assert_eq!(gap("belady", 8), Some(serde_json::json!(1.0)));
+    assert!(gap("arc", 8).is_some_and(|g| g.is_f64()));
+    assert!(gap("arc", 16).is_some_and(|g| g.is_null()));
+    let v = json(&kvtier(&[&args[..], &["lru,arc"]].concat()));
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    assert_eq!(results.len(), 8);
+    assert!(results.iter().all(|r| r["gap_closed"].is_null()));
+    let out = kvtier(&["--trace", path, "--capacity", "16..2", "--json"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--capacity"));
 }
 
 #[test]

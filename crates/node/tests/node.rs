@@ -111,6 +111,31 @@ fn a_full_g2_moves_blocks_to_disk_and_loads_bring_them_back() {
     assert_eq!(load_exact(&mut client, 0..12, len), 12 - 8);
 }
 
+/// Every policy a node runs, `slru` included, is accepted by name in
+/// `[manager]`, starts a node and serves across G2 and the disk log.
+#[test]
+fn every_node_policy_starts_a_node_by_its_name() {
+    for kind in kvtier_manager::policy::PolicyKind::NODE {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = config(dir.path(), 4);
+        cfg.manager.policy = kind.name().to_owned();
+        let daemon = Daemon::start(cfg);
+        let len = daemon.len();
+        let mut client = daemon.client();
+        for start in (0..12).step_by(4) {
+            let got = store(&mut client, start..start + 4, len);
+            assert_eq!(
+                got,
+                vec![StoreOutcome::Stored; 4],
+                "{kind} batch at {start}"
+            );
+        }
+        assert_eq!(daemon.node.g2_blocks(), 4, "{kind}");
+        assert_eq!(load_exact(&mut client, 8..12, len), 4, "{kind}");
+        assert_eq!(load_exact(&mut client, 0..4, len), 4, "{kind}");
+    }
+}
+
 #[test]
 fn a_restart_adopts_what_the_disk_log_holds() {
     let dir = tempfile::tempdir().unwrap();

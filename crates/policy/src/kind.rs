@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyKey, S3Fifo, Ttl};
+use crate::{Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyKey, S3Fifo, Slru, Ttl};
 
 /// Every eviction policy kvtier knows, under one spelling each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -25,6 +25,10 @@ pub enum PolicyKind {
     Ttl,
     /// Lowest expected reuse times the cost of getting the block back.
     CostAware,
+    /// Segmented LRU: probation for blocks used once, a protected segment
+    /// for reused ones whose share of the tier (0, 15 or 30%) miniature
+    /// simulations pick online.
+    Slru,
     /// Optimizer only: sample 5 random keys, evict the least recent.
     RandomLru,
     /// Optimizer only: Belady's optimum, the key used farthest in the future.
@@ -33,25 +37,27 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in a stable order.
-    pub const ALL: [PolicyKind; 8] = [
+    pub const ALL: [PolicyKind; 9] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
         PolicyKind::S3Fifo,
         PolicyKind::Ttl,
         PolicyKind::CostAware,
+        PolicyKind::Slru,
         PolicyKind::RandomLru,
         PolicyKind::Belady,
     ];
 
     /// The policies the node runs (and this crate builds).
-    pub const NODE: [PolicyKind; 6] = [
+    pub const NODE: [PolicyKind; 7] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
         PolicyKind::S3Fifo,
         PolicyKind::Ttl,
         PolicyKind::CostAware,
+        PolicyKind::Slru,
     ];
 
     /// The name accepted by [`FromStr`] and used in configuration.
@@ -63,6 +69,7 @@ impl PolicyKind {
             PolicyKind::S3Fifo => "s3-fifo",
             PolicyKind::Ttl => "ttl",
             PolicyKind::CostAware => "cost-aware",
+            PolicyKind::Slru => "slru",
             PolicyKind::RandomLru => "random-lru",
             PolicyKind::Belady => "belady",
         }
@@ -84,7 +91,7 @@ impl fmt::Display for PolicyKind {
 /// A policy name that is not one of [`PolicyKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, random-lru, belady; leaf-first is not a policy but a filter every tier applies)"
+    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, random-lru, belady; leaf-first is not a policy but a filter every tier applies)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -112,7 +119,7 @@ impl FromStr for PolicyKind {
 pub enum PolicyError {
     /// The policy exists only in the optimizer.
     #[error(
-        "eviction policy {0} runs only in the optimizer (kvtier replay); a tier runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware"
+        "eviction policy {0} runs only in the optimizer (kvtier replay); a tier runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru"
     )]
     OptimizerOnly(PolicyKind),
 }
@@ -149,8 +156,8 @@ impl PolicyConfig {
         }
     }
 
-    /// Builds the policy of a tier holding up to `capacity` keys (ARC and
-    /// S3-FIFO size their queues and ghosts from it).
+    /// Builds the policy of a tier holding up to `capacity` keys (ARC,
+    /// S3-FIFO and SLRU size their queues and ghosts from it).
     pub fn build<K: PolicyKey>(
         &self,
         capacity: usize,
@@ -162,6 +169,7 @@ impl PolicyConfig {
             PolicyKind::S3Fifo => Box::new(S3Fifo::new(capacity)),
             PolicyKind::Ttl => Box::new(Ttl::new(self.ttl_ms)),
             PolicyKind::CostAware => Box::new(CostAware::new(self.cost.clone())),
+            PolicyKind::Slru => Box::new(Slru::new(capacity)),
             k @ (PolicyKind::RandomLru | PolicyKind::Belady) => {
                 return Err(PolicyError::OptimizerOnly(k));
             }

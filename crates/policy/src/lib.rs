@@ -12,7 +12,9 @@
 //! ([`LeafFirst`]), not a policy of its own.
 //!
 //! Policies, one module each: [`Lru`], [`Lfu`], [`Arc`], [`S3Fifo`],
-//! [`Ttl`] and [`CostAware`]. All but cost-aware cost O(1) per operation
+//! [`Ttl`], [`CostAware`] and [`Slru`] (segmented LRU whose protected
+//! share miniature simulations tune online, see its module and
+//! docs/optimizer.md). All but cost-aware cost O(1) per operation
 //! (one `key -> slot` lookup and a few stores); a victim scan walks from
 //! the policy's first choice and stops at the first key the predicate
 //! accepts. [`PolicyKind`] also names the optimizer-only policies
@@ -37,6 +39,7 @@ mod lfu;
 mod lists;
 mod lru;
 mod s3fifo;
+mod slru;
 mod ttl;
 
 use std::fmt;
@@ -49,6 +52,7 @@ pub use leaf::LeafFirst;
 pub use lfu::Lfu;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
+pub use slru::{DECAY, MINI_KEYS, SHARES, START_SHARE, Slru};
 pub use ttl::Ttl;
 
 /// What the tier knows about a use of a key (its insertion or an access).
@@ -121,7 +125,7 @@ pub trait EvictionPolicy<K: PolicyKey>: Send + fmt::Debug {
     fn expired(&self, _now: u64, _visit: &mut dyn FnMut(K)) {}
     /// Visits tracked keys without evicting, those the policy would give up
     /// first first, until `visit` answers [`Verdict::Stop`]: the exact
-    /// victim order for LRU, TTL and LFU; for ARC and S3-FIFO their lists'
+    /// victim order for LRU, TTL, LFU and SLRU; for ARC and S3-FIFO their lists'
     /// order (the preferred list first), which the adaptive state refines
     /// when it evicts; for cost-aware, least recently used first. The
     /// memory tier picks blocks to demote this way.

@@ -66,6 +66,141 @@ enum Reference {
         uses: HashMap<u64, u64>,
     },
     Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
+    Slru(Slru),
+}
+
+/// SLRU's miniature of one share: the same segments over every key (the
+/// reference's tiers are far below `2 × MINI_KEYS`, where all keys are
+/// sampled), counting misses.
+#[derive(Debug)]
+struct Mini {
+    cap: usize,
+    protected_cap: usize,
+    probation: Order,
+    protected: Order,
+    misses: f64,
+}
+
+impl Mini {
+    fn use_key(&mut self, k: u64) {
+        if self.probation.has(k) || self.protected.has(k) {
+            slru_promote(
+                &mut self.probation,
+                &mut self.protected,
+                self.protected_cap,
+                k,
+            );
+            return;
+        }
+        self.misses += 1.0;
+        self.probation.push(k);
+        if self.probation.0.len() + self.protected.0.len() > self.cap {
+            if self.probation.0.is_empty() {
+                self.protected.0.remove(0);
+            } else {
+                self.probation.0.remove(0);
+            }
+        }
+    }
+}
+
+/// SLRU's promotion: `k` to protected's newest end, then protected's
+/// oldest back to probation's newest end while it holds more than `cap`.
+fn slru_promote(probation: &mut Order, protected: &mut Order, cap: usize, k: u64) {
+    probation.remove(k);
+    protected.push(k);
+    while protected.0.len() > cap {
+        let old = protected.0.remove(0);
+        probation.push(old);
+    }
+}
+
+/// SLRU: the two segments of the tier and the three miniatures.
+#[derive(Debug)]
+struct Slru {
+    cap: usize,
+    protected_cap: usize,
+    probation: Order,
+    protected: Order,
+    minis: Vec<Mini>,
+    seen: usize,
+}
+
+impl Slru {
+    fn new(cap: usize) -> Self {
+        assert!(
+            cap < 2 * kvtier_policy::MINI_KEYS,
+            "the reference samples every key"
+        );
+        Slru {
+            cap,
+            protected_cap: cap * kvtier_policy::START_SHARE / 100,
+            probation: Order::default(),
+            protected: Order::default(),
+            minis: kvtier_policy::SHARES
+                .iter()
+                .map(|&share| Mini {
+                    cap,
+                    protected_cap: cap * share / 100,
+                    probation: Order::default(),
+                    protected: Order::default(),
+                    misses: 0.0,
+                })
+                .collect(),
+            seen: 0,
+        }
+    }
+
+    fn has(&self, k: u64) -> bool {
+        self.probation.has(k) || self.protected.has(k)
+    }
+
+    fn insert(&mut self, k: u64) {
+        self.probation.push(k);
+        self.observe(k);
+    }
+
+    fn access(&mut self, k: u64) {
+        if self.has(k) {
+            slru_promote(
+                &mut self.probation,
+                &mut self.protected,
+                self.protected_cap,
+                k,
+            );
+            self.observe(k);
+        }
+    }
+
+    /// A use the tuner sees: every miniature takes it; at the end of a
+    /// window (as many uses as a miniature holds) the share of the one
+    /// with the fewest misses (the first on ties) becomes the tier's
+    /// bound, and the misses decay.
+    fn observe(&mut self, k: u64) {
+        for m in &mut self.minis {
+            m.use_key(k);
+        }
+        self.seen += 1;
+        if self.seen < self.cap {
+            return;
+        }
+        self.seen = 0;
+        // min_by keeps the first of equal minima: ties go to the smaller share.
+        let best = self
+            .minis
+            .iter()
+            .zip(kvtier_policy::SHARES)
+            .min_by(|a, b| a.0.misses.total_cmp(&b.0.misses))
+            .map_or(0, |(_, share)| share);
+        self.minis
+            .iter_mut()
+            .for_each(|m| m.misses *= kvtier_policy::DECAY);
+        self.protected_cap = self.cap * best / 100;
+        while self.protected.0.len() > self.protected_cap {
+            let old = self.protected.0.remove(0);
+            self.probation.push(old);
+        }
+    }
 }
 
 impl Reference {
@@ -91,6 +226,7 @@ impl Reference {
                 uses: HashMap::new(),
             },
             PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
+            PolicyKind::Slru => Reference::Slru(Slru::new(cap)),
             _ => unreachable!("node policies only"),
         }
     }
@@ -102,6 +238,7 @@ impl Reference {
             Reference::Lfu(m, _) => m.contains_key(&k),
             Reference::Arc { t1, t2, .. } => t1.has(k) || t2.has(k),
             Reference::S3 { small, main, .. } => small.has(k) || main.has(k),
+            Reference::Slru(m) => m.has(k),
         }
     }
 
@@ -156,6 +293,7 @@ impl Reference {
                 *seq += 1;
                 m.insert(k, (1, now, depth, *seq));
             }
+            Reference::Slru(m) => m.insert(k),
         }
     }
 
@@ -200,6 +338,7 @@ impl Reference {
                     e.3 = *seq;
                 }
             }
+            Reference::Slru(m) => m.access(k),
         }
     }
 
@@ -224,6 +363,10 @@ impl Reference {
                 small.remove(k);
                 main.remove(k);
                 uses.remove(&k);
+            }
+            Reference::Slru(m) => {
+                m.probation.remove(k);
+                m.protected.remove(k);
             }
         }
     }
@@ -305,6 +448,10 @@ impl Reference {
                 }
                 None
             }
+            Reference::Slru(m) => m
+                .probation
+                .take_where(ok)
+                .or_else(|| m.protected.take_where(ok)),
         }
     }
 

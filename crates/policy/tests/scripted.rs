@@ -3,8 +3,8 @@
 
 use kvtier_core::BlockHash;
 use kvtier_policy::{
-    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Ttl,
-    Use, Verdict,
+    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Slru,
+    Ttl, Use, Verdict,
 };
 
 fn h(i: u128) -> BlockHash {
@@ -34,6 +34,67 @@ fn lru_evicts_least_recent() {
     }
     p.access(h(1), &at(1));
     assert_eq!(drain(&mut p, 2), [2, 3, 1]);
+}
+
+#[test]
+fn slru_keeps_reused_keys_and_demotes_the_protected_overflow() {
+    // A tier of 10: the protected segment starts at 3 (30%), and the
+    // tuner decides nothing before 10 uses (its first window).
+    let mut p = Slru::<BlockHash>::new(10);
+    for i in 1..=5 {
+        p.insert(h(i), &at(0));
+    }
+    // 1, 2, 3 and 4 are reused; 4 overfills protected, and 1, its least
+    // recent key, drops back to the newest end of probation.
+    for i in 1..=4 {
+        p.access(h(i), &at(1));
+    }
+    assert_eq!(p.protected_cap(), 3);
+    assert!(!p.is_protected(h(1)));
+    assert!(p.is_protected(h(4)));
+    // Probation (5, 1) goes first, then protected (2, 3, 4).
+    assert_eq!(drain(&mut p, 2), [5, 1, 2, 3, 4]);
+}
+
+/// Uses `key`: an access if the tier holds it, else an insert after an
+/// eviction when full.
+fn touch(p: &mut Slru<BlockHash>, cap: usize, key: u128) {
+    if p.contains(h(key)) {
+        p.access(h(key), &at(0));
+        return;
+    }
+    if p.len() == cap {
+        let _ = p.victim(0, &mut |_| true.into());
+    }
+    p.insert(h(key), &at(0));
+}
+
+#[test]
+fn slru_protects_a_hot_set_against_scans_and_falls_back_to_lru_without_reuse() {
+    let cap = 100;
+    // 25 hot keys used twice, then a scan of 100 new keys, each round:
+    // LRU loses the hot set to every scan, a protected segment of 30
+    // keeps it (15 keeps 15 of them).
+    let mut p = Slru::<BlockHash>::new(cap);
+    let mut fresh = 1000;
+    for _ in 0..20 {
+        for k in (0..25).chain(0..25) {
+            touch(&mut p, cap, k);
+        }
+        for _ in 0..cap {
+            fresh += 1;
+            touch(&mut p, cap, fresh);
+        }
+    }
+    assert_eq!(p.protected_cap(), 30);
+    assert!((0..25).all(|k| p.is_protected(h(k))));
+    // Nothing is ever used twice: every share misses alike, and a tie
+    // goes to the smallest share, 0, which is LRU.
+    let mut p = Slru::<BlockHash>::new(cap);
+    for k in 0..1000 {
+        touch(&mut p, cap, 10_000 + k);
+    }
+    assert_eq!(p.protected_cap(), 0);
 }
 
 #[test]

@@ -10,12 +10,15 @@
 //!
 //! - [`grid`]: which configurations ([`Grid`]);
 //! - [`point`]: one evaluated configuration ([`Point`], [`TraceFacts`]);
-//! - [`search`](mod@search): the cheapest configuration meeting a [`Target`].
+//! - [`search`](mod@search): the cheapest configuration meeting a [`Target`];
+//! - [`gap`]: the share of the LRU→Belady gap each point closes.
 
+pub mod gap;
 pub mod grid;
 pub mod point;
 pub mod search;
 
+pub use gap::gap_closed;
 pub use grid::{Grid, tier_candidates};
 pub use point::{Point, TraceFacts, evaluate};
 pub use search::{SearchResult, Target, search, select};
@@ -30,7 +33,8 @@ use crate::trace::Request;
 /// threads (at least one) and evaluates each with `model` (when given;
 /// configurations then keep their outcomes for the TTFT summary).
 /// `progress(done, total)` is called from the worker threads after each
-/// point. Points are returned in the order of `configs`.
+/// point. Points are returned in the order of `configs`, with
+/// [`Point::gap_closed`] set where LRU and Belady ran on the same layout.
 pub fn run(
     requests: &[Request],
     configs: &[ReplayConfig],
@@ -70,7 +74,9 @@ pub fn run(
             .collect()
     });
     indexed.sort_by_key(|(i, _)| *i);
-    indexed.into_iter().map(|(_, p)| p).collect()
+    let mut points: Vec<Point> = indexed.into_iter().map(|(_, p)| p).collect();
+    gap::fill(&mut points);
+    points
 }
 
 /// Sweeps `grid` over `requests`: [`Grid::configs`] through [`run`].

@@ -25,6 +25,7 @@ fn point(policy: &str, capacity: u64, hit_rate: f64) -> Point {
             capacity_blocks: capacity,
         }],
         hit_rate,
+        gap_closed: None,
         requests: 10,
         requested_blocks: 100,
         hit_blocks: (hit_rate * 100.0) as u64,
@@ -232,4 +233,23 @@ fn escape_covers_the_five_characters() {
         escape("<a href='x'>\"&\"</a>"),
         "&lt;a href=&#39;x&#39;&gt;&quot;&amp;&quot;&lt;/a&gt;"
     );
+}
+
+#[test]
+fn the_gap_closed_has_a_plot_a_table_a_csv_column_and_a_json_field() {
+    let mut r = report();
+    let html = to_html(&r);
+    assert!(!html.contains("gap closed</h2>"), "no shares, no gap table");
+    for (p, share) in r.results.iter_mut().zip([0.0, 0.0, 0.25, 0.5]) {
+        p.gap_closed = Some(share);
+    }
+    let html = to_html(&r);
+    balanced(&html).unwrap_or_else(|e| panic!("{e}"));
+    assert!(html.contains("Share of the LRU→Belady gap closed</h2>"));
+    assert!(html.contains("<td>25%</td>") && html.contains("<td>50%</td>"));
+    let csv = to_csv(&r);
+    assert!(csv.lines().nth(4).is_some_and(|l| l.ends_with(",0.500000")));
+    let json = r.to_json().unwrap_or_else(|e| panic!("{e}"));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(v["results"][3]["gap_closed"], 0.5);
 }

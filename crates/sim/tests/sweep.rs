@@ -93,6 +93,7 @@ fn point(capacity: u64, hit_rate: f64, dollars: Option<f64>) -> Point {
             capacity_blocks: capacity,
         }],
         hit_rate,
+        gap_closed: None,
         requests: 1,
         requested_blocks: 1,
         hit_blocks: 0,
@@ -196,4 +197,41 @@ fn run_keeps_the_order_of_configs_with_more_threads_than_points() {
         [1, 2]
     );
     assert!(points.iter().all(|p| p.ttft.is_none()));
+}
+
+/// Every point of a layout replayed with LRU and Belady gets its share of
+/// the gap, computed from the hit rates; a layout where the two meet, and
+/// a sweep without Belady, get none.
+#[test]
+fn sweeps_report_the_share_of_the_gap_closed() {
+    // 4 passes over 4 documents of 5 blocks: LRU at 15 blocks thrashes
+    // (hits nothing), Belady keeps most of the blocks between passes.
+    let trace = cyclic_trace(4, 5, 4);
+    let policies = [PolicyKind::Lru, PolicyKind::Arc, PolicyKind::Belady];
+    let grid = Grid::capacities(&policies, &[15, 400], "G2");
+    let points = sweep::sweep(&trace, &grid, None, 2, &|_, _| {});
+    let rate = |policy: PolicyKind, cap: u64| {
+        points
+            .iter()
+            .find(|p| p.policy == policy.name() && p.capacity == cap)
+            .map_or(f64::NAN, |p| p.hit_rate)
+    };
+    let (lru, belady) = (rate(PolicyKind::Lru, 15), rate(PolicyKind::Belady, 15));
+    assert!(belady > lru, "the trace must leave a gap: {lru} {belady}");
+    for p in points.iter().filter(|p| p.capacity == 15) {
+        let want = (p.hit_rate - lru) / (belady - lru);
+        let got = p.gap_closed.unwrap_or(f64::NAN);
+        assert!((got - want).abs() < 1e-12, "{}: {got} != {want}", p.policy);
+    }
+    // All 20 blocks fit in 400: LRU is optimal, there is no gap.
+    assert_eq!(rate(PolicyKind::Lru, 400), rate(PolicyKind::Belady, 400));
+    assert!(
+        points
+            .iter()
+            .filter(|p| p.capacity == 400)
+            .all(|p| p.gap_closed.is_none())
+    );
+    let grid = Grid::capacities(&[PolicyKind::Lru, PolicyKind::Arc], &[15], "G2");
+    let points = sweep::sweep(&trace, &grid, None, 1, &|_, _| {});
+    assert!(points.iter().all(|p| p.gap_closed.is_none()));
 }

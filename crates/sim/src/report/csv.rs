@@ -4,7 +4,7 @@
 use super::{Report, layout_label};
 
 /// The CSV columns, in order.
-pub const COLUMNS: [&str; 17] = [
+pub const COLUMNS: [&str; 18] = [
     "policy",
     "capacity",
     "tiers",
@@ -22,6 +22,7 @@ pub const COLUMNS: [&str; 17] = [
     "dollars_per_mtok",
     "dollars_per_mtok_nocache",
     "gpus_saved",
+    "gap_closed",
 ];
 
 /// Quotes a field that holds a comma, a quote or a line break (RFC 4180).
@@ -63,6 +64,7 @@ pub fn to_csv(report: &Report) -> String {
             opt(c.map(|c| c.dollars_per_mtok_with_cache)),
             opt(c.map(|c| c.dollars_per_mtok_without_cache)),
             opt(c.map(|c| c.gpus_saved)),
+            opt(p.gap_closed),
         ];
         out.push_str(&row.join(","));
         out.push('\n');

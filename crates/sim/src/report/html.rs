@@ -10,7 +10,10 @@
 //!    no-cache cost as a reference line (only with a model);
 //! 5. the trace's reuse distances as a CDF (a block reused within fewer
 //!    distinct blocks than the capacity is, roughly, an LRU hit);
-//! 6. the trace's uses per distinct block as a CDF.
+//! 6. the trace's uses per distinct block as a CDF;
+//! 7. the share of the LRU→Belady gap each policy closes vs capacity (only
+//!    when the sweep ran both LRU and Belady), with a table of the shares
+//!    per layout: one row per layout, one column per policy.
 //!
 //! Every string from outside (title, policy and tier names) is escaped.
 
@@ -112,6 +115,16 @@ fn plots(report: &Report) -> Vec<String> {
         y_from_zero: true,
         x_log: false,
     }));
+    if r.iter().any(|p| p.gap_closed.is_some()) {
+        out.push(line_chart(&Chart {
+            title: "Share of the LRU→Belady gap closed".into(),
+            x_label: x_label.into(),
+            y_label: "gap closed (0 = LRU, 1 = Belady)".into(),
+            series: per_policy(r, |p| p.gap_closed),
+            y_from_zero: true,
+            x_log,
+        }));
+    }
     if r.iter().any(|p| p.ttft.is_some()) {
         let mut ttft = per_policy(r, |p| p.ttft.map(|t| t.with_cache.mean));
         ttft.extend(reference(r, |p| p.ttft.map(|t| t.without_cache.mean)));
@@ -192,11 +205,59 @@ fn trace_plots(report: &Report) -> Vec<String> {
     out
 }
 
+/// A share as a whole percentage, `-` when there is none.
+fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |v| format!("{:.0}%", v * 100.0))
+}
+
+/// The gap table: one row per tier layout that has shares, one column per
+/// policy (in order of first appearance); empty without LRU and Belady.
+fn gap_table(report: &Report) -> String {
+    let r = &report.results;
+    let mut policies: Vec<&str> = Vec::new();
+    let mut layouts: Vec<String> = Vec::new();
+    for p in r.iter().filter(|p| p.gap_closed.is_some()) {
+        if !policies.contains(&p.policy.as_str()) {
+            policies.push(&p.policy);
+        }
+        let label = layout_label(p);
+        if !layouts.contains(&label) {
+            layouts.push(label);
+        }
+    }
+    if layouts.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "<h2>Share of the LRU→Belady gap closed</h2>\n\
+         <p>(hit rate − LRU) / (Belady − LRU) on the same tiers: 0% is LRU, \
+         100% is the offline optimum, negative is below LRU.</p>\n\
+         <table>\n<thead><tr><th>tiers</th>",
+    );
+    for name in &policies {
+        let _ = write!(s, "<th>{}</th>", escape(name));
+    }
+    s.push_str("</tr></thead>\n<tbody>\n");
+    for label in &layouts {
+        let _ = write!(s, "<tr><td>{}</td>", escape(label));
+        for name in &policies {
+            let share = r
+                .iter()
+                .find(|p| p.policy == *name && layout_label(p) == *label)
+                .and_then(|p| p.gap_closed);
+            let _ = write!(s, "<td>{}</td>", percent(share));
+        }
+        s.push_str("</tr>\n");
+    }
+    s.push_str("</tbody>\n</table>\n");
+    s
+}
+
 fn table(report: &Report) -> String {
     let best = report.search.and_then(|s| s.best);
     let mut s = String::from(
         "<table>\n<thead><tr><th>policy</th><th>tiers</th><th>capacity</th><th>hit rate</th>\
-         <th>hits per tier</th><th>TTFT mean (s)</th><th>TTFT p99 (s)</th>\
+         <th>gap closed</th><th>hits per tier</th><th>TTFT mean (s)</th><th>TTFT p99 (s)</th>\
          <th>TTFT serial mean (s)</th><th>TTFT no cache (s)</th><th>bubble mean (s)</th>\
          <th>$/Mtok</th><th>GPUs saved</th></tr></thead>\n<tbody>\n",
     );
@@ -217,12 +278,13 @@ fn table(report: &Report) -> String {
         };
         let _ = writeln!(
             s,
-            "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+            "<tr{class}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&p.policy),
             escape(&layout_label(p)),
             p.capacity,
             fmt_num(p.hit_rate),
+            percent(p.gap_closed),
             escape(&hits.join(", ")),
             opt(t.map(|t| t.with_cache.mean)),
             opt(t.map(|t| t.with_cache.p99)),
@@ -304,7 +366,9 @@ pub fn to_html(report: &Report) -> String {
         s.push_str(&plot);
         s.push_str("</figure>\n");
     }
-    s.push_str("</div>\n<h2>Results</h2>\n");
+    s.push_str("</div>\n");
+    s.push_str(&gap_table(report));
+    s.push_str("<h2>Results</h2>\n");
     s.push_str(&table(report));
     s.push_str("</body>\n</html>\n");
     s

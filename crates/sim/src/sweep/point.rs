@@ -45,6 +45,11 @@ pub struct Point {
     pub tiers: Vec<TierSpec>,
     /// Leading-block hit rate (hit blocks / requested blocks).
     pub hit_rate: f64,
+    /// Share of the LRU→Belady gap this point closes, `(hit_rate − LRU) /
+    /// (Belady − LRU)` on the same tier layout: 0 is LRU, 1 is Belady,
+    /// negative is below LRU. `None` unless the sweep ran both LRU and
+    /// Belady on this layout and Belady is above LRU ([`super::gap`]).
+    pub gap_closed: Option<f64>,
     /// Requests replayed.
     pub requests: u64,
     /// Blocks requested.
@@ -90,6 +95,7 @@ pub fn evaluate(result: ReplayResult, model: Option<&ServingModel>, facts: &Trac
         capacity: result.capacity,
         tiers: result.tiers,
         hit_rate: result.hit_rate,
+        gap_closed: None,
         requests: result.requests,
         requested_blocks: result.requested_blocks,
         hit_blocks: result.hit_blocks,
