@@ -455,9 +455,12 @@ fn reader_families(t: &mut Text, peers: &[(kvtier_peer::PeerAddr, kvtier_peer::P
             "Block frames (a block, or a group of its layers when a Load streams) a peer returned verified.",
             |s| s.found,
         ),
-        ("missing", "counter", "Block frames a peer answered it does not hold.", |s| {
-            s.missing
-        }),
+        (
+            "missing",
+            "counter",
+            "Block frames a peer answered it does not hold.",
+            |s| s.missing,
+        ),
         (
             "corrupt",
             "counter",
