@@ -214,7 +214,7 @@ impl RemoteConfig {
     }
 
     /// Checks that a `file://` URL names an existing directory this
-    /// process can write in (see [`check_writable_dir`]); an `s3://` URL
+    /// process can write in (a probe file is made and removed); an `s3://` URL
     /// is only parsed. For stores that others made and share, where
     /// creating a missing directory would hide an unmounted file system.
     pub fn check_existing(&self) -> Result<(), RemoteError> {
