@@ -186,12 +186,12 @@ pub(crate) async fn open_region(
 /// Reclaims one region of `dir`; returns it and the blocks to re-insert.
 async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)> {
     let listener = listener(shared);
-    // Only an owner's log orders by live blocks (one pass over the index).
-    let live = match &listener {
-        Some(_) => shared.index.live_per_region(dir.index, dir.regions.len()),
-        None => vec![0; dir.regions.len()],
-    };
-    let cands: Vec<Candidate> = dir
+    // The candidates are the regions sealed *before* live blocks are
+    // counted: a region seals only after its last write is indexed, so its
+    // count is then complete. Counted first, a region sealing during the
+    // count would look emptier than it is and be taken, freshest blocks
+    // and all (I23).
+    let sealed: Vec<(u32, u64, u64)> = dir
         .regions
         .iter()
         .enumerate()
@@ -201,9 +201,17 @@ async fn reclaim_one(shared: &Shared, dir: &Dir) -> Result<(u32, Vec<HotBlock>)>
                 i as u32,
                 r.generation(),
                 r.last_read.load(Ordering::Relaxed),
-                live[i],
             )
         })
+        .collect();
+    // Only an owner's log orders by live blocks (one pass over the index).
+    let live = match &listener {
+        Some(_) => shared.index.live_per_region(dir.index, dir.regions.len()),
+        None => vec![0; dir.regions.len()],
+    };
+    let cands: Vec<Candidate> = sealed
+        .into_iter()
+        .map(|(i, g, t)| (i, g, t, live[i as usize]))
         .collect();
     let mut kept = Kept::default();
     let victim = choose_victim(cands, shared.cfg.eviction, listener.is_some(), |r| {
