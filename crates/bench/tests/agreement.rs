@@ -11,7 +11,6 @@
 //! bookkeeping against the replay's arrays. The test fails (does not skip)
 //! when `../shared` is missing.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use kvtier_bench::trace::{self as trace_bench, TraceBenchConfig};
@@ -184,54 +183,11 @@ async fn synthetic_trace() {
     agree_on(&trace, 2000, &TRACE_LAYOUTS).await;
 }
 
-/// A random trace in the Mooncake format: `sessions` conversations that
-/// share one of a few system prompts and grow turn by turn, interleaved at
-/// random, plus one-off prompts; timestamps a second apart on average.
+/// The random trace `seed` (kvtier-sim's generator, as `kvtier trace
+/// random` writes it) in a temporary file.
 fn random_trace(seed: u64, requests: usize) -> tempfile::NamedTempFile {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = move |n: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % n.max(1)
-    };
-    let mut ids = 1_000_000u64;
-    let mut fresh = |n: u64| -> Vec<u64> {
-        (0..n)
-            .map(|_| {
-                ids += 1;
-                ids
-            })
-            .collect()
-    };
-    let prompts: Vec<Vec<u64>> = (0..4).map(|i| fresh(4 + i * 3)).collect();
-    let mut sessions: Vec<Vec<u64>> = Vec::new();
     let mut file = tempfile::NamedTempFile::new().expect("temp file");
-    let mut now = 0u64;
-    for _ in 0..requests {
-        now += next(2000);
-        let keys = match next(10) {
-            0..=1 => fresh(1 + next(40)),
-            2..=3 => {
-                let mut s = prompts[next(4) as usize].clone();
-                s.extend(fresh(1 + next(12)));
-                sessions.push(s.clone());
-                s
-            }
-            _ if !sessions.is_empty() => {
-                let i = next(sessions.len() as u64) as usize;
-                let grown = fresh(1 + next(6));
-                sessions[i].extend(grown);
-                sessions[i].clone()
-            }
-            _ => fresh(8),
-        };
-        let line = format!(
-            "{{\"timestamp\": {now}, \"input_length\": {}, \"output_length\": 8, \"hash_ids\": {keys:?}}}",
-            keys.len() * 512
-        );
-        writeln!(file, "{line}").expect("write trace");
-    }
+    kvtier_sim::trace::random::write_mooncake(&mut file, seed, requests).expect("write trace");
     file
 }
 

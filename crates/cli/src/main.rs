@@ -11,6 +11,7 @@ mod node_http;
 mod replay;
 mod serve;
 mod shape;
+mod trace;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -57,6 +58,10 @@ enum Command {
     /// variables) for a Hugging Face model as an engine runs it, for a
     /// daemon whose shape is set by hand rather than by the first engine.
     Shape(shape::ShapeArgs),
+    /// Write traces beyond the shared ones (`kvtier trace random`: the
+    /// optimizer's random generator, in the Mooncake format).
+    #[command(subcommand)]
+    Trace(trace::TraceCommand),
 }
 
 /// What `kvtier manager` prints before it runs `meta`: scripts still using
@@ -90,6 +95,7 @@ fn main() -> Result<()> {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(args) => replay::run(*args),
         Command::Shape(args) => shape::run(args),
+        Command::Trace(cmd) => trace::run(cmd),
         Command::Config => {
             let cfg = config::load(cli.config.as_deref())?;
             print!("{}", cfg.to_toml());

@@ -258,3 +258,46 @@ fn capacities_in_bytes_become_whole_blocks_of_the_model() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn a_random_trace_written_by_kvtier_trace_replays_and_a_seed_names_one_trace() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("random.jsonl");
+    let write = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["trace", "random"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("running kvtier: {e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let to_stdout = write(&["--seed", "7", "--requests", "300"]);
+    write(&[
+        "--seed",
+        "7",
+        "--requests",
+        "300",
+        "--out",
+        path.to_str().unwrap_or_default(),
+    ]);
+    let in_file = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(to_stdout, in_file);
+    assert_eq!(in_file.iter().filter(|b| **b == b'\n').count(), 300);
+    assert_ne!(write(&["--seed", "8", "--requests", "300"]), in_file);
+    let v = json(&kvtier(&[
+        "--trace",
+        path.to_str().unwrap_or_default(),
+        "--policy",
+        "lru,slru,belady",
+        "--capacity",
+        "200",
+        "--json",
+    ]));
+    let text = v.to_string();
+    assert!(text.contains("\"requests\":300"), "{text}");
+}

@@ -26,18 +26,23 @@ pub enum PolicyKind {
     /// Lowest expected reuse times the cost of getting the block back.
     CostAware,
     /// Segmented LRU: probation for blocks used once, a protected segment
-    /// for reused ones whose share of the tier (0, 15 or 30%) miniature
-    /// simulations pick online.
+    /// for reused ones (and for evicted ones that come back while
+    /// remembered) whose share of the tier (0 to 90%) miniature simulations
+    /// pick online.
     Slru,
     /// Optimizer only: sample 5 random keys, evict the least recent.
     RandomLru,
     /// Optimizer only: Belady's optimum, the key used farthest in the future.
     Belady,
+    /// Optimizer only: LRU, but keys never used again go first (a perfect
+    /// reuse predictor, knowing the future): the bound of policies that
+    /// predict *whether* a block returns, not *when*.
+    OracleLru,
 }
 
 impl PolicyKind {
     /// Every policy, in a stable order.
-    pub const ALL: [PolicyKind; 9] = [
+    pub const ALL: [PolicyKind; 10] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
@@ -47,6 +52,7 @@ impl PolicyKind {
         PolicyKind::Slru,
         PolicyKind::RandomLru,
         PolicyKind::Belady,
+        PolicyKind::OracleLru,
     ];
 
     /// The policies the node runs (and this crate builds).
@@ -72,13 +78,22 @@ impl PolicyKind {
             PolicyKind::Slru => "slru",
             PolicyKind::RandomLru => "random-lru",
             PolicyKind::Belady => "belady",
+            PolicyKind::OracleLru => "oracle-lru",
         }
     }
 
-    /// Whether only the optimizer runs it (random-LRU needs no list, and
-    /// Belady needs the future).
+    /// Whether only the optimizer runs it (random-LRU needs no list;
+    /// Belady and the oracle need the future).
     pub const fn optimizer_only(self) -> bool {
-        matches!(self, PolicyKind::RandomLru | PolicyKind::Belady)
+        matches!(
+            self,
+            PolicyKind::RandomLru | PolicyKind::Belady | PolicyKind::OracleLru
+        )
+    }
+
+    /// Whether it needs every block's next use, so the whole trace.
+    pub const fn needs_future(self) -> bool {
+        matches!(self, PolicyKind::Belady | PolicyKind::OracleLru)
     }
 }
 
@@ -91,7 +106,7 @@ impl fmt::Display for PolicyKind {
 /// A policy name that is not one of [`PolicyKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, random-lru, belady; leaf-first is not a policy but a filter every tier applies)"
+    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, random-lru, belady, oracle-lru; leaf-first is not a policy but a filter every tier applies)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -108,6 +123,7 @@ impl FromStr for PolicyKind {
                 "cost" | "costaware" => Some(PolicyKind::CostAware),
                 "randomlru" => Some(PolicyKind::RandomLru),
                 "opt" | "min" => Some(PolicyKind::Belady),
+                "oracle" => Some(PolicyKind::OracleLru),
                 _ => None,
             })
             .ok_or_else(|| UnknownPolicy(s.to_owned()))
@@ -170,7 +186,7 @@ impl PolicyConfig {
             PolicyKind::Ttl => Box::new(Ttl::new(self.ttl_ms)),
             PolicyKind::CostAware => Box::new(CostAware::new(self.cost.clone())),
             PolicyKind::Slru => Box::new(Slru::new(capacity)),
-            k @ (PolicyKind::RandomLru | PolicyKind::Belady) => {
+            k @ (PolicyKind::RandomLru | PolicyKind::Belady | PolicyKind::OracleLru) => {
                 return Err(PolicyError::OptimizerOnly(k));
             }
         })

@@ -52,7 +52,7 @@ pub use leaf::LeafFirst;
 pub use lfu::Lfu;
 pub use lru::Lru;
 pub use s3fifo::S3Fifo;
-pub use slru::{DECAY, MINI_KEYS, SHARES, START_SHARE, Slru};
+pub use slru::{DECAY, GHOST_FACTOR, MINI_KEYS, SHARES, START_SHARE, Slru};
 pub use ttl::Ttl;
 
 /// What the tier knows about a use of a key (its insertion or an access).

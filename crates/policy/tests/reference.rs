@@ -78,6 +78,7 @@ struct Mini {
     protected_cap: usize,
     probation: Order,
     protected: Order,
+    ghost: Order,
     misses: f64,
 }
 
@@ -93,15 +94,39 @@ impl Mini {
             return;
         }
         self.misses += 1.0;
-        self.probation.push(k);
+        slru_admit(
+            &mut self.probation,
+            &mut self.protected,
+            &mut self.ghost,
+            self.protected_cap,
+            k,
+        );
         if self.probation.0.len() + self.protected.0.len() > self.cap {
-            if self.probation.0.is_empty() {
-                self.protected.0.remove(0);
+            let old = if self.probation.0.is_empty() {
+                self.protected.0.remove(0)
             } else {
-                self.probation.0.remove(0);
-            }
+                self.probation.0.remove(0)
+            };
+            slru_remember(&mut self.ghost, self.cap, old);
         }
     }
+}
+
+/// SLRU's admission: a remembered key (a ghost) goes to protected as a
+/// promotion, any other to probation's newest end.
+fn slru_admit(probation: &mut Order, protected: &mut Order, ghost: &mut Order, cap: usize, k: u64) {
+    if ghost.remove(k) {
+        slru_promote(probation, protected, cap, k);
+    } else {
+        probation.push(k);
+    }
+}
+
+/// SLRU's memory of an evicted key: the newest ghost, the oldest beyond
+/// `GHOST_FACTOR` tiers' worth forgotten.
+fn slru_remember(ghost: &mut Order, cap: usize, k: u64) {
+    ghost.push(k);
+    ghost.trim(kvtier_policy::GHOST_FACTOR * cap);
 }
 
 /// SLRU's promotion: `k` to protected's newest end, then protected's
@@ -115,13 +140,15 @@ fn slru_promote(probation: &mut Order, protected: &mut Order, cap: usize, k: u64
     }
 }
 
-/// SLRU: the two segments of the tier and the three miniatures.
+/// SLRU: the two segments and the ghosts of the tier, and the
+/// miniatures.
 #[derive(Debug)]
 struct Slru {
     cap: usize,
     protected_cap: usize,
     probation: Order,
     protected: Order,
+    ghost: Order,
     minis: Vec<Mini>,
     seen: usize,
 }
@@ -137,6 +164,7 @@ impl Slru {
             protected_cap: cap * kvtier_policy::START_SHARE / 100,
             probation: Order::default(),
             protected: Order::default(),
+            ghost: Order::default(),
             minis: kvtier_policy::SHARES
                 .iter()
                 .map(|&share| Mini {
@@ -144,6 +172,7 @@ impl Slru {
                     protected_cap: cap * share / 100,
                     probation: Order::default(),
                     protected: Order::default(),
+                    ghost: Order::default(),
                     misses: 0.0,
                 })
                 .collect(),
@@ -156,7 +185,13 @@ impl Slru {
     }
 
     fn insert(&mut self, k: u64) {
-        self.probation.push(k);
+        slru_admit(
+            &mut self.probation,
+            &mut self.protected,
+            &mut self.ghost,
+            self.protected_cap,
+            k,
+        );
         self.observe(k);
     }
 
@@ -448,10 +483,14 @@ impl Reference {
                 }
                 None
             }
-            Reference::Slru(m) => m
-                .probation
-                .take_where(ok)
-                .or_else(|| m.protected.take_where(ok)),
+            Reference::Slru(m) => {
+                let k = m
+                    .probation
+                    .take_where(ok)
+                    .or_else(|| m.protected.take_where(ok))?;
+                slru_remember(&mut m.ghost, m.cap, k);
+                Some(k)
+            }
         }
     }
 

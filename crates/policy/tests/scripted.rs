@@ -70,6 +70,34 @@ fn touch(p: &mut Slru<BlockHash>, cap: usize, key: u128) {
 }
 
 #[test]
+fn slru_admits_a_remembered_key_to_protected() {
+    // Fewer uses than the tuner's first window (the tier's 10): the
+    // protected share stays at its start, 30%.
+    let mut p = Slru::<BlockHash>::new(10);
+    for k in 0..5 {
+        p.insert(h(k), &at(0));
+    }
+    let evict = |p: &mut Slru<BlockHash>| p.victim(0, &mut |_| true.into()).map(|k| k.0);
+    // 0 is evicted (the oldest of probation), then comes back: protected.
+    assert_eq!(evict(&mut p), Some(0));
+    assert!(!p.contains(h(0)));
+    p.insert(h(0), &at(1));
+    assert!(p.is_protected(h(0)));
+    // A ghost is not resident: no access, no removal, no length; back, it
+    // is protected too. (Forgetting after GHOST_FACTOR tiers of evictions
+    // is checked against the reference model in reference.rs.)
+    assert_eq!(evict(&mut p), Some(1));
+    let len = p.len();
+    p.access(h(1), &at(2));
+    p.remove(h(1));
+    assert_eq!(p.len(), len);
+    assert!(!p.contains(h(1)));
+    p.insert(h(1), &at(3));
+    assert!(p.is_protected(h(1)));
+    assert_eq!(p.protected_cap(), 3);
+}
+
+#[test]
 fn slru_protects_a_hot_set_against_scans_and_falls_back_to_lru_without_reuse() {
     let cap = 100;
     // 25 hot keys used twice, then a scan of 100 new keys, each round:

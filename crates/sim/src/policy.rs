@@ -1,12 +1,14 @@
 //! Eviction policies for the replay: the node's own, from `kvtier-policy`
 //! (so the optimizer predicts what the node runs), and two only the
 //! optimizer runs, implemented here on the same trait: random-LRU
-//! (`random_lru`) and Belady's bound (`belady`).
+//! (`random_lru`), Belady's bound (`belady`) and the bound of reuse
+//! prediction (`oracle_lru`).
 //!
 //! The replay keys blocks by dense `u32` ids, which `kvtier-policy` finds
 //! through a flat vector: no hash lookup beyond the replay's own interning.
 
 mod belady;
+mod oracle_lru;
 mod random_lru;
 
 use kvtier_policy::{EvictionPolicy, PolicyConfig};
@@ -28,6 +30,7 @@ pub(crate) fn build(
     match kind {
         PolicyKind::RandomLru => Box::new(random_lru::RandomLru::new(seed)),
         PolicyKind::Belady => Box::new(belady::Belady::default()),
+        PolicyKind::OracleLru => Box::new(oracle_lru::OracleLru::default()),
         node => {
             let config = PolicyConfig {
                 ttl_ms: ttl_ms.unwrap_or(u64::MAX),
@@ -35,7 +38,7 @@ pub(crate) fn build(
             };
             match config.build(usize::try_from(capacity).unwrap_or(usize::MAX)) {
                 Ok(p) => p,
-                // Only the two above are optimizer-only.
+                // Only the three above are optimizer-only.
                 Err(_) => Box::new(kvtier_policy::Lru::default()),
             }
         }

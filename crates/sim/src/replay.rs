@@ -251,7 +251,7 @@ pub struct ReplayResult {
 /// Replays `requests` under `cfg`; every policy, Belady included.
 pub fn replay(requests: &[Request], cfg: &ReplayConfig) -> ReplayResult {
     let start = Instant::now();
-    let next_use = if cfg.policy == PolicyKind::Belady {
+    let next_use = if cfg.policy.needs_future() {
         next_uses(requests)
     } else {
         Vec::new()
@@ -278,11 +278,11 @@ pub fn replay_stream<I: Iterator<Item = Result<Request, TraceError>>>(
     requests: I,
     cfg: &ReplayConfig,
 ) -> Result<ReplayResult, TraceError> {
-    if cfg.policy == PolicyKind::Belady {
-        return Err(TraceError::Unsupported(
-            "belady needs the whole trace: replay it from memory (replay, not replay_stream)"
-                .to_owned(),
-        ));
+    if cfg.policy.needs_future() {
+        return Err(TraceError::Unsupported(format!(
+            "{} needs the whole trace: replay it from memory (replay, not replay_stream)",
+            cfg.policy
+        )));
     }
     let start = Instant::now();
     let mut engine = Engine::new(cfg, None);

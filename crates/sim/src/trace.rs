@@ -19,6 +19,7 @@ use std::str::FromStr;
 pub mod bailian;
 mod kvtier;
 pub mod mooncake;
+pub mod random;
 
 use kvtier_core::BlockHash;
 use serde::{Deserialize, Serialize};

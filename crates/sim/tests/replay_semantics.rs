@@ -94,12 +94,45 @@ fn streaming_equals_in_memory() {
 }
 
 #[test]
-fn belady_refuses_a_stream() {
-    let cfg = ReplayConfig::single(PolicyKind::Belady, 10);
-    assert!(matches!(
-        replay_stream(std::iter::empty(), &cfg),
-        Err(TraceError::Unsupported(_))
-    ));
+fn belady_and_the_oracle_refuse_a_stream() {
+    for policy in [PolicyKind::Belady, PolicyKind::OracleLru] {
+        let cfg = ReplayConfig::single(policy, 10);
+        assert!(matches!(
+            replay_stream(std::iter::empty(), &cfg),
+            Err(TraceError::Unsupported(_))
+        ));
+    }
+}
+
+#[test]
+fn the_oracle_evicts_blocks_never_used_again_first_and_sits_between_lru_and_belady() {
+    // A tier of 2: 1 and 2 come in; room for 3 (never used again) is made
+    // before it enters, so both evict 1. When 4 comes, LRU evicts 2 (and
+    // hits nothing); the oracle evicts 3, keeps 2 and hits it.
+    let reqs = vec![
+        req(0, 0, &[1]),
+        req(1, 0, &[2]),
+        req(2, 0, &[3]),
+        req(3, 0, &[4]),
+        req(4, 0, &[1]),
+        req(5, 0, &[2]),
+    ];
+    let hits = |policy: PolicyKind| {
+        let mut cfg = ReplayConfig::single(policy, 2);
+        cfg.keep_outcomes = true;
+        let r = replay(&reqs, &cfg);
+        r.outcomes.iter().map(|o| o.hit_blocks).sum::<u32>()
+    };
+    assert_eq!(hits(PolicyKind::Lru), 0);
+    assert_eq!(hits(PolicyKind::OracleLru), 1);
+    let conv = conversation(300);
+    let rate = |policy: PolicyKind| replay(&conv, &ReplayConfig::single(policy, 40)).hit_rate;
+    let (lru, oracle, belady) = (
+        rate(PolicyKind::Lru),
+        rate(PolicyKind::OracleLru),
+        rate(PolicyKind::Belady),
+    );
+    assert!(lru <= oracle && oracle <= belady, "{lru} {oracle} {belady}");
 }
 
 fn two_tiers(policy: PolicyKind, fast: u64, slow: u64) -> ReplayConfig {

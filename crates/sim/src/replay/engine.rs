@@ -43,7 +43,7 @@ use kvtier_policy::{EvictionPolicy, LeafFirst, Use, Verdict};
 
 use super::stats::{Pow2Counter, Timeline};
 use super::{ReplayConfig, RequestOutcome};
-use crate::policy::{self, NIL, PolicyKind};
+use crate::policy::{self, NIL};
 use crate::trace::Request;
 
 /// Most tiers a replay simulates (`held` has a bit per tier).
@@ -111,7 +111,7 @@ pub(crate) struct Engine {
     scratch: Vec<u32>,
     ids: Vec<u32>,
     pos: u64,
-    belady: bool,
+    future: bool,
     keep_outcomes: bool,
     pub(crate) requests: u64,
     pub(crate) requested_blocks: u64,
@@ -154,7 +154,7 @@ impl Engine {
             scratch: Vec::new(),
             ids: Vec::new(),
             pos: 0,
-            belady: cfg.policy == PolicyKind::Belady,
+            future: cfg.policy.needs_future(),
             keep_outcomes: cfg.keep_outcomes,
             requests: 0,
             requested_blocks: 0,
@@ -256,7 +256,7 @@ impl Engine {
             }
             b.uses[i] = b.uses[i].saturating_add(1);
             b.last_pos[i] = self.pos;
-            if self.belady {
+            if self.future {
                 b.next_use[i] = next_use
                     .get(self.pos as usize - 1)
                     .copied()
