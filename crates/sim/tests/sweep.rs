@@ -128,13 +128,16 @@ fn select_takes_the_cheapest_point_that_meets_the_target() {
     assert_eq!(select(&bare, Target::HitRate(0.5)), Some(1));
     // A TTFT target needs a priced point.
     assert_eq!(select(&bare, Target::MeanTtftS(10.0)), None);
-    // Belady is a bound, not a configuration.
-    let mut bound = point(10, 0.9, Some(0.5));
-    bound.policy = "belady".into();
-    assert_eq!(
-        select(&[bound, point(20, 0.9, Some(1.0))], Target::HitRate(0.5)),
-        Some(1)
-    );
+    // Belady and the oracle are bounds, not configurations.
+    for name in ["belady", "oracle-lru"] {
+        let mut bound = point(10, 0.9, Some(0.5));
+        bound.policy = name.into();
+        assert_eq!(
+            select(&[bound, point(20, 0.9, Some(1.0))], Target::HitRate(0.5)),
+            Some(1),
+            "{name}"
+        );
+    }
 }
 
 #[test]

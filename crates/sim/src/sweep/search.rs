@@ -4,9 +4,9 @@
 //! lists are short and the whole table is what an operator wants to see);
 //! among the points that meet the target the one with the lowest cost per
 //! million tokens wins, ties going to less storage, then to the earlier
-//! candidate. Belady's points are never selected: it needs the future, so
-//! it bounds what a policy could reach but is not a configuration anyone
-//! can deploy.
+//! candidate. The points of policies that need the future (Belady,
+//! `oracle-lru`) are never selected: they bound what a policy could reach
+//! but are not configurations anyone can deploy.
 
 use serde::Serialize;
 
@@ -69,13 +69,19 @@ fn price(p: &Point) -> (f64, f64) {
     (dollars, storage)
 }
 
+/// Whether the policy named `name` needs the future (so is no candidate).
+fn needs_future(name: &str) -> bool {
+    name.parse::<PolicyKind>()
+        .is_ok_and(PolicyKind::needs_future)
+}
+
 /// Index of the cheapest point of `points` meeting `target` (see the
 /// module docs for the order).
 pub fn select(points: &[Point], target: Target) -> Option<usize> {
     points
         .iter()
         .enumerate()
-        .filter(|(_, p)| p.policy != PolicyKind::Belady.name() && target.met_by(p))
+        .filter(|(_, p)| !needs_future(&p.policy) && target.met_by(p))
         .min_by(|(ia, a), (ib, b)| {
             let (pa, pb) = (price(a), price(b));
             pa.0.total_cmp(&pb.0)
