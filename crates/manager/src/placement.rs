@@ -36,7 +36,7 @@ use std::fmt;
 use kvtier_core::BlockHash;
 use parking_lot::Mutex;
 
-pub(crate) use chain_order::ChainMoves;
+pub(crate) use chain_order::{ChainMoves, chain_ordered};
 pub use config::{CascadeMode, HierarchyConfig, PlacementConfig};
 pub use engine_hooks::MoveHooks;
 pub use offload::OffloadPlan;

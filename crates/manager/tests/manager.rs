@@ -46,10 +46,15 @@ fn pool(blocks: usize) -> PoolConfig {
 }
 
 fn config(mode: CascadeMode) -> ManagerConfig {
+    config_with_g3(mode, 16)
+}
+
+/// [`config`] with a G3 pool of `g3` blocks.
+fn config_with_g3(mode: CascadeMode, g3: usize) -> ManagerConfig {
     ManagerConfig {
         hierarchy: HierarchyConfig::none()
             .with(Tier::G2, Some(pool(4)))
-            .with(Tier::G3, Some(pool(16)))
+            .with(Tier::G3, Some(pool(g3)))
             .with_placement(PlacementConfig {
                 mode,
                 admission: AdmissionConfig {
@@ -123,6 +128,45 @@ fn digest(events: &[KvEvent]) -> Vec<(Tier, bool, BlockHash)> {
 
 fn residency(m: &BlockManager, h: BlockHash) -> Vec<Tier> {
     m.registry().residency(h).iter().collect()
+}
+
+/// When the tier below cannot take every victim (what it holds is pinned
+/// by the request being onboarded), the prefixes go down and the tails
+/// are dropped, as the last tier drops its victims: the tier above still
+/// gets the room the request asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn victims_the_tier_below_cannot_take_are_dropped_tails_first() {
+    let rig = rig(config_with_g3(CascadeMode::Exclusive, 3));
+    let m = &rig.manager;
+    let x = chain(3, 2);
+    let a = chain(1, 4);
+    // X goes down to G3 to make room for A: G2 = A, G3 = X and one slot.
+    store_chain(m, &x).await;
+    store_chain(m, &a).await;
+    for h in &x {
+        assert_eq!(residency(m, *h), vec![Tier::G3]);
+    }
+    let dropped = m.stats().dropped;
+    // A request for X and two new blocks needs all of G2; G3 can take one
+    // of A's blocks (X is pinned while room is made): A's root.
+    let request: Vec<BlockHash> = x.iter().copied().chain(chain(4, 2)).collect();
+    let onboarding = m.begin_onboard(&request).await.expect("begin onboard");
+    assert_eq!(onboarding.loading(), 2);
+    for layer in 0..geometry().layers {
+        onboarding.wait_layer(layer).await;
+    }
+    let onboarded = m.finish_onboard(onboarding).await.expect("finish onboard");
+    assert!(onboarded.failed.is_empty());
+    assert_eq!(onboarded.blocks.len(), 2);
+    drop(onboarded);
+    for h in &x {
+        assert_eq!(residency(m, *h), vec![Tier::G2]);
+    }
+    assert_eq!(residency(m, a[0]), vec![Tier::G3]);
+    for h in &a[1..] {
+        assert_eq!(residency(m, *h), vec![], "{h}");
+    }
+    assert_eq!(m.stats().dropped - dropped, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

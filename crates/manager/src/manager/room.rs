@@ -8,7 +8,7 @@ use std::pin::Pin;
 use kvtier_core::BlockHash;
 
 use super::BlockManager;
-use crate::placement::{CascadeMode, ChainMoves, Move};
+use crate::placement::{CascadeMode, ChainMoves, Move, chain_ordered};
 use crate::pool::BlockPool;
 use crate::transfer::{BlockMove, TransferHandle, TransferRequest};
 use crate::{Tier, TransferPath};
@@ -64,6 +64,15 @@ impl BlockManager {
             if !going.is_empty() {
                 self.make_room(to, going.len()).await;
             }
+            // Root first: when the tier below cannot take them all, the
+            // prefixes go down and the tails are dropped (a tail is no use
+            // without its prefix); the replay places victims in this order.
+            let hashes: Vec<BlockHash> = going.iter().map(|l| l.hash()).collect();
+            let parents: Vec<Option<BlockHash>> = hashes
+                .iter()
+                .map(|h| pool.parent_of(*h).flatten())
+                .collect();
+            let going = chain_ordered(going, &hashes, &parents, |_, _| true);
             let mut moves = ChainMoves::with_capacity(going.len());
             for source in going {
                 let hash = source.hash();
@@ -83,9 +92,15 @@ impl BlockManager {
                         };
                         moves.push(m, parent);
                     }
-                    // No room below even now: dropping the guard unfinished
-                    // keeps the block here.
-                    Err(_) => drop(source),
+                    // No room below even now (what it holds is pinned or
+                    // in flight): the block is dropped, as the last tier
+                    // drops its victims, so this tier gets the room it was
+                    // asked for (the replay models the same). Finishing
+                    // removes it only if no one holds, pins or reads it.
+                    Err(_) => {
+                        self.counters.lock().dropped += 1;
+                        source.finish();
+                    }
                 }
             }
             // Victims leave leaf first; the disk wants chains root first.

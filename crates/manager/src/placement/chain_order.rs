@@ -50,17 +50,32 @@ impl<L: PoolLock> ChainMoves<L> {
 /// the order is deterministic; which moves are in the batch never changes.
 /// O(n).
 fn order_chains<L: PoolLock>(moves: Vec<Move<L>>, parents: &[Option<BlockHash>]) -> Vec<Move<L>> {
-    let n = moves.len();
+    let hashes: Vec<BlockHash> = moves.iter().map(|m| m.hash).collect();
+    let paths: Vec<_> = moves.iter().map(|m| m.path).collect();
+    // A parent counts only when it is in this batch on the same path: other
+    // paths go to other tiers (and other `put_batch` calls).
+    chain_ordered(moves, &hashes, parents, |i, j| paths[i] == paths[j])
+}
+
+/// Reorders `items` (the blocks `hashes`, whose parents are `parents`)
+/// root first, each chain contiguous, as [`order_chains`] does; `linked(i,
+/// j)` says whether item `j` may count as item `i`'s parent. Roots and
+/// siblings keep their order. O(n).
+pub(crate) fn chain_ordered<T>(
+    items: Vec<T>,
+    hashes: &[BlockHash],
+    parents: &[Option<BlockHash>],
+    linked: impl Fn(usize, usize) -> bool,
+) -> Vec<T> {
+    let n = items.len();
     if n < 2 {
-        return moves;
+        return items;
     }
     let mut index: BlockHashMap<usize> =
         BlockHashMap::with_capacity_and_hasher(n, Default::default());
-    for (i, m) in moves.iter().enumerate() {
-        index.entry(m.hash).or_insert(i);
+    for (i, h) in hashes.iter().enumerate() {
+        index.entry(*h).or_insert(i);
     }
-    // A parent counts only when it is in this batch on the same path: other
-    // paths go to other tiers (and other `put_batch` calls).
     let up: Vec<Option<usize>> = (0..n)
         .map(|i| {
             parents
@@ -68,10 +83,10 @@ fn order_chains<L: PoolLock>(moves: Vec<Move<L>>, parents: &[Option<BlockHash>])
                 .copied()
                 .flatten()
                 .and_then(|p| index.get(&p).copied())
-                .filter(|&j| j != i && moves[j].path == moves[i].path)
+                .filter(|&j| j != i && linked(i, j))
         })
         .collect();
     let order = kvtier_core::chain_order::preorder(&up);
-    let mut slots: Vec<Option<Move<L>>> = moves.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<T>> = items.into_iter().map(Some).collect();
     order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
