@@ -73,7 +73,7 @@ impl NodeOptions {
             .map_err(|e| NodeError::Config(format!("manager.policy: {e}")))?;
         if policy.optimizer_only() {
             return Err(NodeError::Config(format!(
-                "manager.policy: {policy} runs only in the optimizer (kvtier replay); a node runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru"
+                "manager.policy: {policy} runs only in the optimizer (kvtier replay); a node runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density"
             )));
         }
         let mode = match m.mode.as_str() {

@@ -5,7 +5,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyKey, S3Fifo, Slru, Ttl};
+use crate::{
+    Arc, CostAware, CostModel, EvictionPolicy, HitDensity, Lfu, Lru, PolicyKey, S3Fifo, Slru, Ttl,
+};
 
 /// Every eviction policy kvtier knows, under one spelling each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -30,6 +32,8 @@ pub enum PolicyKind {
     /// remembered) whose share of the tier (0 to 90%) miniature simulations
     /// pick online.
     Slru,
+    /// Hit density learned online per reuse class and age.
+    HitDensity,
     /// Optimizer only: sample 5 random keys, evict the least recent.
     RandomLru,
     /// Optimizer only: Belady's optimum, the key used farthest in the future.
@@ -42,7 +46,7 @@ pub enum PolicyKind {
 
 impl PolicyKind {
     /// Every policy, in a stable order.
-    pub const ALL: [PolicyKind; 10] = [
+    pub const ALL: [PolicyKind; 11] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
@@ -50,13 +54,14 @@ impl PolicyKind {
         PolicyKind::Ttl,
         PolicyKind::CostAware,
         PolicyKind::Slru,
+        PolicyKind::HitDensity,
         PolicyKind::RandomLru,
         PolicyKind::Belady,
         PolicyKind::OracleLru,
     ];
 
     /// The policies the node runs (and this crate builds).
-    pub const NODE: [PolicyKind; 7] = [
+    pub const NODE: [PolicyKind; 8] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
@@ -64,6 +69,7 @@ impl PolicyKind {
         PolicyKind::Ttl,
         PolicyKind::CostAware,
         PolicyKind::Slru,
+        PolicyKind::HitDensity,
     ];
 
     /// The name accepted by [`FromStr`] and used in configuration.
@@ -76,6 +82,7 @@ impl PolicyKind {
             PolicyKind::Ttl => "ttl",
             PolicyKind::CostAware => "cost-aware",
             PolicyKind::Slru => "slru",
+            PolicyKind::HitDensity => "hit-density",
             PolicyKind::RandomLru => "random-lru",
             PolicyKind::Belady => "belady",
             PolicyKind::OracleLru => "oracle-lru",
@@ -106,7 +113,7 @@ impl fmt::Display for PolicyKind {
 /// A policy name that is not one of [`PolicyKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, random-lru, belady, oracle-lru; leaf-first is not a policy but a filter every tier applies)"
+    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density, random-lru, belady, oracle-lru; leaf-first is not a policy but a filter every tier applies)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -135,7 +142,7 @@ impl FromStr for PolicyKind {
 pub enum PolicyError {
     /// The policy exists only in the optimizer.
     #[error(
-        "eviction policy {0} runs only in the optimizer (kvtier replay); a tier runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru"
+        "eviction policy {0} runs only in the optimizer (kvtier replay); a tier runs one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density"
     )]
     OptimizerOnly(PolicyKind),
 }
@@ -186,6 +193,7 @@ impl PolicyConfig {
             PolicyKind::Ttl => Box::new(Ttl::new(self.ttl_ms)),
             PolicyKind::CostAware => Box::new(CostAware::new(self.cost.clone())),
             PolicyKind::Slru => Box::new(Slru::new(capacity)),
+            PolicyKind::HitDensity => Box::new(HitDensity::new(capacity)),
             k @ (PolicyKind::RandomLru | PolicyKind::Belady | PolicyKind::OracleLru) => {
                 return Err(PolicyError::OptimizerOnly(k));
             }

@@ -12,12 +12,13 @@
 //! ([`LeafFirst`]), not a policy of its own.
 //!
 //! Policies, one module each: [`Lru`], [`Lfu`], [`Arc`], [`S3Fifo`],
-//! [`Ttl`], [`CostAware`] and [`Slru`] (segmented LRU whose protected
-//! share miniature simulations tune online, see its module and
-//! docs/optimizer.md). All but cost-aware cost O(1) per operation
-//! (one `key -> slot` lookup and a few stores); a victim scan walks from
-//! the policy's first choice and stops at the first key the predicate
-//! accepts. [`PolicyKind`] also names the optimizer-only policies
+//! [`Ttl`], [`CostAware`], [`Slru`] (segmented LRU whose protected
+//! share miniature simulations tune online) and [`HitDensity`] (hits per
+//! slot learned online per reuse class and age); see their modules and
+//! docs/optimizer.md. All but cost-aware cost O(1) per operation
+//! (amortized for hit-density: one `key -> slot` lookup and a few stores);
+//! a victim scan walks from the policy's first choice and stops at the
+//! first key the predicate accepts. [`PolicyKind`] also names the optimizer-only policies
 //! (random-LRU and Belady), which `kvtier-sim` implements on this trait.
 //!
 //! ```
@@ -32,6 +33,7 @@
 
 mod arc;
 mod cost;
+mod density;
 mod key;
 mod kind;
 mod leaf;
@@ -46,6 +48,7 @@ use std::fmt;
 
 pub use arc::Arc;
 pub use cost::{CostAware, CostModel};
+pub use density::{CLASSES, DECAY as DENSITY_DECAY, HORIZON_FACTOR, HitDensity, PERIOD_DIVISOR};
 pub use key::{DenseIndex, HashIndex, PolicyKey, SlotIndex};
 pub use kind::{PolicyConfig, PolicyError, PolicyKind, UnknownPolicy};
 pub use leaf::LeafFirst;
@@ -125,7 +128,8 @@ pub trait EvictionPolicy<K: PolicyKey>: Send + fmt::Debug {
     fn expired(&self, _now: u64, _visit: &mut dyn FnMut(K)) {}
     /// Visits tracked keys without evicting, those the policy would give up
     /// first first, until `visit` answers [`Verdict::Stop`]: the exact
-    /// victim order for LRU, TTL, LFU and SLRU; for ARC and S3-FIFO their lists'
+    /// victim order for LRU, TTL, LFU, SLRU and hit-density (until its next
+    /// ranking); for ARC and S3-FIFO their lists'
     /// order (the preferred list first), which the adaptive state refines
     /// when it evicts; for cost-aware, least recently used first. The
     /// memory tier picks blocks to demote this way.

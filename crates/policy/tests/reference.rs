@@ -67,6 +67,7 @@ enum Reference {
     },
     Cost(CostModel, HashMap<u64, (u64, u64, u32, u64)>, u64),
     Slru(Slru),
+    Density(Box<Density>),
 }
 
 /// SLRU's miniature of one share: the same segments over every key (the
@@ -238,6 +239,221 @@ impl Slru {
     }
 }
 
+/// Hit density: one record per tracked key; a list is the keys with the
+/// same (ghost, class, bucket), in the order they were put there.
+#[derive(Debug)]
+struct Density {
+    cap: u64,
+    clock: u64,
+    next: u64,
+    keys: HashMap<u64, Life>,
+    reached: [[f64; 32]; 2],
+    reused: [[f64; 32]; 2],
+    /// (class, bucket), lowest density first.
+    ranking: Vec<(usize, usize)>,
+    ranked_at: u64,
+    swept_at: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Life {
+    ghost: bool,
+    class: usize,
+    bucket: usize,
+    last: u64,
+    order: u64,
+}
+
+/// The octave of `age`: the largest `b` with `2^b - 1 <= age`.
+fn octave(age: u64) -> usize {
+    let mut b = 0;
+    while b + 1 < 32 && (1u64 << (b + 1)) - 1 <= age {
+        b += 1;
+    }
+    b
+}
+
+impl Density {
+    fn new(cap: usize) -> Self {
+        let mut d = Density {
+            cap: cap as u64,
+            clock: 0,
+            next: 0,
+            keys: HashMap::new(),
+            reached: [[0.0; 32]; 2],
+            reused: [[0.0; 32]; 2],
+            ranking: Vec::new(),
+            ranked_at: 0,
+            swept_at: 0,
+        };
+        d.rank();
+        d
+    }
+
+    fn has(&self, k: u64) -> bool {
+        self.keys.get(&k).is_some_and(|l| !l.ghost)
+    }
+
+    /// Moves `k` to the newest end of its (ghost, class, bucket) list.
+    fn put(&mut self, k: u64, ghost: bool, class: usize, bucket: usize) {
+        self.next += 1;
+        let life = self.keys.get_mut(&k).expect("tracked");
+        (life.ghost, life.class, life.bucket, life.order) = (ghost, class, bucket, self.next);
+    }
+
+    fn oldest(
+        &self,
+        ghost: bool,
+        class: usize,
+        bucket: usize,
+        ok: &dyn Fn(u64) -> bool,
+    ) -> Option<u64> {
+        let mut keys: Vec<(u64, u64)> = self
+            .keys
+            .iter()
+            .filter(|(k, l)| l.ghost == ghost && l.class == class && l.bucket == bucket && ok(**k))
+            .map(|(k, l)| (l.order, *k))
+            .collect();
+        keys.sort();
+        keys.first().map(|(_, k)| *k)
+    }
+
+    /// Density per bucket from the definition: reuses still to come over
+    /// time still to spend (a life passing a bucket spends its width, one
+    /// ending in it half), summed from the oldest bucket down.
+    fn densities(&self, class: usize) -> [f64; 32] {
+        let (n, h) = (&self.reached[class], &self.reused[class]);
+        let (mut hits, mut time) = (0.0, 0.0);
+        let mut d = [0.0; 32];
+        for b in (0..32).rev() {
+            let width = if b < 31 {
+                (1u64 << b) as f64
+            } else {
+                ((1u64 << 31) - 1) as f64
+            };
+            let passed = if b < 31 { n[b + 1] } else { 0.0 };
+            hits += h[b];
+            time += passed * width + (n[b] - passed).max(0.0) * width * 0.5;
+            d[b] = if time > 0.0 { hits / time } else { 0.0 };
+        }
+        d
+    }
+
+    fn rank(&mut self) {
+        let mut all = Vec::new();
+        for class in 0..2 {
+            let d = self.densities(class);
+            for (b, x) in d.iter().enumerate() {
+                all.push((*x, b, class));
+            }
+        }
+        all.sort_by(|x, y| x.0.total_cmp(&y.0).then(y.1.cmp(&x.1)));
+        self.ranking = all.into_iter().map(|(_, b, c)| (c, b)).collect();
+        for x in self
+            .reached
+            .iter_mut()
+            .chain(self.reused.iter_mut())
+            .flatten()
+        {
+            *x *= kvtier_policy::DENSITY_DECAY;
+        }
+        self.ranked_at = self.clock;
+    }
+
+    fn sweep(&mut self) {
+        let horizon = kvtier_policy::HORIZON_FACTOR * self.cap;
+        for ghost in [false, true] {
+            for class in 0..2 {
+                for b in 0..32 {
+                    while let Some(k) = self.oldest(ghost, class, b, &|_| true) {
+                        let age = self.clock - self.keys[&k].last;
+                        if ghost && age >= horizon {
+                            self.keys.remove(&k);
+                            continue;
+                        }
+                        let to = octave(age);
+                        if to == b {
+                            break;
+                        }
+                        for x in b + 1..=to {
+                            self.reached[class][x] += 1.0;
+                        }
+                        self.put(k, ghost, class, to);
+                    }
+                }
+            }
+        }
+        self.swept_at = self.clock;
+    }
+
+    fn start(&mut self, k: u64, class: usize) {
+        self.reached[class][0] += 1.0;
+        self.keys.get_mut(&k).expect("tracked").last = self.clock;
+        self.put(k, false, class, 0);
+    }
+
+    /// The clock counts new keys only: a ghost coming back is not one.
+    fn insert(&mut self, k: u64) {
+        let class = match self.keys.get(&k) {
+            Some(l) => {
+                self.reused[l.class][octave(self.clock - l.last)] += 1.0;
+                1
+            }
+            None => {
+                self.clock += 1;
+                let life = Life {
+                    ghost: false,
+                    class: 0,
+                    bucket: 0,
+                    last: 0,
+                    order: 0,
+                };
+                self.keys.insert(k, life);
+                0
+            }
+        };
+        self.start(k, class);
+        if self.clock - self.swept_at >= 8 {
+            self.sweep();
+        }
+        if self.clock - self.ranked_at >= (self.cap / kvtier_policy::PERIOD_DIVISOR).max(16) {
+            self.rank();
+        }
+    }
+
+    fn access(&mut self, k: u64) {
+        let Some(l) = self.keys.get(&k).copied() else {
+            return;
+        };
+        if l.ghost {
+            return;
+        }
+        if l.last == self.clock {
+            // The same use: only its place in its list moves.
+            self.put(k, false, l.class, l.bucket);
+            return;
+        }
+        self.reused[l.class][octave(self.clock - l.last)] += 1.0;
+        self.start(k, 1);
+    }
+
+    fn remove(&mut self, k: u64) {
+        if self.has(k) {
+            self.keys.remove(&k);
+        }
+    }
+
+    fn victim(&mut self, ok: &dyn Fn(u64) -> bool) -> Option<u64> {
+        for (class, b) in self.ranking.clone() {
+            if let Some(k) = self.oldest(false, class, b, ok) {
+                self.put(k, true, class, b);
+                return Some(k);
+            }
+        }
+        None
+    }
+}
+
 impl Reference {
     fn new(kind: PolicyKind, cap: usize, ttl: u64) -> Self {
         let cap = cap.max(1);
@@ -262,6 +478,7 @@ impl Reference {
             },
             PolicyKind::CostAware => Reference::Cost(CostModel::default(), HashMap::new(), 0),
             PolicyKind::Slru => Reference::Slru(Slru::new(cap)),
+            PolicyKind::HitDensity => Reference::Density(Box::new(Density::new(cap))),
             _ => unreachable!("node policies only"),
         }
     }
@@ -274,6 +491,7 @@ impl Reference {
             Reference::Arc { t1, t2, .. } => t1.has(k) || t2.has(k),
             Reference::S3 { small, main, .. } => small.has(k) || main.has(k),
             Reference::Slru(m) => m.has(k),
+            Reference::Density(m) => m.has(k),
         }
     }
 
@@ -329,6 +547,7 @@ impl Reference {
                 m.insert(k, (1, now, depth, *seq));
             }
             Reference::Slru(m) => m.insert(k),
+            Reference::Density(m) => m.insert(k),
         }
     }
 
@@ -374,6 +593,7 @@ impl Reference {
                 }
             }
             Reference::Slru(m) => m.access(k),
+            Reference::Density(m) => m.access(k),
         }
     }
 
@@ -403,6 +623,7 @@ impl Reference {
                 m.probation.remove(k);
                 m.protected.remove(k);
             }
+            Reference::Density(m) => m.remove(k),
         }
     }
 
@@ -491,6 +712,7 @@ impl Reference {
                 slru_remember(&mut m.ghost, m.cap, k);
                 Some(k)
             }
+            Reference::Density(m) => m.victim(ok),
         }
     }
 

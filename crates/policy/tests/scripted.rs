@@ -3,8 +3,8 @@
 
 use kvtier_core::BlockHash;
 use kvtier_policy::{
-    Arc, CostAware, CostModel, EvictionPolicy, Lfu, Lru, PolicyConfig, PolicyKind, S3Fifo, Slru,
-    Ttl, Use, Verdict,
+    Arc, CostAware, CostModel, EvictionPolicy, HitDensity, Lfu, Lru, PolicyConfig, PolicyKind,
+    S3Fifo, Slru, Ttl, Use, Verdict,
 };
 
 fn h(i: u128) -> BlockHash {
@@ -57,16 +57,17 @@ fn slru_keeps_reused_keys_and_demotes_the_protected_overflow() {
 }
 
 /// Uses `key`: an access if the tier holds it, else an insert after an
-/// eviction when full.
-fn touch(p: &mut Slru<BlockHash>, cap: usize, key: u128) {
+/// eviction when full; whether it was a hit.
+fn touch(p: &mut dyn EvictionPolicy<BlockHash>, cap: usize, key: u128) -> bool {
     if p.contains(h(key)) {
         p.access(h(key), &at(0));
-        return;
+        return true;
     }
     if p.len() == cap {
         let _ = p.victim(0, &mut |_| true.into());
     }
     p.insert(h(key), &at(0));
+    false
 }
 
 #[test]
@@ -123,6 +124,52 @@ fn slru_protects_a_hot_set_against_scans_and_falls_back_to_lru_without_reuse() {
         touch(&mut p, cap, 10_000 + k);
     }
     assert_eq!(p.protected_cap(), 0);
+}
+
+/// Hits of `p`, a tier of 64, on 40 rounds of 16 hot keys then 80 keys
+/// never seen again, in the last 20 rounds.
+fn hot_set_hits(p: &mut dyn EvictionPolicy<BlockHash>) -> usize {
+    let cap = 64;
+    let mut fresh = 1000;
+    let mut hits = 0;
+    for round in 0..40 {
+        for k in 0..16 {
+            let hit = touch(p, cap, k);
+            hits += usize::from(hit && round >= 20);
+        }
+        for _ in 0..80 {
+            fresh += 1;
+            touch(p, cap, fresh);
+        }
+    }
+    hits
+}
+
+#[test]
+fn hit_density_learns_that_reused_keys_come_back_and_one_offs_do_not() {
+    // The hot keys come back after 80 insertions, beyond the tier: LRU
+    // never hits them. Remembered as ghosts, their returns teach the
+    // policy that a reused key comes back at ages 64-127 while a one-off
+    // never does, so it keeps the hot keys and evicts the one-offs.
+    assert_eq!(hot_set_hits(&mut Lru::default()), 0);
+    let mut p = HitDensity::<BlockHash>::new(64);
+    assert_eq!(hot_set_hits(&mut p), 20 * 16);
+    assert!((0..16).all(|k| p.contains(h(k)) && p.class_of(h(k)) == Some(1)));
+    // A one-off evicted is a ghost of the never-reused class.
+    let ghost = (1001..5000).find(|k| p.is_ghost(h(*k))).map(h);
+    assert_eq!(ghost.and_then(|g| p.class_of(g)), Some(0));
+}
+
+#[test]
+fn hit_density_is_lru_until_it_has_evidence() {
+    let mut p = HitDensity::<BlockHash>::new(100);
+    for i in 1..=5 {
+        p.insert(h(i), &at(0));
+    }
+    p.access(h(2), &at(1));
+    // No reuse ended yet: every density is 0 and the oldest bucket goes
+    // first, within it the least recent.
+    assert_eq!(drain(&mut p, 2), [1, 3, 4, 5, 2]);
 }
 
 #[test]

@@ -70,7 +70,7 @@ pub struct TraceBenchArgs {
     /// (`g4/`); default: a temporary directory, removed afterwards.
     #[arg(long)]
     pub dir: Option<PathBuf>,
-    /// Eviction policy of every tier: lru, lfu, arc, s3-fifo, ttl, cost-aware, slru.
+    /// Eviction policy of every tier: lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density.
     #[arg(long, default_value = "lru")]
     pub policy: String,
     /// Idle time, milliseconds of trace time, after which the ttl policy
