@@ -335,8 +335,10 @@ impl<K: PolicyKey> EvictionPolicy<K> for HitDensity<K> {
     fn remove(&mut self, key: K) {
         // Left without eviction (moved to another tier): no ghost; a ghost
         // stays one.
-        if self.contains(key) {
-            self.lists.remove(key);
+        if let Some(slot) = self.lists.slot(key)
+            && self.lists.list_at(slot) < LISTS
+        {
+            self.lists.remove_slot(slot);
             self.resident -= 1;
         }
     }

@@ -316,8 +316,10 @@ impl<K: PolicyKey> EvictionPolicy<K> for Slru<K> {
     fn remove(&mut self, key: K) {
         // Removed without eviction (moved to another tier): no ghost, and
         // a ghost stays one.
-        if self.contains(key) {
-            self.lists.remove(key);
+        if let Some(slot) = self.lists.slot(key)
+            && self.lists.list_at(slot) != GHOST
+        {
+            self.lists.remove_slot(slot);
         }
     }
 
