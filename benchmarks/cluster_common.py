@@ -4,6 +4,7 @@ CPU time, percentiles."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from kvtier.testing import Cluster, Daemon, start_daemon
@@ -43,6 +44,15 @@ def member(cluster: Cluster, data: Path, node: str, settings: dict[str, str]) ->
     daemon = start_daemon(data, env)
     cluster.members.append(daemon)
     return daemon
+
+
+def print_logs(cluster: Cluster, lines: int = 40) -> None:
+    """The last ``lines`` log lines of each member, to stderr: what a
+    failed bench run shows besides its traceback."""
+    for daemon in cluster.members:
+        print(f"--- the last log lines of the daemon in {daemon.data}:", file=sys.stderr)
+        for line in daemon.log[-lines:]:
+            print(line, file=sys.stderr)
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster_common import cpu_seconds, member
+from cluster_common import cpu_seconds, member, print_logs
 
 import kvtier
 from kvtier.testing import Daemon, start_cluster, wait_until
@@ -187,6 +187,9 @@ def main() -> None:
                     w = raw_phase(raw, args.blocks, into)
                     p = peer_phase(on_b, keys, payloads, pids)
                 rounds.append({"peer": p, "raw": w})
+        except BaseException:
+            print_logs(cluster)
+            raise
         finally:
             if raw is not None:
                 raw.close()

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import kvtier
-from cluster_common import cpu_seconds, member, pct
+from cluster_common import cpu_seconds, member, pct, print_logs
 from kvtier.testing import Cluster, Daemon, start_cluster, wait_until
 
 LAYERS = 2
@@ -148,6 +148,9 @@ def main() -> None:
                     clu, cac = remote()
                     loc = local()
                 rounds.append({"local": loc, "cluster": clu, "cached": cac})
+        except BaseException:
+            print_logs(cluster)
+            raise
         finally:
             cluster.stop()
     report(args, rounds)

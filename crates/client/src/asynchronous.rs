@@ -75,8 +75,13 @@ impl AsyncClient {
             stream,
             buf: Vec::new(),
         };
-        let msg = within(timeout, conn.hello(&config)).await?;
-        let hello = session::hello_reply(msg)?;
+        within(timeout, conn.send(&session::hello(&config))).await?;
+        let hello = loop {
+            let msg = within(timeout, conn.recv()).await?;
+            if let Some(ok) = session::hello_reply(msg)? {
+                break ok;
+            }
+        };
         // Opening and mapping a /dev/shm file does not block on a device.
         let arena = session::open_arena(&hello, &config.geometry)?;
         let key_map = KeyMap::new(hello.namespace_key);
@@ -245,11 +250,6 @@ impl AsyncClient {
 }
 
 impl Conn {
-    async fn hello(&mut self, config: &ClientConfig) -> Result<Message> {
-        self.send(&session::hello(config)).await?;
-        self.recv().await
-    }
-
     async fn exchange<T>(&mut self, session: &mut Session, call: Call<T>) -> Result<T> {
         self.send(&call.message).await?;
         loop {

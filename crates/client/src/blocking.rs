@@ -58,7 +58,11 @@ impl Client {
             .map_err(ClientError::Io)?;
         let mut stream = BufReader::new(stream);
         write_frame(stream.get_mut(), &session::hello(&config)).map_err(frame_err(timeout))?;
-        let hello = session::hello_reply(recv(&mut stream, timeout)?)?;
+        let hello = loop {
+            if let Some(ok) = session::hello_reply(recv(&mut stream, timeout)?)? {
+                break ok;
+            }
+        };
         let arena = session::open_arena(&hello, &config.geometry)?;
         let key_map = KeyMap::new(hello.namespace_key);
         Ok(Self {

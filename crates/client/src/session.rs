@@ -16,7 +16,8 @@ use kvtier_arena::ArenaClient;
 use kvtier_core::BlockHash;
 use kvtier_protocol::{
     Commit, CommitEntry, CommitResult, Counter, Hello, HelloOk, KeysRequest, LayerReady,
-    LoadResult, Message, PROTOCOL_VERSION, ReserveResult, Stats, Tier, TierInfo, WireGeometry,
+    LoadResult, Message, OPENING_INTERVAL_MS, PROTOCOL_VERSION, ReserveResult, Stats, Tier,
+    TierInfo, WireGeometry,
 };
 
 use crate::config::ClientConfig;
@@ -449,10 +450,24 @@ pub(crate) fn hello(config: &ClientConfig) -> Message {
     })
 }
 
-/// Reads the daemon's answer to `Hello`.
-pub(crate) fn hello_reply(msg: Message) -> Result<HelloOk> {
+/// Reads the daemon's answer to `Hello`: `None` while the daemon says the
+/// node is still opening (`Opening`, 4.2), so the caller waits for the
+/// next frame, each within its timeout.
+pub(crate) fn hello_reply(msg: Message) -> Result<Option<HelloOk>> {
     match msg {
-        Message::HelloOk(ok) => Ok(ok),
+        Message::HelloOk(ok) => Ok(Some(ok)),
+        Message::Opening(o) => {
+            // The first one, then about every ten seconds.
+            let every = 10 * OPENING_INTERVAL_MS;
+            if o.elapsed_ms < 2 * OPENING_INTERVAL_MS || o.elapsed_ms % every < OPENING_INTERVAL_MS
+            {
+                tracing::info!(
+                    elapsed_ms = o.elapsed_ms,
+                    "the kvtier daemon is opening its node for this first engine (a new disk tier is written through first); waiting"
+                );
+            }
+            Ok(None)
+        }
         Message::Error(e) => Err(ClientError::Refused {
             code: e.code,
             message: e.message,
@@ -805,7 +820,9 @@ mod tests {
             namespace_key: kvtier_protocol::NamespaceKey::from_bytes([3; 32]),
             tiers: node_tiers(),
         };
-        assert_eq!(hello_reply(Message::HelloOk(ok.clone())).unwrap(), ok);
+        assert_eq!(hello_reply(Message::HelloOk(ok.clone())).unwrap(), Some(ok));
+        let opening = Message::Opening(kvtier_protocol::Opening { elapsed_ms: 1000 });
+        assert_eq!(hello_reply(opening).unwrap(), None);
         let err = hello_reply(error(0, ErrorCode::GEOMETRY_MISMATCH)).unwrap_err();
         assert!(matches!(
             err,

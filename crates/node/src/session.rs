@@ -15,8 +15,8 @@ use kvtier_manager::pool::ImmutableBlock;
 use kvtier_mem::BlockRef;
 use kvtier_protocol::{
     Ack, Commit, CommitOk, CommitResult, DecodeError, ErrorCode, Hello, HelloOk, KeyMap,
-    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, PROTOCOL_VERSION, ReserveOk,
-    ReserveResult, Slot, StatsOk, TierInfo, WireGeometry,
+    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Message, OPENING_INTERVAL_MS, Opening,
+    PROTOCOL_VERSION, ReserveOk, ReserveResult, Slot, StatsOk, TierInfo, WireGeometry,
 };
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedReadHalf;
@@ -205,6 +205,10 @@ const LOCATED_MAX: usize = 4096;
 /// docs/node-protocol.md).
 const PEER_KIND_MINOR: u16 = 1;
 
+/// The first protocol minor that knows `Opening` (type `0x04`): sent only
+/// to clients that announced it (section 5 of docs/node-protocol.md).
+const OPENING_MINOR: u16 = 2;
+
 /// What the session loop does after a message.
 enum Next {
     Continue,
@@ -242,9 +246,8 @@ pub(crate) async fn serve_host(
             return;
         }
     };
-    let opened = tokio::select! {
-        opened = host.node_for(&hello) => opened,
-        _ = stop.changed() => return,
+    let Some(opened) = open_for(&host, &hello, &mut wr, &mut stop).await else {
+        return;
     };
     let node = match opened {
         Ok(node) => node,
@@ -265,6 +268,38 @@ pub(crate) async fn serve_host(
         wr,
     };
     run(conn, rd, Some(Message::Hello(hello)), stop).await;
+}
+
+/// The node for `hello` ([`NodeHost::node_for`]), telling a 4.2 client
+/// every [`OPENING_INTERVAL_MS`] that it is still opening (`Opening`), so
+/// that a slow open (a new disk tier's data file written through) does
+/// not look like a stuck daemon. A client that leaves meanwhile does not
+/// cancel the open: the next engine finds the node open. `None` if the
+/// server stops first.
+async fn open_for(
+    host: &NodeHost,
+    hello: &Hello,
+    wr: &mut Writer,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Result<Arc<Node>, (ErrorCode, String)>> {
+    let start = Instant::now();
+    let mut tell = hello.protocol_version.minor >= OPENING_MINOR;
+    let every = Duration::from_millis(OPENING_INTERVAL_MS);
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    let open = host.node_for(hello);
+    tokio::pin!(open);
+    loop {
+        tokio::select! {
+            opened = &mut open => return Some(opened),
+            _ = ticks.tick(), if tell => {
+                let elapsed_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                // A client that stopped reading or left gets no more; the
+                // open goes on.
+                tell = wr.send(&[Message::Opening(Opening { elapsed_ms })]).await.is_ok();
+            }
+            _ = stop.changed() => return None,
+        }
+    }
 }
 
 /// The first frame of a connection the node has no shape for yet: a

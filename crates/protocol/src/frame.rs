@@ -19,6 +19,9 @@ pub enum Message {
     HelloOk(HelloOk),
     /// `0x03` daemon -> client: a request or the handshake failed.
     Error(Error),
+    /// `0x04` daemon -> client (4.2): the node is still opening for this
+    /// client's `Hello`; `HelloOk` or `Error` follows.
+    Opening(Opening),
     /// `0x10` longest stored prefix of the keys.
     Lookup(KeysRequest),
     /// `0x11` reply to `Lookup`.
@@ -89,6 +92,7 @@ message_table! {
     Hello(Hello) = 0x01,
     HelloOk(HelloOk) = 0x02,
     Error(Error) = 0x03,
+    Opening(Opening) = 0x04,
     Lookup(KeysRequest) = 0x10,
     LookupOk(LookupOk) = 0x11,
     Reserve(KeysRequest) = 0x12,

@@ -35,8 +35,8 @@ pub use keys::{KEY_BYTES, KeyMap, NamespaceKey, NodeSecret};
 pub use kvtier_core::TierKind;
 pub use message::{
     Ack, Commit, CommitEntry, CommitOk, CommitResult, Counter, Error, ErrorCode, Hello, HelloOk,
-    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, ProtocolVersion, ReserveOk,
-    ReserveResult, Slot, Stats, StatsOk, Tier, TierInfo, WireGeometry,
+    KeysRequest, LayerReady, LoadOk, LoadResult, LookupOk, Namespace, OPENING_INTERVAL_MS, Opening,
+    ProtocolVersion, ReserveOk, ReserveResult, Slot, Stats, StatsOk, Tier, TierInfo, WireGeometry,
 };
 
 /// The largest frame, counted without the length prefix (type byte and
@@ -45,4 +45,4 @@ pub use message::{
 pub const MAX_FRAME: u32 = 16 << 20;
 
 /// The version this crate speaks.
-pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 4, minor: 1 };
+pub const PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion { major: 4, minor: 2 };

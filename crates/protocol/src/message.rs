@@ -570,6 +570,22 @@ pub struct Ack {
 }
 wire_struct!(Ack { request_id: u64 });
 
+/// Daemon -> client, before `HelloOk` (4.2): the node is still opening
+/// for this client's `Hello` (the first engine of a node without a shape
+/// makes its arena and disk tier, which on a new disk tier means writing
+/// its whole data file). Sent every [`OPENING_INTERVAL_MS`] while the open
+/// lasts, only to clients that announced 4.2; the client keeps waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Opening {
+    /// Milliseconds since the daemon read this client's `Hello`.
+    pub elapsed_ms: u64,
+}
+wire_struct!(Opening { elapsed_ms: u64 });
+
+/// How often the daemon sends [`Opening`] while a node opens: well under a
+/// client's default timeout (10 s), which each `Opening` restarts.
+pub const OPENING_INTERVAL_MS: u64 = 1000;
+
 /// An error code; unknown codes from a newer peer decode as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ErrorCode(pub u16);

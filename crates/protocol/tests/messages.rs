@@ -73,7 +73,7 @@ fn lookup_layout_is_pinned() {
 fn hello_starts_with_the_version() {
     let frame = samples::all()[0].to_frame().unwrap();
     assert_eq!(frame[4], 0x01);
-    assert_eq!(&frame[5..9], &[4, 0, 1, 0], "major 4, minor 1");
+    assert_eq!(&frame[5..9], &[4, 0, 2, 0], "major 4, minor 2");
 }
 
 /// 3.0 and later always carry `instance` at the end of `Hello` (2.0 had none, 2.1
@@ -192,7 +192,7 @@ fn zero_length_is_malformed() {
 
 #[test]
 fn unknown_types_are_refused() {
-    for kind in [0x00, 0x04, 0x0f, 0x1f, 0xff] {
+    for kind in [0x00, 0x05, 0x0f, 0x1f, 0xff] {
         assert_eq!(
             Message::decode(&[1, 0, 0, 0, kind]).unwrap_err(),
             DecodeError::UnknownType(kind)
@@ -461,7 +461,7 @@ fn errors_render_their_detail() {
     };
     assert_eq!(
         err.to_string(),
-        "protocol version 5.1 is not supported (this side speaks 4.1)"
+        "protocol version 5.1 is not supported (this side speaks 4.2)"
     );
 }
 

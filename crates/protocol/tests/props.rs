@@ -199,6 +199,7 @@ fn replies() -> impl Strategy<Value = Message> {
             }
         )),
         id.prop_map(|request_id| Message::Ack(Ack { request_id })),
+        any::<u64>().prop_map(|elapsed_ms| Message::Opening(Opening { elapsed_ms })),
     ]
 }
 
@@ -362,7 +363,7 @@ fn samples_cover_every_type() {
     // message per type byte the decoder accepts.
     let mut kinds: Vec<u8> = samples::all().iter().map(Message::type_byte).collect();
     kinds.sort_unstable();
-    let mut want: Vec<u8> = (0x01..=0x03).chain(0x10..=0x1e).collect();
+    let mut want: Vec<u8> = (0x01..=0x04).chain(0x10..=0x1e).collect();
     want.sort_unstable();
     assert_eq!(kinds, want);
 }

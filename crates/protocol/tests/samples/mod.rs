@@ -140,5 +140,6 @@ pub fn all() -> Vec<Message> {
             }],
         }),
         Message::Ack(Ack { request_id: 4 }),
+        Message::Opening(Opening { elapsed_ms: 2000 }),
     ]
 }
