@@ -31,7 +31,8 @@ pub struct ReplayArgs {
     #[arg(long)]
     format: Option<String>,
     /// Eviction policies, comma-separated: lru, lfu, arc, s3fifo, slru,
-    /// hit-density, cost-aware, random-lru, ttl, belady, oracle-lru.
+    /// hit-density, cost-aware, random-lru, ttl, belady, oracle-lru,
+    /// oracle-hit-density.
     #[arg(long, value_delimiter = ',', default_value = "lru")]
     policy: Vec<String>,
     /// Single-tier capacities, comma-separated: blocks (`4000`) or bytes

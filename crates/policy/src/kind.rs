@@ -42,11 +42,15 @@ pub enum PolicyKind {
     /// reuse predictor, knowing the future): the bound of policies that
     /// predict *whether* a block returns, not *when*.
     OracleLru,
+    /// Optimizer only: as [`PolicyKind::OracleLru`], but `hit-density`
+    /// orders the keys that are used again: the bound of `hit-density`
+    /// given a perfect reuse predictor.
+    OracleHitDensity,
 }
 
 impl PolicyKind {
     /// Every policy, in a stable order.
-    pub const ALL: [PolicyKind; 11] = [
+    pub const ALL: [PolicyKind; 12] = [
         PolicyKind::Lru,
         PolicyKind::Lfu,
         PolicyKind::Arc,
@@ -58,6 +62,7 @@ impl PolicyKind {
         PolicyKind::RandomLru,
         PolicyKind::Belady,
         PolicyKind::OracleLru,
+        PolicyKind::OracleHitDensity,
     ];
 
     /// The policies the node runs (and this crate builds).
@@ -86,21 +91,22 @@ impl PolicyKind {
             PolicyKind::RandomLru => "random-lru",
             PolicyKind::Belady => "belady",
             PolicyKind::OracleLru => "oracle-lru",
+            PolicyKind::OracleHitDensity => "oracle-hit-density",
         }
     }
 
     /// Whether only the optimizer runs it (random-LRU needs no list;
-    /// Belady and the oracle need the future).
+    /// Belady and the oracles need the future).
     pub const fn optimizer_only(self) -> bool {
-        matches!(
-            self,
-            PolicyKind::RandomLru | PolicyKind::Belady | PolicyKind::OracleLru
-        )
+        matches!(self, PolicyKind::RandomLru) || self.needs_future()
     }
 
     /// Whether it needs every block's next use, so the whole trace.
     pub const fn needs_future(self) -> bool {
-        matches!(self, PolicyKind::Belady | PolicyKind::OracleLru)
+        matches!(
+            self,
+            PolicyKind::Belady | PolicyKind::OracleLru | PolicyKind::OracleHitDensity
+        )
     }
 }
 
@@ -113,7 +119,7 @@ impl fmt::Display for PolicyKind {
 /// A policy name that is not one of [`PolicyKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density, random-lru, belady, oracle-lru; leaf-first is not a policy but a filter every tier applies)"
+    "unknown eviction policy {0:?} (expected one of lru, lfu, arc, s3-fifo, ttl, cost-aware, slru, hit-density, random-lru, belady, oracle-lru, oracle-hit-density; leaf-first is not a policy but a filter every tier applies)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -194,7 +200,10 @@ impl PolicyConfig {
             PolicyKind::CostAware => Box::new(CostAware::new(self.cost.clone())),
             PolicyKind::Slru => Box::new(Slru::new(capacity)),
             PolicyKind::HitDensity => Box::new(HitDensity::new(capacity)),
-            k @ (PolicyKind::RandomLru | PolicyKind::Belady | PolicyKind::OracleLru) => {
+            k @ (PolicyKind::RandomLru
+            | PolicyKind::Belady
+            | PolicyKind::OracleLru
+            | PolicyKind::OracleHitDensity) => {
                 return Err(PolicyError::OptimizerOnly(k));
             }
         })

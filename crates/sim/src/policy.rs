@@ -1,14 +1,14 @@
 //! Eviction policies for the replay: the node's own, from `kvtier-policy`
-//! (so the optimizer predicts what the node runs), and two only the
+//! (so the optimizer predicts what the node runs), and those only the
 //! optimizer runs, implemented here on the same trait: random-LRU
-//! (`random_lru`), Belady's bound (`belady`) and the bound of reuse
-//! prediction (`oracle_lru`).
+//! (`random_lru`), Belady's bound (`belady`) and the bounds of reuse
+//! prediction (`oracle`: `oracle-lru`, `oracle-hit-density`).
 //!
 //! The replay keys blocks by dense `u32` ids, which `kvtier-policy` finds
 //! through a flat vector: no hash lookup beyond the replay's own interning.
 
 mod belady;
-mod oracle_lru;
+mod oracle;
 mod random_lru;
 
 use kvtier_policy::{EvictionPolicy, PolicyConfig};
@@ -30,7 +30,10 @@ pub(crate) fn build(
     match kind {
         PolicyKind::RandomLru => Box::new(random_lru::RandomLru::new(seed)),
         PolicyKind::Belady => Box::new(belady::Belady::default()),
-        PolicyKind::OracleLru => Box::new(oracle_lru::OracleLru::default()),
+        PolicyKind::OracleLru => Box::new(oracle::Oracle::lru()),
+        PolicyKind::OracleHitDensity => Box::new(oracle::Oracle::hit_density(
+            usize::try_from(capacity).unwrap_or(usize::MAX),
+        )),
         node => {
             let config = PolicyConfig {
                 ttl_ms: ttl_ms.unwrap_or(u64::MAX),

@@ -95,7 +95,11 @@ fn streaming_equals_in_memory() {
 
 #[test]
 fn belady_and_the_oracle_refuse_a_stream() {
-    for policy in [PolicyKind::Belady, PolicyKind::OracleLru] {
+    for policy in [
+        PolicyKind::Belady,
+        PolicyKind::OracleLru,
+        PolicyKind::OracleHitDensity,
+    ] {
         let cfg = ReplayConfig::single(policy, 10);
         assert!(matches!(
             replay_stream(std::iter::empty(), &cfg),
@@ -125,6 +129,7 @@ fn the_oracle_evicts_blocks_never_used_again_first_and_sits_between_lru_and_bela
     };
     assert_eq!(hits(PolicyKind::Lru), 0);
     assert_eq!(hits(PolicyKind::OracleLru), 1);
+    assert_eq!(hits(PolicyKind::OracleHitDensity), 1);
     let conv = conversation(300);
     let rate = |policy: PolicyKind| replay(&conv, &ReplayConfig::single(policy, 40)).hit_rate;
     let (lru, oracle, belady) = (
@@ -133,6 +138,11 @@ fn the_oracle_evicts_blocks_never_used_again_first_and_sits_between_lru_and_bela
         rate(PolicyKind::Belady),
     );
     assert!(lru <= oracle && oracle <= belady, "{lru} {oracle} {belady}");
+    let density = rate(PolicyKind::OracleHitDensity);
+    assert!(
+        rate(PolicyKind::HitDensity) <= density && density <= belady,
+        "{density} {belady}"
+    );
 }
 
 fn two_tiers(policy: PolicyKind, fast: u64, slow: u64) -> ReplayConfig {

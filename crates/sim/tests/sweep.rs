@@ -129,7 +129,7 @@ fn select_takes_the_cheapest_point_that_meets_the_target() {
     // A TTFT target needs a priced point.
     assert_eq!(select(&bare, Target::MeanTtftS(10.0)), None);
     // Belady and the oracle are bounds, not configurations.
-    for name in ["belady", "oracle-lru"] {
+    for name in ["belady", "oracle-lru", "oracle-hit-density"] {
         let mut bound = point(10, 0.9, Some(0.5));
         bound.policy = name.into();
         assert_eq!(

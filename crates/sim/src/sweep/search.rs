@@ -4,8 +4,8 @@
 //! lists are short and the whole table is what an operator wants to see);
 //! among the points that meet the target the one with the lowest cost per
 //! million tokens wins, ties going to less storage, then to the earlier
-//! candidate. The points of policies that need the future (Belady,
-//! `oracle-lru`) are never selected: they bound what a policy could reach
+//! candidate. The points of policies that need the future (Belady and
+//! the oracles) are never selected: they bound what a policy could reach
 //! but are not configurations anyone can deploy.
 
 use serde::Serialize;
