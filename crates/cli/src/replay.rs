@@ -536,8 +536,7 @@ fn row(out: &mut impl Write, p: &Point, best: bool) -> Result<()> {
         p.policy,
         layout_label(p),
         p.hit_rate,
-        p.gap_closed
-            .map_or_else(|| "-".to_owned(), |g| format!("{:.0}%", g * 100.0)),
+        sweep::percent(p.gap_closed),
         hits.join(" "),
         ms(t.map(|t| t.with_cache.mean)),
         ms(t.map(|t| t.with_cache_serial.mean)),

@@ -61,6 +61,12 @@ use crate::{EvictionPolicy, PolicyKey, PolicyKind, Use, Verdict};
 /// within two points.
 pub const CLASSES: usize = 2;
 
+/// The class of a key not reused since it entered.
+const FRESH: usize = 0;
+
+/// The class of a key reused at least once (the last).
+const REUSED: usize = CLASSES - 1;
+
 /// Age buckets: octaves of the clock of new keys (bucket `b` holds ages
 /// `2^b - 1 ..= 2^(b+1) - 2`), the last one open-ended.
 const BUCKETS: usize = 32;
@@ -277,10 +283,9 @@ impl<K: PolicyKey> HitDensity<K> {
     }
 
     /// Ends the life of the key last used at `last` in `class` by a reuse
-    /// now; the class of its next life.
-    fn reuse(&mut self, last: u64, class: usize) -> usize {
+    /// now (its next life is [`REUSED`]).
+    fn count_reuse(&mut self, last: u64, class: usize) {
         self.counts[class].reused[bucket(self.clock - last)] += 1.0;
-        CLASSES - 1
     }
 
     /// Starts a life of the key in `slot` now, in `class`, resident.
@@ -300,12 +305,13 @@ impl<K: PolicyKey> EvictionPolicy<K> for HitDensity<K> {
         let (slot, class) = match self.lists.slot(key) {
             Some(slot) if self.lists.list_at(slot) >= LISTS => {
                 let (last, class) = unpack(self.lists.value(slot));
-                (slot, self.reuse(last, class))
+                self.count_reuse(last, class);
+                (slot, REUSED)
             }
             _ => {
                 // The clock counts new keys: this one is at the new time.
                 self.clock += 1;
-                (self.lists.push_newest(key, 0, 0), 0)
+                (self.lists.push_newest(key, 0, 0), FRESH)
             }
         };
         self.resident += 1;
@@ -328,8 +334,8 @@ impl<K: PolicyKey> EvictionPolicy<K> for HitDensity<K> {
             self.lists.move_newest(slot, list_of(class, 0));
             return;
         }
-        let class = self.reuse(last, class);
-        self.start(slot, class);
+        self.count_reuse(last, class);
+        self.start(slot, REUSED);
     }
 
     fn remove(&mut self, key: K) {
@@ -346,9 +352,6 @@ impl<K: PolicyKey> EvictionPolicy<K> for HitDensity<K> {
     fn victim(&mut self, _now: u64, eligible: &mut dyn FnMut(K) -> Verdict) -> Option<K> {
         for i in 0..self.ranking.len() {
             let list = self.ranking[i];
-            if self.lists.len(list) == 0 {
-                continue;
-            }
             let Some(slot) = self.lists.find_oldest(list, eligible).ok()? else {
                 continue;
             };

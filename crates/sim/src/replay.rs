@@ -67,7 +67,7 @@ use crate::policy::PolicyKind;
 use crate::trace::{Request, TraceError};
 
 /// One tier of the simulated hierarchy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TierSpec {
     /// Display name (`G1`, `G2`, `dram`, ...).
     pub name: String,

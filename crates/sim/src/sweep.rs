@@ -18,7 +18,7 @@ pub mod grid;
 pub mod point;
 pub mod search;
 
-pub use gap::gap_closed;
+pub use gap::{gap_closed, percent};
 pub use grid::{Grid, tier_candidates};
 pub use point::{Point, TraceFacts, evaluate};
 pub use search::{SearchResult, Target, search, select};

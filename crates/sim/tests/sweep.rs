@@ -238,3 +238,24 @@ fn sweeps_report_the_share_of_the_gap_closed() {
     let points = sweep::sweep(&trace, &grid, None, 1, &|_, _| {});
     assert!(points.iter().all(|p| p.gap_closed.is_none()));
 }
+
+#[test]
+fn gap_shares_are_filled_per_layout_where_both_ends_ran() {
+    let at = |policy: &str, capacity: u64, hit_rate: f64| Point {
+        policy: policy.into(),
+        ..point(capacity, hit_rate, None)
+    };
+    let mut pts = vec![
+        at("slru", 10, 0.3),
+        at("lru", 10, 0.2),
+        at("belady", 10, 0.6),
+        // A second LRU point of the same layout is not an end.
+        at("lru", 10, 0.5),
+        // Another layout without Belady: no share.
+        at("lru", 20, 0.4),
+        at("slru", 20, 0.5),
+    ];
+    sweep::gap::fill(&mut pts);
+    let shares: Vec<String> = pts.iter().map(|p| sweep::percent(p.gap_closed)).collect();
+    assert_eq!(shares, ["25%", "0%", "100%", "75%", "-", "-"]);
+}

@@ -72,11 +72,11 @@ impl BlockManager {
                 .iter()
                 .map(|h| pool.parent_of(*h).flatten())
                 .collect();
+            let going: Vec<_> = going.into_iter().zip(parents.iter().copied()).collect();
             let going = chain_ordered(going, &hashes, &parents, |_, _| true);
             let mut moves = ChainMoves::with_capacity(going.len());
-            for source in going {
+            for (source, parent) in going {
                 let hash = source.hash();
-                let parent = pool.parent_of(hash).flatten();
                 let Some(path) = TransferPath::between(tier, to) else {
                     continue;
                 };

@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use super::svg::{Chart, Series, fmt_num, line_chart};
 use super::{Report, escape, layout_label};
 use crate::replay::Histogram;
-use crate::sweep::Point;
+use crate::sweep::{Point, percent};
 
 /// Timelines drawn in plot 2 at most (more lines are unreadable).
 const MAX_TIMELINES: usize = 8;
@@ -203,11 +203,6 @@ fn trace_plots(report: &Report) -> Vec<String> {
         }
     }
     out
-}
-
-/// A share as a whole percentage, `-` when there is none.
-fn percent(share: Option<f64>) -> String {
-    share.map_or_else(|| "-".to_owned(), |v| format!("{:.0}%", v * 100.0))
 }
 
 /// The gap table: one row per tier layout that has shares, one column per

@@ -9,7 +9,10 @@
 //! working set, or one too small to keep anything) there is no gap to
 //! close and the share is `None`, not a division by zero.
 
+use std::collections::HashMap;
+
 use crate::policy::PolicyKind;
+use crate::replay::TierSpec;
 use crate::sweep::Point;
 
 /// The smallest LRU→Belady gap, in hit rate, that a share is computed
@@ -23,20 +26,31 @@ pub fn gap_closed(lru: f64, belady: f64, policy: f64) -> Option<f64> {
     (gap > MIN_GAP).then(|| (policy - lru) / gap)
 }
 
+/// A share as a whole percentage (`0.3` is `30%`), `-` when there is
+/// none: how the reports print [`Point::gap_closed`].
+pub fn percent(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |v| format!("{:.0}%", v * 100.0))
+}
+
 /// Sets [`Point::gap_closed`] on every point whose tier layout was also
 /// replayed with LRU and with Belady (the same tiers, names and sizes);
 /// the others get `None`.
 pub fn fill(points: &mut [Point]) {
+    // Per layout, the first LRU and the first Belady hit rate.
+    let mut by_layout: HashMap<&[TierSpec], (Option<f64>, Option<f64>)> = HashMap::new();
+    for q in points.iter() {
+        let e = by_layout.entry(&q.tiers).or_default();
+        if q.policy == PolicyKind::Lru.name() {
+            e.0 = e.0.or(Some(q.hit_rate));
+        } else if q.policy == PolicyKind::Belady.name() {
+            e.1 = e.1.or(Some(q.hit_rate));
+        }
+    }
     let ends: Vec<Option<(f64, f64)>> = points
         .iter()
-        .map(|p| {
-            let rate = |kind: PolicyKind| {
-                points
-                    .iter()
-                    .find(|q| q.policy == kind.name() && q.tiers == p.tiers)
-                    .map(|q| q.hit_rate)
-            };
-            Some((rate(PolicyKind::Lru)?, rate(PolicyKind::Belady)?))
+        .map(|p| match by_layout.get(p.tiers.as_slice()) {
+            Some(&(Some(lru), Some(belady))) => Some((lru, belady)),
+            _ => None,
         })
         .collect();
     for (p, end) in points.iter_mut().zip(ends) {
