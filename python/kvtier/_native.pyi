@@ -40,9 +40,12 @@ class Client:
         instance: str | None = None,
         timeout: float = 10.0,
     ) -> None:
-        """Connects; ``DaemonUnavailable`` when the daemon cannot be reached,
-        ``KvtierError`` when it refuses this client (version, namespace,
-        geometry)."""
+        """Connects; ``DaemonUnavailable`` when the daemon cannot be reached
+        or an answer takes longer than ``timeout`` seconds, ``KvtierError``
+        when it refuses this client (version, namespace, geometry). A first
+        engine may wait longer than ``timeout`` for its answer while the
+        daemon opens its node (a new disk tier is written through first):
+        the daemon says so every second and each message restarts the wait."""
     @property
     def layers(self) -> int: ...
     @property
