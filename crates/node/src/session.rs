@@ -286,6 +286,8 @@ async fn open_for(
     let mut tell = hello.protocol_version.minor >= OPENING_MINOR;
     let every = Duration::from_millis(OPENING_INTERVAL_MS);
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    // A stalled runtime sends one late `Opening`, not a burst (I29).
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let open = host.node_for(hello);
     tokio::pin!(open);
     loop {
